@@ -1,0 +1,578 @@
+//! Change streams: the event log every write appends to (inside the store's critical section, so
+//! events are totally ordered with writes) and the cursors that read it.
+//!
+//! Resume tokens are `{_data: <hex>}` where the hex encodes this server's epoch, the event's
+//! cluster time, its sequence number and a kind byte (event, invalidate, or high-water mark).
+
+use std::collections::VecDeque;
+
+use bson::{doc, Bson, DateTime, Document, Timestamp};
+use tokio::sync::watch;
+
+use crate::clock::ts_cmp;
+use crate::engine::expr::Vars;
+use crate::error::{CommandError, CommandResult};
+use crate::store::Store;
+
+/// How many events the log keeps; resuming before the oldest answers ChangeStreamHistoryLost.
+pub const EVENT_LOG_CAPACITY: usize = 100_000;
+
+/// The kind of a logged change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpType {
+    /// A document was inserted.
+    Insert,
+    /// A document was updated with operators or a pipeline.
+    Update,
+    /// A document was replaced.
+    Replace,
+    /// A document was deleted.
+    Delete,
+    /// A collection was dropped.
+    Drop,
+    /// A database was dropped.
+    DropDatabase,
+}
+
+impl OpType {
+    fn name(self) -> &'static str {
+        match self {
+            OpType::Insert => "insert",
+            OpType::Update => "update",
+            OpType::Replace => "replace",
+            OpType::Delete => "delete",
+            OpType::Drop => "drop",
+            OpType::DropDatabase => "dropDatabase",
+        }
+    }
+}
+
+/// One logged change.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Position in the log (strictly increasing).
+    pub seq: u64,
+    /// Cluster time of the write.
+    pub cluster_time: Timestamp,
+    /// Wall-clock time of the write.
+    pub wall_time: DateTime,
+    /// Database.
+    pub db: String,
+    /// Collection (empty for dropDatabase).
+    pub coll: String,
+    /// Kind.
+    pub op: OpType,
+    /// `{_id: …}` of the document.
+    pub document_key: Option<Document>,
+    /// The inserted or replacing document.
+    pub full_document: Option<Document>,
+    /// `updateDescription` of an update.
+    pub update_description: Option<Document>,
+}
+
+/// The bounded event log.
+pub struct EventLog {
+    events: VecDeque<Event>,
+    next_seq: u64,
+    epoch: u32,
+    capacity: usize,
+    tx: watch::Sender<u64>,
+}
+
+impl Default for EventLog {
+    fn default() -> Self {
+        let (tx, _) = watch::channel(0);
+        EventLog {
+            events: VecDeque::new(),
+            next_seq: 1,
+            epoch: rand::random::<u32>(),
+            capacity: EVENT_LOG_CAPACITY,
+            tx,
+        }
+    }
+}
+
+/// Everything an event needs besides its position.
+pub struct NewEvent {
+    /// Cluster time of the write.
+    pub cluster_time: Timestamp,
+    /// Database.
+    pub db: String,
+    /// Collection.
+    pub coll: String,
+    /// Kind.
+    pub op: OpType,
+    /// `{_id}`.
+    pub document_key: Option<Document>,
+    /// Full document (insert/replace).
+    pub full_document: Option<Document>,
+    /// Update description (update).
+    pub update_description: Option<Document>,
+}
+
+impl EventLog {
+    /// Appends an event and wakes waiting change-stream cursors.
+    pub fn push(&mut self, e: NewEvent) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if self.events.len() >= self.capacity {
+            self.events.pop_front();
+        }
+        self.events.push_back(Event {
+            seq,
+            cluster_time: e.cluster_time,
+            wall_time: DateTime::now(),
+            db: e.db,
+            coll: e.coll,
+            op: e.op,
+            document_key: e.document_key,
+            full_document: e.full_document,
+            update_description: e.update_description,
+        });
+        self.tx.send_replace(seq);
+    }
+
+    /// A receiver that sees every later push.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.tx.subscribe()
+    }
+
+    /// The sequence number the next event will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    fn first_seq(&self) -> u64 {
+        self.events.front().map(|e| e.seq).unwrap_or(self.next_seq)
+    }
+
+    fn get(&self, seq: u64) -> Option<&Event> {
+        let first = self.events.front()?.seq;
+        let idx = seq.checked_sub(first)?;
+        self.events.get(idx as usize)
+    }
+
+    /// Events with `seq >= from`.
+    fn from(&self, from: u64) -> impl Iterator<Item = &Event> {
+        let first = self.first_seq();
+        let skip = from.saturating_sub(first) as usize;
+        self.events.iter().skip(skip)
+    }
+}
+
+const KIND_EVENT: u8 = 0;
+const KIND_INVALIDATE: u8 = 1;
+const KIND_HIGH_WATER: u8 = 2;
+
+fn make_token(epoch: u32, ts: Timestamp, seq: u64, kind: u8) -> Document {
+    doc! {"_data": format!("82{:08X}{:08X}{:08X}{:016X}{:02X}", epoch, ts.time, ts.increment, seq, kind)}
+}
+
+struct Token {
+    epoch: u32,
+    ts: Timestamp,
+    seq: u64,
+    kind: u8,
+}
+
+fn parse_token(token: &Bson) -> CommandResult<Token> {
+    let bad = || {
+        CommandError::new(
+            280,
+            "ChangeStreamFatalError",
+            format!("cannot resume stream; the resume token was not found. {token}"),
+        )
+    };
+    let data = match token {
+        Bson::Document(d) => match d.get("_data") {
+            Some(Bson::String(s)) if d.len() == 1 => s.as_str(),
+            _ => {
+                return Err(CommandError::bad_value(format!(
+                    "invalid resume token: {token}"
+                )))
+            }
+        },
+        _ => {
+            return Err(CommandError::type_mismatch(
+                "resume token must be a document",
+            ))
+        }
+    };
+    if data.len() != 2 + 8 + 8 + 8 + 16 + 2 || !data.starts_with("82") {
+        return Err(bad());
+    }
+    let hex = |r: std::ops::Range<usize>| data.get(r).and_then(|s| u64::from_str_radix(s, 16).ok());
+    let (Some(epoch), Some(time), Some(inc), Some(seq), Some(kind)) = (
+        hex(2..10),
+        hex(10..18),
+        hex(18..26),
+        hex(26..42),
+        hex(42..44),
+    ) else {
+        return Err(bad());
+    };
+    Ok(Token {
+        epoch: epoch as u32,
+        ts: Timestamp {
+            time: time as u32,
+            increment: inc as u32,
+        },
+        seq,
+        kind: kind as u8,
+    })
+}
+
+/// What a stream watches.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    /// One collection.
+    Collection(String, String),
+    /// Every collection of a database.
+    Database(String),
+    /// Every database.
+    Cluster,
+}
+
+/// A change-stream cursor's state.
+pub struct StreamCursor {
+    scope: Scope,
+    update_lookup: bool,
+    stages: Vec<Document>,
+    /// Next sequence number to read.
+    position: u64,
+    /// Cluster time of the last thing returned (for high-water-mark tokens).
+    last_ts: Timestamp,
+    /// A drop was returned; the invalidate comes next.
+    pending_invalidate: Option<(u64, Timestamp)>,
+    /// The stream ended with an invalidate.
+    pub closed: bool,
+    epoch: u32,
+}
+
+const ALLOWED_STAGES: &[&str] = &[
+    "$match",
+    "$project",
+    "$addFields",
+    "$set",
+    "$unset",
+    "$replaceRoot",
+    "$replaceWith",
+    "$redact",
+];
+
+impl StreamCursor {
+    /// Opens a stream from the `$changeStream` stage `spec` and the later `stages`.
+    pub fn open(
+        scope: Scope,
+        spec: &Document,
+        stages: &[Document],
+        log: &EventLog,
+        now: Timestamp,
+    ) -> CommandResult<StreamCursor> {
+        let mut update_lookup = false;
+        let mut resume: Option<(&str, &Bson)> = None;
+        let mut start_at: Option<Timestamp> = None;
+        let mut resume_opts = 0;
+        for (k, v) in spec {
+            match k.as_str() {
+                "fullDocument" => match v.as_str() {
+                    Some("default") => {}
+                    Some("updateLookup") => update_lookup = true,
+                    Some(other @ ("whenAvailable" | "required")) => {
+                        return Err(CommandError::bad_value(format!(
+                            "fullDocument: '{other}' needs changeStreamPreAndPostImages, which this server does not support"
+                        )))
+                    }
+                    _ => {
+                        return Err(CommandError::bad_value(format!(
+                            "unsupported fullDocument value: {v}"
+                        )))
+                    }
+                },
+                "fullDocumentBeforeChange" => {
+                    if v.as_str() != Some("off") {
+                        return Err(CommandError::bad_value(format!(
+                            "fullDocumentBeforeChange: {v} is not supported by this server"
+                        )));
+                    }
+                }
+                "resumeAfter" | "startAfter" => {
+                    resume = Some((k.as_str(), v));
+                    resume_opts += 1;
+                }
+                "startAtOperationTime" => {
+                    let Bson::Timestamp(ts) = v else {
+                        return Err(CommandError::type_mismatch(
+                            "startAtOperationTime must be a timestamp",
+                        ));
+                    };
+                    start_at = Some(*ts);
+                    resume_opts += 1;
+                }
+                "allChangesForCluster" => {
+                    let on = v.as_bool().unwrap_or(false);
+                    if on != matches!(scope, Scope::Cluster) {
+                        return Err(CommandError::bad_value(
+                            "allChangesForCluster must be true exactly when watching the whole cluster (aggregate: 1 on admin)",
+                        ));
+                    }
+                }
+                "showExpandedEvents" => {
+                    if v.as_bool() == Some(true) {
+                        return Err(CommandError::bad_value(
+                            "showExpandedEvents: true is not supported by this server",
+                        ));
+                    }
+                }
+                other => {
+                    return Err(CommandError::new(
+                        40415,
+                        "Location40415",
+                        format!("BSON field '$changeStream.{other}' is an unknown field."),
+                    ))
+                }
+            }
+        }
+        if resume_opts > 1 {
+            return Err(CommandError::new(
+                40674,
+                "Location40674",
+                "Only one type of resume option is allowed, but multiple were found.",
+            ));
+        }
+        if matches!(scope, Scope::Cluster) && !spec.get_bool("allChangesForCluster").unwrap_or(false) {
+            return Err(CommandError::bad_value(
+                "A $changeStream with 'allChangesForCluster: true' is required on the admin database",
+            ));
+        }
+        for stage in stages {
+            let name = stage.keys().next().map(String::as_str).unwrap_or("");
+            if !ALLOWED_STAGES.contains(&name) {
+                return Err(CommandError::new(
+                    20,
+                    "IllegalOperation",
+                    format!("{name} is not permitted in a $changeStream pipeline"),
+                ));
+            }
+        }
+        let mut cursor = StreamCursor {
+            scope,
+            update_lookup,
+            stages: stages.to_vec(),
+            position: log.next_seq(),
+            last_ts: now,
+            pending_invalidate: None,
+            closed: false,
+            epoch: log.epoch,
+        };
+        if let Some((how, token)) = resume {
+            let t = parse_token(token)?;
+            let not_found = || {
+                CommandError::new(
+                    280,
+                    "ChangeStreamFatalError",
+                    "cannot resume stream; the resume token was not found",
+                )
+            };
+            if t.epoch != log.epoch {
+                return Err(not_found());
+            }
+            let start = match t.kind {
+                KIND_HIGH_WATER => t.seq,
+                KIND_EVENT => t.seq + 1,
+                KIND_INVALIDATE => {
+                    if how == "resumeAfter" {
+                        return Err(CommandError::new(
+                            260,
+                            "InvalidResumeToken",
+                            "Attempting to resume a change stream using 'resumeAfter' is not allowed from an invalidate notification.",
+                        ));
+                    }
+                    t.seq + 1
+                }
+                _ => return Err(not_found()),
+            };
+            if start > log.next_seq {
+                return Err(not_found());
+            }
+            if start < log.first_seq() {
+                return Err(history_lost());
+            }
+            if t.kind != KIND_HIGH_WATER {
+                match log.get(t.seq) {
+                    Some(e) if e.cluster_time == t.ts => {}
+                    _ => return Err(not_found()),
+                }
+            }
+            cursor.position = start;
+            cursor.last_ts = t.ts;
+        } else if let Some(ts) = start_at {
+            // First event at or after ts.
+            let first_kept = log.events.front();
+            if let Some(front) = first_kept {
+                if front.seq > 1 && ts_cmp(ts, front.cluster_time).is_lt() {
+                    return Err(history_lost());
+                }
+            }
+            cursor.position = log
+                .events
+                .iter()
+                .find(|e| ts_cmp(e.cluster_time, ts).is_ge())
+                .map(|e| e.seq)
+                .unwrap_or(log.next_seq);
+            cursor.last_ts = ts;
+        }
+        Ok(cursor)
+    }
+
+    fn matches_scope(&self, e: &Event) -> bool {
+        match &self.scope {
+            Scope::Collection(db, coll) => e.db == *db && e.coll == *coll,
+            Scope::Database(db) => e.db == *db,
+            Scope::Cluster => true,
+        }
+    }
+
+    fn invalidated_by(&self, e: &Event) -> bool {
+        match &self.scope {
+            Scope::Collection(db, coll) => {
+                e.op == OpType::Drop && e.db == *db && e.coll == *coll
+            }
+            Scope::Database(db) => e.op == OpType::DropDatabase && e.db == *db,
+            Scope::Cluster => false,
+        }
+    }
+
+    /// The resume token to report after the current position.
+    pub fn post_batch_token(&self) -> Document {
+        make_token(self.epoch, self.last_ts, self.position, KIND_HIGH_WATER)
+    }
+
+    /// Reads up to `max` events that are available now. Returns the event documents; sets
+    /// `closed` once an invalidate has been returned.
+    pub fn read(
+        &mut self,
+        log: &EventLog,
+        store: &Store,
+        max: usize,
+        vars: &Vars,
+        current_ts: Timestamp,
+    ) -> CommandResult<Vec<Document>> {
+        let mut out = Vec::new();
+        if self.position < log.first_seq() {
+            return Err(history_lost());
+        }
+        if let Some((seq, ts)) = self.pending_invalidate.take() {
+            out.push(self.invalidate_doc(seq, ts));
+            self.closed = true;
+            return Ok(out);
+        }
+        let mut scanned_to = self.position;
+        for e in log.from(self.position) {
+            if out.len() >= max || self.closed {
+                break;
+            }
+            scanned_to = e.seq + 1;
+            self.last_ts = e.cluster_time;
+            if !self.matches_scope(e) {
+                continue;
+            }
+            if let Some(d) = self.event_doc(e, store, vars)? {
+                out.push(d);
+            }
+            if self.invalidated_by(e) {
+                if out.len() < max {
+                    out.push(self.invalidate_doc(e.seq, e.cluster_time));
+                    self.closed = true;
+                } else {
+                    self.pending_invalidate = Some((e.seq, e.cluster_time));
+                }
+                scanned_to = e.seq + 1;
+                break;
+            }
+        }
+        self.position = scanned_to;
+        if scanned_to >= log.next_seq() && !self.closed {
+            // Nothing left: the high-water mark is the present.
+            if ts_cmp(current_ts, self.last_ts).is_gt() {
+                self.last_ts = current_ts;
+            }
+        }
+        Ok(out)
+    }
+
+    fn invalidate_doc(&self, seq: u64, ts: Timestamp) -> Document {
+        doc! {
+            "_id": make_token(self.epoch, ts, seq, KIND_INVALIDATE),
+            "operationType": "invalidate",
+            "clusterTime": ts,
+            "wallTime": DateTime::now(),
+        }
+    }
+
+    fn event_doc(&self, e: &Event, store: &Store, vars: &Vars) -> CommandResult<Option<Document>> {
+        let token = make_token(self.epoch, e.cluster_time, e.seq, KIND_EVENT);
+        let mut d = doc! {
+            "_id": token.clone(),
+            "operationType": e.op.name(),
+            "clusterTime": e.cluster_time,
+            "wallTime": e.wall_time,
+        };
+        match e.op {
+            OpType::Insert | OpType::Replace => {
+                if let Some(full) = &e.full_document {
+                    d.insert("fullDocument", full.clone());
+                }
+            }
+            OpType::Update if self.update_lookup => {
+                let current = e
+                    .document_key
+                    .as_ref()
+                    .and_then(|k| k.get("_id"))
+                    .and_then(|id| {
+                        let coll = store.coll(&e.db, &e.coll)?;
+                        let rid = coll.find_id(id)?;
+                        coll.get(rid).cloned()
+                    });
+                d.insert("fullDocument", current.map(Bson::Document).unwrap_or(Bson::Null));
+            }
+            _ => {}
+        }
+        if e.op == OpType::DropDatabase {
+            d.insert("ns", doc! {"db": e.db.clone()});
+        } else {
+            d.insert("ns", doc! {"db": e.db.clone(), "coll": e.coll.clone()});
+        }
+        if let Some(k) = &e.document_key {
+            d.insert("documentKey", k.clone());
+        }
+        if let Some(u) = &e.update_description {
+            d.insert("updateDescription", u.clone());
+        }
+        if self.stages.is_empty() {
+            return Ok(Some(d));
+        }
+        let mut out = crate::engine::pipeline::run(&self.stages, vec![d], vars)?;
+        match out.pop() {
+            None => Ok(None),
+            Some(doc) => {
+                if doc.get("_id") != Some(&Bson::Document(token)) {
+                    return Err(CommandError::new(
+                        280,
+                        "ChangeStreamFatalError",
+                        "Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point. Only transformations that retain the unmodified _id field are allowed.",
+                    ));
+                }
+                Ok(Some(doc))
+            }
+        }
+    }
+}
+
+fn history_lost() -> CommandError {
+    CommandError::new(
+        286,
+        "ChangeStreamHistoryLost",
+        "Resume of change stream was not possible, as the resume point may no longer be in the oplog.",
+    )
+}

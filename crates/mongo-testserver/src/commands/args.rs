@@ -1,0 +1,305 @@
+//! Argument parsing shared by the commands: field lists, typed getters, generic fields
+//! (`readConcern`, `writeConcern`, sessions).
+
+use bson::{doc, Bson, Document};
+
+use super::Ctx;
+use crate::error::{CommandError, CommandResult};
+
+/// Fields every command accepts (drivers add them).
+pub const GENERIC_FIELDS: &[&str] = &[
+    "$db",
+    "lsid",
+    "txnNumber",
+    "$clusterTime",
+    "$readPreference",
+    "readConcern",
+    "writeConcern",
+    "maxTimeMS",
+    "comment",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+    "autocommit",
+    "startTransaction",
+    "stmtId",
+    "stmtIds",
+    "$audit",
+    "$client",
+    "$configServerState",
+    "$queryOptions",
+    "mayBypassWriteBlocking",
+    "$traceCtx",
+    "clientOperationKey",
+];
+
+/// Fails naming the first field of `cmd` that is neither generic nor in `allowed`.
+pub fn check_fields(cmd: &Document, command: &str, allowed: &[&str]) -> CommandResult<()> {
+    for (i, key) in cmd.keys().enumerate() {
+        if i == 0 || GENERIC_FIELDS.contains(&key.as_str()) || allowed.contains(&key.as_str()) {
+            continue;
+        }
+        return Err(unknown_field(command, key));
+    }
+    Ok(())
+}
+
+/// mongod's error for an unknown field.
+pub fn unknown_field(command: &str, field: &str) -> CommandError {
+    CommandError::new(
+        40415,
+        "Location40415",
+        format!("BSON field '{command}.{field}' is an unknown field."),
+    )
+}
+
+/// An integer value of any numeric type (doubles must be integral).
+pub fn as_i64(v: &Bson) -> Option<i64> {
+    match v {
+        Bson::Int32(i) => Some(i64::from(*i)),
+        Bson::Int64(i) => Some(*i),
+        Bson::Double(f) if f.fract() == 0.0 && f.is_finite() => Some(*f as i64),
+        Bson::Decimal128(d) => d.to_string().parse().ok(),
+        _ => None,
+    }
+}
+
+fn type_name(v: &Bson) -> &'static str {
+    match v {
+        Bson::Double(_) => "double",
+        Bson::String(_) => "string",
+        Bson::Document(_) => "object",
+        Bson::Array(_) => "array",
+        Bson::Binary(_) => "binData",
+        Bson::ObjectId(_) => "objectId",
+        Bson::Boolean(_) => "bool",
+        Bson::DateTime(_) => "date",
+        Bson::Null => "null",
+        Bson::RegularExpression(_) => "regex",
+        Bson::Int32(_) => "int",
+        Bson::Timestamp(_) => "timestamp",
+        Bson::Int64(_) => "long",
+        Bson::Decimal128(_) => "decimal",
+        _ => "other",
+    }
+}
+
+fn wrong_type(command: &str, field: &str, v: &Bson, expected: &str) -> CommandError {
+    CommandError::type_mismatch(format!(
+        "BSON field '{command}.{field}' is the wrong type '{}', expected type '{expected}'",
+        type_name(v)
+    ))
+}
+
+/// An optional integer field.
+pub fn get_i64(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<i64>> {
+    match cmd.get(field) {
+        None => Ok(None),
+        Some(v) => as_i64(v)
+            .map(Some)
+            .ok_or_else(|| wrong_type(command, field, v, "[long, int, decimal, double]")),
+    }
+}
+
+/// An optional boolean field (numbers are accepted as mongod does).
+pub fn get_bool(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<bool>> {
+    match cmd.get(field) {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Boolean(b)) => Ok(Some(*b)),
+        Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) => Ok(as_i64(v).map(|i| i != 0).or(Some(true))),
+        Some(v) => Err(wrong_type(command, field, v, "[bool, long, int, decimal, double]")),
+    }
+}
+
+/// An optional document field.
+pub fn get_doc<'a>(cmd: &'a Document, command: &str, field: &str) -> CommandResult<Option<&'a Document>> {
+    match cmd.get(field) {
+        None => Ok(None),
+        Some(Bson::Document(d)) => Ok(Some(d)),
+        Some(v) => Err(wrong_type(command, field, v, "object")),
+    }
+}
+
+/// A required array of documents.
+pub fn get_docs<'a>(cmd: &'a Document, command: &str, field: &str) -> CommandResult<Vec<&'a Document>> {
+    match cmd.get(field) {
+        None => Err(CommandError::new(
+            40414,
+            "Location40414",
+            format!("BSON field '{command}.{field}' is missing but a required field"),
+        )),
+        Some(Bson::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                Bson::Document(d) => Ok(d),
+                other => Err(wrong_type(command, field, other, "object")),
+            })
+            .collect(),
+        Some(v) => Err(wrong_type(command, field, v, "array")),
+    }
+}
+
+/// The collection named by the command's first field.
+pub fn coll_name<'a>(cmd: &'a Document, command: &str) -> CommandResult<&'a str> {
+    match cmd.get(command) {
+        Some(Bson::String(s)) if !s.is_empty() => Ok(s),
+        Some(Bson::String(_)) => Err(CommandError::new(
+            73,
+            "InvalidNamespace",
+            "Invalid namespace specified: collection name is empty",
+        )),
+        Some(v) => Err(CommandError::new(
+            73,
+            "InvalidNamespace",
+            format!("collection name has invalid type {}", type_name(v)),
+        )),
+        None => Err(CommandError::bad_value("missing collection name")),
+    }
+}
+
+/// The error for transaction commands and fields.
+pub fn no_transactions() -> CommandError {
+    CommandError::new(
+        20,
+        "IllegalOperation",
+        "Transactions are not supported by this server (mongo-testserver)",
+    )
+}
+
+/// Commands that accept a `writeConcern`.
+fn takes_write_concern(name: &str) -> bool {
+    crate::failpoint::supports_write_concern(name) || matches!(name, "setParameter" | "configureFailPoint" | "endSessions")
+}
+
+/// Validates the generic fields: transactions refused, `readConcern` and `writeConcern`
+/// understood.
+pub fn check_generic(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult<()> {
+    if cmd.contains_key("startTransaction") || cmd.contains_key("autocommit") {
+        return Err(no_transactions());
+    }
+    if let Some(v) = cmd.get("txnNumber") {
+        if as_i64(v).is_none() {
+            return Err(wrong_type(name, "txnNumber", v, "long"));
+        }
+        if !cmd.contains_key("lsid") {
+            return Err(CommandError::new(
+                50768,
+                "Location50768",
+                "txnNumber may only be provided for multi-document transactions and retryable write commands. It requires a session.",
+            ));
+        }
+        if !matches!(name, "insert" | "update" | "delete" | "findAndModify" | "findandmodify") {
+            return Err(CommandError::new(
+                50768,
+                "Location50768",
+                format!("txnNumber may only be provided for multi-document transactions and retryable write commands. {name} is neither"),
+            ));
+        }
+    }
+    if let Some(v) = cmd.get("lsid") {
+        if !matches!(v, Bson::Document(_)) {
+            return Err(wrong_type(name, "lsid", v, "object"));
+        }
+    }
+    if let Some(rc) = cmd.get("readConcern") {
+        let Bson::Document(rc) = rc else {
+            return Err(wrong_type(name, "readConcern", rc, "object"));
+        };
+        for (k, v) in rc {
+            match k.as_str() {
+                "level" => match v.as_str() {
+                    Some("local" | "majority" | "linearizable" | "available" | "snapshot") => {}
+                    _ => {
+                        return Err(CommandError::failed_to_parse(format!(
+                            "readConcern.level must be either 'local', 'majority', 'linearizable', 'available', or 'snapshot'; found {v}"
+                        )))
+                    }
+                },
+                "afterClusterTime" | "afterOpTime" | "provenance" => {}
+                other => {
+                    return Err(CommandError::bad_value(format!(
+                        "readConcern option '{other}' is not supported by this server"
+                    )))
+                }
+            }
+        }
+    }
+    if let Some(wc) = cmd.get("writeConcern") {
+        if !takes_write_concern(name) {
+            return Err(CommandError::new(
+                72,
+                "InvalidOptions",
+                "Command does not support writeConcern",
+            ));
+        }
+        let Bson::Document(wc) = wc else {
+            return Err(wrong_type(name, "writeConcern", wc, "object"));
+        };
+        for (k, v) in wc {
+            match k.as_str() {
+                "w" => match v {
+                    Bson::String(_) => {}
+                    other => match as_i64(other) {
+                        Some(n) if n >= 0 => {
+                            if n > 1 && ctx.shared.config.standalone {
+                                return Err(CommandError::bad_value(
+                                    "cannot use 'w' > 1 on a standalone",
+                                ));
+                            }
+                        }
+                        _ => {
+                            return Err(CommandError::failed_to_parse(format!(
+                                "w has to be a number or a string; found: {other}"
+                            )))
+                        }
+                    },
+                },
+                "j" | "fsync" | "wtimeout" | "wtimeoutMS" | "provenance" => {}
+                other => {
+                    return Err(CommandError::failed_to_parse(format!(
+                        "unrecognized write concern field: {other}"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `writeConcernError` a single-node replica set answers for a `w` it cannot satisfy.
+pub fn write_concern_error(ctx: &Ctx<'_>, cmd: &Document) -> Option<Document> {
+    let wc = cmd.get_document("writeConcern").ok()?;
+    match wc.get("w")? {
+        Bson::String(s) if s == "majority" => None,
+        Bson::String(s) => {
+            if ctx.shared.config.standalone {
+                None
+            } else {
+                Some(doc! {
+                    "code": 79,
+                    "codeName": "UnknownReplWriteConcern",
+                    "errmsg": format!("No write concern mode named '{s}' found in replica set configuration"),
+                })
+            }
+        }
+        v => match as_i64(v) {
+            Some(n) if n > 1 => Some(doc! {
+                "code": 100,
+                "codeName": "UnsatisfiableWriteConcern",
+                "errmsg": "Not enough data-bearing nodes",
+            }),
+            _ => None,
+        },
+    }
+}
+
+/// Refuses a collation other than the simple one.
+pub fn check_collation(cmd: &Document) -> CommandResult<()> {
+    match cmd.get("collation") {
+        None => Ok(()),
+        Some(Bson::Document(c)) if c.get_str("locale").ok() == Some("simple") => Ok(()),
+        Some(_) => Err(CommandError::bad_value(
+            "collation is not supported by this server (only {locale: \"simple\"})",
+        )),
+    }
+}

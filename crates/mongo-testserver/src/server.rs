@@ -1,0 +1,174 @@
+//! The accept loop, one task per connection, and the background tasks (TTL monitor, janitor).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+use crate::commands::{self, Conn, Outcome};
+use crate::failpoint::FailCommand;
+use crate::state::State;
+use crate::wire::{self, Request};
+
+/// Server-wide settings fixed at start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Report a standalone server instead of a replica-set primary.
+    pub standalone: bool,
+    /// Replica set name.
+    pub set_name: String,
+    /// `host:port` reported in `hello` (`me`, `primary`, `hosts`).
+    pub host: String,
+}
+
+/// State shared by every task of one server.
+pub struct Shared {
+    state: Mutex<State>,
+    /// The `failCommand` fail point.
+    pub failpoint: Mutex<FailCommand>,
+    /// Settings.
+    pub config: Config,
+    /// TTL monitor period in milliseconds.
+    pub ttl_interval_ms: AtomicU64,
+    /// Woken when the TTL period changes.
+    pub ttl_changed: tokio::sync::Notify,
+    next_conn_id: AtomicI64,
+    next_request_id: AtomicI32,
+}
+
+impl Shared {
+    /// A new server state.
+    pub fn new(config: Config, ttl_interval: Duration) -> Shared {
+        Shared {
+            state: Mutex::new(State::default()),
+            failpoint: Mutex::new(FailCommand::default()),
+            config,
+            ttl_interval_ms: AtomicU64::new(ttl_interval.as_millis().max(1) as u64),
+            ttl_changed: tokio::sync::Notify::new(),
+            next_conn_id: AtomicI64::new(1),
+            next_request_id: AtomicI32::new(1),
+        }
+    }
+
+    /// Locks the state. A poisoned lock (a panic while holding it, which the code avoids) is
+    /// recovered: every critical section leaves the state consistent before it can fail.
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Locks the fail point.
+    pub fn failpoint(&self) -> MutexGuard<'_, FailCommand> {
+        self.failpoint.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn request_id(&self) -> i32 {
+        self.next_request_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Accepts connections until the task is aborted; aborting it drops the [`JoinSet`] and with
+/// it every connection task.
+pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let shared = shared.clone();
+                    let id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
+                    connections.spawn(async move { serve_connection(stream, peer, shared, id).await });
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, id: i64) {
+    let _ = stream.set_nodelay(true);
+    let (read_half, mut write_half) = stream.into_split();
+    let mut reader = BufReader::with_capacity(16 * 1024, read_half);
+    let mut conn = Conn::new(id, peer);
+    let mut in_buf = Vec::with_capacity(4096);
+    let mut out_buf = Vec::with_capacity(4096);
+    loop {
+        let request = match wire::read_request(&mut reader, &mut in_buf).await {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(connection = id, "closing connection: {e}");
+                break;
+            }
+        };
+        let encoded = match request {
+            Request::Msg(msg) => {
+                let more_to_come = msg.more_to_come();
+                let checksum = msg.has_checksum();
+                let request_id = msg.request_id;
+                let outcome = commands::handle(&shared, &mut conn, msg.body, msg.sequences).await;
+                let reply = match outcome {
+                    Outcome::Reply(r) => r,
+                    Outcome::Close => break,
+                };
+                if more_to_come {
+                    continue;
+                }
+                wire::encode_msg_reply(&mut out_buf, shared.request_id(), request_id, &reply, checksum)
+            }
+            Request::Query(q) => {
+                let reply = match legacy_query(&shared, &mut conn, q.full_collection_name, q.query).await {
+                    Some(r) => r,
+                    None => break,
+                };
+                wire::encode_op_reply(&mut out_buf, shared.request_id(), q.request_id, &reply)
+            }
+        };
+        if let Err(e) = encoded {
+            tracing::warn!(connection = id, "could not encode a reply: {e}");
+            break;
+        }
+        if write_half.write_all(&out_buf).await.is_err() {
+            break;
+        }
+        if out_buf.capacity() > 1 << 20 {
+            out_buf = Vec::with_capacity(4096);
+        }
+        if in_buf.capacity() > 1 << 20 {
+            in_buf = Vec::with_capacity(4096);
+        }
+    }
+}
+
+/// Serves an OP_QUERY: only `hello`/`isMaster` on `<db>.$cmd` (as mongod 6+); `None` closes the
+/// connection.
+async fn legacy_query(shared: &Arc<Shared>, conn: &mut Conn, ns: String, query: Document) -> Option<Document> {
+    let (db, coll) = ns.split_once('.').unwrap_or((ns.as_str(), ""));
+    let mut cmd = match query.get("$query") {
+        Some(Bson::Document(inner)) => inner.clone(),
+        _ => query.clone(),
+    };
+    let name = cmd.keys().next().cloned().unwrap_or_default();
+    let is_hello = matches!(name.as_str(), "hello" | "isMaster" | "ismaster");
+    if coll != "$cmd" || !is_hello {
+        return Some(doc! {
+            "ok": 0.0,
+            "errmsg": format!("Unsupported OP_QUERY command: {name}. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal"),
+            "code": 352,
+            "codeName": "UnsupportedOpQueryCommand",
+        });
+    }
+    cmd.insert("$db", db);
+    match commands::handle(shared, conn, cmd, Vec::new()).await {
+        Outcome::Reply(r) => Some(r),
+        Outcome::Close => None,
+    }
+}

@@ -1,0 +1,386 @@
+//! MongoDB wire protocol framing: OP_MSG (opcode 2013) in both directions, OP_QUERY (2004) in and
+//! OP_REPLY (1) out for the legacy handshake.
+//!
+//! Any malformed frame is a [`WireError`]; the connection that sent it is closed and no other
+//! connection is affected.
+
+use bson::{Document, RawDocument};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Largest message the server accepts, as mongod's `maxMessageSizeBytes`.
+pub const MAX_MESSAGE_SIZE: usize = 48_000_000;
+/// Largest user document (`maxBsonObjectSize`).
+pub const MAX_BSON_OBJECT_SIZE: usize = 16 * 1024 * 1024;
+/// Largest command document mongod parses (user maximum plus 16 KiB of command overhead).
+pub const MAX_INTERNAL_BSON_SIZE: usize = MAX_BSON_OBJECT_SIZE + 16 * 1024;
+/// Deepest nesting of documents and arrays accepted in a message (deeper input closes the
+/// connection; this keeps every recursive walk of a document far from the stack limit).
+pub const MAX_NESTING_DEPTH: usize = 180;
+
+const OP_REPLY: i32 = 1;
+const OP_QUERY: i32 = 2004;
+const OP_MSG: i32 = 2013;
+const HEADER_LEN: usize = 16;
+
+/// OP_MSG flag: a CRC-32C checksum follows the sections.
+pub const FLAG_CHECKSUM_PRESENT: u32 = 1;
+/// OP_MSG flag: the sender will not wait for a reply.
+pub const FLAG_MORE_TO_COME: u32 = 1 << 1;
+/// OP_MSG flag: the client accepts exhaust replies.
+pub const FLAG_EXHAUST_ALLOWED: u32 = 1 << 16;
+
+/// Why a frame was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The socket failed.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The frame is not a valid message.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+}
+
+fn malformed(msg: impl Into<String>) -> WireError {
+    WireError::Malformed(msg.into())
+}
+
+/// One request read from a client.
+#[derive(Debug)]
+pub enum Request {
+    /// An OP_MSG.
+    Msg(MsgRequest),
+    /// A legacy OP_QUERY (only the handshake is served through it).
+    Query(QueryRequest),
+}
+
+/// A parsed OP_MSG.
+#[derive(Debug)]
+pub struct MsgRequest {
+    /// The client's requestID (our reply's responseTo).
+    pub request_id: i32,
+    /// The flag bits.
+    pub flags: u32,
+    /// The body (kind 0 section).
+    pub body: Document,
+    /// Document sequences (kind 1 sections): identifier and documents.
+    pub sequences: Vec<(String, Vec<Document>)>,
+}
+
+impl MsgRequest {
+    /// Whether the message carried a checksum.
+    pub fn has_checksum(&self) -> bool {
+        self.flags & FLAG_CHECKSUM_PRESENT != 0
+    }
+
+    /// Whether the client expects no reply.
+    pub fn more_to_come(&self) -> bool {
+        self.flags & FLAG_MORE_TO_COME != 0
+    }
+}
+
+/// A parsed OP_QUERY.
+#[derive(Debug)]
+pub struct QueryRequest {
+    /// The client's requestID.
+    pub request_id: i32,
+    /// `db.collection` the query targets, e.g. `admin.$cmd`.
+    pub full_collection_name: String,
+    /// The query document (the command, possibly wrapped in `$query`).
+    pub query: Document,
+}
+
+/// Reads one message. `Ok(None)` means the peer closed the connection cleanly between messages.
+pub async fn read_request<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+) -> Result<Option<Request>, WireError> {
+    let mut len_bytes = [0u8; 4];
+    // Read the first byte separately to tell a clean close from a truncated frame.
+    match reader.read(&mut len_bytes[..1]).await? {
+        0 => return Ok(None),
+        _ => reader.read_exact(&mut len_bytes[1..]).await?,
+    };
+    let len = i32::from_le_bytes(len_bytes);
+    if len < HEADER_LEN as i32 || len as usize > MAX_MESSAGE_SIZE {
+        return Err(malformed(format!("invalid message length {len}")));
+    }
+    let len = len as usize;
+    buf.clear();
+    buf.resize(len, 0);
+    buf[..4].copy_from_slice(&len_bytes);
+    reader.read_exact(&mut buf[4..]).await?;
+    parse_request(buf).map(Some)
+}
+
+fn read_i32(bytes: &[u8], at: usize) -> Result<i32, WireError> {
+    bytes
+        .get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map(i32::from_le_bytes)
+        .ok_or_else(|| malformed("truncated integer"))
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Result<u32, WireError> {
+    read_i32(bytes, at).map(|v| v as u32)
+}
+
+fn read_cstring(bytes: &[u8], at: usize) -> Result<(String, usize), WireError> {
+    let rest = bytes.get(at..).ok_or_else(|| malformed("truncated string"))?;
+    let nul = rest
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or_else(|| malformed("unterminated string"))?;
+    let s = std::str::from_utf8(&rest[..nul])
+        .map_err(|_| malformed("string is not UTF-8"))?
+        .to_owned();
+    Ok((s, at + nul + 1))
+}
+
+/// Parses one BSON document starting at `at`; returns it and the offset after it.
+fn read_document(bytes: &[u8], at: usize, limit: usize) -> Result<(Document, usize), WireError> {
+    let len = read_i32(bytes, at)?;
+    if len < 5 || len as usize > limit {
+        return Err(malformed(format!("invalid BSON document length {len}")));
+    }
+    let end = at + len as usize;
+    let slice = bytes
+        .get(at..end)
+        .ok_or_else(|| malformed("BSON document overruns the message"))?;
+    let raw = RawDocument::from_bytes(slice).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
+    check_depth(raw)?;
+    let doc = Document::try_from(raw).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
+    Ok((doc, end))
+}
+
+/// Walks a raw document without recursion and refuses nesting deeper than
+/// [`MAX_NESTING_DEPTH`] or any element that does not parse.
+fn check_depth(raw: &RawDocument) -> Result<(), WireError> {
+    use bson::raw::{RawBsonRef, RawIter};
+    let invalid = |e: bson::raw::Error| malformed(format!("invalid BSON: {e}"));
+    let mut stack: Vec<RawIter<'_>> = vec![raw.iter_elements()];
+    while let Some(iter) = stack.last_mut() {
+        let Some(element) = iter.next() else {
+            stack.pop();
+            continue;
+        };
+        let value = element.and_then(|e| e.value()).map_err(invalid)?;
+        let child = match value {
+            RawBsonRef::Document(d) => Some(d),
+            RawBsonRef::Array(a) => Some(RawDocument::from_bytes(a.as_bytes()).map_err(invalid)?),
+            RawBsonRef::JavaScriptCodeWithScope(c) => Some(c.scope),
+            _ => None,
+        };
+        if let Some(child) = child {
+            if stack.len() + 1 > MAX_NESTING_DEPTH {
+                return Err(malformed("BSON nesting too deep"));
+            }
+            stack.push(child.iter_elements());
+        }
+    }
+    Ok(())
+}
+
+/// Parses a complete frame (header included).
+pub fn parse_request(bytes: &[u8]) -> Result<Request, WireError> {
+    let request_id = read_i32(bytes, 4)?;
+    let op_code = read_i32(bytes, 12)?;
+    match op_code {
+        OP_MSG => parse_msg(bytes, request_id).map(Request::Msg),
+        OP_QUERY => parse_query(bytes, request_id).map(Request::Query),
+        other => Err(malformed(format!("unsupported opcode {other}"))),
+    }
+}
+
+fn parse_msg(bytes: &[u8], request_id: i32) -> Result<MsgRequest, WireError> {
+    let flags = read_u32(bytes, HEADER_LEN)?;
+    // Bits 0-15 are required: unknown ones must make the message fail.
+    let known = FLAG_CHECKSUM_PRESENT | FLAG_MORE_TO_COME;
+    if flags & 0xFFFF & !known != 0 {
+        return Err(malformed(format!("unknown required flag bits {flags:#x}")));
+    }
+    let mut end = bytes.len();
+    if flags & FLAG_CHECKSUM_PRESENT != 0 {
+        if end < HEADER_LEN + 4 + 4 {
+            return Err(malformed("message too short for a checksum"));
+        }
+        end -= 4;
+        let expected = read_u32(bytes, end)?;
+        let actual = crc32c::crc32c(&bytes[..end]);
+        if expected != actual {
+            return Err(malformed("checksum mismatch"));
+        }
+    }
+    let bytes = &bytes[..end];
+    let mut at = HEADER_LEN + 4;
+    let mut body = None;
+    let mut sequences = Vec::new();
+    while at < bytes.len() {
+        let kind = bytes[at];
+        at += 1;
+        match kind {
+            0 => {
+                if body.is_some() {
+                    return Err(malformed("more than one body section"));
+                }
+                let (doc, next) = read_document(bytes, at, MAX_INTERNAL_BSON_SIZE)?;
+                body = Some(doc);
+                at = next;
+            }
+            1 => {
+                let size = read_i32(bytes, at)?;
+                if size < 5 {
+                    return Err(malformed("invalid document sequence size"));
+                }
+                let seq_end = at + size as usize;
+                if seq_end > bytes.len() {
+                    return Err(malformed("document sequence overruns the message"));
+                }
+                let (identifier, mut pos) = read_cstring(&bytes[..seq_end], at + 4)?;
+                let mut docs = Vec::new();
+                while pos < seq_end {
+                    let (doc, next) = read_document(&bytes[..seq_end], pos, MAX_INTERNAL_BSON_SIZE)?;
+                    docs.push(doc);
+                    pos = next;
+                }
+                sequences.push((identifier, docs));
+                at = seq_end;
+            }
+            other => return Err(malformed(format!("unknown section kind {other}"))),
+        }
+    }
+    let body = body.ok_or_else(|| malformed("OP_MSG without a body section"))?;
+    Ok(MsgRequest {
+        request_id,
+        flags,
+        body,
+        sequences,
+    })
+}
+
+fn parse_query(bytes: &[u8], request_id: i32) -> Result<QueryRequest, WireError> {
+    let _flags = read_i32(bytes, HEADER_LEN)?;
+    let (full_collection_name, at) = read_cstring(bytes, HEADER_LEN + 4)?;
+    let _skip = read_i32(bytes, at)?;
+    let _return = read_i32(bytes, at + 4)?;
+    let (query, end) = read_document(bytes, at + 8, MAX_INTERNAL_BSON_SIZE)?;
+    if end < bytes.len() {
+        // An optional returnFieldsSelector may follow; it must be well-formed too.
+        let (_, end2) = read_document(bytes, end, MAX_INTERNAL_BSON_SIZE)?;
+        if end2 != bytes.len() {
+            return Err(malformed("trailing bytes after OP_QUERY"));
+        }
+    }
+    Ok(QueryRequest {
+        request_id,
+        full_collection_name,
+        query,
+    })
+}
+
+fn write_header(out: &mut Vec<u8>, request_id: i32, response_to: i32, op_code: i32) {
+    out.extend_from_slice(&0i32.to_le_bytes()); // length, patched later
+    out.extend_from_slice(&request_id.to_le_bytes());
+    out.extend_from_slice(&response_to.to_le_bytes());
+    out.extend_from_slice(&op_code.to_le_bytes());
+}
+
+fn patch_length(out: &mut [u8]) {
+    let len = out.len() as i32;
+    out[..4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Encodes an OP_MSG reply with one body section into `out` (cleared first).
+pub fn encode_msg_reply(
+    out: &mut Vec<u8>,
+    request_id: i32,
+    response_to: i32,
+    body: &Document,
+    checksum: bool,
+) -> Result<(), bson::ser::Error> {
+    out.clear();
+    write_header(out, request_id, response_to, OP_MSG);
+    let flags = if checksum { FLAG_CHECKSUM_PRESENT } else { 0 };
+    out.extend_from_slice(&flags.to_le_bytes());
+    out.push(0);
+    body.to_writer(&mut *out)?;
+    if checksum {
+        out.extend_from_slice(&[0; 4]);
+        patch_length(out);
+        let end = out.len() - 4;
+        let sum = crc32c::crc32c(&out[..end]);
+        out[end..].copy_from_slice(&sum.to_le_bytes());
+    } else {
+        patch_length(out);
+    }
+    Ok(())
+}
+
+/// Encodes an OP_REPLY carrying one document into `out` (cleared first).
+pub fn encode_op_reply(
+    out: &mut Vec<u8>,
+    request_id: i32,
+    response_to: i32,
+    doc: &Document,
+) -> Result<(), bson::ser::Error> {
+    out.clear();
+    write_header(out, request_id, response_to, OP_REPLY);
+    out.extend_from_slice(&0i32.to_le_bytes()); // responseFlags
+    out.extend_from_slice(&0i64.to_le_bytes()); // cursorID
+    out.extend_from_slice(&0i32.to_le_bytes()); // startingFrom
+    out.extend_from_slice(&1i32.to_le_bytes()); // numberReturned
+    doc.to_writer(&mut *out)?;
+    patch_length(out);
+    Ok(())
+}
+
+/// Encodes an OP_MSG request (used by tests and tools that speak the protocol by hand).
+pub fn encode_msg_request(request_id: i32, body: &Document) -> Result<Vec<u8>, bson::ser::Error> {
+    let mut out = Vec::new();
+    write_header(&mut out, request_id, 0, OP_MSG);
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.push(0);
+    body.to_writer(&mut out)?;
+    patch_length(&mut out);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn msg_round_trip_with_checksum() {
+        let mut out = Vec::new();
+        encode_msg_reply(&mut out, 7, 3, &doc! {"ping": 1, "$db": "admin"}, true).unwrap();
+        let Request::Msg(m) = parse_request(&out).unwrap() else {
+            panic!("expected OP_MSG")
+        };
+        assert_eq!(m.request_id, 7);
+        assert!(m.has_checksum());
+        assert_eq!(m.body, doc! {"ping": 1, "$db": "admin"});
+        // Corrupt one byte: checksum must fail.
+        let mut bad = out.clone();
+        let n = bad.len() - 6;
+        bad[n] ^= 0xFF;
+        assert!(parse_request(&bad).is_err());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused() {
+        let mut d = doc! {"x": 1};
+        for _ in 0..300 {
+            d = doc! {"a": d};
+        }
+        let bytes = encode_msg_request(1, &d).unwrap();
+        assert!(parse_request(&bytes).is_err());
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(parse_request(&[0u8; 16]).is_err());
+        let mut bytes = encode_msg_request(1, &doc! {"a": 1}).unwrap();
+        bytes.truncate(bytes.len() - 2);
+        assert!(parse_request(&bytes).is_err());
+    }
+}

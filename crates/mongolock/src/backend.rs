@@ -1,0 +1,153 @@
+//! The backend trait and the plain data types it exchanges with the core.
+//!
+//! A backend supplies *single atomic attempts* only: one try to acquire, one extension, one
+//! release, one read. Everything else — waiting between attempts, backoff, retrying transient
+//! errors within the caller's budget, automatic extension, loss detection and cancellation
+//! safety — lives in the shared core ([`Lock`](crate::Lock), [`LockGuard`](crate::LockGuard)),
+//! so every backend gets the same behaviour. A backend must satisfy this contract (the shared
+//! contract test suite in `tests/contract` checks it):
+//!
+//! * **Server time.** Expiry is computed and compared with the backend's own clock (the
+//!   database's), never the caller's.
+//! * **Mutual exclusion.** [`try_acquire`](LockBackend::try_acquire) grants a lease only when the
+//!   name has no lease, its lease has expired by server time, or the lease already belongs to the
+//!   request's lease id (an idempotent retry after a transient error).
+//! * **Fencing tokens only grow.** Every grant returns a token strictly larger than every token
+//!   ever returned for the name, across release, expiry, takeover, force-release and any cleanup
+//!   of stored state.
+//! * **Ownership.** [`extend`](LockBackend::extend) acts only on the caller's unexpired lease;
+//!   [`release`](LockBackend::release) only on the caller's lease.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::holder::HolderInfo;
+
+/// Unique identifier of one lease (one successful acquire call). Extension and release are
+/// matched against it, so a process can never extend or release someone else's lease.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseId(String);
+
+impl LeaseId {
+    /// A new random lease id (128 random bits, 32 hex digits).
+    pub fn random() -> Self {
+        LeaseId(format!("{:032x}", rand::random::<u128>()))
+    }
+
+    /// Wraps a lease id read back from storage.
+    pub fn from_string(id: impl Into<String>) -> Self {
+        LeaseId(id.into())
+    }
+
+    /// The id as a string (as stored by the backend).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One acquisition attempt, as handed to [`LockBackend::try_acquire`].
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    /// The lock name (already validated: non-empty, at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN)
+    /// bytes).
+    pub name: String,
+    /// The lease id to store when the lease is granted. The core reuses it when it retries after
+    /// a transient error, so a grant whose reply was lost is taken over by the retry instead of
+    /// being left behind.
+    pub lease_id: LeaseId,
+    /// Lease duration: the backend sets expiry to server now + `ttl`.
+    pub ttl: Duration,
+    /// Metadata to store with the lease.
+    pub holder: HolderInfo,
+}
+
+/// A lease granted by [`LockBackend::try_acquire`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// Fencing token: strictly larger than every token previously issued for the name.
+    pub fencing_token: u64,
+    /// Server time at which the lease was granted.
+    pub acquired_at: SystemTime,
+    /// Server time at which the lease expires unless extended.
+    pub expires_at: SystemTime,
+}
+
+/// The outcome of one acquisition attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// The lease was granted to the request's lease id.
+    Acquired(Lease),
+    /// Someone else holds an unexpired lease.
+    Busy {
+        /// Server time at which the current holder's lease expires, when known.
+        holder_expires_at: Option<SystemTime>,
+    },
+}
+
+/// A read-only view of one lock, as returned by [`LockBackend::inspect`] and
+/// [`LockBackend::list`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The lock name.
+    pub name: String,
+    /// Whether an unexpired lease exists, judged by server time at `observed_at`.
+    pub held: bool,
+    /// The current lease id; `None` after release or force-release. May be `Some` while `held`
+    /// is false: the lease expired and nobody has taken the name since.
+    pub lease_id: Option<LeaseId>,
+    /// The most recently issued fencing token (0 if none was issued yet).
+    pub fencing_token: u64,
+    /// Metadata of the current or most recent holder.
+    pub holder: Option<HolderInfo>,
+    /// Server time at which the current or most recent lease was granted.
+    pub acquired_at: Option<SystemTime>,
+    /// Server time at which the current lease expires (or the most recent one ended).
+    pub expires_at: Option<SystemTime>,
+    /// Server time of the read.
+    pub observed_at: SystemTime,
+}
+
+/// A storage backend for locks. Object safe: the provider keeps an `Arc<dyn LockBackend>`.
+///
+/// Implementations make single atomic attempts; see the [module docs](self) for the contract.
+/// Transient failures must be reported as [`Error::Unavailable`](crate::Error::Unavailable) so
+/// that the core retries them; permanent ones as [`Error::Backend`](crate::Error::Backend).
+#[async_trait]
+pub trait LockBackend: Send + Sync + 'static {
+    /// One atomic attempt to take `req.name` for `req.lease_id`.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt>;
+
+    /// Sets the expiry of the caller's unexpired lease to server now + `ttl`, returning the new
+    /// expiry; `None` when the lease expired, was released or was taken over.
+    async fn extend(&self, name: &str, lease_id: &LeaseId, ttl: Duration)
+        -> Result<Option<SystemTime>>;
+
+    /// Ends the caller's lease, keeping the fencing token for the next holder. Returns `false`
+    /// when the lease id no longer holds the name (it was taken over or force-released).
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool>;
+
+    /// Reads one lock; `None` when the backend has no record of the name.
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;
+
+    /// Reads every lock the backend stores, sorted by name.
+    async fn list(&self) -> Result<Vec<LockInfo>>;
+
+    /// Ends whatever unexpired lease holds `name` (an operator action); the fencing token keeps
+    /// growing for the next holder. Returns whether a lease was ended.
+    async fn force_release(&self, name: &str) -> Result<bool>;
+
+    /// Waits until something about `name` may have changed, or `max_wait` passed, whichever is
+    /// first. Spurious early returns are allowed. The default sleeps for `max_wait`.
+    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+        let _ = name;
+        tokio::time::sleep(max_wait).await;
+    }
+}

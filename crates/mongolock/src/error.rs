@@ -1,0 +1,121 @@
+//! The error type: every variant says what went wrong and what to change.
+
+/// A boxed error used as the `source` of [`Error`] variants.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when using a lock.
+///
+/// Input errors ([`InvalidName`](Error::InvalidName), [`InvalidOptions`](Error::InvalidOptions),
+/// [`InvalidCollection`](Error::InvalidCollection)) are detected locally, before anything is sent
+/// to the server. [`Unavailable`](Error::Unavailable) is transient (see [`Error::is_transient`]):
+/// the core already retried it within the caller's wait budget. [`Backend`](Error::Backend) is
+/// permanent: retrying will not help until something is changed (permissions, configuration).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name cannot be used; `reason` says why and what to change.
+    #[error("invalid lock name: {reason}")]
+    InvalidName {
+        /// Why the name was refused and what to change.
+        reason: String,
+    },
+
+    /// An option value cannot be used; `reason` says why and what to change.
+    #[error("invalid option `{option}`: {reason}")]
+    InvalidOptions {
+        /// The option that was refused (for example `expiry`).
+        option: &'static str,
+        /// Why the value was refused and what to change.
+        reason: String,
+    },
+
+    /// The lock collection name would be refused by MongoDB.
+    #[error("invalid lock collection name {name:?}: {reason}")]
+    InvalidCollection {
+        /// The refused collection name.
+        name: String,
+        /// Why MongoDB would refuse it and what to change.
+        reason: String,
+    },
+
+    /// The backend could not be reached or reported a transient condition (network error,
+    /// primary step-down, retryable error label). The operation was retried within the caller's
+    /// wait budget; this error means the budget ran out (or was zero).
+    #[error("lock backend temporarily unavailable: {message}")]
+    Unavailable {
+        /// Description of the transient condition.
+        message: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The backend refused the operation for a reason that retrying will not fix.
+    #[error("lock backend error: {message}; {hint}")]
+    Backend {
+        /// The server's message.
+        message: String,
+        /// The server's error code, when there is one.
+        code: Option<i32>,
+        /// What to change so that the operation can succeed.
+        hint: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// [`LockGuard::release`](crate::LockGuard::release) found that the lease had already
+    /// expired and been taken over (or force-released) before the release reached the server.
+    #[error(
+        "the lease on lock {name:?} was no longer held when it was released (it expired and was \
+         taken over, or was force-released); work done under it may have overlapped another holder"
+    )]
+    LeaseLost {
+        /// The lock name.
+        name: String,
+    },
+
+    /// A lock operation was started outside a Tokio runtime.
+    #[error(
+        "mongolock needs a Tokio runtime (it spawns the acquire attempt and the renewal task); \
+         call it from within a Tokio runtime"
+    )]
+    NoRuntime,
+}
+
+impl Error {
+    /// True for errors that may go away by themselves (network failures, failovers): the
+    /// operation can be retried later.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
+    }
+
+    /// Builds an [`Error::Unavailable`] (for backend implementations).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Error::Unavailable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Builds an [`Error::Backend`] with a hint saying what to change (for backend
+    /// implementations).
+    pub fn backend(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        Error::Backend {
+            message: message.into(),
+            code: None,
+            hint: hint.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn invalid_option(option: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidOptions {
+            option,
+            reason: reason.into(),
+        }
+    }
+}

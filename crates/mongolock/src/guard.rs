@@ -1,0 +1,456 @@
+//! [`LockGuard`]: a held lease, its renewal task and its lost signal.
+//!
+//! # Loss detection
+//! Every grant or extension records a *local deadline*: the monotonic instant taken **before**
+//! the request that produced it was sent, plus the lease duration, minus 1 % for clock-rate
+//! differences. The server cannot expire the lease before that instant, so trusting the lease
+//! until then is never late. A watchdog task per guard:
+//!
+//! * extends the lease every extension cadence (when automatic extension is on), retrying
+//!   transient errors with a short backoff;
+//! * races every extension against the deadline (`tokio::select!`), so a hung request (blocked
+//!   connection) cannot delay the lost signal past the deadline;
+//! * signals loss at once when the backend says the lease is gone, and at the deadline when no
+//!   extension succeeded in time.
+//!
+//! Loss is final: once signalled, [`LockGuard::extend`] returns `false` without contacting the
+//! server. Dropping the guard stops the watchdog and releases the lease in the background.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{watch, Notify};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::backend::{Lease, LeaseId, LockBackend};
+use crate::error::{Error, Result};
+use crate::provider::{check_ttl, ProviderInner};
+use crate::wait::Backoff;
+
+/// The local deadline of a lease granted or extended by a request sent at `sent_at`.
+fn local_deadline(sent_at: Instant, ttl: Duration) -> Instant {
+    sent_at + ttl.saturating_sub(ttl / 100)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Held,
+    Lost,
+    /// Released, or the guard was dropped.
+    Ended,
+}
+
+struct LeaseState {
+    expires_at: SystemTime,
+    deadline: Instant,
+    ttl: Duration,
+    last_extend_sent: Instant,
+}
+
+struct Shared {
+    backend: Arc<dyn LockBackend>,
+    name: Arc<str>,
+    lease_id: LeaseId,
+    fencing_token: u64,
+    acquired_at: SystemTime,
+    auto_extend: bool,
+    explicit_cadence: Option<Duration>,
+    state: Mutex<LeaseState>,
+    /// Serialises extensions so that the recorded deadline matches the last applied write.
+    extend_lock: tokio::sync::Mutex<()>,
+    /// Wakes the watchdog when the deadline moved (manual extension).
+    changed: Notify,
+    status: watch::Sender<Status>,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, LeaseState> {
+        // The state is plain data updated in single assignments; a poisoned lock still holds
+        // consistent values.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn status(&self) -> Status {
+        *self.status.borrow()
+    }
+
+    fn cadence_for(&self, ttl: Duration) -> Duration {
+        match self.explicit_cadence {
+            Some(c) if c < ttl => c,
+            _ => ttl / 3,
+        }
+    }
+
+    fn mark_lost(&self, reason: &str) {
+        let changed = self.status.send_if_modified(|s| {
+            if *s == Status::Held {
+                *s = Status::Lost;
+                true
+            } else {
+                false
+            }
+        });
+        if changed {
+            tracing::warn!(lock = %self.name, token = self.fencing_token, reason, "lock lost");
+        }
+    }
+
+    fn mark_ended(&self) {
+        self.status.send_if_modified(|s| {
+            if *s == Status::Held {
+                *s = Status::Ended;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// One extension, serialised with the others. `Ok(false)` when the lease is gone.
+    async fn extend_once(&self, ttl: Duration) -> Result<bool> {
+        let _serial = self.extend_lock.lock().await;
+        if self.status() != Status::Held {
+            return Ok(false);
+        }
+        let sent_at = Instant::now();
+        match self.backend.extend(&self.name, &self.lease_id, ttl).await? {
+            Some(expires_at) => {
+                if self.status() != Status::Held {
+                    return Ok(false);
+                }
+                {
+                    let mut st = self.state();
+                    st.expires_at = expires_at;
+                    st.deadline = local_deadline(sent_at, ttl);
+                    st.ttl = ttl;
+                    st.last_extend_sent = sent_at;
+                }
+                self.changed.notify_one();
+                tracing::trace!(lock = %self.name, token = self.fencing_token, "lease extended");
+                Ok(true)
+            }
+            None => {
+                self.mark_lost("the server reports the lease expired, was released or taken over");
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// The watchdog: automatic extension and deadline-based loss detection. Ends when the lease is
+/// lost or ended; aborted when the guard is dropped or released.
+async fn watchdog(shared: Arc<Shared>) {
+    let mut errors = Backoff::for_errors();
+    loop {
+        if shared.status() != Status::Held {
+            return;
+        }
+        let (deadline, next_renewal, ttl) = {
+            let st = shared.state();
+            (
+                st.deadline,
+                st.last_extend_sent + shared.cadence_for(st.ttl),
+                st.ttl,
+            )
+        };
+        if Instant::now() >= deadline {
+            shared.mark_lost("no extension succeeded before the lease's local deadline");
+            return;
+        }
+        let wake = if shared.auto_extend {
+            next_renewal.min(deadline)
+        } else {
+            deadline
+        };
+        if Instant::now() < wake {
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = shared.changed.notified() => {}
+            }
+            continue;
+        }
+        // Time to renew; the deadline check at the top of the loop handles the rest.
+        let result = tokio::select! {
+            r = shared.extend_once(ttl) => r,
+            _ = tokio::time::sleep_until(deadline) => continue,
+        };
+        match result {
+            Ok(_) => errors = Backoff::for_errors(),
+            Err(e) => {
+                let delay = errors.next_delay();
+                let level_error = !e.is_transient();
+                if level_error {
+                    tracing::error!(lock = %shared.name, error = %e, "lease extension failed; retrying until the local deadline");
+                } else {
+                    tracing::warn!(lock = %shared.name, error = %e, "transient error extending lease; retrying");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+        }
+    }
+}
+
+/// A held lease on a named lock.
+///
+/// * [`fencing_token`](Self::fencing_token): pass it to the protected resource, which rejects
+///   tokens lower than the highest it has seen.
+/// * The lease is extended automatically (unless disabled); watch [`lost`](Self::lost) to learn
+///   when it can no longer be trusted.
+/// * [`release`](Self::release) ends it and reports problems; dropping the guard releases it in
+///   the background instead (if the runtime is gone, the lease simply expires).
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    shared: Arc<Shared>,
+    watchdog: AbortHandle,
+    runtime: tokio::runtime::Handle,
+    finished: bool,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.shared.name)
+            .field("lease_id", &self.shared.lease_id)
+            .field("fencing_token", &self.shared.fencing_token)
+            .field("expires_at", &self.expires_at())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// Wraps a fresh grant and starts its watchdog. Must run inside a Tokio runtime (it does:
+    /// it is called from the spawned attempt task).
+    pub(crate) fn start(
+        provider: &ProviderInner,
+        name: Arc<str>,
+        lease_id: LeaseId,
+        ttl: Duration,
+        lease: Lease,
+        sent_at: Instant,
+    ) -> LockGuard {
+        let (status, _) = watch::channel(Status::Held);
+        let shared = Arc::new(Shared {
+            backend: provider.backend.clone(),
+            name,
+            lease_id,
+            fencing_token: lease.fencing_token,
+            acquired_at: lease.acquired_at,
+            auto_extend: provider.options.auto_extend,
+            explicit_cadence: provider.options.extension_cadence,
+            state: Mutex::new(LeaseState {
+                expires_at: lease.expires_at,
+                deadline: local_deadline(sent_at, ttl),
+                ttl,
+                last_extend_sent: sent_at,
+            }),
+            extend_lock: tokio::sync::Mutex::new(()),
+            changed: Notify::new(),
+            status,
+        });
+        let runtime = tokio::runtime::Handle::current();
+        let watchdog = runtime.spawn(watchdog(shared.clone())).abort_handle();
+        LockGuard {
+            shared,
+            watchdog,
+            runtime,
+            finished: false,
+        }
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The id of this lease (stored with it; visible through inspection).
+    pub fn lease_id(&self) -> &LeaseId {
+        &self.shared.lease_id
+    }
+
+    /// The fencing token: strictly larger than every token issued for this name before.
+    pub fn fencing_token(&self) -> u64 {
+        self.shared.fencing_token
+    }
+
+    /// Server time at which the lease was granted.
+    pub fn acquired_at(&self) -> SystemTime {
+        self.shared.acquired_at
+    }
+
+    /// Server time at which the lease expires, as reported by the last successful grant or
+    /// extension.
+    pub fn expires_at(&self) -> SystemTime {
+        self.shared.state().expires_at
+    }
+
+    /// The local monotonic instant until which the lease is trusted (see the module docs). The
+    /// lost signal fires at this instant at the latest, unless an extension moved it.
+    pub fn local_deadline(&self) -> Instant {
+        self.shared.state().deadline
+    }
+
+    /// A signal that completes when the lease is lost (or the guard is released or dropped).
+    /// Cloneable and cancel-safe; await it directly or use it in `tokio::select!`.
+    pub fn lost(&self) -> LostSignal {
+        LostSignal {
+            rx: self.shared.status.subscribe(),
+        }
+    }
+
+    /// Whether the lease has been lost (non-blocking).
+    pub fn is_lost(&self) -> bool {
+        self.shared.status() == Status::Lost
+    }
+
+    /// Sets the lease's expiry to server now + `ttl` (not added to the remaining time).
+    /// `Ok(false)` when the lease had already expired or been taken; the guard then counts as
+    /// lost. A successful call also makes `ttl` the duration of later automatic extensions.
+    /// Transient errors are retried until the lease's local deadline.
+    pub async fn extend(&self, ttl: Duration) -> Result<bool> {
+        check_ttl("ttl", ttl)?;
+        let mut errors = Backoff::for_errors();
+        loop {
+            if self.shared.status() != Status::Held {
+                return Ok(false);
+            }
+            let deadline = self.shared.state().deadline;
+            let result = tokio::select! {
+                r = self.shared.extend_once(ttl) => r,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if Instant::now() >= self.shared.state().deadline {
+                        self.shared.mark_lost("extension did not complete before the lease's local deadline");
+                        return Ok(false);
+                    }
+                    continue;
+                }
+            };
+            match result {
+                Ok(extended) => return Ok(extended),
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(lock = %self.shared.name, error = %e, "transient error extending lease; retrying");
+                    let delay = errors.next_delay();
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Releases the lease. Fails with [`Error::LeaseLost`] when the lease had already expired and
+    /// been taken over or force-released (work done under it may have overlapped another
+    /// holder). Transient errors are retried until the lease's local deadline; after that the
+    /// lease expires by itself and the last error is returned.
+    pub async fn release(mut self) -> Result<()> {
+        self.finished = true;
+        self.watchdog.abort();
+        let shared = self.shared.clone();
+        let result = release_with_retries(&shared).await;
+        shared.mark_ended();
+        match result {
+            Ok(true) => {
+                tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released");
+                Ok(())
+            }
+            Ok(false) => {
+                shared.mark_lost("the lease was gone at release");
+                Err(Error::LeaseLost {
+                    name: shared.name.to_string(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+async fn release_with_retries(shared: &Shared) -> Result<bool> {
+    let mut errors = Backoff::for_errors();
+    loop {
+        match shared.backend.release(&shared.name, &shared.lease_id).await {
+            Err(e) if e.is_transient() => {
+                let deadline = shared.state().deadline;
+                let delay = errors.next_delay();
+                if Instant::now() + delay >= deadline {
+                    return Err(e);
+                }
+                tracing::warn!(lock = %shared.name, error = %e, "transient error releasing lease; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.watchdog.abort();
+        let shared = self.shared.clone();
+        shared.mark_ended();
+        // Spawning onto a runtime that has shut down drops the task without running it: the
+        // lease then expires by itself.
+        self.runtime.spawn(async move {
+            match release_with_retries(&shared).await {
+                Ok(true) => {
+                    tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released on drop")
+                }
+                Ok(false) => {
+                    tracing::debug!(lock = %shared.name, "lease already gone when the dropped guard released it")
+                }
+                Err(e) => {
+                    tracing::warn!(lock = %shared.name, error = %e, "could not release dropped guard; the lease expires by itself")
+                }
+            }
+        });
+    }
+}
+
+/// Completes when a lease is lost, released or its guard dropped. Obtained from
+/// [`LockGuard::lost`]; cloneable and cancel-safe.
+///
+/// ```
+/// # async fn demo(guard: mongolock::LockGuard) {
+/// tokio::select! {
+///     _ = guard.lost() => eprintln!("lock lost; stop writing"),
+///     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => { /* work */ }
+/// }
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LostSignal {
+    rx: watch::Receiver<Status>,
+}
+
+impl LostSignal {
+    /// Whether the lease has been lost (false while held and after a normal release).
+    pub fn is_lost(&self) -> bool {
+        *self.rx.borrow() == Status::Lost
+    }
+
+    /// Waits until the lease is lost, released or its guard dropped.
+    pub async fn wait(&self) {
+        let mut rx = self.rx.clone();
+        // An error means the guard and its tasks are gone: the lease is no longer held either.
+        let _ = rx.wait_for(|s| *s != Status::Held).await;
+    }
+}
+
+impl IntoFuture for LostSignal {
+    type Output = ();
+    type IntoFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.wait().await })
+    }
+}

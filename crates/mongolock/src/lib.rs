@@ -1,0 +1,88 @@
+//! # mongolock
+//!
+//! Distributed locks for Rust services that already run MongoDB: named locks with server-time
+//! leases, fencing tokens that only grow, automatic extension, a lost signal, and an in-memory
+//! backend with the same contract for tests.
+//!
+//! ```
+//! use std::time::Duration;
+//! use mongolock::{LockProvider, MemoryBackend, Timeout};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> mongolock::Result<()> {
+//! // With MongoDB: `LockProvider::mongodb(&client.database("app"))?`, or
+//! // `LockProvider::builder(MongoBackend::builder(&db).collection("locks").build()?)`.
+//! let provider = LockProvider::builder(MemoryBackend::new())
+//!     .expiry(Duration::from_secs(30))
+//!     .app_name("report-generator")
+//!     .build()?;
+//!
+//! // Wait until held (drop the future to give up).
+//! let guard = provider.lock("reports:daily")?.acquire().await?;
+//! println!("holding {} with fencing token {}", guard.name(), guard.fencing_token());
+//!
+//! // Others get `None` after their timeout.
+//! let other = provider.try_acquire("reports:daily", Duration::from_secs(5), Timeout::Zero).await?;
+//! assert!(other.is_none());
+//!
+//! // Work while watching the lost signal.
+//! tokio::select! {
+//!     _ = guard.lost() => eprintln!("lease lost; stop"),
+//!     _ = tokio::time::sleep(Duration::from_millis(10)) => { /* the protected work */ }
+//! }
+//! guard.release().await?;
+//!
+//! let info = provider.inspect("reports:daily").await?.expect("the lock was used");
+//! assert!(!info.held);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## The contract
+//! 1. **Mutual exclusion per lease**: at any instant of server time at most one holder has an
+//!    unexpired lease on a name.
+//! 2. **Server time only**: expiry is computed and compared by the database (`$$NOW`); local
+//!    monotonic clocks only stop trusting a lease early, never late.
+//! 3. **Fencing tokens only grow**, across release, expiry, takeover, force-release and TTL
+//!    cleanup of the lock document.
+//! 4. **Ownership is checked**: extend and release act only on the caller's own lease.
+//! 5. **Loss is signalled** by [`LockGuard::lost`] / [`LockGuard::is_lost`].
+//! 6. **Crash safety**: a crashed holder's lock is free once its lease expires.
+//! 7. **Durability**: MongoDB writes use `w: "majority"` by default.
+//! 8. **Cancellation safety**: dropping an acquire future never leaves a lease held; dropping a
+//!    guard releases it in the background.
+//!
+//! ## Where things are
+//! * [`LockProvider`] / [`LockProviderBuilder`] (`provider.rs`): options, creating locks,
+//!   inspection.
+//! * [`Lock`] (`lock.rs`): the acquire loop (waiting, backoff, retries, cancellation safety).
+//! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release.
+//! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
+//! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the
+//!   acquire path is in `backends/mongo/acquire.rs`).
+//!
+//! Requires a Tokio runtime.
+
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod backends;
+mod error;
+mod guard;
+mod holder;
+mod lock;
+mod options;
+mod provider;
+mod wait;
+
+pub use backend::{AcquireRequest, Attempt, Lease, LeaseId, LockBackend, LockInfo};
+pub use backends::memory::MemoryBackend;
+#[cfg(feature = "mongodb")]
+pub use backends::mongo::{MongoBackend, MongoBackendBuilder};
+pub use error::{BoxError, Error, Result};
+pub use guard::{LockGuard, LostSignal};
+pub use holder::HolderInfo;
+pub use lock::{Lock, Timeout};
+pub use options::{LockOptions, DEFAULT_EXPIRY, MAX_EXPIRY, MAX_NAME_LEN};
+pub use provider::{LockProvider, LockProviderBuilder};
+pub use wait::WaitStrategy;

@@ -1,0 +1,200 @@
+//! [`LockProvider`]: creates locks by name over one backend, with shared options.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{LockBackend, LockInfo};
+use crate::backends::memory::MemoryBackend;
+use crate::error::Result;
+use crate::guard::LockGuard;
+use crate::holder::HolderInfo;
+use crate::lock::{Lock, Timeout};
+use crate::options::{validate_name, validate_ttl, LockOptions};
+use crate::wait::WaitStrategy;
+
+/// Creates [`Lock`]s by name; cheap to clone (all clones share the backend and options).
+///
+/// ```
+/// # async fn demo() -> mongolock::Result<()> {
+/// use std::time::Duration;
+/// let provider = mongolock::LockProvider::builder(mongolock::MemoryBackend::new())
+///     .expiry(Duration::from_secs(10))
+///     .app_name("billing")
+///     .build()?;
+/// let guard = provider.lock("invoices:2024-06")?.acquire().await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockProvider {
+    pub(crate) inner: Arc<ProviderInner>,
+}
+
+pub(crate) struct ProviderInner {
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) options: LockOptions,
+    pub(crate) holder: HolderInfo,
+}
+
+impl std::fmt::Debug for LockProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockProvider")
+            .field("options", &self.inner.options)
+            .field("holder", &self.inner.holder)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`LockProvider`]; see [`LockProvider::builder`]. Validation happens in
+/// [`build`](Self::build).
+#[must_use]
+pub struct LockProviderBuilder {
+    backend: Arc<dyn LockBackend>,
+    options: LockOptions,
+}
+
+impl LockProviderBuilder {
+    /// Lease duration of each acquisition (default 30 s; at least 1 ms, at most one year).
+    pub fn expiry(mut self, expiry: Duration) -> Self {
+        self.options.expiry = expiry;
+        self
+    }
+
+    /// Interval between automatic extensions (default expiry / 3; must be below the expiry).
+    /// For leases shorter than this cadence (see [`Lock::with_expiry`],
+    /// [`LockGuard::extend`]) the cadence is a third of the lease duration.
+    pub fn extension_cadence(mut self, cadence: Duration) -> Self {
+        self.options.extension_cadence = Some(cadence);
+        self
+    }
+
+    /// Whether held leases are extended automatically in the background (default true). Without
+    /// it, a lease lasts its expiry unless [`LockGuard::extend`] is called; the lost signal still
+    /// fires when it runs out.
+    pub fn auto_extend(mut self, enabled: bool) -> Self {
+        self.options.auto_extend = enabled;
+        self
+    }
+
+    /// How acquire waits between attempts while the lock is busy (default: random 10–800 ms).
+    pub fn wait_strategy(mut self, strategy: WaitStrategy) -> Self {
+        self.options.wait = strategy;
+        self
+    }
+
+    /// Application name stored with every lease (holder metadata).
+    pub fn app_name(mut self, name: impl Into<String>) -> Self {
+        self.options.app_name = Some(name.into());
+        self
+    }
+
+    /// Validates the options and builds the provider. Nothing is sent to the backend.
+    pub fn build(self) -> Result<LockProvider> {
+        self.options.validate()?;
+        let holder = HolderInfo::current(self.options.app_name.clone());
+        Ok(LockProvider {
+            inner: Arc::new(ProviderInner {
+                backend: self.backend,
+                options: self.options,
+                holder,
+            }),
+        })
+    }
+}
+
+impl LockProvider {
+    /// Starts building a provider over `backend`.
+    pub fn builder<B: LockBackend>(backend: B) -> LockProviderBuilder {
+        Self::builder_shared(Arc::new(backend))
+    }
+
+    /// Starts building a provider over a backend that is already shared.
+    pub fn builder_shared(backend: Arc<dyn LockBackend>) -> LockProviderBuilder {
+        LockProviderBuilder {
+            backend,
+            options: LockOptions::default(),
+        }
+    }
+
+    /// A provider with default options over a fresh [`MemoryBackend`] (locks shared only within
+    /// this process; for tests).
+    pub fn memory() -> Self {
+        let options = LockOptions::default();
+        LockProvider {
+            inner: Arc::new(ProviderInner {
+                backend: Arc::new(MemoryBackend::new()),
+                holder: HolderInfo::current(None),
+                options,
+            }),
+        }
+    }
+
+    /// A provider with default options over MongoDB: collection `distributed.locks` in `db`,
+    /// majority write concern. Use [`MongoBackend::builder`](crate::MongoBackend::builder) and
+    /// [`LockProvider::builder`] to configure more.
+    #[cfg(feature = "mongodb")]
+    pub fn mongodb(db: &mongodb::Database) -> Result<Self> {
+        let backend = crate::backends::mongo::MongoBackend::builder(db).build()?;
+        LockProvider::builder(backend).build()
+    }
+
+    /// A lock on `name` (non-empty, at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes).
+    /// Creating it sends nothing to the backend.
+    pub fn lock(&self, name: impl Into<String>) -> Result<Lock> {
+        let name = name.into();
+        validate_name(&name)?;
+        Ok(Lock::new(self.inner.clone(), name.into(), self.inner.options.expiry))
+    }
+
+    /// Seed 001's form: acquire `key` for `ttl`, trying for `timeout`
+    /// ([`Timeout::Zero`] = exactly one attempt, [`Timeout::Forever`] = until acquired or the
+    /// future is dropped). Returns `None` when the timeout elapsed.
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        timeout: impl Into<Timeout>,
+    ) -> Result<Option<LockGuard>> {
+        let lock = self.lock(key)?.with_expiry(ttl)?;
+        lock.acquire_with(timeout.into()).await
+    }
+
+    /// Reads the state of `name`; `None` when the backend has no record of it.
+    pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(name)?;
+        self.inner.backend.inspect(name).await
+    }
+
+    /// Reads every lock in the backend, sorted by name.
+    pub async fn list(&self) -> Result<Vec<LockInfo>> {
+        self.inner.backend.list().await
+    }
+
+    /// Ends whatever lease holds `name` (an operator action, e.g. after a stuck holder); the
+    /// holder's guard reports the loss at its next extension. Returns whether a lease was ended.
+    pub async fn force_release(&self, name: &str) -> Result<bool> {
+        validate_name(name)?;
+        self.inner.backend.force_release(name).await
+    }
+
+    /// The provider's options.
+    pub fn options(&self) -> &LockOptions {
+        &self.inner.options
+    }
+
+    /// The metadata stored with this provider's leases.
+    pub fn holder(&self) -> &HolderInfo {
+        &self.inner.holder
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.inner.backend
+    }
+}
+
+/// Checks a lease duration passed to an API call.
+pub(crate) fn check_ttl(option: &'static str, ttl: Duration) -> Result<()> {
+    validate_ttl(option, ttl)
+}

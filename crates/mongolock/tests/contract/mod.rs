@@ -1,0 +1,704 @@
+//! The shared contract suite: every backend must pass every function here.
+//!
+//! A backend's test file provides `async fn setup() -> Env` (a backend on fresh, isolated
+//! storage) and invokes `contract_suite!(setup)`, which generates one `#[tokio::test]` per case.
+#![allow(dead_code)]
+
+use std::any::Any;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use mongolock::{
+    AcquireRequest, Attempt, Error, LeaseId, LockBackend, LockInfo, LockProvider,
+    LockProviderBuilder, Timeout, WaitStrategy,
+};
+use rand::Rng;
+use tokio::time::Instant;
+
+/// A backend on isolated storage, plus whatever must stay alive while it is used (a test
+/// server).
+pub struct Env {
+    pub backend: Arc<dyn LockBackend>,
+    pub keep_alive: Box<dyn Any + Send>,
+}
+
+/// Generates one test per contract case for a backend.
+#[macro_export]
+macro_rules! contract_suite {
+    ($setup:path) => {
+        $crate::contract_suite!(@cases $setup;
+            mutual_exclusion,
+            expiry_and_takeover,
+            extend_semantics,
+            release_checks_ownership,
+            fencing_tokens_grow,
+            timeout_zero_is_one_attempt,
+            timeout_finite_returns_none_on_time,
+            timeout_forever_waits_until_released,
+            dropped_acquire_futures_leave_nothing_held,
+            auto_extension_keeps_others_out,
+            bad_input_is_rejected_before_the_backend,
+            inspect_and_list_show_the_holder,
+            force_release_ends_the_lease_and_signals_loss,
+            dropping_a_guard_releases,
+            seed_001_try_acquire_form,
+        );
+    };
+    (@cases $setup:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let env = $setup().await;
+                $crate::contract::$case(env.backend.clone()).await;
+                drop(env);
+            }
+        )*
+    };
+}
+
+/// A unique lock name per test run.
+pub fn unique_name(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
+}
+
+/// A provider builder with fast waits (so contention tests are quick).
+pub fn builder(backend: &Arc<dyn LockBackend>) -> LockProviderBuilder {
+    LockProvider::builder_shared(backend.clone())
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_millis(1),
+            Duration::from_millis(15),
+        ))
+        .app_name("mongolock-contract")
+}
+
+pub fn provider(backend: &Arc<dyn LockBackend>) -> LockProvider {
+    builder(backend).build().expect("valid options")
+}
+
+/// Polls `f` every 20 ms until it returns true or `within` passed.
+pub async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if f().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn is_held(backend: &Arc<dyn LockBackend>, name: &str) -> bool {
+    backend
+        .inspect(name)
+        .await
+        .expect("inspect")
+        .is_some_and(|i| i.held)
+}
+
+/// Counts the calls a provider makes to its backend.
+pub struct Counting {
+    pub inner: Arc<dyn LockBackend>,
+    pub acquires: AtomicUsize,
+    pub calls: AtomicUsize,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<dyn LockBackend>) -> Arc<Self> {
+        Arc::new(Counting {
+            inner,
+            acquires: AtomicUsize::new(0),
+            calls: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl LockBackend for Counting {
+    async fn try_acquire(&self, req: &AcquireRequest) -> mongolock::Result<Attempt> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire(req).await
+    }
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> mongolock::Result<Option<SystemTime>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.extend(name, lease_id, ttl).await
+    }
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> mongolock::Result<bool> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(name, lease_id).await
+    }
+    async fn inspect(&self, name: &str) -> mongolock::Result<Option<LockInfo>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.inspect(name).await
+    }
+    async fn list(&self) -> mongolock::Result<Vec<LockInfo>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.list().await
+    }
+    async fn force_release(&self, name: &str) -> mongolock::Result<bool> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.force_release(name).await
+    }
+    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+        self.inner.wait_for_change(name, max_wait).await
+    }
+}
+
+/// 16 tasks × 50 acquisitions around a non-atomic read-modify-write: the total is exact, no two
+/// tasks are ever inside together, and tokens grow in critical-section order.
+pub async fn mutual_exclusion(backend: Arc<dyn LockBackend>) {
+    const TASKS: u64 = 16;
+    const ROUNDS: u64 = 50;
+    let provider = provider(&backend);
+    let name = unique_name("mutex");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let lock = provider.lock(name.clone()).unwrap();
+        let (counter, inside, tokens) = (counter.clone(), inside.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = lock.acquire().await.expect("acquire");
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders inside");
+                tokens.lock().unwrap().push(guard.fencing_token());
+                let read = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                if rand::rng().random_bool(0.3) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                counter.store(read + 1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), TASKS * ROUNDS);
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len() as u64, TASKS * ROUNDS);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens must strictly grow in critical-section order"
+    );
+}
+
+/// A lease that is not extended expires by server time; another holder takes it only after the
+/// expiry, the old guard reports the loss, its extend returns false and its release fails.
+pub async fn expiry_and_takeover(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("takeover");
+    let a_provider = builder(&backend)
+        .auto_extend(false)
+        .expiry(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let b_provider = provider(&backend);
+    let a = a_provider.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let b = b_provider
+        .lock(name.clone())
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("B takes the lock after A's lease expired");
+    assert!(
+        b.acquired_at() >= a.expires_at(),
+        "taken over at {:?}, before A's expiry {:?}",
+        b.acquired_at(),
+        a.expires_at()
+    );
+    assert!(b.fencing_token() > a.fencing_token());
+    tokio::time::timeout(Duration::from_secs(5), a.lost())
+        .await
+        .expect("A's lost signal fires");
+    assert!(a.is_lost());
+    assert!(!a.extend(Duration::from_secs(5)).await.unwrap());
+    match a.release().await {
+        Err(Error::LeaseLost { name: n }) => assert_eq!(n, name),
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    let info = backend.inspect(&name).await.unwrap().unwrap();
+    assert!(info.held);
+    assert_eq!(info.lease_id.as_ref(), Some(b.lease_id()));
+    assert!(!b.is_lost());
+    b.release().await.unwrap();
+}
+
+/// extend(ttl) sets expiry to server now + ttl; on an expired lease the backend refuses and the
+/// guard reports the loss.
+pub async fn extend_semantics(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("extend");
+    let p = builder(&backend)
+        .auto_extend(false)
+        .expiry(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let first_expiry = g.expires_at();
+    let first_deadline = g.local_deadline();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(g.extend(Duration::from_secs(10)).await.unwrap());
+    assert!(g.expires_at() >= first_expiry + Duration::from_secs(7));
+    assert!(g.local_deadline() > first_deadline);
+    let info = backend.inspect(&name).await.unwrap().unwrap();
+    assert_eq!(info.expires_at, Some(g.expires_at()));
+    // Resets rather than adds: a shorter ttl moves the expiry earlier.
+    assert!(g.extend(Duration::from_millis(300)).await.unwrap());
+    assert!(g.expires_at() < first_expiry);
+    // Let it expire: the lost signal fires, extend returns false.
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lost fires after the lease ran out");
+    assert!(g.is_lost());
+    assert!(!g.extend(Duration::from_secs(5)).await.unwrap());
+    // The backend itself refuses to extend an expired lease, even if nobody took the name.
+    assert!(eventually(Duration::from_secs(5), || async {
+        !is_held(&backend, &name).await
+    })
+    .await);
+    assert_eq!(
+        backend
+            .extend(&name, g.lease_id(), Duration::from_secs(5))
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(!is_held(&backend, &name).await);
+    drop(g);
+}
+
+/// Release and extend act only on the caller's own lease.
+pub async fn release_checks_ownership(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("owner");
+    let p = provider(&backend);
+    let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let stranger = LeaseId::random();
+    assert!(!backend.release(&name, &stranger).await.unwrap());
+    assert_eq!(
+        backend
+            .extend(&name, &stranger, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        None
+    );
+    let info = backend.inspect(&name).await.unwrap().unwrap();
+    assert!(info.held);
+    assert_eq!(info.lease_id.as_ref(), Some(g.lease_id()));
+    assert!(!backend.release("no-such-lock-xyz", &stranger).await.unwrap());
+    g.release().await.unwrap();
+    // A second release of the same lease id finds nothing.
+    let info = backend.inspect(&name).await.unwrap().unwrap();
+    assert!(!info.held);
+    assert_eq!(info.lease_id, None);
+}
+
+/// Tokens strictly grow across release, expiry, takeover, drop and force-release.
+pub async fn fencing_tokens_grow(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("fencing");
+    let p = provider(&backend);
+    let short = builder(&backend)
+        .auto_extend(false)
+        .expiry(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let lock = p.lock(name.clone()).unwrap();
+    let mut tokens = Vec::new();
+    for _ in 0..5 {
+        let g = lock.acquire().await.unwrap();
+        tokens.push(g.fencing_token());
+        g.release().await.unwrap();
+    }
+    // After expiry (never released) and takeover.
+    let g = short.lock(name.clone()).unwrap().acquire().await.unwrap();
+    tokens.push(g.fencing_token());
+    let taken = lock
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("takeover after expiry");
+    tokens.push(taken.fencing_token());
+    drop(g);
+    // After force-release.
+    assert!(p.force_release(&name).await.unwrap());
+    let after_force = lock.acquire_timeout(Duration::from_secs(20)).await.unwrap().unwrap();
+    tokens.push(after_force.fencing_token());
+    drop(taken);
+    // After a dropped guard.
+    drop(after_force);
+    let after_drop = lock.acquire_timeout(Duration::from_secs(20)).await.unwrap().unwrap();
+    tokens.push(after_drop.fencing_token());
+    after_drop.release().await.unwrap();
+    assert!(tokens[0] >= 1);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must strictly grow: {tokens:?}"
+    );
+    let info = backend.inspect(&name).await.unwrap().unwrap();
+    assert_eq!(info.fencing_token, *tokens.last().unwrap());
+}
+
+/// A zero timeout makes exactly one attempt, in every API form.
+pub async fn timeout_zero_is_one_attempt(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("zero");
+    let holder = provider(&backend);
+    let g = holder.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let counting = Counting::new(backend.clone());
+    let p = builder(&(counting.clone() as Arc<dyn LockBackend>)).build().unwrap();
+    let lock = p.lock(name.clone()).unwrap();
+
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
+    assert!(lock.acquire_timeout(Duration::ZERO).await.unwrap().is_none());
+    assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
+    assert!(p
+        .try_acquire(&name, Duration::from_secs(5), Timeout::Zero)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
+    assert!(lock.acquire_with(Duration::ZERO.into()).await.unwrap().is_none());
+    assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
+
+    g.release().await.unwrap();
+    let mine = lock.try_acquire().await.unwrap().expect("free lock is taken in one attempt");
+    assert_eq!(counting.acquires.load(Ordering::SeqCst), 1);
+    mine.release().await.unwrap();
+}
+
+/// A finite timeout returns `None` once it elapsed (not much earlier, not much later).
+pub async fn timeout_finite_returns_none_on_time(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("finite");
+    let holder = provider(&backend);
+    let g = holder.lock(name.clone()).unwrap().acquire().await.unwrap();
+    for strategy in [WaitStrategy::default(), WaitStrategy::exponential()] {
+        let p = builder(&backend).wait_strategy(strategy).build().unwrap();
+        let started = Instant::now();
+        let got = p
+            .lock(name.clone())
+            .unwrap()
+            .acquire_timeout(Duration::from_millis(700))
+            .await
+            .unwrap();
+        let elapsed = started.elapsed();
+        assert!(got.is_none());
+        assert!(elapsed >= Duration::from_millis(690), "returned early: {elapsed:?}");
+        assert!(elapsed < Duration::from_secs(5), "returned late: {elapsed:?}");
+    }
+    assert!(!g.is_lost());
+    g.release().await.unwrap();
+}
+
+/// Without a timeout, acquire waits until the holder releases.
+pub async fn timeout_forever_waits_until_released(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("forever");
+    let p = provider(&backend);
+    let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let released = Arc::new(AtomicBool::new(false));
+    let waiter = {
+        let lock = p.lock(name.clone()).unwrap();
+        let released = released.clone();
+        tokio::spawn(async move {
+            let got = lock.acquire().await.unwrap();
+            assert!(released.load(Ordering::SeqCst), "acquired before the release");
+            got
+        })
+    };
+    let waiter2 = {
+        let p = p.clone();
+        let name = name.clone();
+        tokio::spawn(async move { p.try_acquire(&name, Duration::from_secs(5), Timeout::Forever).await })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!waiter.is_finished());
+    assert!(!waiter2.is_finished());
+    let first = g.fencing_token();
+    released.store(true, Ordering::SeqCst);
+    g.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("waiter acquires after release")
+        .unwrap();
+    assert!(got.fencing_token() > first);
+    got.release().await.unwrap();
+    let got2 = tokio::time::timeout(Duration::from_secs(20), waiter2)
+        .await
+        .expect("second waiter acquires")
+        .unwrap()
+        .unwrap()
+        .expect("Forever never returns None");
+    got2.release().await.unwrap();
+}
+
+/// Dropping acquire futures at random moments, hundreds of times, leaves no lease held.
+pub async fn dropped_acquire_futures_leave_nothing_held(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("dropped");
+    // A long expiry: the lock must end up free because leases were released, not expired.
+    let p = builder(&backend).expiry(Duration::from_secs(120)).build().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Background contention: a holder that takes and releases the lock repeatedly.
+    let churn = {
+        let lock = p.lock(name.clone()).unwrap();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                if let Some(g) = lock.acquire_timeout(Duration::from_millis(50)).await.unwrap() {
+                    let hold = rand::rng().random_range(0..3);
+                    tokio::time::sleep(Duration::from_millis(hold)).await;
+                    g.release().await.unwrap();
+                }
+            }
+        })
+    };
+    let lock = p.lock(name.clone()).unwrap();
+    let mut completed = 0;
+    for i in 0..300 {
+        let micros = rand::rng().random_range(0..4000);
+        let fut = lock.acquire();
+        let res = if i % 10 == 0 {
+            // Dropped before ever being polled.
+            drop(fut);
+            Err(())
+        } else {
+            tokio::time::timeout(Duration::from_micros(micros), fut)
+                .await
+                .map_err(|_| ())
+        };
+        if let Ok(guard) = res {
+            completed += 1;
+            drop(guard.unwrap());
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    churn.await.unwrap();
+    let free = eventually(Duration::from_secs(20), || async {
+        !is_held(&backend, &name).await
+    })
+    .await;
+    assert!(free, "a lease is still held after all acquire futures and guards were dropped");
+    eprintln!("{completed} of 300 acquire futures completed before being dropped");
+}
+
+/// Holding for three times the expiry keeps everyone else out (automatic extension).
+pub async fn auto_extension_keeps_others_out(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("autoextend");
+    let p = builder(&backend).expiry(Duration::from_secs(1)).build().unwrap();
+    let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let first_expiry = g.expires_at();
+    let other = provider(&backend);
+    let got = other
+        .lock(name.clone())
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(got.is_none(), "another holder got in while the lease was being extended");
+    assert!(!g.is_lost());
+    assert!(g.expires_at() > first_expiry + Duration::from_secs(1));
+    let info = backend.inspect(&name).await.unwrap().unwrap();
+    assert!(info.held);
+    assert_eq!(info.lease_id.as_ref(), Some(g.lease_id()));
+    assert_eq!(info.fencing_token, g.fencing_token());
+    g.release().await.unwrap();
+}
+
+/// Every bad input gives a typed error that names what to change; the backend is never called.
+pub async fn bad_input_is_rejected_before_the_backend(backend: Arc<dyn LockBackend>) {
+    let counting = Counting::new(backend.clone());
+    let shared: Arc<dyn LockBackend> = counting.clone();
+    let p = builder(&shared).build().unwrap();
+
+    let empty = p.lock("").unwrap_err();
+    assert!(matches!(empty, Error::InvalidName { .. }), "{empty}");
+    assert!(empty.to_string().contains("empty"), "{empty}");
+    let long = p.lock("x".repeat(1025)).unwrap_err();
+    assert!(matches!(long, Error::InvalidName { .. }));
+    assert!(long.to_string().contains("1024"), "{long}");
+    assert!(p.lock("x".repeat(1024)).is_ok());
+    assert!(p.lock("é".repeat(513)).is_err(), "the limit counts bytes");
+
+    let opt = |e: Error| match e {
+        Error::InvalidOptions { option, reason } => (option, reason),
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    };
+    let (o, r) = opt(builder(&shared).expiry(Duration::ZERO).build().unwrap_err());
+    assert_eq!(o, "expiry");
+    assert!(r.contains("positive"), "{r}");
+    let (o, _) = opt(builder(&shared).expiry(Duration::from_secs(400 * 86400)).build().unwrap_err());
+    assert_eq!(o, "expiry");
+    let (o, r) = opt(
+        builder(&shared)
+            .expiry(Duration::from_secs(10))
+            .extension_cadence(Duration::from_secs(10))
+            .build()
+            .unwrap_err(),
+    );
+    assert_eq!(o, "extension_cadence");
+    assert!(r.contains("below the expiry"), "{r}");
+    let (o, _) = opt(
+        builder(&shared)
+            .extension_cadence(Duration::from_secs(31))
+            .build()
+            .unwrap_err(),
+    );
+    assert_eq!(o, "extension_cadence");
+    let (o, _) = opt(builder(&shared).extension_cadence(Duration::ZERO).build().unwrap_err());
+    assert_eq!(o, "extension_cadence");
+    let (o, r) = opt(
+        builder(&shared)
+            .wait_strategy(WaitStrategy::random_sleep(
+                Duration::from_millis(900),
+                Duration::from_millis(100),
+            ))
+            .build()
+            .unwrap_err(),
+    );
+    assert_eq!(o, "wait_strategy");
+    assert!(r.contains("min <= max"), "{r}");
+
+    let lock = p.lock("fine").unwrap();
+    assert!(matches!(
+        lock.clone().with_expiry(Duration::ZERO),
+        Err(Error::InvalidOptions { option: "expiry", .. })
+    ));
+    assert!(matches!(
+        p.try_acquire("k", Duration::ZERO, Timeout::Zero).await,
+        Err(Error::InvalidOptions { .. })
+    ));
+    assert!(matches!(
+        p.try_acquire("", Duration::from_secs(1), Timeout::Forever).await,
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(p.inspect("").await, Err(Error::InvalidName { .. })));
+    assert!(matches!(p.force_release("").await, Err(Error::InvalidName { .. })));
+    assert_eq!(counting.calls.load(Ordering::SeqCst), 0, "bad input reached the backend");
+
+    // extend(0) on a held guard is refused locally too.
+    let g = lock.acquire().await.unwrap();
+    let calls = counting.calls.load(Ordering::SeqCst);
+    assert!(matches!(
+        g.extend(Duration::ZERO).await,
+        Err(Error::InvalidOptions { option: "ttl", .. })
+    ));
+    assert_eq!(counting.calls.load(Ordering::SeqCst), calls);
+    g.release().await.unwrap();
+}
+
+/// Inspection shows the holder's lease id, token, metadata and times; listing includes it.
+pub async fn inspect_and_list_show_the_holder(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("inspect");
+    let p = provider(&backend);
+    assert_eq!(p.inspect(&name).await.unwrap(), None);
+    assert!(!p.force_release(&name).await.unwrap());
+    let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let info = p.inspect(&name).await.unwrap().expect("lock exists");
+    assert_eq!(info.name, name);
+    assert!(info.held);
+    assert_eq!(info.lease_id.as_ref(), Some(g.lease_id()));
+    assert_eq!(info.fencing_token, g.fencing_token());
+    let holder = info.holder.clone().expect("holder metadata");
+    assert_eq!(holder.pid, std::process::id());
+    assert_eq!(holder.app_name.as_deref(), Some("mongolock-contract"));
+    assert!(!holder.host.is_empty());
+    assert_eq!(info.acquired_at, Some(g.acquired_at()));
+    assert_eq!(info.expires_at, Some(g.expires_at()));
+    assert!(info.observed_at >= g.acquired_at());
+    assert!(info.observed_at < g.expires_at());
+
+    let other = unique_name("inspect-other");
+    let g2 = p.lock(other.clone()).unwrap().acquire().await.unwrap();
+    let all = p.list().await.unwrap();
+    let names: HashSet<&str> = all.iter().map(|i| i.name.as_str()).collect();
+    assert!(names.contains(name.as_str()) && names.contains(other.as_str()), "{names:?}");
+    assert!(all.windows(2).all(|w| w[0].name < w[1].name), "list is sorted by name");
+    assert!(all.iter().filter(|i| i.name == name || i.name == other).all(|i| i.held));
+
+    let token = g.fencing_token();
+    g.release().await.unwrap();
+    g2.release().await.unwrap();
+    let info = p.inspect(&name).await.unwrap().unwrap();
+    assert!(!info.held);
+    assert_eq!(info.lease_id, None);
+    assert_eq!(info.fencing_token, token);
+}
+
+/// force_release ends a live lease; the holder's guard learns of it at its next extension.
+pub async fn force_release_ends_the_lease_and_signals_loss(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("force");
+    let p = builder(&backend)
+        .expiry(Duration::from_secs(3))
+        .extension_cadence(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let lost = g.lost();
+    assert!(!lost.is_lost());
+    assert!(p.force_release(&name).await.unwrap());
+    assert!(!p.force_release(&name).await.unwrap(), "nothing left to end");
+    tokio::time::timeout(Duration::from_secs(5), lost.clone())
+        .await
+        .expect("lost fires after force-release");
+    assert!(lost.is_lost() && g.is_lost());
+    let next = p.lock(name.clone()).unwrap().try_acquire().await.unwrap().expect("free");
+    assert!(next.fencing_token() > g.fencing_token());
+    assert!(matches!(g.release().await, Err(Error::LeaseLost { .. })));
+    next.release().await.unwrap();
+}
+
+/// Dropping a guard releases its lease in the background and completes its lost signal.
+pub async fn dropping_a_guard_releases(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("drop");
+    let p = builder(&backend).expiry(Duration::from_secs(120)).build().unwrap();
+    let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let lost = g.lost();
+    drop(g);
+    tokio::time::timeout(Duration::from_secs(5), lost.clone())
+        .await
+        .expect("the signal completes when the guard is dropped");
+    assert!(!lost.is_lost(), "a dropped guard is not a lost lease");
+    assert!(eventually(Duration::from_secs(10), || async { !is_held(&backend, &name).await }).await);
+}
+
+/// Seed 001's `try_acquire(key, ttl, timeout)`.
+pub async fn seed_001_try_acquire_form(backend: Arc<dyn LockBackend>) {
+    let key = unique_name("door:front");
+    let p = provider(&backend);
+    let g = p
+        .try_acquire(&key, Duration::from_secs(30), Timeout::Zero)
+        .await
+        .unwrap()
+        .expect("free");
+    let ttl = g
+        .expires_at()
+        .duration_since(g.acquired_at())
+        .unwrap();
+    assert!(ttl >= Duration::from_millis(29_990) && ttl <= Duration::from_millis(30_010), "{ttl:?}");
+    let none = p
+        .try_acquire(&key, Duration::from_secs(30), Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    g.release().await.unwrap();
+    let again = p
+        .try_acquire(&key, Duration::from_secs(1), Some(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .expect("free again");
+    again.release().await.unwrap();
+}
