@@ -340,7 +340,9 @@ impl StreamCursor {
                 "Only one type of resume option is allowed, but multiple were found.",
             ));
         }
-        if matches!(scope, Scope::Cluster) && !spec.get_bool("allChangesForCluster").unwrap_or(false) {
+        if matches!(scope, Scope::Cluster)
+            && !spec.get_bool("allChangesForCluster").unwrap_or(false)
+        {
             return Err(CommandError::bad_value(
                 "A $changeStream with 'allChangesForCluster: true' is required on the admin database",
             ));
@@ -435,9 +437,7 @@ impl StreamCursor {
 
     fn invalidated_by(&self, e: &Event) -> bool {
         match &self.scope {
-            Scope::Collection(db, coll) => {
-                e.op == OpType::Drop && e.db == *db && e.coll == *coll
-            }
+            Scope::Collection(db, coll) => e.op == OpType::Drop && e.db == *db && e.coll == *coll,
             Scope::Database(db) => e.op == OpType::DropDatabase && e.db == *db,
             Scope::Cluster => false,
         }
@@ -534,7 +534,10 @@ impl StreamCursor {
                         let rid = coll.find_id(id)?;
                         coll.get(rid).cloned()
                     });
-                d.insert("fullDocument", current.map(Bson::Document).unwrap_or(Bson::Null));
+                d.insert(
+                    "fullDocument",
+                    current.map(Bson::Document).unwrap_or(Bson::Null),
+                );
             }
             _ => {}
         }

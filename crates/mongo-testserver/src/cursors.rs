@@ -58,14 +58,15 @@ impl Cursors {
         self.map.get_mut(&id)
     }
 
-    /// Whether a cursor exists.
-    pub fn contains(&self, id: i64) -> bool {
-        self.map.contains_key(&id)
-    }
-
     /// Whether the cursor is a change stream.
     pub fn is_stream(&self, id: i64) -> bool {
-        matches!(self.map.get(&id), Some(Cursor { kind: CursorKind::Stream(_), .. }))
+        matches!(
+            self.map.get(&id),
+            Some(Cursor {
+                kind: CursorKind::Stream(_),
+                ..
+            })
+        )
     }
 
     /// Closes a cursor.
@@ -75,9 +76,8 @@ impl Cursors {
 
     /// Closes cursors idle longer than [`CURSOR_TIMEOUT`].
     pub fn reap(&mut self, now: Instant) {
-        self.map.retain(|_, c| {
-            c.no_timeout || now.duration_since(c.last_used) < CURSOR_TIMEOUT
-        });
+        self.map
+            .retain(|_, c| c.no_timeout || now.duration_since(c.last_used) < CURSOR_TIMEOUT);
     }
 
     /// Closes the cursors of a namespace (collection dropped).

@@ -105,27 +105,58 @@ impl FailCommand {
                     _ => return Err(CommandError::bad_value(format!("invalid mode object {d}"))),
                 }
             }
-            Some(other) => return Err(CommandError::type_mismatch(format!("'mode' must be a string or JSON object, got {other}"))),
+            Some(other) => {
+                return Err(CommandError::type_mismatch(format!(
+                    "'mode' must be a string or JSON object, got {other}"
+                )))
+            }
             None => return Err(CommandError::bad_value("Missing mode")),
         };
         let data = match cmd.get("data") {
             Some(Bson::Document(d)) => d.clone(),
-            Some(_) => return Err(CommandError::type_mismatch("the 'data' option must be a JSON object")),
+            Some(_) => {
+                return Err(CommandError::type_mismatch(
+                    "the 'data' option must be a JSON object",
+                ))
+            }
             None => Document::new(),
         };
         for (k, _) in cmd {
             if !matches!(
                 k.as_str(),
-                "configureFailPoint" | "mode" | "data" | "$db" | "lsid" | "$clusterTime" | "$readPreference" | "comment" | "apiVersion" | "apiStrict" | "apiDeprecationErrors" | "maxTimeMS"
+                "configureFailPoint"
+                    | "mode"
+                    | "data"
+                    | "$db"
+                    | "lsid"
+                    | "$clusterTime"
+                    | "$readPreference"
+                    | "comment"
+                    | "apiVersion"
+                    | "apiStrict"
+                    | "apiDeprecationErrors"
+                    | "maxTimeMS"
             ) {
-                return Err(CommandError::new(40415, "Location40415", format!("BSON field 'configureFailPoint.{k}' is an unknown field.")));
+                return Err(CommandError::new(
+                    40415,
+                    "Location40415",
+                    format!("BSON field 'configureFailPoint.{k}' is an unknown field."),
+                ));
             }
         }
         if mode != Mode::Off {
             match data.get("failCommands") {
                 Some(Bson::Array(a)) if a.iter().all(|v| matches!(v, Bson::String(_))) => {}
-                Some(_) => return Err(CommandError::type_mismatch("failCommands must be an array of strings")),
-                None => return Err(CommandError::bad_value("failCommand fail point requires 'failCommands' in its data")),
+                Some(_) => {
+                    return Err(CommandError::type_mismatch(
+                        "failCommands must be an array of strings",
+                    ))
+                }
+                None => {
+                    return Err(CommandError::bad_value(
+                        "failCommand fail point requires 'failCommands' in its data",
+                    ))
+                }
             }
             if let Some(code) = data.get("errorCode") {
                 if as_i64(code).is_none() {
@@ -135,7 +166,9 @@ impl FailCommand {
             if let Some(Bson::Document(wce)) = data.get("writeConcernError") {
                 let _ = wce;
             } else if data.contains_key("writeConcernError") {
-                return Err(CommandError::type_mismatch("writeConcernError must be an object"));
+                return Err(CommandError::type_mismatch(
+                    "writeConcernError must be an object",
+                ));
             }
         }
         let previous = self.times_entered;
@@ -145,7 +178,12 @@ impl FailCommand {
     }
 
     /// Decides whether the fail point fires for a command, consuming one activation if it does.
-    pub fn evaluate(&mut self, command: &str, namespace: &str, app_name: Option<&str>) -> Option<Effect> {
+    pub fn evaluate(
+        &mut self,
+        command: &str,
+        namespace: &str,
+        app_name: Option<&str>,
+    ) -> Option<Effect> {
         if self.mode == Mode::Off || command == "configureFailPoint" {
             return None;
         }
@@ -154,8 +192,10 @@ impl FailCommand {
             Some(Bson::Array(a)) => a.iter().any(|v| {
                 v.as_str().is_some_and(|name| {
                     name == command
-                        || (name.eq_ignore_ascii_case("isMaster") && command.eq_ignore_ascii_case("isMaster"))
-                        || (name.eq_ignore_ascii_case("findAndModify") && command.eq_ignore_ascii_case("findAndModify"))
+                        || (name.eq_ignore_ascii_case("isMaster")
+                            && command.eq_ignore_ascii_case("isMaster"))
+                        || (name.eq_ignore_ascii_case("findAndModify")
+                            && command.eq_ignore_ascii_case("findAndModify"))
                 })
             }),
             _ => false,
@@ -222,12 +262,20 @@ impl FailCommand {
             None
         };
         let labels_override = match d.get("errorLabels") {
-            Some(Bson::Array(a)) => Some(a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()),
+            Some(Bson::Array(a)) => Some(
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect(),
+            ),
             _ => None,
         };
         let error = code.map(|c| {
             let c = c as i32;
-            CommandError::new(c, code_name(c), "Failing command via 'failCommand' failpoint")
+            CommandError::new(
+                c,
+                code_name(c),
+                "Failing command via 'failCommand' failpoint",
+            )
         });
         Some(Effect {
             block,

@@ -122,13 +122,20 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
                 if more_to_come {
                     continue;
                 }
-                wire::encode_msg_reply(&mut out_buf, shared.request_id(), request_id, &reply, checksum)
+                wire::encode_msg_reply(
+                    &mut out_buf,
+                    shared.request_id(),
+                    request_id,
+                    &reply,
+                    checksum,
+                )
             }
             Request::Query(q) => {
-                let reply = match legacy_query(&shared, &mut conn, q.full_collection_name, q.query).await {
-                    Some(r) => r,
-                    None => break,
-                };
+                let reply =
+                    match legacy_query(&shared, &mut conn, q.full_collection_name, q.query).await {
+                        Some(r) => r,
+                        None => break,
+                    };
                 wire::encode_op_reply(&mut out_buf, shared.request_id(), q.request_id, &reply)
             }
         };
@@ -150,7 +157,12 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
 
 /// Serves an OP_QUERY: only `hello`/`isMaster` on `<db>.$cmd` (as mongod 6+); `None` closes the
 /// connection.
-async fn legacy_query(shared: &Arc<Shared>, conn: &mut Conn, ns: String, query: Document) -> Option<Document> {
+async fn legacy_query(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    ns: String,
+    query: Document,
+) -> Option<Document> {
     let (db, coll) = ns.split_once('.').unwrap_or((ns.as_str(), ""));
     let mut cmd = match query.get("$query") {
         Some(Bson::Document(inner)) => inner.clone(),

@@ -33,7 +33,13 @@ fn internal(msg: &str) -> CommandError {
 
 impl State {
     /// Inserts a prepared document (its `_id` first), creating the collection if needed.
-    pub fn insert_doc(&mut self, db: &str, coll: &str, doc: Document, vars: &Vars) -> CommandResult<()> {
+    pub fn insert_doc(
+        &mut self,
+        db: &str,
+        coll: &str,
+        doc: Document,
+        vars: &Vars,
+    ) -> CommandResult<()> {
         let (c, _) = self.store.coll_or_create(db, coll)?;
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
         let full = doc.clone();
@@ -65,7 +71,11 @@ impl State {
             .store
             .coll_mut(db, coll)
             .ok_or_else(|| internal("collection vanished during an update"))?;
-        let full = if replacement { Some(new_doc.clone()) } else { None };
+        let full = if replacement {
+            Some(new_doc.clone())
+        } else {
+            None
+        };
         let old = c.replace(rid, new_doc, vars)?;
         let id = old.get("_id").cloned().unwrap_or(Bson::Null);
         let update_description = if replacement {
@@ -86,7 +96,11 @@ impl State {
             cluster_time: ts,
             db: db.to_owned(),
             coll: coll.to_owned(),
-            op: if replacement { OpType::Replace } else { OpType::Update },
+            op: if replacement {
+                OpType::Replace
+            } else {
+                OpType::Update
+            },
             document_key: Some(doc! {"_id": id}),
             full_document: full,
             update_description,
@@ -95,7 +109,13 @@ impl State {
     }
 
     /// Deletes the document `rid` and logs a delete event.
-    pub fn delete_doc(&mut self, db: &str, coll: &str, rid: RecordId, vars: &Vars) -> Option<Document> {
+    pub fn delete_doc(
+        &mut self,
+        db: &str,
+        coll: &str,
+        rid: RecordId,
+        vars: &Vars,
+    ) -> Option<Document> {
         let c = self.store.coll_mut(db, coll)?;
         let old = c.remove(rid, vars)?;
         let id = old.get("_id").cloned().unwrap_or(Bson::Null);

@@ -45,7 +45,11 @@ impl Store {
 
     /// A collection for writing, created (with its `_id` index) if missing. The flag tells
     /// whether it was created.
-    pub fn coll_or_create(&mut self, db: &str, coll: &str) -> CommandResult<(&mut Collection, bool)> {
+    pub fn coll_or_create(
+        &mut self,
+        db: &str,
+        coll: &str,
+    ) -> CommandResult<(&mut Collection, bool)> {
         validate_names(db, coll)?;
         let database = self.dbs.entry(db.to_owned()).or_default();
         let mut created = false;
@@ -145,7 +149,11 @@ impl Index {
     }
 
     /// Key tuples of a document for this index (`None`: the document is not indexed).
-    fn keys_of(&self, doc: &Document, vars: &Vars) -> CommandResult<Option<Vec<(KeyBytes, Document)>>> {
+    fn keys_of(
+        &self,
+        doc: &Document,
+        vars: &Vars,
+    ) -> CommandResult<Option<Vec<(KeyBytes, Document)>>> {
         if let Some((_, filter)) = &self.partial {
             if !filter.matches(doc, vars)? {
                 return Ok(None);
@@ -273,11 +281,6 @@ impl Collection {
         self.docs.len()
     }
 
-    /// Whether the collection holds no documents.
-    pub fn is_empty(&self) -> bool {
-        self.docs.is_empty()
-    }
-
     /// Documents in natural order.
     pub fn iter(&self) -> impl Iterator<Item = (RecordId, &Document)> {
         self.docs.iter().map(|(r, d)| (*r, d))
@@ -383,7 +386,12 @@ impl Collection {
 
     /// Replaces the document of `rid` (its `_id` must not change). Fails with E11000 when a
     /// unique index would be violated.
-    pub fn replace(&mut self, rid: RecordId, new_doc: Document, vars: &Vars) -> CommandResult<Document> {
+    pub fn replace(
+        &mut self,
+        rid: RecordId,
+        new_doc: Document,
+        vars: &Vars,
+    ) -> CommandResult<Document> {
         let has_unique = self.indexes.iter().any(|i| i.unique && !i.is_id());
         if has_unique {
             let unique = self.unique_keys(&new_doc, rid, vars)?;
@@ -447,6 +455,8 @@ impl Collection {
 
     /// Whether any TTL index exists.
     pub fn has_ttl(&self) -> bool {
-        self.indexes.iter().any(|i| i.expire_after_seconds.is_some())
+        self.indexes
+            .iter()
+            .any(|i| i.expire_after_seconds.is_some())
     }
 }

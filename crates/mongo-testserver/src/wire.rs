@@ -125,7 +125,9 @@ fn read_u32(bytes: &[u8], at: usize) -> Result<u32, WireError> {
 }
 
 fn read_cstring(bytes: &[u8], at: usize) -> Result<(String, usize), WireError> {
-    let rest = bytes.get(at..).ok_or_else(|| malformed("truncated string"))?;
+    let rest = bytes
+        .get(at..)
+        .ok_or_else(|| malformed("truncated string"))?;
     let nul = rest
         .iter()
         .position(|&b| b == 0)
@@ -146,7 +148,8 @@ fn read_document(bytes: &[u8], at: usize, limit: usize) -> Result<(Document, usi
     let slice = bytes
         .get(at..end)
         .ok_or_else(|| malformed("BSON document overruns the message"))?;
-    let raw = RawDocument::from_bytes(slice).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
+    let raw =
+        RawDocument::from_bytes(slice).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
     check_depth(raw)?;
     let doc = Document::try_from(raw).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
     Ok((doc, end))
@@ -238,7 +241,8 @@ fn parse_msg(bytes: &[u8], request_id: i32) -> Result<MsgRequest, WireError> {
                 let (identifier, mut pos) = read_cstring(&bytes[..seq_end], at + 4)?;
                 let mut docs = Vec::new();
                 while pos < seq_end {
-                    let (doc, next) = read_document(&bytes[..seq_end], pos, MAX_INTERNAL_BSON_SIZE)?;
+                    let (doc, next) =
+                        read_document(&bytes[..seq_end], pos, MAX_INTERNAL_BSON_SIZE)?;
                     docs.push(doc);
                     pos = next;
                 }

@@ -1,1 +1,84 @@
-fn main() {}
+//! `mongolock`: distributed MongoDB locks from the shell. See `mongolock --help` and
+//! `crates/mongolock-cli/README.md`; exit statuses are documented in [`exit`].
+
+mod cli;
+mod connect;
+mod demo;
+mod duration;
+mod elect;
+mod exec;
+mod exit;
+mod inspect;
+mod list;
+mod release;
+mod signals;
+mod uri;
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+fn main() {
+    // Help and usage errors are printed by clap, which exits 0 or 2.
+    let cli = Cli::parse();
+    init_tracing(cli.global.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mongolock: cannot start the async runtime: {e}");
+            std::process::exit(exit::FAILURE);
+        }
+    };
+    let code = match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mongolock: {e}");
+            e.code
+        }
+    };
+    // Background tasks (driver monitors, a dropped guard's release) are not waited for long.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    let _ = std::io::stdout().flush();
+    std::process::exit(code);
+}
+
+async fn run(cli: Cli) -> Result<i32, exit::CliError> {
+    let global = &cli.global;
+    match cli.command {
+        Command::Exec(args) => exec::run(global, args).await,
+        Command::Elect(args) => elect::run(global, args).await,
+        Command::List(args) => list::run(global, args).await,
+        Command::Inspect(args) => inspect::run(global, args).await,
+        Command::Release(args) => release::run(global, args).await,
+        Command::Demo(args) => demo::run(args).await,
+        Command::DemoWorker(args) => demo::worker(global, args).await,
+    }
+}
+
+/// Diagnostics on stderr: warnings by default (`-v` info, `-vv` debug); `MONGOLOCK_LOG` takes a
+/// full tracing filter.
+fn init_tracing(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = std::env::var("MONGOLOCK_LOG")
+        .ok()
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(verbose >= 2)
+        .without_time()
+        .try_init();
+}

@@ -127,8 +127,12 @@ pub trait LockBackend: Send + Sync + 'static {
 
     /// Sets the expiry of the caller's unexpired lease to server now + `ttl`, returning the new
     /// expiry; `None` when the lease expired, was released or was taken over.
-    async fn extend(&self, name: &str, lease_id: &LeaseId, ttl: Duration)
-        -> Result<Option<SystemTime>>;
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Option<SystemTime>>;
 
     /// Ends the caller's lease, keeping the fencing token for the next holder. Returns `false`
     /// when the lease id no longer holds the name (it was taken over or force-released).

@@ -86,3 +86,6 @@ pub use lock::{Lock, Timeout};
 pub use options::{LockOptions, DEFAULT_EXPIRY, MAX_EXPIRY, MAX_NAME_LEN};
 pub use provider::{LockProvider, LockProviderBuilder};
 pub use wait::WaitStrategy;
+
+pub mod election;
+pub use election::{Election, ElectionEvent, LeaderContext, LeaderInfo, Leadership};

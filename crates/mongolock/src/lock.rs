@@ -176,7 +176,12 @@ impl Lock {
                                 .wait_for_change(&self.name, delay.min(r))
                                 .await
                         }
-                        None => self.provider.backend.wait_for_change(&self.name, delay).await,
+                        None => {
+                            self.provider
+                                .backend
+                                .wait_for_change(&self.name, delay)
+                                .await
+                        }
                     }
                 }
                 Err(e) if e.is_transient() => {
@@ -215,7 +220,12 @@ impl Lock {
             let sent_at = Instant::now();
             let outcome = match provider.backend.try_acquire(&req).await {
                 Ok(Attempt::Acquired(lease)) => Ok(Outcome::Acquired(LockGuard::start(
-                    &provider, name, req.lease_id, req.ttl, lease, sent_at,
+                    &provider,
+                    name,
+                    req.lease_id,
+                    req.ttl,
+                    lease,
+                    sent_at,
                 ))),
                 Ok(Attempt::Busy { .. }) => Ok(Outcome::Busy),
                 Err(e) => Err(e),

@@ -144,7 +144,11 @@ impl LockProvider {
     pub fn lock(&self, name: impl Into<String>) -> Result<Lock> {
         let name = name.into();
         validate_name(&name)?;
-        Ok(Lock::new(self.inner.clone(), name.into(), self.inner.options.expiry))
+        Ok(Lock::new(
+            self.inner.clone(),
+            name.into(),
+            self.inner.options.expiry,
+        ))
     }
 
     /// Seed 001's form: acquire `key` for `ttl`, trying for `timeout`

@@ -105,7 +105,11 @@ pub fn end_sessions(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     check_fields(cmd, "endSessions", &[])?;
     let ids = match cmd.get("endSessions") {
         Some(Bson::Array(a)) => a,
-        _ => return Err(CommandError::type_mismatch("endSessions must be an array of session ids")),
+        _ => {
+            return Err(CommandError::type_mismatch(
+                "endSessions must be an array of session ids",
+            ))
+        }
     };
     let mut st = ctx.shared.lock();
     for id in ids {
@@ -129,7 +133,11 @@ fn require_admin(ctx: &Ctx<'_>, name: &str) -> CommandResult<()> {
 
 /// `listDatabases`.
 pub fn list_databases(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
-    check_fields(cmd, "listDatabases", &["nameOnly", "filter", "authorizedDatabases"])?;
+    check_fields(
+        cmd,
+        "listDatabases",
+        &["nameOnly", "filter", "authorizedDatabases"],
+    )?;
     require_admin(ctx, "listDatabases")?;
     let name_only = args::get_bool(cmd, "listDatabases", "nameOnly")?.unwrap_or(false);
     let filter = match args::get_doc(cmd, "listDatabases", "filter")? {
@@ -146,7 +154,11 @@ pub fn list_databases(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
         let size: i64 = db
             .colls
             .values()
-            .map(|c| c.iter().map(|(_, d)| crate::keys::doc_size(d) as i64).sum::<i64>())
+            .map(|c| {
+                c.iter()
+                    .map(|(_, d)| crate::keys::doc_size(d) as i64)
+                    .sum::<i64>()
+            })
             .sum();
         let entry = if name_only {
             doc! {"name": name.clone()}
@@ -243,7 +255,11 @@ pub fn configure_fail_point(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Docu
                 "Cannot find failPoint: {s} (this server implements only failCommand)"
             )))
         }
-        _ => return Err(CommandError::type_mismatch("configureFailPoint must be a string")),
+        _ => {
+            return Err(CommandError::type_mismatch(
+                "configureFailPoint must be a string",
+            ))
+        }
     }
     let count = ctx.shared.failpoint().configure(cmd)?;
     Ok(doc! {"count": count})

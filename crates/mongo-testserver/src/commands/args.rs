@@ -106,13 +106,24 @@ pub fn get_bool(cmd: &Document, command: &str, field: &str) -> CommandResult<Opt
     match cmd.get(field) {
         None | Some(Bson::Null) => Ok(None),
         Some(Bson::Boolean(b)) => Ok(Some(*b)),
-        Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) => Ok(as_i64(v).map(|i| i != 0).or(Some(true))),
-        Some(v) => Err(wrong_type(command, field, v, "[bool, long, int, decimal, double]")),
+        Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) => {
+            Ok(as_i64(v).map(|i| i != 0).or(Some(true)))
+        }
+        Some(v) => Err(wrong_type(
+            command,
+            field,
+            v,
+            "[bool, long, int, decimal, double]",
+        )),
     }
 }
 
 /// An optional document field.
-pub fn get_doc<'a>(cmd: &'a Document, command: &str, field: &str) -> CommandResult<Option<&'a Document>> {
+pub fn get_doc<'a>(
+    cmd: &'a Document,
+    command: &str,
+    field: &str,
+) -> CommandResult<Option<&'a Document>> {
     match cmd.get(field) {
         None => Ok(None),
         Some(Bson::Document(d)) => Ok(Some(d)),
@@ -121,7 +132,11 @@ pub fn get_doc<'a>(cmd: &'a Document, command: &str, field: &str) -> CommandResu
 }
 
 /// A required array of documents.
-pub fn get_docs<'a>(cmd: &'a Document, command: &str, field: &str) -> CommandResult<Vec<&'a Document>> {
+pub fn get_docs<'a>(
+    cmd: &'a Document,
+    command: &str,
+    field: &str,
+) -> CommandResult<Vec<&'a Document>> {
     match cmd.get(field) {
         None => Err(CommandError::new(
             40414,
@@ -168,7 +183,8 @@ pub fn no_transactions() -> CommandError {
 
 /// Commands that accept a `writeConcern`.
 fn takes_write_concern(name: &str) -> bool {
-    crate::failpoint::supports_write_concern(name) || matches!(name, "setParameter" | "configureFailPoint" | "endSessions")
+    crate::failpoint::supports_write_concern(name)
+        || matches!(name, "setParameter" | "configureFailPoint" | "endSessions")
 }
 
 /// Validates the generic fields: transactions refused, `readConcern` and `writeConcern`
@@ -188,7 +204,10 @@ pub fn check_generic(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult
                 "txnNumber may only be provided for multi-document transactions and retryable write commands. It requires a session.",
             ));
         }
-        if !matches!(name, "insert" | "update" | "delete" | "findAndModify" | "findandmodify") {
+        if !matches!(
+            name,
+            "insert" | "update" | "delete" | "findAndModify" | "findandmodify"
+        ) {
             return Err(CommandError::new(
                 50768,
                 "Location50768",

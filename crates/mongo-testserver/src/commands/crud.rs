@@ -52,7 +52,9 @@ fn check_batch(len: usize) -> CommandResult<()> {
         return Err(CommandError::new(
             16,
             "InvalidLength",
-            format!("Write batch sizes must be between 1 and {MAX_WRITE_BATCH}. Got {len} operations."),
+            format!(
+                "Write batch sizes must be between 1 and {MAX_WRITE_BATCH}. Got {len} operations."
+            ),
         ));
     }
     Ok(())
@@ -71,19 +73,33 @@ fn write_error(index: usize, e: CommandError) -> Document {
 pub(super) fn prepare_new_doc(mut doc: Document) -> CommandResult<Document> {
     match doc.get("_id") {
         Some(Bson::Array(_)) => {
-            return Err(CommandError::new(53, "InvalidIdField", "can't use an array for _id"))
+            return Err(CommandError::new(
+                53,
+                "InvalidIdField",
+                "can't use an array for _id",
+            ))
         }
         Some(Bson::RegularExpression(_)) => {
-            return Err(CommandError::new(53, "InvalidIdField", "can't use a regex for _id"))
+            return Err(CommandError::new(
+                53,
+                "InvalidIdField",
+                "can't use a regex for _id",
+            ))
         }
         Some(Bson::Undefined) => {
-            return Err(CommandError::new(53, "InvalidIdField", "can't use a undefined for _id"))
+            return Err(CommandError::new(
+                53,
+                "InvalidIdField",
+                "can't use a undefined for _id",
+            ))
         }
         _ => {}
     }
     let first_is_id = doc.keys().next().map(String::as_str) == Some("_id");
     if !first_is_id {
-        let id = doc.remove("_id").unwrap_or_else(|| Bson::ObjectId(ObjectId::new()));
+        let id = doc
+            .remove("_id")
+            .unwrap_or_else(|| Bson::ObjectId(ObjectId::new()));
         let mut out = Document::new();
         out.insert("_id", id);
         out.extend(doc);
@@ -115,7 +131,11 @@ fn check_update_size(doc: &Document) -> CommandResult<()> {
 
 /// `insert`.
 pub fn insert(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
-    check_fields(cmd, "insert", &["documents", "ordered", "bypassDocumentValidation"])?;
+    check_fields(
+        cmd,
+        "insert",
+        &["documents", "ordered", "bypassDocumentValidation"],
+    )?;
     let coll = args::coll_name(cmd, "insert")?;
     validate_names(ctx.db, coll)?;
     let docs = args::get_docs(cmd, "insert", "documents")?;
@@ -157,8 +177,14 @@ pub(super) fn find_one(
     if let Some(id) = filter.id_equality() {
         return match coll.find_id(id) {
             Some(rid) => {
-                let doc = coll.get(rid).ok_or_else(|| CommandError::new(1, "InternalError", "index points at no record"))?;
-                Ok(if filter.matches(doc, vars)? { Some(rid) } else { None })
+                let doc = coll.get(rid).ok_or_else(|| {
+                    CommandError::new(1, "InternalError", "index points at no record")
+                })?;
+                Ok(if filter.matches(doc, vars)? {
+                    Some(rid)
+                } else {
+                    None
+                })
             }
             None => Ok(None),
         };
@@ -196,7 +222,11 @@ pub(super) fn find_one(
 }
 
 /// Every matching record in natural order.
-pub(super) fn find_all(coll: &Collection, filter: &Filter, vars: &Vars) -> CommandResult<Vec<RecordId>> {
+pub(super) fn find_all(
+    coll: &Collection,
+    filter: &Filter,
+    vars: &Vars,
+) -> CommandResult<Vec<RecordId>> {
     if filter.id_equality().is_some() {
         return Ok(find_one(coll, filter, None, vars)?.into_iter().collect());
     }
@@ -260,11 +290,19 @@ fn same_type(a: &Bson, b: &Bson) -> bool {
 }
 
 fn is_number(v: &Bson) -> bool {
-    matches!(v, Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_))
+    matches!(
+        v,
+        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_)
+    )
 }
 
 /// The document an upsert inserts (not yet stored).
-fn upsert_doc(filter_doc: &Document, filter: &Filter, update: &Update, vars: &Vars) -> CommandResult<Document> {
+fn upsert_doc(
+    filter_doc: &Document,
+    filter: &Filter,
+    update: &Update,
+    vars: &Vars,
+) -> CommandResult<Document> {
     let mut doc = if update.is_replacement() {
         let mut d = Document::new();
         update.apply(&mut d, true, vars)?;
@@ -294,7 +332,10 @@ struct UpdateStatement<'a> {
     multi: bool,
 }
 
-fn parse_update_statement(stmt: &Document, vars_present: bool) -> CommandResult<UpdateStatement<'_>> {
+fn parse_update_statement(
+    stmt: &Document,
+    vars_present: bool,
+) -> CommandResult<UpdateStatement<'_>> {
     let _ = vars_present;
     for (k, _) in stmt {
         match k.as_str() {
@@ -307,17 +348,35 @@ fn parse_update_statement(stmt: &Document, vars_present: bool) -> CommandResult<
                     ));
                 }
             }
-            "c" => return Err(CommandError::bad_value("update constants ('c') are not supported by this server")),
+            "c" => {
+                return Err(CommandError::bad_value(
+                    "update constants ('c') are not supported by this server",
+                ))
+            }
             other => return Err(args::unknown_field("update.updates", other)),
         }
     }
     let filter_doc = match stmt.get("q") {
         Some(Bson::Document(d)) => d,
-        Some(_) => return Err(CommandError::type_mismatch("BSON field 'update.updates.q' is the wrong type, expected type 'object'")),
-        None => return Err(CommandError::new(40414, "Location40414", "BSON field 'update.updates.q' is missing but a required field")),
+        Some(_) => {
+            return Err(CommandError::type_mismatch(
+                "BSON field 'update.updates.q' is the wrong type, expected type 'object'",
+            ))
+        }
+        None => {
+            return Err(CommandError::new(
+                40414,
+                "Location40414",
+                "BSON field 'update.updates.q' is missing but a required field",
+            ))
+        }
     };
     let u = stmt.get("u").ok_or_else(|| {
-        CommandError::new(40414, "Location40414", "BSON field 'update.updates.u' is missing but a required field")
+        CommandError::new(
+            40414,
+            "Location40414",
+            "BSON field 'update.updates.u' is missing but a required field",
+        )
     })?;
     let update = Update::parse(u)?;
     let upsert = args::get_bool(stmt, "update.updates", "upsert")?.unwrap_or(false);
@@ -372,7 +431,11 @@ fn run_update(
 
 /// `update`.
 pub fn update(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
-    check_fields(cmd, "update", &["updates", "ordered", "bypassDocumentValidation", "let"])?;
+    check_fields(
+        cmd,
+        "update",
+        &["updates", "ordered", "bypassDocumentValidation", "let"],
+    )?;
     let coll = args::coll_name(cmd, "update")?;
     validate_names(ctx.db, coll)?;
     let stmts = args::get_docs(cmd, "update", "updates")?;
@@ -396,7 +459,8 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         let mut upserted = Vec::new();
         let mut errors = Vec::new();
         for (i, stmt) in stmts.iter().enumerate() {
-            let result = parse_update_statement(stmt, false).and_then(|s| run_update(st, ctx.db, coll, &s, &vars));
+            let result = parse_update_statement(stmt, false)
+                .and_then(|s| run_update(st, ctx.db, coll, &s, &vars));
             match result {
                 Ok((matched, modified, up)) => {
                     n += matched;
@@ -471,7 +535,13 @@ pub fn delete(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     })
 }
 
-fn run_delete(st: &mut State, db: &str, coll: &str, stmt: &Document, vars: &Vars) -> CommandResult<i64> {
+fn run_delete(
+    st: &mut State,
+    db: &str,
+    coll: &str,
+    stmt: &Document,
+    vars: &Vars,
+) -> CommandResult<i64> {
     for (k, _) in stmt {
         match k.as_str() {
             "q" | "limit" | "hint" => {}
@@ -481,15 +551,29 @@ fn run_delete(st: &mut State, db: &str, coll: &str, stmt: &Document, vars: &Vars
     }
     let filter_doc = match stmt.get("q") {
         Some(Bson::Document(d)) => d,
-        _ => return Err(CommandError::new(40414, "Location40414", "BSON field 'delete.deletes.q' is missing but a required field")),
+        _ => {
+            return Err(CommandError::new(
+                40414,
+                "Location40414",
+                "BSON field 'delete.deletes.q' is missing but a required field",
+            ))
+        }
     };
     let limit = match stmt.get("limit").map(args::as_i64) {
-        None => return Err(CommandError::new(40414, "Location40414", "BSON field 'delete.deletes.limit' is missing but a required field")),
+        None => {
+            return Err(CommandError::new(
+                40414,
+                "Location40414",
+                "BSON field 'delete.deletes.limit' is missing but a required field",
+            ))
+        }
         Some(Some(l @ (0 | 1))) => l,
         Some(_) => {
             return Err(CommandError::failed_to_parse(format!(
                 "The limit field in delete objects must be 0 or 1. Got {}",
-                stmt.get("limit").map(ToString::to_string).unwrap_or_default()
+                stmt.get("limit")
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
             )))
         }
     };
@@ -543,7 +627,9 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     args::check_collation(cmd)?;
     if let Some(af) = cmd.get("arrayFilters") {
         if !matches!(af, Bson::Array(a) if a.is_empty()) {
-            return Err(CommandError::bad_value("arrayFilters are not supported by this server"));
+            return Err(CommandError::bad_value(
+                "arrayFilters are not supported by this server",
+            ));
         }
     }
     let update = match cmd.get("update") {
@@ -552,15 +638,21 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     };
     match (&update, remove) {
         (Some(_), true) => {
-            return Err(CommandError::failed_to_parse("Cannot specify both an update and remove=true"))
+            return Err(CommandError::failed_to_parse(
+                "Cannot specify both an update and remove=true",
+            ))
         }
         (None, false) => {
-            return Err(CommandError::failed_to_parse("Either an update or remove=true must be specified"))
+            return Err(CommandError::failed_to_parse(
+                "Either an update or remove=true must be specified",
+            ))
         }
         _ => {}
     }
     if remove && upsert {
-        return Err(CommandError::failed_to_parse("Cannot specify both upsert=true and remove=true "));
+        return Err(CommandError::failed_to_parse(
+            "Cannot specify both upsert=true and remove=true ",
+        ));
     }
     if remove && new {
         return Err(CommandError::failed_to_parse(
@@ -571,7 +663,9 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     let vars = with_let(ctx, cmd, name)?;
     let project = |d: Document| -> CommandResult<Bson> {
         match fields {
-            Some(f) if !f.is_empty() => Ok(Bson::Document(crate::engine::projection::project(&d, f, &vars)?)),
+            Some(f) if !f.is_empty() => Ok(Bson::Document(crate::engine::projection::project(
+                &d, f, &vars,
+            )?)),
             _ => Ok(Bson::Document(d)),
         }
     };
@@ -595,7 +689,9 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
             }
             (None, Some(u)) => {
                 if !upsert {
-                    return Ok(doc! {"lastErrorObject": {"n": 0, "updatedExisting": false}, "value": Bson::Null});
+                    return Ok(
+                        doc! {"lastErrorObject": {"n": 0, "updatedExisting": false}, "value": Bson::Null},
+                    );
                 }
                 let doc = upsert_doc(query, &filter, u, &vars)?;
                 let id = doc.get("_id").cloned().unwrap_or(Bson::Null);

@@ -78,12 +78,19 @@ pub async fn handle(
                 ))),
             ));
         }
-        body.insert(name, Bson::Array(docs.into_iter().map(Bson::Document).collect()));
+        body.insert(
+            name,
+            Bson::Array(docs.into_iter().map(Bson::Document).collect()),
+        );
     }
     let name = match body.keys().next() {
         Some(n) => n.clone(),
         None => {
-            return Outcome::Reply(finish(shared, &body, Err(CommandError::command_not_found(""))))
+            return Outcome::Reply(finish(
+                shared,
+                &body,
+                Err(CommandError::command_not_found("")),
+            ))
         }
     };
     let db = match body.get("$db") {

@@ -68,7 +68,13 @@ fn check_hint(coll: &Collection, cmd: &Document) -> CommandResult<()> {
 }
 
 /// Opens a cursor over `rest` when documents remain; returns the cursor id (0: exhausted).
-fn open_query_cursor(ctx: &Ctx<'_>, coll: &str, ns: &str, rest: VecDeque<Document>, no_timeout: bool) -> i64 {
+fn open_query_cursor(
+    ctx: &Ctx<'_>,
+    coll: &str,
+    ns: &str,
+    rest: VecDeque<Document>,
+    no_timeout: bool,
+) -> i64 {
     if rest.is_empty() {
         return 0;
     }
@@ -132,7 +138,9 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     let sort = args::get_doc(cmd, "find", "sort")?.filter(|s| !s.is_empty());
     let projection = args::get_doc(cmd, "find", "projection")?.filter(|p| !p.is_empty());
     let skip = non_negative(cmd, "find", "skip")?.unwrap_or(0) as usize;
-    let limit = non_negative(cmd, "find", "limit")?.filter(|&l| l > 0).map(|l| l as usize);
+    let limit = non_negative(cmd, "find", "limit")?
+        .filter(|&l| l > 0)
+        .map(|l| l as usize);
     let batch_size = non_negative(cmd, "find", "batchSize")?.map(|b| b as usize);
     let single_batch = args::get_bool(cmd, "find", "singleBatch")?.unwrap_or(false);
     let no_timeout = args::get_bool(cmd, "find", "noCursorTimeout")?.unwrap_or(false);
@@ -201,7 +209,16 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
 
 /// `getMore`.
 pub async fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
-    check_fields(cmd, "getMore", &["collection", "batchSize", "term", "lastKnownCommittedOpTime"])?;
+    check_fields(
+        cmd,
+        "getMore",
+        &[
+            "collection",
+            "batchSize",
+            "term",
+            "lastKnownCommittedOpTime",
+        ],
+    )?;
     let id = match cmd.get("getMore") {
         Some(Bson::Int64(id)) => *id,
         Some(v) => {
@@ -221,7 +238,9 @@ pub async fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
             ))
         }
     };
-    let batch_size = non_negative(cmd, "getMore", "batchSize")?.filter(|&b| b > 0).map(|b| b as usize);
+    let batch_size = non_negative(cmd, "getMore", "batchSize")?
+        .filter(|&b| b > 0)
+        .map(|b| b as usize);
     let max_time = non_negative(cmd, "getMore", "maxTimeMS")?;
     let is_stream = {
         let mut st = ctx.shared.lock();
@@ -261,7 +280,13 @@ pub async fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
     let wait = max_time
         .map(|ms| Duration::from_millis(ms as u64))
         .unwrap_or(DEFAULT_AWAIT);
-    stream_get_more(ctx, id, batch_size.unwrap_or(usize::MAX), Instant::now() + wait).await
+    stream_get_more(
+        ctx,
+        id,
+        batch_size.unwrap_or(usize::MAX),
+        Instant::now() + wait,
+    )
+    .await
 }
 
 fn cursor_not_found(id: i64) -> CommandError {
@@ -270,7 +295,12 @@ fn cursor_not_found(id: i64) -> CommandError {
 
 /// Reads a change stream, waiting (without holding the lock) until an event arrives or the
 /// deadline passes.
-async fn stream_get_more(ctx: &Ctx<'_>, id: i64, max: usize, deadline: Instant) -> CommandResult<Document> {
+async fn stream_get_more(
+    ctx: &Ctx<'_>,
+    id: i64,
+    max: usize,
+    deadline: Instant,
+) -> CommandResult<Document> {
     loop {
         let mut rx = {
             let mut guard = ctx.shared.lock();
@@ -321,7 +351,9 @@ pub fn kill_cursors(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     let mut st = ctx.shared.lock();
     for v in ids {
         let Bson::Int64(id) = v else {
-            return Err(CommandError::type_mismatch("cursor ids must be of type long"));
+            return Err(CommandError::type_mismatch(
+                "cursor ids must be of type long",
+            ));
         };
         if st.cursors.remove(*id).is_some() {
             killed.push(*id);
@@ -339,19 +371,27 @@ pub fn kill_cursors(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
 
 /// `count`.
 pub fn count(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
-    check_fields(cmd, "count", &["query", "limit", "skip", "hint", "collation", "fields"])?;
+    check_fields(
+        cmd,
+        "count",
+        &["query", "limit", "skip", "hint", "collation", "fields"],
+    )?;
     args::check_collation(cmd)?;
     let coll = args::coll_name(cmd, "count")?;
     let empty = Document::new();
     let filter = Filter::parse(args::get_doc(cmd, "count", "query")?.unwrap_or(&empty))?;
     let skip = non_negative(cmd, "count", "skip")?.unwrap_or(0);
-    let limit = args::get_i64(cmd, "count", "limit")?.map(i64::abs).filter(|&l| l > 0);
+    let limit = args::get_i64(cmd, "count", "limit")?
+        .map(i64::abs)
+        .filter(|&l| l > 0);
     let st = ctx.shared.lock();
     let n = match st.store.coll(ctx.db, coll) {
         None => 0,
         Some(c) => {
             check_hint(c, cmd)?;
-            if filter.id_equality().is_none() && args::get_doc(cmd, "count", "query")?.is_none_or(|q| q.is_empty()) {
+            if filter.id_equality().is_none()
+                && args::get_doc(cmd, "count", "query")?.is_none_or(|q| q.is_empty())
+            {
                 c.len() as i64
             } else {
                 find_all(c, &filter, &ctx.vars)?.len() as i64
@@ -372,7 +412,11 @@ pub fn distinct(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     let coll = args::coll_name(cmd, "distinct")?;
     let key = match cmd.get("key") {
         Some(Bson::String(k)) => k.clone(),
-        _ => return Err(CommandError::type_mismatch("BSON field 'distinct.key' is missing or not a string")),
+        _ => {
+            return Err(CommandError::type_mismatch(
+                "BSON field 'distinct.key' is missing or not a string",
+            ))
+        }
     };
     let empty = Document::new();
     let filter = Filter::parse(args::get_doc(cmd, "distinct", "query")?.unwrap_or(&empty))?;
@@ -405,27 +449,38 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     check_fields(
         cmd,
         "aggregate",
-        &["pipeline", "cursor", "explain", "allowDiskUse", "bypassDocumentValidation", "collation", "hint", "let"],
+        &[
+            "pipeline",
+            "cursor",
+            "explain",
+            "allowDiskUse",
+            "bypassDocumentValidation",
+            "collation",
+            "hint",
+            "let",
+        ],
     )?;
     args::check_collation(cmd)?;
     if args::get_bool(cmd, "aggregate", "explain")?.unwrap_or(false) {
-        return Err(CommandError::bad_value("explain is not supported by this server"));
+        return Err(CommandError::bad_value(
+            "explain is not supported by this server",
+        ));
     }
     let stages = args::get_docs(cmd, "aggregate", "pipeline")?;
-    let cursor_opts = match cmd.get("cursor") {
-        Some(Bson::Document(c)) => c,
-        _ => {
-            return Err(CommandError::failed_to_parse(
+    let cursor_opts =
+        match cmd.get("cursor") {
+            Some(Bson::Document(c)) => c,
+            _ => return Err(CommandError::failed_to_parse(
                 "The 'cursor' option is required, except for aggregate with the explain argument",
-            ))
-        }
-    };
+            )),
+        };
     for (k, _) in cursor_opts {
         if k != "batchSize" {
             return Err(args::unknown_field("aggregate.cursor", k));
         }
     }
-    let batch_size = non_negative(cursor_opts, "aggregate.cursor", "batchSize")?.map(|b| b as usize);
+    let batch_size =
+        non_negative(cursor_opts, "aggregate.cursor", "batchSize")?.map(|b| b as usize);
     for (i, s) in stages.iter().enumerate() {
         if s.len() != 1 {
             return Err(CommandError::new(
@@ -458,7 +513,10 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         return open_change_stream(ctx, coll, &stages, batch_size);
     }
     let Some(coll) = coll else {
-        let first = stages.first().and_then(|s| s.keys().next().cloned()).unwrap_or_default();
+        let first = stages
+            .first()
+            .and_then(|s| s.keys().next().cloned())
+            .unwrap_or_default();
         return Err(CommandError::new(
             73,
             "InvalidNamespace",
@@ -504,7 +562,11 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
 }
 
 /// Runs stages through the engine.
-fn run_pipeline(stages: &[Document], docs: Vec<Document>, vars: &Vars) -> CommandResult<Vec<Document>> {
+fn run_pipeline(
+    stages: &[Document],
+    docs: Vec<Document>,
+    vars: &Vars,
+) -> CommandResult<Vec<Document>> {
     if stages.is_empty() {
         return Ok(docs);
     }
@@ -535,10 +597,16 @@ fn open_change_stream(
     let (scope, cursor_coll) = match coll {
         Some(c) => {
             crate::store::validate_names(ctx.db, c)?;
-            (Scope::Collection(ctx.db.to_owned(), c.to_owned()), c.to_owned())
+            (
+                Scope::Collection(ctx.db.to_owned(), c.to_owned()),
+                c.to_owned(),
+            )
         }
         None if ctx.db == "admin" => (Scope::Cluster, "$cmd.aggregate".to_owned()),
-        None => (Scope::Database(ctx.db.to_owned()), "$cmd.aggregate".to_owned()),
+        None => (
+            Scope::Database(ctx.db.to_owned()),
+            "$cmd.aggregate".to_owned(),
+        ),
     };
     if matches!(scope, Scope::Collection(..)) && ctx.db == "admin" {
         return Err(CommandError::new(
@@ -553,7 +621,13 @@ fn open_change_stream(
     let st = &mut *guard;
     let now = st.clock.now();
     let mut sc = StreamCursor::open(scope, spec, &later, &st.events, now)?;
-    let first = sc.read(&st.events, &st.store, batch_size.unwrap_or(DEFAULT_FIRST_BATCH), &ctx.vars, now)?;
+    let first = sc.read(
+        &st.events,
+        &st.store,
+        batch_size.unwrap_or(DEFAULT_FIRST_BATCH),
+        &ctx.vars,
+        now,
+    )?;
     let token = sc.post_batch_token();
     let id = if sc.closed {
         0

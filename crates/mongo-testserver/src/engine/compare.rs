@@ -161,9 +161,7 @@ pub fn compare(a: &Bson, b: &Bson) -> Ordering {
             .then_with(|| x.bytes.cmp(&y.bytes)),
         (Bson::ObjectId(x), Bson::ObjectId(y)) => x.bytes().cmp(&y.bytes()),
         (Bson::Boolean(x), Bson::Boolean(y)) => x.cmp(y),
-        (Bson::DateTime(x), Bson::DateTime(y)) => {
-            x.timestamp_millis().cmp(&y.timestamp_millis())
-        }
+        (Bson::DateTime(x), Bson::DateTime(y)) => x.timestamp_millis().cmp(&y.timestamp_millis()),
         (Bson::Timestamp(x), Bson::Timestamp(y)) => {
             (x.time, x.increment).cmp(&(y.time, y.increment))
         }
@@ -283,7 +281,7 @@ mod tests {
             Bson::Double(f64::NEG_INFINITY),
             Bson::Int64(i64::MAX),
             Bson::Int64(i64::MIN),
-            Bson::Double(9.223372036854775807e18),
+            Bson::Double(9.223_372_036_854_776e18),
             Bson::Decimal128("2.5".parse().unwrap()),
             Bson::Int32(-3),
             Bson::String("a".into()),
@@ -356,7 +354,13 @@ mod tests {
             Bson::MaxKey,
         ];
         for w in ordered.windows(2) {
-            assert_eq!(compare(&w[0], &w[1]), Ordering::Less, "{:?} < {:?}", w[0], w[1]);
+            assert_eq!(
+                compare(&w[0], &w[1]),
+                Ordering::Less,
+                "{:?} < {:?}",
+                w[0],
+                w[1]
+            );
         }
     }
 
@@ -369,7 +373,10 @@ mod tests {
             &Bson::Int32(1)
         ));
         assert_eq!(
-            compare(&Bson::Int64(i64::MAX), &Bson::Double(9.223372036854775807e18)),
+            compare(
+                &Bson::Int64(i64::MAX),
+                &Bson::Double(9.223_372_036_854_776e18)
+            ),
             Ordering::Less
         );
         assert_eq!(
@@ -388,7 +395,10 @@ mod tests {
             compare(&Bson::Double(f64::NAN), &Bson::Int64(i64::MIN)),
             Ordering::Less
         );
-        assert!(values_equal(&Bson::Double(f64::NAN), &Bson::Double(f64::NAN)));
+        assert!(values_equal(
+            &Bson::Double(f64::NAN),
+            &Bson::Double(f64::NAN)
+        ));
         assert!(values_equal(&Bson::Double(0.0), &Bson::Double(-0.0)));
     }
 
@@ -403,14 +413,20 @@ mod tests {
             &Bson::Document(doc! {"a": 1.0, "b": 2i64})
         ));
         assert_eq!(
-            compare(&Bson::Document(doc! {"a": 1}), &Bson::Document(doc! {"a": 1, "b": 1})),
+            compare(
+                &Bson::Document(doc! {"a": 1}),
+                &Bson::Document(doc! {"a": 1, "b": 1})
+            ),
             Ordering::Less
         );
     }
 
     #[test]
     fn strings_and_symbols() {
-        assert!(values_equal(&Bson::String("x".into()), &Bson::Symbol("x".into())));
+        assert!(values_equal(
+            &Bson::String("x".into()),
+            &Bson::Symbol("x".into())
+        ));
         assert_eq!(
             compare(&Bson::String("B".into()), &Bson::String("a".into())),
             Ordering::Less
@@ -423,7 +439,11 @@ mod tests {
         for a in &s {
             assert_eq!(compare(a, a), Ordering::Equal, "reflexive {a:?}");
             for b in &s {
-                assert_eq!(compare(a, b), compare(b, a).reverse(), "antisymmetric {a:?} {b:?}");
+                assert_eq!(
+                    compare(a, b),
+                    compare(b, a).reverse(),
+                    "antisymmetric {a:?} {b:?}"
+                );
                 for c in &s {
                     if compare(a, b) != Ordering::Greater && compare(b, c) != Ordering::Greater {
                         assert_ne!(

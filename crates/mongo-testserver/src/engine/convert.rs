@@ -250,33 +250,57 @@ mod tests {
         assert_eq!(to_long(&Bson::Double(-2.9)).ok(), Some(-2));
         assert_eq!(to_long(&Bson::String("42".into())).ok(), Some(42));
         assert_eq!(to_long(&Bson::Boolean(true)).ok(), Some(1));
-        assert_eq!(to_long(&Bson::String("4x".into())).map_err(|e| e.code), Err(241));
+        assert_eq!(
+            to_long(&Bson::String("4x".into())).map_err(|e| e.code),
+            Err(241)
+        );
         assert_eq!(to_long(&Bson::Double(1e300)).map_err(|e| e.code), Err(241));
-        assert_eq!(to_long(&Bson::Document(bson::doc! {})).map_err(|e| e.code), Err(241));
-        assert_eq!(to_long(&Bson::DateTime(DateTime::from_millis(7))).ok(), Some(7));
+        assert_eq!(
+            to_long(&Bson::Document(bson::doc! {})).map_err(|e| e.code),
+            Err(241)
+        );
+        assert_eq!(
+            to_long(&Bson::DateTime(DateTime::from_millis(7))).ok(),
+            Some(7)
+        );
     }
 
     #[test]
     fn others() {
         assert_eq!(convert(&Bson::Int64(5), "int").ok(), Some(Bson::Int32(5)));
         assert!(convert(&Bson::Int64(1 << 40), "int").is_err());
-        assert_eq!(convert(&Bson::Int32(0), "bool").ok(), Some(Bson::Boolean(false)));
-        assert_eq!(convert(&Bson::String(String::new()), "bool").ok(), Some(Bson::Boolean(true)));
-        assert_eq!(convert(&Bson::String("1.5".into()), "double").ok(), Some(Bson::Double(1.5)));
+        assert_eq!(
+            convert(&Bson::Int32(0), "bool").ok(),
+            Some(Bson::Boolean(false))
+        );
+        assert_eq!(
+            convert(&Bson::String(String::new()), "bool").ok(),
+            Some(Bson::Boolean(true))
+        );
+        assert_eq!(
+            convert(&Bson::String("1.5".into()), "double").ok(),
+            Some(Bson::Double(1.5))
+        );
         assert_eq!(to_string(&Bson::Double(3.0)).ok(), Some("3".into()));
         assert_eq!(to_string(&Bson::Double(2.5)).ok(), Some("2.5".into()));
         assert_eq!(
             to_string(&Bson::DateTime(DateTime::from_millis(0))).ok(),
             Some("1970-01-01T00:00:00.000Z".into())
         );
-        assert_eq!(to_date(&Bson::Int64(5)).ok(), Some(DateTime::from_millis(5)));
+        assert_eq!(
+            to_date(&Bson::Int64(5)).ok(),
+            Some(DateTime::from_millis(5))
+        );
         assert!(to_date(&Bson::Int32(5)).is_err());
         assert_eq!(
             to_date(&Bson::String("1970-01-01T00:00:01Z".into())).ok(),
             Some(DateTime::from_millis(1000))
         );
         let oid = ObjectId::new();
-        assert_eq!(convert(&Bson::String(oid.to_hex()), "objectId").ok(), Some(Bson::ObjectId(oid)));
+        assert_eq!(
+            convert(&Bson::String(oid.to_hex()), "objectId").ok(),
+            Some(Bson::ObjectId(oid))
+        );
         assert_eq!(target_name(&Bson::Int32(18)).ok(), Some("long"));
         assert!(target_name(&Bson::String("nope".into())).is_err());
     }

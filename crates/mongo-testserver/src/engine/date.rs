@@ -229,7 +229,8 @@ pub fn add_units(ms: i64, unit: &str, amount: i64, offset: i64) -> CommandResult
                 "quarter" => amount.checked_mul(3).ok_or_else(overflow)?,
                 _ => amount.checked_mul(12).ok_or_else(overflow)?,
             };
-            let mut p = to_parts(ms + offset);
+            let local = ms.checked_add(offset).ok_or_else(overflow)?;
+            let mut p = to_parts(local);
             let total = (p.year * 12 + i64::from(p.month) - 1)
                 .checked_add(months)
                 .ok_or_else(overflow)?;
@@ -239,7 +240,7 @@ pub fn add_units(ms: i64, unit: &str, amount: i64, offset: i64) -> CommandResult
             p.year = total.div_euclid(12);
             p.month = (total.rem_euclid(12) + 1) as u32;
             p.day = p.day.min(days_in_month(p.year, p.month));
-            Ok(from_parts(&p) - offset)
+            from_parts(&p).checked_sub(offset).ok_or_else(overflow)
         }
         other => Err(CommandError::bad_value(format!(
             "unknown time unit value: {other}"
@@ -266,7 +267,10 @@ mod tests {
         assert_eq!(format_iso(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(format_iso(-1), "1969-12-31T23:59:59.999Z");
         assert_eq!(parse_iso("1970-01-01T00:00:00.000Z"), Some(0));
-        assert_eq!(parse_iso("2024-02-29T12:30:00Z").map(format_iso), Some("2024-02-29T12:30:00.000Z".into()));
+        assert_eq!(
+            parse_iso("2024-02-29T12:30:00Z").map(format_iso),
+            Some("2024-02-29T12:30:00.000Z".into())
+        );
         assert_eq!(parse_iso("1970-01-01T01:00:00+01:00"), Some(0));
         assert_eq!(parse_iso("1970-01-01"), Some(0));
         assert_eq!(parse_iso("2023-02-29"), None);
@@ -282,7 +286,8 @@ mod tests {
         assert_eq!(format_iso(r), "2020-01-31T00:00:00.000Z");
         assert_eq!(add_units(0, "hour", 2, 0).ok(), Some(7_200_000));
         assert!(add_units(0, "fortnight", 2, 0).is_err());
-        assert!(add_units(0, "millisecond", i64::MAX, 0).is_err());
+        assert!(add_units(1, "millisecond", i64::MAX, 0).is_err());
+        assert!(add_units(i64::MAX, "month", 1, 3_600_000).is_err());
         assert_eq!(parse_timezone("+05:30").ok(), Some(19_800_000));
         assert!(parse_timezone("Europe/Paris").is_err());
     }

@@ -92,17 +92,87 @@ fn value_desc(v: Option<&Bson>) -> &'static str {
 
 /// Every expression operator this engine evaluates.
 pub const OPERATORS: &[&str] = &[
-    "$abs", "$add", "$allElementsTrue", "$and", "$anyElementTrue", "$arrayElemAt",
-    "$arrayToObject", "$avg", "$ceil", "$cmp", "$concat", "$concatArrays", "$cond", "$convert",
-    "$dateAdd", "$dateDiff", "$dateSubtract", "$dateToString", "$dayOfMonth", "$dayOfWeek",
-    "$dayOfYear", "$divide", "$eq", "$filter", "$first", "$floor", "$getField", "$gt", "$gte",
-    "$hour", "$ifNull", "$in", "$indexOfArray", "$isArray", "$isNumber", "$last", "$let",
-    "$literal", "$lt", "$lte", "$map", "$max", "$mergeObjects", "$millisecond", "$min",
-    "$minute", "$mod", "$month", "$multiply", "$ne", "$not", "$objectToArray", "$or", "$pow",
-    "$range", "$reduce", "$reverseArray", "$second", "$setField", "$size", "$slice", "$sqrt",
-    "$strLenBytes", "$strLenCP", "$subtract", "$sum", "$switch", "$toBool", "$toDate",
-    "$toDecimal", "$toDouble", "$toInt", "$toLong", "$toLower", "$toObjectId", "$toString",
-    "$toUpper", "$trunc", "$type", "$unsetField", "$year",
+    "$abs",
+    "$add",
+    "$allElementsTrue",
+    "$and",
+    "$anyElementTrue",
+    "$arrayElemAt",
+    "$arrayToObject",
+    "$avg",
+    "$ceil",
+    "$cmp",
+    "$concat",
+    "$concatArrays",
+    "$cond",
+    "$convert",
+    "$dateAdd",
+    "$dateDiff",
+    "$dateSubtract",
+    "$dateToString",
+    "$dayOfMonth",
+    "$dayOfWeek",
+    "$dayOfYear",
+    "$divide",
+    "$eq",
+    "$filter",
+    "$first",
+    "$floor",
+    "$getField",
+    "$gt",
+    "$gte",
+    "$hour",
+    "$ifNull",
+    "$in",
+    "$indexOfArray",
+    "$isArray",
+    "$isNumber",
+    "$last",
+    "$let",
+    "$literal",
+    "$lt",
+    "$lte",
+    "$map",
+    "$max",
+    "$mergeObjects",
+    "$millisecond",
+    "$min",
+    "$minute",
+    "$mod",
+    "$month",
+    "$multiply",
+    "$ne",
+    "$not",
+    "$objectToArray",
+    "$or",
+    "$pow",
+    "$range",
+    "$reduce",
+    "$reverseArray",
+    "$second",
+    "$setField",
+    "$size",
+    "$slice",
+    "$sqrt",
+    "$strLenBytes",
+    "$strLenCP",
+    "$subtract",
+    "$sum",
+    "$switch",
+    "$toBool",
+    "$toDate",
+    "$toDecimal",
+    "$toDouble",
+    "$toInt",
+    "$toLong",
+    "$toLower",
+    "$toObjectId",
+    "$toString",
+    "$toUpper",
+    "$trunc",
+    "$type",
+    "$unsetField",
+    "$year",
 ];
 
 /// Checks an expression up front: every `$operator` is known and operator objects have exactly
@@ -158,7 +228,10 @@ fn check_field_name(k: &str) -> CommandResult<()> {
         ));
     }
     if k.contains('.') {
-        return Err(loc(16412, format!("FieldPath field names may not contain '.'. ({k})")));
+        return Err(loc(
+            16412,
+            format!("FieldPath field names may not contain '.'. ({k})"),
+        ));
     }
     Ok(())
 }
@@ -195,9 +268,7 @@ fn exact_args<'b>(op: &str, arg: &'b Bson, n: usize) -> CommandResult<Vec<&'b Bs
 
 fn object_arg<'b>(op: &str, arg: &'b Bson, allowed: &[&str]) -> CommandResult<&'b Document> {
     let d = arg.as_document().ok_or_else(|| {
-        CommandError::failed_to_parse(format!(
-            "{op} only supports an object as its argument"
-        ))
+        CommandError::failed_to_parse(format!("{op} only supports an object as its argument"))
     })?;
     for k in d.keys() {
         if !allowed.contains(&k.as_str()) {
@@ -210,9 +281,8 @@ fn object_arg<'b>(op: &str, arg: &'b Bson, allowed: &[&str]) -> CommandResult<&'
 }
 
 fn required<'b>(op: &str, d: &'b Document, key: &str) -> CommandResult<&'b Bson> {
-    d.get(key).ok_or_else(|| {
-        CommandError::failed_to_parse(format!("Missing '{key}' parameter to {op}"))
-    })
+    d.get(key)
+        .ok_or_else(|| CommandError::failed_to_parse(format!("Missing '{key}' parameter to {op}")))
 }
 
 fn var_name(op: &str, v: Option<&Bson>, default: &str) -> CommandResult<String> {
@@ -537,7 +607,10 @@ impl Ctx<'_> {
                     }),
                     Some(other) => Err(loc(
                         28689,
-                        format!("{op}'s argument must be an array, but is {}", type_name(&other)),
+                        format!(
+                            "{op}'s argument must be an array, but is {}",
+                            type_name(&other)
+                        ),
                     )),
                 }
             }
@@ -565,7 +638,11 @@ impl Ctx<'_> {
                 let v = self.eval_one(op, arg)?;
                 let Some(Bson::Array(a)) = v else {
                     return Err(loc(
-                        if op == "$allElementsTrue" { 17040 } else { 17041 },
+                        if op == "$allElementsTrue" {
+                            17040
+                        } else {
+                            17041
+                        },
                         format!(
                             "{op}'s argument must be an array, but is {}",
                             value_desc(v.as_ref())
@@ -593,10 +670,10 @@ impl Ctx<'_> {
                             return Err(loc(
                                 40400,
                                 format!(
-                                    "$mergeObjects requires object inputs, but input {} is of type {}",
-                                    i,
-                                    type_name(&other)
-                                ),
+                                "$mergeObjects requires object inputs, but input {} is of type {}",
+                                i,
+                                type_name(&other)
+                            ),
                             ))
                         }
                     }
@@ -651,7 +728,13 @@ impl Ctx<'_> {
                 let s = match v {
                     None | Some(Bson::Null) | Some(Bson::Undefined) => String::new(),
                     Some(other) => convert::to_string(&other).map_err(|_| {
-                        loc(16007, format!("can't convert from BSON type {} to String", type_name(&other)))
+                        loc(
+                            16007,
+                            format!(
+                                "can't convert from BSON type {} to String",
+                                type_name(&other)
+                            ),
+                        )
                     })?,
                 };
                 Ok(Some(Bson::String(if op == "$toLower" {
@@ -698,7 +781,10 @@ impl Ctx<'_> {
             .ok_or_else(|| {
                 loc(
                     code + 1,
-                    format!("{what} must be representable as a 32-bit integral value: {}", n.as_f64()),
+                    format!(
+                        "{what} must be representable as a 32-bit integral value: {}",
+                        n.as_f64()
+                    ),
                 )
             })
     }
@@ -738,11 +824,8 @@ impl Ctx<'_> {
                 let delta = match acc {
                     Num::I32(i) => i64::from(i),
                     Num::I64(i) => i,
-                    Num::F64(f) | Num::Dec(f) => {
-                        num::f64_to_i64_exact(f.round()).ok_or_else(|| {
-                            loc(16612, format!("$add: date overflow adding {f}"))
-                        })?
-                    }
+                    Num::F64(f) | Num::Dec(f) => num::f64_to_i64_exact(f.round())
+                        .ok_or_else(|| loc(16612, format!("$add: date overflow adding {f}")))?,
                 };
                 let r = ms
                     .checked_add(delta)
@@ -764,7 +847,9 @@ impl Ctx<'_> {
                 x.timestamp_millis().wrapping_sub(y.timestamp_millis()),
             ))),
             (Some(Bson::DateTime(x)), Some(other)) if Num::from_bson(other).is_some() => {
-                let n = Num::from_bson(other).map(|n| n.as_f64().round()).unwrap_or(0.0);
+                let n = Num::from_bson(other)
+                    .map(|n| n.as_f64().round())
+                    .unwrap_or(0.0);
                 let d = num::f64_to_i64_exact(n)
                     .and_then(|d| x.timestamp_millis().checked_sub(d))
                     .ok_or_else(|| loc(16613, "$subtract: date overflow"))?;
@@ -774,11 +859,7 @@ impl Ctx<'_> {
                 (Some(p), Some(q)) => Ok(Some(num::sub(p, q).to_bson())),
                 _ => Err(loc(
                     16556,
-                    format!(
-                        "cant $subtract a {} from a {}",
-                        type_name(y),
-                        type_name(x)
-                    ),
+                    format!("cant $subtract a {} from a {}", type_name(y), type_name(x)),
                 )),
             },
             _ => Ok(Some(Bson::Null)),
@@ -808,7 +889,12 @@ impl Ctx<'_> {
         Ok(Some(if null { Bson::Null } else { acc.to_bson() }))
     }
 
-    fn two_numbers(&mut self, op: &str, arg: &Bson, code: i32) -> CommandResult<Option<(Num, Num)>> {
+    fn two_numbers(
+        &mut self,
+        op: &str,
+        arg: &Bson,
+        code: i32,
+    ) -> CommandResult<Option<(Num, Num)>> {
         let v = self.eval_exact(op, arg, 2)?;
         if is_nullish(v[0].as_ref()) || is_nullish(v[1].as_ref()) {
             return Ok(None);
@@ -837,11 +923,13 @@ impl Ctx<'_> {
             return Err(CommandError::bad_value("can't $divide by zero"));
         }
         let r = a.as_f64() / b.as_f64();
-        Ok(Some(if matches!(a, Num::Dec(_)) || matches!(b, Num::Dec(_)) {
-            Num::Dec(r).to_bson()
-        } else {
-            Bson::Double(r)
-        }))
+        Ok(Some(
+            if matches!(a, Num::Dec(_)) || matches!(b, Num::Dec(_)) {
+                Num::Dec(r).to_bson()
+            } else {
+                Bson::Double(r)
+            },
+        ))
     }
 
     fn modulo(&mut self, arg: &Bson) -> R {
@@ -872,7 +960,10 @@ impl Ctx<'_> {
         let n = v.as_ref().and_then(Num::from_bson).ok_or_else(|| {
             loc(
                 28765,
-                format!("{op} only supports numeric types, not {}", value_desc(v.as_ref())),
+                format!(
+                    "{op} only supports numeric types, not {}",
+                    value_desc(v.as_ref())
+                ),
             )
         })?;
         let f = |x: f64| -> f64 {
@@ -886,7 +977,10 @@ impl Ctx<'_> {
         };
         if op == "$sqrt" {
             if n.as_f64() < 0.0 {
-                return Err(loc(28714, "$sqrt's argument must be greater than or equal to 0"));
+                return Err(loc(
+                    28714,
+                    "$sqrt's argument must be greater than or equal to 0",
+                ));
             }
             return Ok(Some(match n {
                 Num::Dec(x) => Num::Dec(x.sqrt()).to_bson(),
@@ -914,10 +1008,16 @@ impl Ctx<'_> {
             return Ok(Some(Bson::Null));
         };
         if a.is_zero() && b.as_f64() < 0.0 {
-            return Err(loc(28764, "$pow cannot take a base of 0 and a negative exponent"));
+            return Err(loc(
+                28764,
+                "$pow cannot take a base of 0 and a negative exponent",
+            ));
         }
         if let (Some(x), Some(y)) = (a.as_i64_exact(), b.as_i64_exact()) {
-            if !matches!(a, Num::F64(_) | Num::Dec(_)) && !matches!(b, Num::F64(_) | Num::Dec(_)) && y >= 0 {
+            if !matches!(a, Num::F64(_) | Num::Dec(_))
+                && !matches!(b, Num::F64(_) | Num::Dec(_))
+                && y >= 0
+            {
                 if let Some(r) = u32::try_from(y).ok().and_then(|e| x.checked_pow(e)) {
                     let both_int = matches!(a, Num::I32(_)) && matches!(b, Num::I32(_));
                     return Ok(Some(if both_int {
@@ -929,11 +1029,13 @@ impl Ctx<'_> {
             }
         }
         let r = a.as_f64().powf(b.as_f64());
-        Ok(Some(if matches!(a, Num::Dec(_)) || matches!(b, Num::Dec(_)) {
-            Num::Dec(r).to_bson()
-        } else {
-            Bson::Double(r)
-        }))
+        Ok(Some(
+            if matches!(a, Num::Dec(_)) || matches!(b, Num::Dec(_)) {
+                Num::Dec(r).to_bson()
+            } else {
+                Bson::Double(r)
+            },
+        ))
     }
 
     fn cond(&mut self, arg: &Bson) -> R {
@@ -975,12 +1077,18 @@ impl Ctx<'_> {
             let bd = b
                 .as_document()
                 .ok_or_else(|| loc(40061, "$switch expected each branch to be an object"))?;
-            let case = bd
-                .get("case")
-                .ok_or_else(|| loc(40064, "$switch requires each branch have a 'case' expression"))?;
-            let then = bd
-                .get("then")
-                .ok_or_else(|| loc(40065, "$switch requires each branch have a 'then' expression"))?;
+            let case = bd.get("case").ok_or_else(|| {
+                loc(
+                    40064,
+                    "$switch requires each branch have a 'case' expression",
+                )
+            })?;
+            let then = bd.get("then").ok_or_else(|| {
+                loc(
+                    40065,
+                    "$switch requires each branch have a 'then' expression",
+                )
+            })?;
             if truthy(self.eval(case)?.as_ref()) {
                 return self.eval(then);
             }
@@ -1094,7 +1202,11 @@ impl Ctx<'_> {
         let dec = nums.iter().any(|n| matches!(n, Num::Dec(_)));
         let total: f64 = nums.iter().map(|n| n.as_f64()).sum();
         let avg = total / nums.len() as f64;
-        Ok(Some(if dec { Num::Dec(avg).to_bson() } else { Bson::Double(avg) }))
+        Ok(Some(if dec {
+            Num::Dec(avg).to_bson()
+        } else {
+            Bson::Double(avg)
+        }))
     }
 
     fn convert(&mut self, arg: &Bson) -> R {
@@ -1144,9 +1256,14 @@ impl Ctx<'_> {
             Some(l) => match self.eval(l)? {
                 None | Some(Bson::Null) => None,
                 Some(v) => {
-                    let n = Num::from_bson(&v).and_then(Num::as_i64_exact).filter(|n| *n > 0);
+                    let n = Num::from_bson(&v)
+                        .and_then(Num::as_i64_exact)
+                        .filter(|n| *n > 0);
                     Some(n.ok_or_else(|| {
-                        loc(327392, format!("$filter: limit must be a positive integer: {v}"))
+                        loc(
+                            327392,
+                            format!("$filter: limit must be a positive integer: {v}"),
+                        )
                     })?)
                 }
             },
@@ -1263,7 +1380,11 @@ impl Ctx<'_> {
         for (i, e) in a.iter().enumerate() {
             let v = self.eval(e)?;
             let what = ["starting value", "ending value", "step value"][i];
-            ints.push(self.int_arg(&format!("$range requires a {what} that"), v.as_ref(), 34443)?);
+            ints.push(self.int_arg(
+                &format!("$range requires a {what} that"),
+                v.as_ref(),
+                34443,
+            )?);
         }
         let step = ints.get(2).copied().unwrap_or(1);
         if step == 0 {
@@ -1306,11 +1427,15 @@ impl Ctx<'_> {
             ));
         };
         let start = match v.get(2) {
-            Some(x) => self.int_arg("$indexOfArray starting index", x.as_ref(), 40096)?.max(0),
+            Some(x) => self
+                .int_arg("$indexOfArray starting index", x.as_ref(), 40096)?
+                .max(0),
             None => 0,
         } as usize;
         let end = match v.get(3) {
-            Some(x) => self.int_arg("$indexOfArray ending index", x.as_ref(), 40096)?.max(0) as usize,
+            Some(x) => self
+                .int_arg("$indexOfArray ending index", x.as_ref(), 40096)?
+                .max(0) as usize,
             None => arr.len(),
         }
         .min(arr.len());
@@ -1346,8 +1471,13 @@ impl Ctx<'_> {
                     let k = pair.pop().unwrap_or(Bson::Null);
                     (k, v)
                 }
-                Bson::Document(mut d) if d.len() == 2 && d.contains_key("k") && d.contains_key("v") => {
-                    (d.remove("k").unwrap_or(Bson::Null), d.remove("v").unwrap_or(Bson::Null))
+                Bson::Document(mut d)
+                    if d.len() == 2 && d.contains_key("k") && d.contains_key("v") =>
+                {
+                    (
+                        d.remove("k").unwrap_or(Bson::Null),
+                        d.remove("v").unwrap_or(Bson::Null),
+                    )
                 }
                 other => {
                     return Err(loc(
@@ -1357,7 +1487,13 @@ impl Ctx<'_> {
                 }
             };
             let Bson::String(k) = k else {
-                return Err(loc(40395, format!("$arrayToObject requires string keys, found: {}", type_name(&k))));
+                return Err(loc(
+                    40395,
+                    format!(
+                        "$arrayToObject requires string keys, found: {}",
+                        type_name(&k)
+                    ),
+                ));
             };
             out.insert(k, v);
         }
@@ -1381,7 +1517,11 @@ impl Ctx<'_> {
             }
             _ => {
                 let d = object_arg(op, arg, &["field", "input"])?;
-                (required(op, d, "field")?, Some(required(op, d, "input")?), None)
+                (
+                    required(op, d, "field")?,
+                    Some(required(op, d, "input")?),
+                    None,
+                )
             }
         };
         let field = match field_e {
@@ -1389,7 +1529,12 @@ impl Ctx<'_> {
             Bson::Document(d) if d.len() == 1 && d.contains_key("$literal") => {
                 match d.get("$literal") {
                     Some(Bson::String(s)) => s.clone(),
-                    _ => return Err(loc(5654602, format!("{op} requires 'field' to evaluate to a constant string"))),
+                    _ => {
+                        return Err(loc(
+                            5654602,
+                            format!("{op} requires 'field' to evaluate to a constant string"),
+                        ))
+                    }
                 }
             }
             _ => {
@@ -1405,7 +1550,11 @@ impl Ctx<'_> {
         };
         let input_doc = match input {
             None | Some(Bson::Null) | Some(Bson::Undefined) => {
-                return Ok(if op == "$getField" { None } else { Some(Bson::Null) })
+                return Ok(if op == "$getField" {
+                    None
+                } else {
+                    Some(Bson::Null)
+                })
             }
             Some(Bson::Document(d)) => d,
             Some(other) => {
@@ -1414,7 +1563,10 @@ impl Ctx<'_> {
                 }
                 return Err(loc(
                     4161105,
-                    format!("{op} requires 'input' to evaluate to type Object, found {}", type_name(&other)),
+                    format!(
+                        "{op} requires 'input' to evaluate to type Object, found {}",
+                        type_name(&other)
+                    ),
                 ));
             }
         };
@@ -1452,7 +1604,10 @@ impl Ctx<'_> {
                 Some(Bson::String(s)) => date::parse_timezone(&s).map(Some),
                 Some(other) => Err(loc(
                     40517,
-                    format!("timezone must evaluate to a string, found {}", type_name(&other)),
+                    format!(
+                        "timezone must evaluate to a string, found {}",
+                        type_name(&other)
+                    ),
                 )),
             },
         }
@@ -1481,7 +1636,10 @@ impl Ctx<'_> {
         let Some(Bson::String(unit)) = unit else {
             return Err(loc(
                 5439013,
-                format!("{op} requires 'unit' to be a string, found {}", value_desc(unit.as_ref())),
+                format!(
+                    "{op} requires 'unit' to be a string, found {}",
+                    value_desc(unit.as_ref())
+                ),
             ));
         };
         let amount = amount
@@ -1510,7 +1668,11 @@ impl Ctx<'_> {
 
     fn date_diff(&mut self, arg: &Bson) -> R {
         let op = "$dateDiff";
-        let d = object_arg(op, arg, &["startDate", "endDate", "unit", "timezone", "startOfWeek"])?;
+        let d = object_arg(
+            op,
+            arg,
+            &["startDate", "endDate", "unit", "timezone", "startOfWeek"],
+        )?;
         if d.contains_key("startOfWeek") {
             return Err(CommandError::bad_value(
                 "$dateDiff: 'startOfWeek' is not supported by mongo-testserver",
@@ -1525,14 +1687,19 @@ impl Ctx<'_> {
         if is_nullish(start.as_ref()) || is_nullish(end.as_ref()) || is_nullish(unit.as_ref()) {
             return Ok(Some(Bson::Null));
         }
-        let (Some(s), Some(e)) = (start.as_ref().and_then(date_ms), end.as_ref().and_then(date_ms))
-        else {
-            return Err(loc(5166307, "$dateDiff requires startDate and endDate to be dates"));
+        let (Some(s), Some(e)) = (
+            start.as_ref().and_then(date_ms),
+            end.as_ref().and_then(date_ms),
+        ) else {
+            return Err(loc(
+                5166307,
+                "$dateDiff requires startDate and endDate to be dates",
+            ));
         };
         let Some(Bson::String(unit)) = unit else {
             return Err(loc(5439013, "$dateDiff requires 'unit' to be a string"));
         };
-        let (s, e) = (s + tz, e + tz);
+        let (s, e) = (s.saturating_add(tz), e.saturating_add(tz));
         let floor_div = |x: i64, m: i64| x.div_euclid(m);
         let r = match unit.as_str() {
             "millisecond" => e - s,
@@ -1547,7 +1714,8 @@ impl Ctx<'_> {
             }
             "month" | "quarter" | "year" => {
                 let (ps, pe) = (date::to_parts(s), date::to_parts(e));
-                let months = (pe.year * 12 + i64::from(pe.month)) - (ps.year * 12 + i64::from(ps.month));
+                let months =
+                    (pe.year * 12 + i64::from(pe.month)) - (ps.year * 12 + i64::from(ps.month));
                 match unit.as_str() {
                     "month" => months,
                     "year" => pe.year - ps.year,
@@ -1557,7 +1725,11 @@ impl Ctx<'_> {
                     }
                 }
             }
-            other => return Err(CommandError::bad_value(format!("unknown time unit value: {other}"))),
+            other => {
+                return Err(CommandError::bad_value(format!(
+                    "unknown time unit value: {other}"
+                )))
+            }
         };
         Ok(Some(Bson::Int64(r)))
     }
@@ -1576,19 +1748,31 @@ impl Ctx<'_> {
             };
         }
         let ms = date_v.as_ref().and_then(date_ms).ok_or_else(|| {
-            loc(16006, format!("can't convert from BSON type {} to Date", value_desc(date_v.as_ref())))
+            loc(
+                16006,
+                format!(
+                    "can't convert from BSON type {} to Date",
+                    value_desc(date_v.as_ref())
+                ),
+            )
         })?;
         let format = match d.get("format") {
-            None => return Ok(Some(Bson::String(date::format_iso(ms + tz)))),
+            None => return Ok(Some(Bson::String(date::format_iso(ms.saturating_add(tz))))),
             Some(f) => match self.eval(f)? {
                 Some(Bson::String(s)) => s,
                 None | Some(Bson::Null) => return Ok(Some(Bson::Null)),
                 Some(other) => {
-                    return Err(loc(18533, format!("$dateToString requires that 'format' be a string, found: {}", type_name(&other))))
+                    return Err(loc(
+                        18533,
+                        format!(
+                            "$dateToString requires that 'format' be a string, found: {}",
+                            type_name(&other)
+                        ),
+                    ))
                 }
             },
         };
-        let p = date::to_parts(ms + tz);
+        let p = date::to_parts(ms.saturating_add(tz));
         let mut out = String::new();
         let mut chars = format.chars();
         while let Some(c) = chars.next() {
@@ -1645,9 +1829,19 @@ impl Ctx<'_> {
         if is_nullish(v.as_ref()) {
             return Ok(Some(Bson::Null));
         }
-        let ms = v.as_ref().and_then(date_ms).ok_or_else(|| {
-            loc(16006, format!("can't convert from BSON type {} to Date", value_desc(v.as_ref())))
-        })? + tz;
+        let ms = v
+            .as_ref()
+            .and_then(date_ms)
+            .ok_or_else(|| {
+                loc(
+                    16006,
+                    format!(
+                        "can't convert from BSON type {} to Date",
+                        value_desc(v.as_ref())
+                    ),
+                )
+            })?
+            .saturating_add(tz);
         let p = date::to_parts(ms);
         let days = ms.div_euclid(86_400_000);
         let r: i64 = match op {

@@ -111,11 +111,28 @@ impl Filter {
         find(&self.root)
     }
 
-    /// True if the filter uses `$expr` anywhere. (mongod refuses `$expr` in the query of an
-    /// upsert whose update would need to seed a document from the query: it answers code 2
-    /// BadValue "$expr is not allowed in the query predicate for an upsert"; the server checks
-    /// this before upserting.)
+    /// True if the filter uses `$expr` anywhere. mongod refuses `$expr` in the query of every
+    /// upsert (code 224 QueryFeatureNotAllowed, checked when the command is parsed, even if a
+    /// document matches); see [`Filter::check_upsert_allowed`]. Elsewhere `$expr` is allowed.
     pub fn uses_expr(&self) -> bool {
+        self.uses_expr_inner()
+    }
+
+    /// The check mongod makes before an upsert (update or findAndModify with `upsert: true`,
+    /// whether or not a document matches): a filter using `$expr` is refused with code 224
+    /// QueryFeatureNotAllowed "$expr is not allowed in the query predicate for an upsert".
+    pub fn check_upsert_allowed(&self) -> CommandResult<()> {
+        if self.uses_expr() {
+            return Err(CommandError::new(
+                224,
+                "QueryFeatureNotAllowed",
+                "$expr is not allowed in the query predicate for an upsert",
+            ));
+        }
+        Ok(())
+    }
+
+    fn uses_expr_inner(&self) -> bool {
         fn has(n: &Node) -> bool {
             match n {
                 Node::Expr(_) => true,
@@ -182,9 +199,9 @@ fn parse_top_operator(op: &str, key: &str, v: &Bson, top: bool) -> CommandResult
             }
             Ok(Node::Const(op == "alwaysTrue"))
         }
-        "where" | "text" | "jsonSchema" | "sampleRate" => Err(bad(format!(
-            "{key} is not supported by mongo-testserver"
-        ))),
+        "where" | "text" | "jsonSchema" | "sampleRate" => {
+            Err(bad(format!("{key} is not supported by mongo-testserver")))
+        }
         _ => {
             let _ = top;
             Err(bad(format!("unknown top level operator: {key}. If you have a field name that starts with a '$' symbol, consider using $getField or $setField.")))
@@ -267,7 +284,11 @@ fn parse_operator_doc(d: &Document) -> CommandResult<Vec<Pred>> {
                     .as_document()
                     .ok_or_else(|| bad("$elemMatch needs an Object"))?;
                 let value_form = sub.keys().next().is_some_and(|k| {
-                    k.starts_with('$') && !matches!(k.as_str(), "$and" | "$or" | "$nor" | "$expr" | "$where" | "$comment")
+                    k.starts_with('$')
+                        && !matches!(
+                            k.as_str(),
+                            "$and" | "$or" | "$nor" | "$expr" | "$where" | "$comment"
+                        )
                 });
                 if value_form {
                     Pred::ElemMatchValue(parse_operator_doc(sub)?)
@@ -284,7 +305,10 @@ fn parse_operator_doc(d: &Document) -> CommandResult<Vec<Pred>> {
                         return Err(bad("$not cannot be empty"));
                     }
                     if !is_operator_doc(sub) {
-                        return Err(bad(format!("unknown operator: {}", sub.keys().next().map(String::as_str).unwrap_or(""))));
+                        return Err(bad(format!(
+                            "unknown operator: {}",
+                            sub.keys().next().map(String::as_str).unwrap_or("")
+                        )));
                     }
                     Pred::Not(parse_operator_doc(sub)?)
                 }
@@ -295,7 +319,9 @@ fn parse_operator_doc(d: &Document) -> CommandResult<Vec<Pred>> {
                 let mut items = Vec::with_capacity(arr.len());
                 for el in arr {
                     match el {
-                        Bson::Document(sd) if sd.keys().next().is_some_and(|k| k == "$elemMatch") => {
+                        Bson::Document(sd)
+                            if sd.keys().next().is_some_and(|k| k == "$elemMatch") =>
+                        {
                             items.extend(parse_operator_doc(sd)?);
                         }
                         Bson::Document(sd) if is_operator_doc(sd) => {
@@ -325,7 +351,9 @@ fn parse_operator_doc(d: &Document) -> CommandResult<Vec<Pred>> {
                         .ok_or_else(|| bad(format!("malformed mod, {what} not a number")))?;
                     let f = n.as_f64();
                     if !f.is_finite() {
-                        return Err(bad(format!("malformed mod, {what} value is invalid :: caused by :: {f}")));
+                        return Err(bad(format!(
+                            "malformed mod, {what} value is invalid :: caused by :: {f}"
+                        )));
                     }
                     Ok(n.as_i64_exact().unwrap_or(f.trunc() as i64))
                 };
@@ -470,7 +498,7 @@ fn match_node(n: &Node, doc: &Document, vars: &Vars) -> CommandResult<bool> {
 fn path_pred(p: &Pred, leaves: &[Option<&Bson>], vars: &Vars) -> CommandResult<bool> {
     match p {
         Pred::Ne(v) => Ok(!path_pred(&Pred::Eq(v.clone()), leaves, vars)?),
-        Pred::Nin(items) => Ok(!any_leaf(leaves, |x| in_single(items, x))),
+        Pred::Nin(items) => Ok(!any_leaf(leaves, |x| in_single(items, x))?),
         Pred::Exists(false) => Ok(!leaves.iter().any(Option::is_some)),
         Pred::Not(inner) => {
             for q in inner {
@@ -518,14 +546,23 @@ fn path_pred(p: &Pred, leaves: &[Option<&Bson>], vars: &Vars) -> CommandResult<b
     }
 }
 
-fn any_leaf(leaves: &[Option<&Bson>], f: impl Fn(Option<&Bson>) -> bool) -> bool {
-    leaves.iter().any(|leaf| {
-        f(*leaf)
-            || match leaf {
-                Some(Bson::Array(arr)) => arr.iter().any(|el| f(Some(el))),
-                _ => false,
+fn any_leaf(
+    leaves: &[Option<&Bson>],
+    f: impl Fn(Option<&Bson>) -> CommandResult<bool>,
+) -> CommandResult<bool> {
+    for leaf in leaves {
+        if f(*leaf)? {
+            return Ok(true);
+        }
+        if let Some(Bson::Array(arr)) = leaf {
+            for el in arr {
+                if f(Some(el))? {
+                    return Ok(true);
+                }
             }
-    })
+        }
+    }
+    Ok(false)
 }
 
 fn eq_single(v: &Bson, x: Option<&Bson>) -> bool {
@@ -540,11 +577,20 @@ fn eq_single(v: &Bson, x: Option<&Bson>) -> bool {
     }
 }
 
-fn in_single(items: &[InItem], x: Option<&Bson>) -> bool {
-    items.iter().any(|it| match it {
-        InItem::Value(v) => eq_single(v, x),
-        InItem::Regex(r) => x.is_some_and(|x| r.matches_value(x)),
-    })
+fn in_single(items: &[InItem], x: Option<&Bson>) -> CommandResult<bool> {
+    for it in items {
+        let hit = match it {
+            InItem::Value(v) => eq_single(v, x),
+            InItem::Regex(r) => match x {
+                Some(x) => r.matches_value(x)?,
+                None => false,
+            },
+        };
+        if hit {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Evaluates a predicate against one value (`None` = missing), without array expansion.
@@ -566,8 +612,8 @@ fn single(p: &Pred, x: Option<&Bson>, vars: &Vars) -> CommandResult<bool> {
                 }
             }
         },
-        Pred::In(items) => in_single(items, x),
-        Pred::Nin(items) => !in_single(items, x),
+        Pred::In(items) => in_single(items, x)?,
+        Pred::Nin(items) => !in_single(items, x)?,
         Pred::Exists(b) => x.is_some() == *b,
         Pred::Type(sels) => match x {
             None => false,
@@ -612,7 +658,10 @@ fn single(p: &Pred, x: Option<&Bson>, vars: &Vars) -> CommandResult<bool> {
             }
             _ => false,
         },
-        Pred::Regex(r) => x.is_some_and(|x| r.matches_value(x)),
+        Pred::Regex(r) => match x {
+            Some(x) => r.matches_value(x)?,
+            None => false,
+        },
         Pred::Not(inner) => {
             let mut all = true;
             for q in inner {
@@ -676,7 +725,8 @@ impl ElementCondition {
             Bson::Document(d) => {
                 let first = d.keys().next();
                 let value_form = first.is_some_and(|k| {
-                    k.starts_with('$') && !matches!(k.as_str(), "$and" | "$or" | "$nor" | "$expr" | "$comment")
+                    k.starts_with('$')
+                        && !matches!(k.as_str(), "$and" | "$or" | "$nor" | "$expr" | "$comment")
                 });
                 if value_form {
                     ElemCond::Value(parse_operator_doc(d)?)

@@ -78,7 +78,9 @@ impl Num {
 
 /// `f` as an `i64` if it is integral and in range.
 pub fn f64_to_i64_exact(f: f64) -> Option<i64> {
-    if f.is_finite() && f.trunc() == f && f >= -9_223_372_036_854_775_808.0 && f < 9_223_372_036_854_775_808.0
+    if f.is_finite()
+        && f.trunc() == f
+        && (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&f)
     {
         Some(f as i64)
     } else {
@@ -176,9 +178,15 @@ mod tests {
     #[test]
     fn promotion() {
         assert_eq!(add(Num::I32(1), Num::I32(2)), Num::I32(3));
-        assert_eq!(add(Num::I32(i32::MAX), Num::I32(1)), Num::I64(i64::from(i32::MAX) + 1));
+        assert_eq!(
+            add(Num::I32(i32::MAX), Num::I32(1)),
+            Num::I64(i64::from(i32::MAX) + 1)
+        );
         assert_eq!(add(Num::I64(1), Num::I32(2)), Num::I64(3));
-        assert_eq!(add(Num::I64(i64::MAX), Num::I64(1)), Num::F64(i64::MAX as f64 + 1.0));
+        assert_eq!(
+            add(Num::I64(i64::MAX), Num::I64(1)),
+            Num::F64(i64::MAX as f64 + 1.0)
+        );
         assert_eq!(add(Num::I32(1), Num::F64(0.5)), Num::F64(1.5));
         assert_eq!(add(Num::Dec(1.0), Num::F64(0.5)), Num::Dec(1.5));
         assert_eq!(mul(Num::I32(1 << 20), Num::I32(1 << 20)), Num::I64(1 << 40));
@@ -190,6 +198,9 @@ mod tests {
     fn decimals_round_trip() {
         let d = Num::Dec(2.5).to_bson();
         assert_eq!(Num::from_bson(&d), Some(Num::Dec(2.5)));
-        assert_eq!(Num::from_bson(&Num::Dec(f64::INFINITY).to_bson()), Some(Num::Dec(f64::INFINITY)));
+        assert_eq!(
+            Num::from_bson(&Num::Dec(f64::INFINITY).to_bson()),
+            Some(Num::Dec(f64::INFINITY))
+        );
     }
 }

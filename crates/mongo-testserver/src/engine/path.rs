@@ -181,7 +181,11 @@ mod tests {
         let l = query_leaves(&d, "a.b");
         assert_eq!(
             l,
-            vec![Some(&Bson::Int32(1)), None, Some(&Bson::Array(vec![3.into(), 4.into()]))]
+            vec![
+                Some(&Bson::Int32(1)),
+                None,
+                Some(&Bson::Array(vec![3.into(), 4.into()]))
+            ]
         );
         assert_eq!(query_leaves(&d, "x"), vec![None]);
         assert_eq!(query_leaves(&doc! {"a": 1}, "a.b"), vec![None]);
@@ -201,7 +205,10 @@ mod tests {
     #[test]
     fn expression_paths() {
         let d = doc! {"a": [{"b": 1}, {"c": 1}, {"b": 2}, 7], "x": {"y": 3}};
-        assert_eq!(expr_path_doc(&d, "a.b"), Some(Bson::Array(vec![1.into(), 2.into()])));
+        assert_eq!(
+            expr_path_doc(&d, "a.b"),
+            Some(Bson::Array(vec![1.into(), 2.into()]))
+        );
         assert_eq!(expr_path_doc(&d, "x.y"), Some(Bson::Int32(3)));
         assert_eq!(expr_path_doc(&d, "x.z"), None);
         assert_eq!(expr_path_doc(&d, "a.0"), Some(Bson::Array(vec![])));

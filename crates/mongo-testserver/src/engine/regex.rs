@@ -6,6 +6,8 @@
 //! (backreferences, lookaround, named groups, Unicode properties) is refused with an error that
 //! names it, never matched wrongly.
 
+use std::cell::Cell;
+
 use crate::error::{CommandError, CommandResult};
 
 /// A compiled regular expression.
@@ -66,8 +68,7 @@ impl ClassItem {
             ClassItem::Range(a, b) => {
                 let within = |x: char| *a <= x && x <= *b;
                 within(c)
-                    || (icase
-                        && (c.to_lowercase().any(within) || c.to_uppercase().any(within)))
+                    || (icase && (c.to_lowercase().any(within) || c.to_uppercase().any(within)))
             }
             ClassItem::Digit(pos) => c.is_ascii_digit() == *pos,
             ClassItem::Word(pos) => is_word(c) == *pos,
@@ -141,7 +142,11 @@ impl Parser<'_> {
         if start == self.pos {
             return None;
         }
-        self.chars[start..self.pos].iter().collect::<String>().parse().ok()
+        self.chars[start..self.pos]
+            .iter()
+            .collect::<String>()
+            .parse()
+            .ok()
     }
 
     fn quantifier(&mut self, atom: Node) -> CommandResult<Node> {
@@ -177,7 +182,10 @@ impl Parser<'_> {
                 }
                 self.pos += 1;
                 if max.is_some_and(|m| m < min) {
-                    return Err(unsupported("numbers out of order in {} quantifier", self.pattern));
+                    return Err(unsupported(
+                        "numbers out of order in {} quantifier",
+                        self.pattern,
+                    ));
                 }
                 (min, max)
             }
@@ -185,7 +193,12 @@ impl Parser<'_> {
         };
         if matches!(
             atom,
-            Node::Start | Node::End | Node::TextStart | Node::TextEnd | Node::TextEndNewline | Node::WordBoundary(_)
+            Node::Start
+                | Node::End
+                | Node::TextStart
+                | Node::TextEnd
+                | Node::TextEndNewline
+                | Node::WordBoundary(_)
         ) {
             return Err(unsupported("quantifier on an anchor", self.pattern));
         }
@@ -215,7 +228,10 @@ impl Parser<'_> {
                     if self.chars.get(self.pos + 1) == Some(&':') {
                         self.pos += 2;
                     } else {
-                        return Err(unsupported("(? group syntax (lookaround, named group, inline flags)", self.pattern));
+                        return Err(unsupported(
+                            "(? group syntax (lookaround, named group, inline flags)",
+                            self.pattern,
+                        ));
                     }
                 }
                 let alts = self.alternation()?;
@@ -325,7 +341,10 @@ impl Parser<'_> {
                     hc
                 };
                 if hi < lo {
-                    return Err(unsupported("range out of order in character class", self.pattern));
+                    return Err(unsupported(
+                        "range out of order in character class",
+                        self.pattern,
+                    ));
                 }
                 items.push(ClassItem::Range(lo, hi));
             } else {
@@ -378,20 +397,36 @@ impl Regex {
         Regex::new(&r.pattern, &r.options)
     }
 
-    /// Does the pattern occur anywhere in `s`?
-    pub fn is_match(&self, s: &str) -> bool {
+    /// Does the pattern occur anywhere in `s`? Errors (code 2) instead of answering when the
+    /// search would backtrack too much or too deeply.
+    pub fn is_match(&self, s: &str) -> CommandResult<bool> {
         let chars: Vec<char> = s.chars().collect();
-        let m = Matcher { re: self, s: &chars };
-        (0..=chars.len()).any(|start| m.alts(&self.alts, start, &|_| true))
+        let m = Matcher {
+            re: self,
+            s: &chars,
+            steps: Cell::new(0),
+            depth: Cell::new(0),
+            exhausted: Cell::new(false),
+        };
+        let found = (0..=chars.len()).any(|start| m.alts(&self.alts, start, &|_| true));
+        if m.exhausted.get() {
+            return Err(CommandError::bad_value(format!(
+                "regular expression /{}/ is too expensive for mongo-testserver's matcher on this input",
+                self.pattern
+            )));
+        }
+        Ok(found)
     }
 
     /// Query semantics: strings and symbols are searched; a regex value matches a regex with
     /// the same pattern and options; other types never match.
-    pub fn matches_value(&self, v: &bson::Bson) -> bool {
+    pub fn matches_value(&self, v: &bson::Bson) -> CommandResult<bool> {
         match v {
             bson::Bson::String(s) | bson::Bson::Symbol(s) => self.is_match(s),
-            bson::Bson::RegularExpression(r) => r.pattern == self.pattern && r.options == self.options,
-            _ => false,
+            bson::Bson::RegularExpression(r) => {
+                Ok(r.pattern == self.pattern && r.options == self.options)
+            }
+            _ => Ok(false),
         }
     }
 }
@@ -399,7 +434,13 @@ impl Regex {
 struct Matcher<'a> {
     re: &'a Regex,
     s: &'a [char],
+    steps: Cell<u64>,
+    depth: Cell<u32>,
+    exhausted: Cell<bool>,
 }
+
+const MAX_STEPS: u64 = 2_000_000;
+const MAX_DEPTH: u32 = 1_000;
 
 impl Matcher<'_> {
     fn alts(&self, alts: &[Vec<Node>], i: usize, k: &dyn Fn(usize) -> bool) -> bool {
@@ -407,10 +448,53 @@ impl Matcher<'_> {
     }
 
     fn seq(&self, seq: &[Node], i: usize, k: &dyn Fn(usize) -> bool) -> bool {
+        if self.exhausted.get() {
+            return false;
+        }
+        let steps = self.steps.get() + 1;
+        self.steps.set(steps);
+        if steps > MAX_STEPS || self.depth.get() > MAX_DEPTH {
+            self.exhausted.set(true);
+            return false;
+        }
+        self.depth.set(self.depth.get() + 1);
+        let r = self.seq_inner(seq, i, k);
+        self.depth.set(self.depth.get() - 1);
+        r
+    }
+
+    fn seq_inner(&self, seq: &[Node], i: usize, k: &dyn Fn(usize) -> bool) -> bool {
         let Some((first, rest)) = seq.split_first() else {
             return k(i);
         };
         match first {
+            Node::Repeat(node, min, max, greedy)
+                if matches!(**node, Node::Char(_) | Node::Any | Node::Class(_)) =>
+            {
+                // A repeated single character: count how far it can go, then try the rest from
+                // each end position (no recursion per character).
+                let mut ends = vec![i];
+                let mut j = i;
+                while max.is_none_or(|m| (ends.len() as u64) <= u64::from(m)) {
+                    match self.step(node, j) {
+                        Some(n) => {
+                            j = n;
+                            ends.push(j);
+                        }
+                        None => break,
+                    }
+                }
+                let min = *min as usize;
+                if ends.len() <= min {
+                    return false;
+                }
+                let candidates = &ends[min..];
+                if *greedy {
+                    candidates.iter().rev().any(|e| self.seq(rest, *e, k))
+                } else {
+                    candidates.iter().any(|e| self.seq(rest, *e, k))
+                }
+            }
             Node::Group(alts) => self.alts(alts, i, &|j| self.seq(rest, j, k)),
             Node::Repeat(node, min, max, greedy) => {
                 self.repeat(node, *min, *max, *greedy, 0, i, &|j| self.seq(rest, j, k))
@@ -445,10 +529,15 @@ impl Matcher<'_> {
         };
         let stop = |_: &Self| count >= min && k(i);
         if greedy {
-            more(self) || stop(self)
-        } else {
-            stop(self) || more(self)
+            if more(self) {
+                return true;
+            }
+            return stop(self);
         }
+        if stop(self) {
+            return true;
+        }
+        more(self)
     }
 
     fn eq_char(&self, a: char, b: char) -> bool {
@@ -461,9 +550,7 @@ impl Matcher<'_> {
         let at_word = |p: usize| p < self.s.len() && is_word(self.s[p]);
         match node {
             Node::Char(x) => c.filter(|c| self.eq_char(*c, *x)).map(|_| i + 1),
-            Node::Any => c
-                .filter(|c| self.re.dotall || *c != '\n')
-                .map(|_| i + 1),
+            Node::Any => c.filter(|c| self.re.dotall || *c != '\n').map(|_| i + 1),
             Node::Class(cl) => c
                 .filter(|c| cl.items.iter().any(|it| it.matches(*c, self.re.icase)) != cl.negated)
                 .map(|_| i + 1),
@@ -492,7 +579,7 @@ mod tests {
 
     fn m(p: &str, o: &str, s: &str) -> bool {
         match Regex::new(p, o) {
-            Ok(r) => r.is_match(s),
+            Ok(r) => r.is_match(s).unwrap_or_else(|e| panic!("{p}: {e}")),
             Err(e) => panic!("{p}: {e}"),
         }
     }
@@ -540,6 +627,23 @@ mod tests {
         assert!(m("^[.]$", "", "."));
         assert!(m("^[]a]+$", "", "]a"));
         assert!(m("^a\\.b$", "", "a.b"));
+    }
+
+    #[test]
+    fn long_inputs_and_budget() {
+        let long = "a".repeat(200_000);
+        assert!(m("^a*$", "", &long));
+        assert!(m("^.*a$", "", &long));
+        assert!(m("^a+?$", "", &long));
+        assert!(!m("^[b]*a{3}b", "", &long));
+        let evil = Regex::new("^(a|aa)*$", "").map(|r| r.is_match(&format!("{}b", "a".repeat(60))));
+        assert!(matches!(evil, Ok(Err(_)) | Ok(Ok(false))));
+        // Deep backtracking is cut off before it can exhaust a 1 MiB thread stack.
+        let t = std::thread::Builder::new().stack_size(1 << 20).spawn(|| {
+            let deep = Regex::new("^(ab)*$", "").map(|r| r.is_match(&"ab".repeat(50_000)));
+            matches!(deep, Ok(Err(_)) | Ok(Ok(true)))
+        });
+        assert!(t.is_ok_and(|h| h.join().unwrap_or(false)));
     }
 
     #[test]

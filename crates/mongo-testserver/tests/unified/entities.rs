@@ -369,7 +369,11 @@ pub fn concerns(opts: &Document) -> Result<Concerns, Outcome> {
             "readConcern" => rc = Some(read_concern(v)?),
             "writeConcern" => wc = Some(write_concern(v)?),
             "readPreference" => sc = Some(read_preference(v)?),
-            other => return Err(fail(format!("unsupported collection/database option {other:?}"))),
+            other => {
+                return Err(fail(format!(
+                    "unsupported collection/database option {other:?}"
+                )))
+            }
         }
     }
     Ok((rc, wc, sc))
@@ -397,8 +401,7 @@ pub fn write_concern(v: &Bson) -> Result<WriteConcern, Outcome> {
                 wc.w = Some(mongodb::options::Acknowledgment::Custom(s.clone()))
             }
             ("w", n) => {
-                let n = super::operations::as_u64(n)
-                    .ok_or_else(|| fail(format!("bad w {n:?}")))?;
+                let n = super::operations::as_u64(n).ok_or_else(|| fail(format!("bad w {n:?}")))?;
                 wc.w = Some(mongodb::options::Acknowledgment::Nodes(n as u32));
             }
             ("journal", Bson::Boolean(b)) => wc.journal = Some(*b),
@@ -552,7 +555,9 @@ const COMMAND_EVENTS: &[&str] = &[
 async fn create_client(spec: &Document, base_uri: &str) -> Result<ClientEntity, Outcome> {
     check_keys(spec, CLIENT_KEYS)?;
     if spec.contains_key("storeEventsAsEntities") {
-        return Err(fail("client option storeEventsAsEntities is not implemented"));
+        return Err(fail(
+            "client option storeEventsAsEntities is not implemented",
+        ));
     }
     if spec.contains_key("observeLogMessages") {
         return Err(fail("client option observeLogMessages is not implemented"));
@@ -581,10 +586,7 @@ async fn create_client(spec: &Document, base_uri: &str) -> Result<ClientEntity, 
         .unwrap_or_default();
     let observe_sensitive = spec.get_bool("observeSensitiveCommands").unwrap_or(false);
 
-    let mut uri_options = spec
-        .get_document("uriOptions")
-        .cloned()
-        .unwrap_or_default();
+    let mut uri_options = spec.get_document("uriOptions").cloned().unwrap_or_default();
     // Fail fast instead of waiting 30 s when the server is unreachable, unless the test says.
     if !uri_options
         .keys()

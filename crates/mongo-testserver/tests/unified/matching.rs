@@ -68,7 +68,10 @@ fn type_matches(alias: &str, value: &Bson) -> bool {
 pub fn show(value: &Bson) -> String {
     let json = value.clone().into_relaxed_extjson().to_string();
     let json = if json.len() > 400 {
-        format!("{}…", &json[..json.char_indices().nth(400).map_or(json.len(), |c| c.0)])
+        format!(
+            "{}…",
+            &json[..json.char_indices().nth(400).map_or(json.len(), |c| c.0)]
+        )
     } else {
         json
     };
@@ -232,7 +235,13 @@ pub fn match_root_array(
 ) -> Result<(), String> {
     let Bson::Array(exp) = expected else {
         // A special operator (e.g. $$type) or a mistaken scalar: match the array as a value.
-        return match_value(expected, Some(&Bson::Array(actual.to_vec())), false, "", ctx);
+        return match_value(
+            expected,
+            Some(&Bson::Array(actual.to_vec())),
+            false,
+            "",
+            ctx,
+        );
     };
     if exp.len() != actual.len() {
         return Err(format!(
@@ -269,7 +278,10 @@ fn match_operator(
     match op {
         "$$exists" => {
             let Bson::Boolean(want) = arg else {
-                return Err(format!("{here}: $$exists needs a boolean, got {}", show(arg)));
+                return Err(format!(
+                    "{here}: $$exists needs a boolean, got {}",
+                    show(arg)
+                ));
             };
             match (want, actual) {
                 (true, Some(_)) | (false, None) => Ok(()),
@@ -360,8 +372,8 @@ fn match_operator(
                     show_opt(actual)
                 ));
             };
-            let parsed: serde_json::Value = serde_json::from_str(s)
-                .map_err(|e| format!("{here}: not JSON ({e}): {s}"))?;
+            let parsed: serde_json::Value =
+                serde_json::from_str(s).map_err(|e| format!("{here}: not JSON ({e}): {s}"))?;
             let parsed = Bson::try_from(parsed)
                 .map_err(|e| format!("{here}: not extended JSON ({e}): {s}"))?;
             match_value(arg, Some(&parsed), false, path, ctx)
@@ -372,7 +384,7 @@ fn match_operator(
 }
 
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     (0..hex.len())
@@ -398,8 +410,7 @@ pub fn exact_match(expected: &Bson, actual: &Bson) -> bool {
 
 fn exact_doc(e: &Document, a: &Document) -> bool {
     e.len() == a.len()
-        && e
-            .iter()
+        && e.iter()
             .all(|(k, v)| a.get(k).is_some_and(|av| exact_match(v, av)))
 }
 
@@ -456,10 +467,16 @@ mod tests {
         assert!(m(bson!({"$$lte": 5}), bson!(5.0), false).is_ok());
         assert!(m(bson!({"$$lte": 5}), bson!(6), false).is_err());
         // Outcome comparison is exact.
-        assert!(exact_match(&bson!({"a": 1, "b": 2}), &bson!({"b": 2, "a": 1})));
+        assert!(exact_match(
+            &bson!({"a": 1, "b": 2}),
+            &bson!({"b": 2, "a": 1})
+        ));
         assert!(!exact_match(&bson!({"a": 1}), &bson!({"a": 1.0})));
         assert!(!exact_match(&bson!({"a": 1}), &bson!({"a": 1, "b": 1})));
-        assert!(!same_key_order(&bson!({"a": 1, "b": 2}), &bson!({"b": 2, "a": 1})));
+        assert!(!same_key_order(
+            &bson!({"a": 1, "b": 2}),
+            &bson!({"b": 2, "a": 1})
+        ));
         let _ = doc! {};
     }
 }

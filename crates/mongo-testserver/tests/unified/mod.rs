@@ -65,6 +65,8 @@ fn runner_fail(msg: impl Into<String>) -> Outcome {
 struct Deployment {
     /// The URI of a real deployment (MONGODB_URI); `None`: a fresh TestServer per test.
     external_uri: Option<String>,
+    /// A client of the external deployment (for serverParameters requirements).
+    probe: Option<Client>,
     version: (u64, u64, u64),
     topology: String,
 }
@@ -75,6 +77,7 @@ impl Deployment {
             // Issue 2: the test server is a MongoDB 7.0 single-node replica set.
             return Ok(Deployment {
                 external_uri: None,
+                probe: None,
                 version: (7, 0, 0),
                 topology: "replicaset".to_string(),
             });
@@ -111,6 +114,7 @@ impl Deployment {
         };
         Ok(Deployment {
             external_uri: Some(uri),
+            probe: Some(client),
             version,
             topology: topology.to_string(),
         })
@@ -123,16 +127,23 @@ impl Deployment {
     fn describe(&self) -> String {
         let (a, b, c) = self.version;
         match &self.external_uri {
-            None => format!("mongo-testserver (as MongoDB {a}.{b}.{c} {})", self.topology),
+            None => format!(
+                "mongo-testserver (as MongoDB {a}.{b}.{c} {})",
+                self.topology
+            ),
             Some(uri) => format!("{uri} (MongoDB {a}.{b}.{c} {})", self.topology),
         }
     }
 }
 
 fn parse_version(s: &str) -> (u64, u64, u64) {
-    let mut parts = s
-        .split('.')
-        .map(|p| p.split('-').next().unwrap_or("0").parse::<u64>().unwrap_or(0));
+    let mut parts = s.split('.').map(|p| {
+        p.split('-')
+            .next()
+            .unwrap_or("0")
+            .parse::<u64>()
+            .unwrap_or(0)
+    });
     (
         parts.next().unwrap_or(0),
         parts.next().unwrap_or(0),
@@ -141,7 +152,7 @@ fn parse_version(s: &str) -> (u64, u64, u64) {
 }
 
 /// Why `req` is not met by `dep` (`None`: it is met).
-async fn requirement_unmet(req: &Document, dep: &Deployment, internal: &Client) -> Option<String> {
+async fn requirement_unmet(req: &Document, dep: &Deployment) -> Option<String> {
     for (k, v) in req {
         match (k.as_str(), v) {
             ("minServerVersion", Bson::String(s)) if dep.version < parse_version(s) => {
@@ -177,20 +188,23 @@ async fn requirement_unmet(req: &Document, dep: &Deployment, internal: &Client) 
                 }
             }
             ("serverParameters", Bson::Document(params)) => {
-                if dep.is_test_server() {
+                let Some(internal) = &dep.probe else {
                     return Some(
                         "needs server parameters (getParameter is outside issue 2's list)"
                             .to_string(),
                     );
-                }
+                };
                 for (name, want) in params {
                     let reply = internal
                         .database("admin")
                         .run_command(doc! {"getParameter": 1, name.clone(): 1})
                         .await;
-                    let ok = reply.ok().and_then(|r| r.get(name).cloned()).is_some_and(|got| {
-                        match_value(want, Some(&got), false, "", &matching::NoEntities).is_ok()
-                    });
+                    let ok = reply
+                        .ok()
+                        .and_then(|r| r.get(name).cloned())
+                        .is_some_and(|got| {
+                            match_value(want, Some(&got), false, "", &matching::NoEntities).is_ok()
+                        });
                     if !ok {
                         return Some(format!("needs server parameter {name} = {want}"));
                     }
@@ -203,18 +217,14 @@ async fn requirement_unmet(req: &Document, dep: &Deployment, internal: &Client) 
 }
 
 /// `None` when any requirement of the list is met (or there is no list), else the reasons.
-async fn requirements_unmet(
-    reqs: Option<&Vec<Bson>>,
-    dep: &Deployment,
-    internal: &Client,
-) -> Option<String> {
+async fn requirements_unmet(reqs: Option<&Vec<Bson>>, dep: &Deployment) -> Option<String> {
     let reqs = reqs?;
     let mut reasons = Vec::new();
     for r in reqs {
         let Some(r) = r.as_document() else {
             return Some("malformed runOnRequirements".to_string());
         };
-        match requirement_unmet(r, dep, internal).await {
+        match requirement_unmet(r, dep).await {
             None => return None,
             Some(reason) => reasons.push(reason),
         }
@@ -284,7 +294,11 @@ pub fn run_suite(suite: &str) {
             Ok(d) => d,
             Err(e) => panic!("{label}: cannot reach the deployment: {e}"),
         };
-        println!("{label}: running {} file(s) against {}", files.len(), dep.describe());
+        println!(
+            "{label}: running {} file(s) against {}",
+            files.len(),
+            dep.describe()
+        );
         let mut reports = Vec::new();
         for path in &files {
             run_file(path, &dep, filter.as_deref(), &mut reports).await;
@@ -326,9 +340,8 @@ fn summarize(label: &str, reports: &[Report]) {
     );
     assert!(
         failures.is_empty(),
-        "{label}: {} test(s) failed:\n{}",
-        failures.len(),
-        failures.join("\n")
+        "{label}: {} test(s) failed (listed above)",
+        failures.len()
     );
 }
 
@@ -424,7 +437,20 @@ async fn run_test(
     if let Ok(reason) = test.get_str("skipReason") {
         return Outcome::Skip(format!("skipReason: {reason}"));
     }
-    let entity_list = file.get_array("createEntities").cloned().unwrap_or_default();
+    for level in [file, test] {
+        if let Some(reason) =
+            requirements_unmet(level.get_array("runOnRequirements").ok(), dep).await
+        {
+            return Outcome::Skip(reason);
+        }
+    }
+    if let Some(reason) = features::driver_defect(test) {
+        return Outcome::Skip(reason);
+    }
+    let entity_list = file
+        .get_array("createEntities")
+        .cloned()
+        .unwrap_or_default();
     if dep.is_test_server() {
         let mut clients = client_entity_ids(&entity_list);
         for op in test.get_array("operations").into_iter().flatten() {
@@ -454,28 +480,15 @@ async fn run_test(
             Err(e) => return check_fail(format!("TestServer::start failed: {e}")),
         },
     };
-    let internal_uri = match entities::uri_with_options(
-        &uri,
-        &doc! {"serverSelectionTimeoutMS": 10_000},
-    ) {
-        Ok(u) => u,
-        Err(o) => return o,
-    };
+    let internal_uri =
+        match entities::uri_with_options(&uri, &doc! {"serverSelectionTimeoutMS": 10_000}) {
+            Ok(u) => u,
+            Err(o) => return o,
+        };
     let internal = match Client::with_uri_str(&internal_uri).await {
         Ok(c) => c,
         Err(e) => return check_fail(format!("internal client: {e}")),
     };
-
-    if let Some(reason) =
-        requirements_unmet(file.get_array("runOnRequirements").ok(), dep, &internal).await
-    {
-        return Outcome::Skip(reason);
-    }
-    if let Some(reason) =
-        requirements_unmet(test.get_array("runOnRequirements").ok(), dep, &internal).await
-    {
-        return Outcome::Skip(reason);
-    }
 
     let mut run = TestRun {
         uri,
@@ -590,7 +603,10 @@ fn is_client_error(e: &mongodb::error::Error) -> bool {
     use mongodb::error::ErrorKind;
     !matches!(
         e.kind.as_ref(),
-        ErrorKind::Command(_) | ErrorKind::Write(_) | ErrorKind::InsertMany(_) | ErrorKind::BulkWrite(_)
+        ErrorKind::Command(_)
+            | ErrorKind::Write(_)
+            | ErrorKind::InsertMany(_)
+            | ErrorKind::BulkWrite(_)
     )
 }
 
@@ -617,13 +633,15 @@ fn check_error(
             ("errorContains", Bson::String(s)) => {
                 let needle = s.to_lowercase();
                 let found = error.to_string().to_lowercase().contains(&needle)
-                    || server.iter().any(|(_, _, m)| m.to_lowercase().contains(&needle));
+                    || server
+                        .iter()
+                        .any(|(_, _, m)| m.to_lowercase().contains(&needle));
                 if !found {
                     return Err(fail(format!("expected the error message to contain {s:?}")));
                 }
             }
             ("errorCode", code) => {
-                let Some(code) = code.as_i64() .or_else(|| code.as_i32().map(i64::from)) else {
+                let Some(code) = code.as_i64().or_else(|| code.as_i32().map(i64::from)) else {
                     return Err(runner_fail(format!("bad errorCode {code:?}")));
                 };
                 if !server.iter().any(|(c, _, _)| i64::from(*c) == code) {
@@ -664,8 +682,14 @@ fn check_error(
                 };
                 let resp = Document::try_from(resp.as_ref())
                     .map_err(|e| runner_fail(format!("unreadable server response: {e}")))?;
-                match_value(exp, Some(&Bson::Document(resp)), true, "errorResponse", entities)
-                    .map_err(fail)?;
+                match_value(
+                    exp,
+                    Some(&Bson::Document(resp)),
+                    true,
+                    "errorResponse",
+                    entities,
+                )
+                .map_err(fail)?;
             }
             ("expectResult", exp) => match partial_result {
                 None => {
@@ -801,8 +825,10 @@ impl TestRun<'_> {
                 .run_command(doc! {"configureFailPoint": &name, "mode": "off"})
                 .await;
             if let Err(e) = r {
-                self.notes
-                    .push(format!("disabling fail point {name} failed: {}", describe_error(&e)));
+                self.notes.push(format!(
+                    "disabling fail point {name} failed: {}",
+                    describe_error(&e)
+                ));
             }
         }
     }
@@ -828,8 +854,8 @@ impl TestRun<'_> {
             .owning_client(object)
             .map(ClientEntity::event_count)
             .unwrap_or(0);
-        let result = operations::execute(&mut self.entities, object, name, Args::new(name, args))
-            .await;
+        let result =
+            operations::execute(&mut self.entities, object, name, Args::new(name, args)).await;
         let commands = || commands_since(self.entities.owning_client(object), client_before);
         if op.get_bool("ignoreResultAndError") == Ok(true) {
             if let Err(OpError::Runner(o)) = result {
@@ -839,10 +865,11 @@ impl TestRun<'_> {
         }
         match result {
             Err(OpError::Runner(o)) => Err(prefix(o, &at)),
-            Err(OpError::Driver {
-                error,
-                partial_result,
-            }) => {
+            Err(OpError::Driver(failure)) => {
+                let operations::DriverFailure {
+                    error,
+                    partial_result,
+                } = *failure;
                 let Ok(expected) = op.get_document("expectError") else {
                     return Err(check_fail(format!(
                         "{at}: unexpected error: {}{}",
@@ -879,8 +906,7 @@ impl TestRun<'_> {
                     }
                 }
                 if let Ok(id) = op.get_str("saveResultAsEntity") {
-                    self.save_entity(id, output)
-                        .map_err(|o| prefix(o, &at))?;
+                    self.save_entity(id, output).map_err(|o| prefix(o, &at))?;
                 }
                 Ok(())
             }
@@ -904,7 +930,7 @@ impl TestRun<'_> {
         let mut args = Args::new(name, args);
         let runner = |e: OpError| match e {
             OpError::Runner(o) => o,
-            OpError::Driver { error, .. } => check_fail(describe_error(&error)),
+            OpError::Driver(f) => check_fail(describe_error(&f.error)),
         };
         match name {
             "failPoint" => {
@@ -1166,12 +1192,20 @@ fn check_event(
     };
     for (k, v) in fields {
         match (k.as_str(), actual) {
-            ("command", RecordedEvent::Started { command, .. }) => {
-                match_value(v, Some(&Bson::Document(command.clone())), true, "command", entities)?
-            }
-            ("reply", RecordedEvent::Succeeded { reply, .. }) => {
-                match_value(v, Some(&Bson::Document(reply.clone())), true, "reply", entities)?
-            }
+            ("command", RecordedEvent::Started { command, .. }) => match_value(
+                v,
+                Some(&Bson::Document(command.clone())),
+                true,
+                "command",
+                entities,
+            )?,
+            ("reply", RecordedEvent::Succeeded { reply, .. }) => match_value(
+                v,
+                Some(&Bson::Document(reply.clone())),
+                true,
+                "reply",
+                entities,
+            )?,
             ("commandName", _) => {
                 if v.as_str() != Some(actual.command_name()) {
                     return Err(format!(
@@ -1194,7 +1228,9 @@ fn check_event(
                 }
             }
             ("hasServerConnectionId", _) => {
-                let b = &v.as_bool().ok_or("hasServerConnectionId must be a boolean")?;
+                let b = &v
+                    .as_bool()
+                    .ok_or("hasServerConnectionId must be a boolean")?;
                 if *b != server_conn {
                     return Err(format!("expected hasServerConnectionId {b}"));
                 }

@@ -6,9 +6,10 @@ use std::time::Duration;
 use futures_util::{StreamExt, TryStreamExt};
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::{
-    AggregateOptions, ChangeStreamOptions, FullDocumentBeforeChangeType, FullDocumentType, Collation, CountOptions, CursorType, DeleteOptions, DistinctOptions,
-    EstimatedDocumentCountOptions, FindOneAndDeleteOptions, FindOneAndReplaceOptions,
-    FindOneAndUpdateOptions, FindOneOptions, FindOptions, Hint, IndexOptions, InsertManyOptions,
+    AggregateOptions, ChangeStreamOptions, Collation, CountOptions, CursorType, DeleteOptions,
+    DistinctOptions, EstimatedDocumentCountOptions, FindOneAndDeleteOptions,
+    FindOneAndReplaceOptions, FindOneAndUpdateOptions, FindOneOptions, FindOptions,
+    FullDocumentBeforeChangeType, FullDocumentType, Hint, IndexOptions, InsertManyOptions,
     InsertOneOptions, ReplaceOptions, ReturnDocument, SelectionCriteria, UpdateModifications,
     UpdateOptions,
 };
@@ -51,14 +52,17 @@ impl OpOutput {
     }
 }
 
+/// An error the driver returned; `partial_result` is the write result the error carries
+/// (for insertMany: the counts the server reported before the error).
+pub struct DriverFailure {
+    pub error: mongodb::error::Error,
+    pub partial_result: Option<Bson>,
+}
+
 /// Why an operation did not produce an output.
 pub enum OpError {
-    /// The driver returned an error; `partial_result` is the write result the error carries
-    /// (for insertMany: the counts the server reported before the error).
-    Driver {
-        error: mongodb::error::Error,
-        partial_result: Option<Bson>,
-    },
+    /// The driver returned an error.
+    Driver(Box<DriverFailure>),
     /// The runner could not execute the operation (or it must be skipped).
     Runner(Outcome),
 }
@@ -71,10 +75,10 @@ impl From<Outcome> for OpError {
 
 impl From<mongodb::error::Error> for OpError {
     fn from(error: mongodb::error::Error) -> Self {
-        OpError::Driver {
+        OpError::Driver(Box::new(DriverFailure {
             error,
             partial_result: None,
-        }
+        }))
     }
 }
 
@@ -497,7 +501,9 @@ async fn client_op(
             let reply = client.database("admin").run_command(cmd).await?;
             let dbs = reply
                 .get_array("databases")
-                .map_err(|_| runner_err(format!("listDatabases reply without databases: {reply:?}")))?
+                .map_err(|_| {
+                    runner_err(format!("listDatabases reply without databases: {reply:?}"))
+                })?
                 .iter()
                 .filter_map(|d| d.as_document().cloned())
                 .collect();
@@ -711,7 +717,10 @@ async fn collection_op(
             o.comment = args.take("comment");
             o.write_concern = args.write_concern()?;
             args.finish()?;
-            let from = entities.client(client_id).map(|c| c.event_count()).unwrap_or(0);
+            let from = entities
+                .client(client_id)
+                .map(|c| c.event_count())
+                .unwrap_or(0);
             match coll.insert_many(documents).with_options(o).await {
                 Ok(r) => {
                     let mut ids: Vec<(usize, Bson)> = r.inserted_ids.into_iter().collect();
@@ -726,10 +735,10 @@ async fn collection_op(
                         } else {
                             None
                         };
-                    Err(OpError::Driver {
+                    Err(OpError::Driver(Box::new(DriverFailure {
                         error,
                         partial_result,
-                    })
+                    })))
                 }
             }
         }
@@ -769,7 +778,10 @@ async fn collection_op(
             o.write_concern = args.write_concern()?;
             o.sort = args.doc("sort")?;
             args.finish()?;
-            let r = coll.replace_one(filter, replacement).with_options(o).await?;
+            let r = coll
+                .replace_one(filter, replacement)
+                .with_options(o)
+                .await?;
             Ok(OpOutput::value(update_result(r)))
         }
         "deleteOne" | "deleteMany" => {
@@ -786,7 +798,9 @@ async fn collection_op(
             } else {
                 coll.delete_many(filter).with_options(o).await?
             };
-            Ok(OpOutput::value(doc! {"deletedCount": r.deleted_count as i64}))
+            Ok(OpOutput::value(
+                doc! {"deletedCount": r.deleted_count as i64},
+            ))
         }
         "find" | "createFindCursor" => {
             let filter = args.doc("filter")?.unwrap_or_default();

@@ -175,7 +175,11 @@ pub async fn mutual_exclusion(backend: Arc<dyn LockBackend>) {
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
                 let guard = lock.acquire().await.expect("acquire");
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders inside");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders inside"
+                );
                 tokens.lock().unwrap().push(guard.fencing_token());
                 let read = counter.load(Ordering::SeqCst);
                 tokio::task::yield_now().await;
@@ -210,7 +214,12 @@ pub async fn expiry_and_takeover(backend: Arc<dyn LockBackend>) {
         .build()
         .unwrap();
     let b_provider = provider(&backend);
-    let a = a_provider.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let a = a_provider
+        .lock(name.clone())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     let b = b_provider
         .lock(name.clone())
         .unwrap()
@@ -269,10 +278,12 @@ pub async fn extend_semantics(backend: Arc<dyn LockBackend>) {
     assert!(g.is_lost());
     assert!(!g.extend(Duration::from_secs(5)).await.unwrap());
     // The backend itself refuses to extend an expired lease, even if nobody took the name.
-    assert!(eventually(Duration::from_secs(5), || async {
-        !is_held(&backend, &name).await
-    })
-    .await);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            !is_held(&backend, &name).await
+        })
+        .await
+    );
     assert_eq!(
         backend
             .extend(&name, g.lease_id(), Duration::from_secs(5))
@@ -301,7 +312,10 @@ pub async fn release_checks_ownership(backend: Arc<dyn LockBackend>) {
     let info = backend.inspect(&name).await.unwrap().unwrap();
     assert!(info.held);
     assert_eq!(info.lease_id.as_ref(), Some(g.lease_id()));
-    assert!(!backend.release("no-such-lock-xyz", &stranger).await.unwrap());
+    assert!(!backend
+        .release("no-such-lock-xyz", &stranger)
+        .await
+        .unwrap());
     g.release().await.unwrap();
     // A second release of the same lease id finds nothing.
     let info = backend.inspect(&name).await.unwrap().unwrap();
@@ -337,12 +351,20 @@ pub async fn fencing_tokens_grow(backend: Arc<dyn LockBackend>) {
     drop(g);
     // After force-release.
     assert!(p.force_release(&name).await.unwrap());
-    let after_force = lock.acquire_timeout(Duration::from_secs(20)).await.unwrap().unwrap();
+    let after_force = lock
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .unwrap();
     tokens.push(after_force.fencing_token());
     drop(taken);
     // After a dropped guard.
     drop(after_force);
-    let after_drop = lock.acquire_timeout(Duration::from_secs(20)).await.unwrap().unwrap();
+    let after_drop = lock
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .unwrap();
     tokens.push(after_drop.fencing_token());
     after_drop.release().await.unwrap();
     assert!(tokens[0] >= 1);
@@ -360,12 +382,18 @@ pub async fn timeout_zero_is_one_attempt(backend: Arc<dyn LockBackend>) {
     let holder = provider(&backend);
     let g = holder.lock(name.clone()).unwrap().acquire().await.unwrap();
     let counting = Counting::new(backend.clone());
-    let p = builder(&(counting.clone() as Arc<dyn LockBackend>)).build().unwrap();
+    let p = builder(&(counting.clone() as Arc<dyn LockBackend>))
+        .build()
+        .unwrap();
     let lock = p.lock(name.clone()).unwrap();
 
     assert!(lock.try_acquire().await.unwrap().is_none());
     assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
-    assert!(lock.acquire_timeout(Duration::ZERO).await.unwrap().is_none());
+    assert!(lock
+        .acquire_timeout(Duration::ZERO)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
     assert!(p
         .try_acquire(&name, Duration::from_secs(5), Timeout::Zero)
@@ -373,11 +401,19 @@ pub async fn timeout_zero_is_one_attempt(backend: Arc<dyn LockBackend>) {
         .unwrap()
         .is_none());
     assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
-    assert!(lock.acquire_with(Duration::ZERO.into()).await.unwrap().is_none());
+    assert!(lock
+        .acquire_with(Duration::ZERO.into())
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
 
     g.release().await.unwrap();
-    let mine = lock.try_acquire().await.unwrap().expect("free lock is taken in one attempt");
+    let mine = lock
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free lock is taken in one attempt");
     assert_eq!(counting.acquires.load(Ordering::SeqCst), 1);
     mine.release().await.unwrap();
 }
@@ -398,59 +434,68 @@ pub async fn timeout_finite_returns_none_on_time(backend: Arc<dyn LockBackend>) 
             .unwrap();
         let elapsed = started.elapsed();
         assert!(got.is_none());
-        assert!(elapsed >= Duration::from_millis(690), "returned early: {elapsed:?}");
-        assert!(elapsed < Duration::from_secs(5), "returned late: {elapsed:?}");
+        assert!(
+            elapsed >= Duration::from_millis(690),
+            "returned early: {elapsed:?}"
+        );
+        assert!(
+            elapsed < Duration::from_secs(5),
+            "returned late: {elapsed:?}"
+        );
     }
     assert!(!g.is_lost());
     g.release().await.unwrap();
 }
 
-/// Without a timeout, acquire waits until the holder releases.
+/// Without a timeout, acquire waits until the holder releases (both API forms).
 pub async fn timeout_forever_waits_until_released(backend: Arc<dyn LockBackend>) {
     let name = unique_name("forever");
     let p = provider(&backend);
-    let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
-    let released = Arc::new(AtomicBool::new(false));
-    let waiter = {
-        let lock = p.lock(name.clone()).unwrap();
-        let released = released.clone();
-        tokio::spawn(async move {
-            let got = lock.acquire().await.unwrap();
-            assert!(released.load(Ordering::SeqCst), "acquired before the release");
-            got
-        })
-    };
-    let waiter2 = {
-        let p = p.clone();
-        let name = name.clone();
-        tokio::spawn(async move { p.try_acquire(&name, Duration::from_secs(5), Timeout::Forever).await })
-    };
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(!waiter.is_finished());
-    assert!(!waiter2.is_finished());
-    let first = g.fencing_token();
-    released.store(true, Ordering::SeqCst);
-    g.release().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(20), waiter)
-        .await
-        .expect("waiter acquires after release")
-        .unwrap();
-    assert!(got.fencing_token() > first);
-    got.release().await.unwrap();
-    let got2 = tokio::time::timeout(Duration::from_secs(20), waiter2)
-        .await
-        .expect("second waiter acquires")
-        .unwrap()
-        .unwrap()
-        .expect("Forever never returns None");
-    got2.release().await.unwrap();
+    for form in 0..2 {
+        let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+        let released = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let p = p.clone();
+            let name = name.clone();
+            let released = released.clone();
+            tokio::spawn(async move {
+                let got = if form == 0 {
+                    p.lock(name).unwrap().acquire().await.unwrap()
+                } else {
+                    p.try_acquire(&name, Duration::from_secs(5), Timeout::Forever)
+                        .await
+                        .unwrap()
+                        .expect("Forever never returns None")
+                };
+                assert!(
+                    released.load(Ordering::SeqCst),
+                    "acquired before the release"
+                );
+                got
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(!waiter.is_finished());
+        let first = g.fencing_token();
+        released.store(true, Ordering::SeqCst);
+        g.release().await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(20), waiter)
+            .await
+            .expect("waiter acquires after release")
+            .unwrap();
+        assert!(got.fencing_token() > first);
+        got.release().await.unwrap();
+    }
 }
 
 /// Dropping acquire futures at random moments, hundreds of times, leaves no lease held.
 pub async fn dropped_acquire_futures_leave_nothing_held(backend: Arc<dyn LockBackend>) {
     let name = unique_name("dropped");
     // A long expiry: the lock must end up free because leases were released, not expired.
-    let p = builder(&backend).expiry(Duration::from_secs(120)).build().unwrap();
+    let p = builder(&backend)
+        .expiry(Duration::from_secs(120))
+        .build()
+        .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     // Background contention: a holder that takes and releases the lock repeatedly.
     let churn = {
@@ -458,7 +503,11 @@ pub async fn dropped_acquire_futures_leave_nothing_held(backend: Arc<dyn LockBac
         let stop = stop.clone();
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                if let Some(g) = lock.acquire_timeout(Duration::from_millis(50)).await.unwrap() {
+                if let Some(g) = lock
+                    .acquire_timeout(Duration::from_millis(50))
+                    .await
+                    .unwrap()
+                {
                     let hold = rand::rng().random_range(0..3);
                     tokio::time::sleep(Duration::from_millis(hold)).await;
                     g.release().await.unwrap();
@@ -491,14 +540,20 @@ pub async fn dropped_acquire_futures_leave_nothing_held(backend: Arc<dyn LockBac
         !is_held(&backend, &name).await
     })
     .await;
-    assert!(free, "a lease is still held after all acquire futures and guards were dropped");
+    assert!(
+        free,
+        "a lease is still held after all acquire futures and guards were dropped"
+    );
     eprintln!("{completed} of 300 acquire futures completed before being dropped");
 }
 
 /// Holding for three times the expiry keeps everyone else out (automatic extension).
 pub async fn auto_extension_keeps_others_out(backend: Arc<dyn LockBackend>) {
     let name = unique_name("autoextend");
-    let p = builder(&backend).expiry(Duration::from_secs(1)).build().unwrap();
+    let p = builder(&backend)
+        .expiry(Duration::from_secs(1))
+        .build()
+        .unwrap();
     let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
     let first_expiry = g.expires_at();
     let other = provider(&backend);
@@ -508,7 +563,10 @@ pub async fn auto_extension_keeps_others_out(backend: Arc<dyn LockBackend>) {
         .acquire_timeout(Duration::from_secs(3))
         .await
         .unwrap();
-    assert!(got.is_none(), "another holder got in while the lease was being extended");
+    assert!(
+        got.is_none(),
+        "another holder got in while the lease was being extended"
+    );
     assert!(!g.is_lost());
     assert!(g.expires_at() > first_expiry + Duration::from_secs(1));
     let info = backend.inspect(&name).await.unwrap().unwrap();
@@ -540,54 +598,68 @@ pub async fn bad_input_is_rejected_before_the_backend(backend: Arc<dyn LockBacke
     let (o, r) = opt(builder(&shared).expiry(Duration::ZERO).build().unwrap_err());
     assert_eq!(o, "expiry");
     assert!(r.contains("positive"), "{r}");
-    let (o, _) = opt(builder(&shared).expiry(Duration::from_secs(400 * 86400)).build().unwrap_err());
+    let (o, _) = opt(builder(&shared)
+        .expiry(Duration::from_secs(400 * 86400))
+        .build()
+        .unwrap_err());
     assert_eq!(o, "expiry");
-    let (o, r) = opt(
-        builder(&shared)
-            .expiry(Duration::from_secs(10))
-            .extension_cadence(Duration::from_secs(10))
-            .build()
-            .unwrap_err(),
-    );
+    let (o, r) = opt(builder(&shared)
+        .expiry(Duration::from_secs(10))
+        .extension_cadence(Duration::from_secs(10))
+        .build()
+        .unwrap_err());
     assert_eq!(o, "extension_cadence");
     assert!(r.contains("below the expiry"), "{r}");
-    let (o, _) = opt(
-        builder(&shared)
-            .extension_cadence(Duration::from_secs(31))
-            .build()
-            .unwrap_err(),
-    );
+    let (o, _) = opt(builder(&shared)
+        .extension_cadence(Duration::from_secs(31))
+        .build()
+        .unwrap_err());
     assert_eq!(o, "extension_cadence");
-    let (o, _) = opt(builder(&shared).extension_cadence(Duration::ZERO).build().unwrap_err());
+    let (o, _) = opt(builder(&shared)
+        .extension_cadence(Duration::ZERO)
+        .build()
+        .unwrap_err());
     assert_eq!(o, "extension_cadence");
-    let (o, r) = opt(
-        builder(&shared)
-            .wait_strategy(WaitStrategy::random_sleep(
-                Duration::from_millis(900),
-                Duration::from_millis(100),
-            ))
-            .build()
-            .unwrap_err(),
-    );
+    let (o, r) = opt(builder(&shared)
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_millis(900),
+            Duration::from_millis(100),
+        ))
+        .build()
+        .unwrap_err());
     assert_eq!(o, "wait_strategy");
     assert!(r.contains("min <= max"), "{r}");
 
     let lock = p.lock("fine").unwrap();
     assert!(matches!(
         lock.clone().with_expiry(Duration::ZERO),
-        Err(Error::InvalidOptions { option: "expiry", .. })
+        Err(Error::InvalidOptions {
+            option: "expiry",
+            ..
+        })
     ));
     assert!(matches!(
         p.try_acquire("k", Duration::ZERO, Timeout::Zero).await,
         Err(Error::InvalidOptions { .. })
     ));
     assert!(matches!(
-        p.try_acquire("", Duration::from_secs(1), Timeout::Forever).await,
+        p.try_acquire("", Duration::from_secs(1), Timeout::Forever)
+            .await,
         Err(Error::InvalidName { .. })
     ));
-    assert!(matches!(p.inspect("").await, Err(Error::InvalidName { .. })));
-    assert!(matches!(p.force_release("").await, Err(Error::InvalidName { .. })));
-    assert_eq!(counting.calls.load(Ordering::SeqCst), 0, "bad input reached the backend");
+    assert!(matches!(
+        p.inspect("").await,
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(
+        p.force_release("").await,
+        Err(Error::InvalidName { .. })
+    ));
+    assert_eq!(
+        counting.calls.load(Ordering::SeqCst),
+        0,
+        "bad input reached the backend"
+    );
 
     // extend(0) on a held guard is refused locally too.
     let g = lock.acquire().await.unwrap();
@@ -625,9 +697,18 @@ pub async fn inspect_and_list_show_the_holder(backend: Arc<dyn LockBackend>) {
     let g2 = p.lock(other.clone()).unwrap().acquire().await.unwrap();
     let all = p.list().await.unwrap();
     let names: HashSet<&str> = all.iter().map(|i| i.name.as_str()).collect();
-    assert!(names.contains(name.as_str()) && names.contains(other.as_str()), "{names:?}");
-    assert!(all.windows(2).all(|w| w[0].name < w[1].name), "list is sorted by name");
-    assert!(all.iter().filter(|i| i.name == name || i.name == other).all(|i| i.held));
+    assert!(
+        names.contains(name.as_str()) && names.contains(other.as_str()),
+        "{names:?}"
+    );
+    assert!(
+        all.windows(2).all(|w| w[0].name < w[1].name),
+        "list is sorted by name"
+    );
+    assert!(all
+        .iter()
+        .filter(|i| i.name == name || i.name == other)
+        .all(|i| i.held));
 
     let token = g.fencing_token();
     g.release().await.unwrap();
@@ -650,12 +731,21 @@ pub async fn force_release_ends_the_lease_and_signals_loss(backend: Arc<dyn Lock
     let lost = g.lost();
     assert!(!lost.is_lost());
     assert!(p.force_release(&name).await.unwrap());
-    assert!(!p.force_release(&name).await.unwrap(), "nothing left to end");
+    assert!(
+        !p.force_release(&name).await.unwrap(),
+        "nothing left to end"
+    );
     tokio::time::timeout(Duration::from_secs(5), lost.clone())
         .await
         .expect("lost fires after force-release");
     assert!(lost.is_lost() && g.is_lost());
-    let next = p.lock(name.clone()).unwrap().try_acquire().await.unwrap().expect("free");
+    let next = p
+        .lock(name.clone())
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
     assert!(next.fencing_token() > g.fencing_token());
     assert!(matches!(g.release().await, Err(Error::LeaseLost { .. })));
     next.release().await.unwrap();
@@ -664,7 +754,10 @@ pub async fn force_release_ends_the_lease_and_signals_loss(backend: Arc<dyn Lock
 /// Dropping a guard releases its lease in the background and completes its lost signal.
 pub async fn dropping_a_guard_releases(backend: Arc<dyn LockBackend>) {
     let name = unique_name("drop");
-    let p = builder(&backend).expiry(Duration::from_secs(120)).build().unwrap();
+    let p = builder(&backend)
+        .expiry(Duration::from_secs(120))
+        .build()
+        .unwrap();
     let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
     let lost = g.lost();
     drop(g);
@@ -672,7 +765,12 @@ pub async fn dropping_a_guard_releases(backend: Arc<dyn LockBackend>) {
         .await
         .expect("the signal completes when the guard is dropped");
     assert!(!lost.is_lost(), "a dropped guard is not a lost lease");
-    assert!(eventually(Duration::from_secs(10), || async { !is_held(&backend, &name).await }).await);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            !is_held(&backend, &name).await
+        })
+        .await
+    );
 }
 
 /// Seed 001's `try_acquire(key, ttl, timeout)`.
@@ -684,11 +782,11 @@ pub async fn seed_001_try_acquire_form(backend: Arc<dyn LockBackend>) {
         .await
         .unwrap()
         .expect("free");
-    let ttl = g
-        .expires_at()
-        .duration_since(g.acquired_at())
-        .unwrap();
-    assert!(ttl >= Duration::from_millis(29_990) && ttl <= Duration::from_millis(30_010), "{ttl:?}");
+    let ttl = g.expires_at().duration_since(g.acquired_at()).unwrap();
+    assert!(
+        ttl >= Duration::from_millis(29_990) && ttl <= Duration::from_millis(30_010),
+        "{ttl:?}"
+    );
     let none = p
         .try_acquire(&key, Duration::from_secs(30), Duration::from_millis(200))
         .await

@@ -1,0 +1,589 @@
+//! create, drop, dropDatabase, listCollections, createIndexes, listIndexes, dropIndexes.
+
+use bson::{doc, Bson, Document};
+
+use super::args::{self, check_fields};
+use super::Ctx;
+use crate::engine::matcher::Filter;
+use crate::error::{CommandError, CommandResult};
+use crate::store::{validate_names, Collection, Index};
+
+/// Options `create` accepts (others are refused by name).
+const CREATE_SUPPORTED: &[&str] = &["idIndex"];
+/// Options `create` knows but this server does not implement.
+const CREATE_UNSUPPORTED: &[&str] = &[
+    "capped",
+    "size",
+    "max",
+    "autoIndexId",
+    "storageEngine",
+    "validator",
+    "validationLevel",
+    "validationAction",
+    "indexOptionDefaults",
+    "viewOn",
+    "pipeline",
+    "collation",
+    "timeseries",
+    "expireAfterSeconds",
+    "clusteredIndex",
+    "changeStreamPreAndPostImages",
+    "encryptedFields",
+    "flags",
+];
+
+/// `create`.
+pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
+    let coll = args::coll_name(cmd, "create")?;
+    validate_names(ctx.db, coll)?;
+    let mut options = Document::new();
+    for (k, v) in cmd.iter().skip(1) {
+        let k = k.as_str();
+        if args::GENERIC_FIELDS.contains(&k) {
+            continue;
+        }
+        if CREATE_UNSUPPORTED.contains(&k) {
+            // `capped: false` and the like change nothing; anything else is refused.
+            if matches!(v, Bson::Boolean(false)) {
+                continue;
+            }
+            return Err(CommandError::bad_value(format!(
+                "create option '{k}' is not supported by this server"
+            )));
+        }
+        if !CREATE_SUPPORTED.contains(&k) {
+            return Err(args::unknown_field("create", k));
+        }
+        options.insert(k, v.clone());
+    }
+    let mut st = ctx.shared.lock();
+    if st.store.coll(ctx.db, coll).is_some() {
+        return Err(CommandError::new(
+            48,
+            "NamespaceExists",
+            format!("Collection {}.{} already exists.", ctx.db, coll),
+        ));
+    }
+    st.store
+        .dbs
+        .entry(ctx.db.to_owned())
+        .or_default()
+        .colls
+        .insert(coll.to_owned(), Collection::new(ctx.db, coll, options));
+    st.clock.tick();
+    std::mem::drop(st);
+    let mut reply = Document::new();
+    if let Some(wce) = args::write_concern_error(ctx, cmd) {
+        reply.insert("writeConcernError", wce);
+    }
+    Ok(reply)
+}
+
+/// `drop`.
+pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
+    check_fields(cmd, "drop", &[])?;
+    let coll = args::coll_name(cmd, "drop")?;
+    let ns = format!("{}.{}", ctx.db, coll);
+    let dropped = ctx.shared.lock().drop_collection(ctx.db, coll);
+    // MongoDB 7.0: dropping a collection that does not exist succeeds.
+    let mut reply = match dropped {
+        Some(n) => doc! {"nIndexesWas": n as i32, "ns": ns},
+        None => Document::new(),
+    };
+    if let Some(wce) = args::write_concern_error(ctx, cmd) {
+        reply.insert("writeConcernError", wce);
+    }
+    Ok(reply)
+}
+
+/// `dropDatabase`.
+pub fn drop_database(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
+    check_fields(cmd, "dropDatabase", &[])?;
+    if ctx.db == "admin" || ctx.db == "local" || ctx.db == "config" {
+        return Err(CommandError::new(
+            20,
+            "IllegalOperation",
+            format!("Dropping the '{}' database is prohibited.", ctx.db),
+        ));
+    }
+    ctx.shared.lock().drop_database(ctx.db);
+    let mut reply = Document::new();
+    if let Some(wce) = args::write_concern_error(ctx, cmd) {
+        reply.insert("writeConcernError", wce);
+    }
+    Ok(reply)
+}
+
+/// `listCollections`.
+pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
+    check_fields(
+        cmd,
+        "listCollections",
+        &["filter", "nameOnly", "authorizedCollections", "cursor"],
+    )?;
+    let name_only = args::get_bool(cmd, "listCollections", "nameOnly")?.unwrap_or(false);
+    let filter = match args::get_doc(cmd, "listCollections", "filter")? {
+        Some(f) => Some(Filter::parse(f)?),
+        None => None,
+    };
+    let st = ctx.shared.lock();
+    let mut out = Vec::new();
+    if let Some(db) = st.store.dbs.get(ctx.db) {
+        for (name, c) in &db.colls {
+            let entry = if name_only {
+                doc! {"name": name.clone(), "type": "collection"}
+            } else {
+                doc! {
+                    "name": name.clone(),
+                    "type": "collection",
+                    "options": c.options.clone(),
+                    "info": {"readOnly": false, "uuid": c.uuid},
+                    "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+                }
+            };
+            if let Some(f) = &filter {
+                if !f.matches(&entry, &ctx.vars)? {
+                    continue;
+                }
+            }
+            out.push(entry);
+        }
+    }
+    Ok(
+        doc! {"cursor": {"id": 0i64, "ns": format!("{}.$cmd.listCollections", ctx.db), "firstBatch": out}},
+    )
+}
+
+/// `listIndexes`.
+pub fn list_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
+    check_fields(cmd, "listIndexes", &["cursor"])?;
+    let coll = args::coll_name(cmd, "listIndexes")?;
+    let st = ctx.shared.lock();
+    let c = st.store.coll(ctx.db, coll).ok_or_else(|| {
+        CommandError::new(
+            26,
+            "NamespaceNotFound",
+            format!("ns does not exist: {}.{}", ctx.db, coll),
+        )
+    })?;
+    let specs: Vec<Document> = c.indexes.iter().map(|i| i.spec.clone()).collect();
+    Ok(doc! {"cursor": {"id": 0i64, "ns": format!("{}.{}", ctx.db, coll), "firstBatch": specs}})
+}
+
+/// Index options this server implements.
+const INDEX_OPTIONS: &[&str] = &[
+    "key",
+    "name",
+    "unique",
+    "sparse",
+    "expireAfterSeconds",
+    "partialFilterExpression",
+    "background",
+    "v",
+    "ns",
+    "hidden",
+];
+/// Index options mongod knows that this server does not implement.
+const INDEX_UNSUPPORTED: &[&str] = &[
+    "collation",
+    "weights",
+    "default_language",
+    "language_override",
+    "textIndexVersion",
+    "2dsphereIndexVersion",
+    "bits",
+    "min",
+    "max",
+    "bucketSize",
+    "storageEngine",
+    "wildcardProjection",
+    "clustered",
+    "prepareUnique",
+];
+
+fn bad_spec(spec: &Document, msg: &str) -> CommandError {
+    CommandError::new(
+        197,
+        "InvalidIndexSpecificationOption",
+        format!("{msg} Specification: {}", crate::keys::render_doc(spec)),
+    )
+}
+
+/// Parses and validates one index specification.
+fn parse_index(spec: &Document) -> CommandResult<Index> {
+    for (k, v) in spec {
+        if INDEX_UNSUPPORTED.contains(&k.as_str()) {
+            if k == "collation" {
+                if let Bson::Document(c) = v {
+                    if c.get_str("locale").ok() == Some("simple") {
+                        continue;
+                    }
+                }
+            }
+            return Err(CommandError::new(
+                67,
+                "CannotCreateIndex",
+                format!("index option '{k}' is not supported by this server"),
+            ));
+        }
+        if !INDEX_OPTIONS.contains(&k.as_str()) {
+            return Err(bad_spec(
+                spec,
+                &format!("The field '{k}' is not valid for an index specification."),
+            ));
+        }
+    }
+    let key = match spec.get("key") {
+        Some(Bson::Document(k)) if !k.is_empty() => k.clone(),
+        Some(Bson::Document(_)) => {
+            return Err(CommandError::new(
+                67,
+                "CannotCreateIndex",
+                "Index keys cannot be empty.",
+            ))
+        }
+        _ => {
+            return Err(CommandError::failed_to_parse(
+                "The 'key' field is a required property of an index specification",
+            ))
+        }
+    };
+    for (field, dir) in &key {
+        match dir {
+            Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => {
+                if args::as_i64(dir) == Some(0) {
+                    return Err(CommandError::new(
+                        67,
+                        "CannotCreateIndex",
+                        format!("Values in the index key pattern can't be all zero; found {{ {field}: 0 }}"),
+                    ));
+                }
+            }
+            Bson::String(kind) => {
+                return Err(CommandError::new(
+                    67,
+                    "CannotCreateIndex",
+                    format!("'{kind}' indexes are not supported by this server"),
+                ))
+            }
+            other => {
+                return Err(CommandError::new(
+                    67,
+                    "CannotCreateIndex",
+                    format!("Values in v:2 index key pattern cannot be of type {other}. Only numbers > 0, numbers < 0, and strings are allowed."),
+                ))
+            }
+        }
+        if field.is_empty() || field.starts_with('$') {
+            return Err(CommandError::new(
+                67,
+                "CannotCreateIndex",
+                format!("Index key contains an illegal field name: '{field}'"),
+            ));
+        }
+    }
+    let name = match spec.get("name") {
+        Some(Bson::String(n)) if !n.is_empty() => n.clone(),
+        Some(Bson::String(_)) => {
+            return Err(CommandError::new(
+                67,
+                "CannotCreateIndex",
+                "index name cannot be empty",
+            ))
+        }
+        Some(_) => {
+            return Err(CommandError::type_mismatch(
+                "The field 'name' must be a string",
+            ))
+        }
+        None => {
+            return Err(CommandError::failed_to_parse(
+                "The 'name' field is a required property of an index specification",
+            ))
+        }
+    };
+    let flag = |f: &str| -> CommandResult<bool> {
+        match spec.get(f) {
+            None => Ok(false),
+            Some(Bson::Boolean(b)) => Ok(*b),
+            Some(v) => args::as_i64(v).map(|i| i != 0).ok_or_else(|| {
+                CommandError::type_mismatch(format!("The field '{f}' must be a boolean"))
+            }),
+        }
+    };
+    let unique = flag("unique")?;
+    let sparse = flag("sparse")?;
+    if flag("hidden")? {
+        return Err(CommandError::new(
+            67,
+            "CannotCreateIndex",
+            "hidden indexes are not supported by this server",
+        ));
+    }
+    let is_id = key.len() == 1 && key.contains_key("_id");
+    if is_id {
+        for bad in [
+            "unique",
+            "sparse",
+            "expireAfterSeconds",
+            "partialFilterExpression",
+        ] {
+            if spec.contains_key(bad) && !(bad == "unique" && unique) {
+                return Err(bad_spec(
+                    spec,
+                    &format!("The field '{bad}' is not valid for an _id index specification."),
+                ));
+            }
+        }
+    }
+    let ttl = match spec.get("expireAfterSeconds") {
+        None => None,
+        Some(v) => {
+            let secs = match v {
+                Bson::Double(f) if f.is_finite() => Some(*f as i64),
+                other => args::as_i64(other),
+            };
+            match secs {
+                Some(s) if (0..=i64::from(i32::MAX)).contains(&s) => {}
+                Some(_) => {
+                    return Err(CommandError::new(
+                        67,
+                        "CannotCreateIndex",
+                        "TTL index 'expireAfterSeconds' option must be within an acceptable range, try a lower number",
+                    ))
+                }
+                None => {
+                    return Err(CommandError::new(
+                        67,
+                        "CannotCreateIndex",
+                        format!("TTL index 'expireAfterSeconds' option must be numeric, but received a type of '{v}'"),
+                    ))
+                }
+            }
+            if key.len() > 1 {
+                return Err(CommandError::new(
+                    67,
+                    "CannotCreateIndex",
+                    "TTL indexes are single-field indexes, compound indexes do not support TTL",
+                ));
+            }
+            secs
+        }
+    };
+    let partial = match spec.get("partialFilterExpression") {
+        None => None,
+        Some(Bson::Document(p)) => Some((p.clone(), Filter::parse(p)?)),
+        Some(_) => {
+            return Err(CommandError::type_mismatch(
+                "The field 'partialFilterExpression' must be an object",
+            ))
+        }
+    };
+    // The specification as listIndexes shows it: v, key, name, then the options.
+    let mut shown = doc! {"v": 2, "key": key.clone(), "name": name.clone()};
+    for (k, v) in spec {
+        if !matches!(k.as_str(), "v" | "key" | "name" | "ns" | "background") {
+            shown.insert(k.clone(), v.clone());
+        }
+    }
+    Ok(Index::new(name, key, unique, sparse, ttl, partial, shown))
+}
+
+/// Options that make two indexes on the same key different.
+fn options_of(spec: &Document) -> Document {
+    let mut d = Document::new();
+    for (k, v) in spec {
+        if !matches!(k.as_str(), "v" | "key" | "name") {
+            d.insert(k.clone(), v.clone());
+        }
+    }
+    d
+}
+
+/// `createIndexes`.
+pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
+    check_fields(
+        cmd,
+        "createIndexes",
+        &["indexes", "commitQuorum", "ignoreUnknownIndexOptions"],
+    )?;
+    let coll = args::coll_name(cmd, "createIndexes")?;
+    validate_names(ctx.db, coll)?;
+    let specs = args::get_docs(cmd, "createIndexes", "indexes")?;
+    if specs.is_empty() {
+        return Err(CommandError::bad_value(
+            "Must specify at least one index to create",
+        ));
+    }
+    let mut parsed = Vec::with_capacity(specs.len());
+    for s in &specs {
+        parsed.push(parse_index(s)?);
+    }
+    let mut st = ctx.shared.lock();
+    let (c, created) = st.store.coll_or_create(ctx.db, coll)?;
+    let before = c.indexes.len();
+    let mut to_add = Vec::new();
+    for index in parsed {
+        let mut exists = false;
+        for existing in c.indexes.iter().chain(to_add.iter()) {
+            let same_key = existing.key == index.key;
+            let same_name = existing.name == index.name;
+            let same_opts = options_of(&existing.spec) == options_of(&index.spec)
+                || (existing.name == "_id_" && same_key);
+            if same_key && same_name && same_opts {
+                exists = true;
+                break;
+            }
+            if same_name && !same_key {
+                return Err(CommandError::new(
+                    86,
+                    "IndexKeySpecsConflict",
+                    format!(
+                        "An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}",
+                        crate::keys::render_doc(&index.spec),
+                        crate::keys::render_doc(&existing.spec)
+                    ),
+                ));
+            }
+            let same_partial =
+                existing.partial.as_ref().map(|p| &p.0) == index.partial.as_ref().map(|p| &p.0);
+            if same_key && same_partial {
+                let msg = if same_name {
+                    format!(
+                        "An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}",
+                        crate::keys::render_doc(&index.spec),
+                        crate::keys::render_doc(&existing.spec)
+                    )
+                } else if same_opts {
+                    format!(
+                        "Index already exists with a different name: {}",
+                        existing.name
+                    )
+                } else {
+                    format!(
+                        "An equivalent index already exists with a different name and options. Requested index: {}, existing index: {}",
+                        crate::keys::render_doc(&index.spec),
+                        crate::keys::render_doc(&existing.spec)
+                    )
+                };
+                return Err(CommandError::new(85, "IndexOptionsConflict", msg));
+            }
+        }
+        if !exists {
+            to_add.push(index);
+        }
+    }
+    if to_add.len() + before > 64 {
+        return Err(CommandError::new(
+            67,
+            "CannotCreateIndex",
+            "add index fails, too many indexes (64 max)",
+        ));
+    }
+    let added = to_add.len();
+    for index in to_add {
+        c.add_index(index, &ctx.vars)?;
+    }
+    let after = c.indexes.len();
+    if created || added > 0 {
+        st.clock.tick();
+    }
+    std::mem::drop(st);
+    let mut reply = doc! {
+        "numIndexesBefore": before as i32,
+        "numIndexesAfter": after as i32,
+        "createdCollectionAutomatically": created,
+    };
+    if added == 0 {
+        reply.insert("note", "all indexes already exist");
+    }
+    if let Some(wce) = args::write_concern_error(ctx, cmd) {
+        reply.insert("writeConcernError", wce);
+    }
+    Ok(reply)
+}
+
+/// `dropIndexes`.
+pub fn drop_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
+    check_fields(cmd, "dropIndexes", &["index"])?;
+    let coll = args::coll_name(cmd, "dropIndexes")?;
+    let mut st = ctx.shared.lock();
+    let c = st.store.coll_mut(ctx.db, coll).ok_or_else(|| {
+        CommandError::new(
+            26,
+            "NamespaceNotFound",
+            format!("ns not found {}.{}", ctx.db, coll),
+        )
+    })?;
+    let was = c.indexes.len() as i32;
+    let not_found = |what: String| CommandError::new(27, "IndexNotFound", what);
+    let cannot_drop_id = || CommandError::new(72, "InvalidOptions", "cannot drop _id index");
+    match cmd.get("index") {
+        Some(Bson::String(s)) if s == "*" => {
+            c.indexes.truncate(1);
+        }
+        Some(Bson::String(name)) => {
+            if name == "_id_" {
+                return Err(cannot_drop_id());
+            }
+            let i = c
+                .indexes
+                .iter()
+                .position(|i| &i.name == name)
+                .ok_or_else(|| not_found(format!("index not found with name [{name}]")))?;
+            c.remove_index(i);
+        }
+        Some(Bson::Array(names)) => {
+            let mut positions = Vec::new();
+            for n in names {
+                let Bson::String(name) = n else {
+                    return Err(CommandError::type_mismatch("index names must be strings"));
+                };
+                if name == "_id_" {
+                    return Err(cannot_drop_id());
+                }
+                let i = c
+                    .indexes
+                    .iter()
+                    .position(|i| &i.name == name)
+                    .ok_or_else(|| not_found(format!("index not found with name [{name}]")))?;
+                positions.push(i);
+            }
+            positions.sort_unstable();
+            positions.dedup();
+            for i in positions.into_iter().rev() {
+                c.remove_index(i);
+            }
+        }
+        Some(Bson::Document(key)) => {
+            let i = c
+                .indexes
+                .iter()
+                .position(|i| &i.key == key)
+                .ok_or_else(|| {
+                    not_found(format!(
+                        "can't find index with key: {}",
+                        crate::keys::render_doc(key)
+                    ))
+                })?;
+            if i == 0 {
+                return Err(cannot_drop_id());
+            }
+            c.remove_index(i);
+        }
+        _ => {
+            return Err(CommandError::new(
+                40414,
+                "Location40414",
+                "BSON field 'dropIndexes.index' is missing but a required field",
+            ))
+        }
+    }
+    st.clock.tick();
+    std::mem::drop(st);
+    let mut reply = doc! {"nIndexesWas": was};
+    if let Some(wce) = args::write_concern_error(ctx, cmd) {
+        reply.insert("writeConcernError", wce);
+    }
+    Ok(reply)
+}

@@ -1,0 +1,317 @@
+use super::*;
+use bson::{doc, DateTime, Regex as BsonRegex};
+
+fn vars() -> Vars {
+    Vars::new(DateTime::from_millis(1_000_000))
+}
+
+fn m(filter: Document, d: Document) -> bool {
+    match Filter::parse(&filter) {
+        Ok(f) => match f.matches(&d, &vars()) {
+            Ok(b) => b,
+            Err(e) => panic!("match error {e}"),
+        },
+        Err(e) => panic!("parse error {e} for {filter}"),
+    }
+}
+
+fn parse_err(filter: Document) -> CommandError {
+    match Filter::parse(&filter) {
+        Ok(_) => panic!("expected parse error for {filter}"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn equality_and_paths() {
+    assert!(m(doc! {"a": 1}, doc! {"a": 1}));
+    assert!(m(doc! {"a": 1}, doc! {"a": 1.0}));
+    assert!(m(doc! {"a": 1}, doc! {"a": 1i64}));
+    assert!(!m(doc! {"a": 1}, doc! {"a": "1"}));
+    assert!(m(doc! {"a.b": 1}, doc! {"a": {"b": 1}}));
+    assert!(m(doc! {"a.b": 1}, doc! {"a": [{"b": 2}, {"b": 1}]}));
+    assert!(m(doc! {"a": 2}, doc! {"a": [1, 2, 3]}));
+    assert!(m(doc! {"a": [1, 2]}, doc! {"a": [1, 2]}));
+    assert!(!m(doc! {"a": [1, 2]}, doc! {"a": [2, 1]}));
+    assert!(m(doc! {"a": [1, 2]}, doc! {"a": [[1, 2], 3]}));
+    assert!(m(doc! {"a.1": 2}, doc! {"a": [1, 2]}));
+    assert!(m(doc! {"a.0.b": 5}, doc! {"a": [{"b": 5}]}));
+    assert!(m(doc! {"a": {"b": 1}}, doc! {"a": {"b": 1}}));
+    assert!(!m(doc! {"a": {"b": 1}}, doc! {"a": {"b": 1, "c": 2}}));
+    assert!(!m(
+        doc! {"a": {"b": 1, "c": 2}},
+        doc! {"a": {"c": 2, "b": 1}}
+    ));
+    assert!(m(doc! {}, doc! {"x": 1}));
+    assert!(m(doc! {"a": 1, "b": 2}, doc! {"a": 1, "b": 2}));
+    assert!(!m(doc! {"a": 1, "b": 2}, doc! {"a": 1, "b": 3}));
+}
+
+#[test]
+fn null_and_missing() {
+    assert!(m(doc! {"a": Bson::Null}, doc! {}));
+    assert!(m(doc! {"a": Bson::Null}, doc! {"a": Bson::Null}));
+    assert!(!m(doc! {"a": Bson::Null}, doc! {"a": 0}));
+    assert!(m(
+        doc! {"a.b": Bson::Null},
+        doc! {"a": [{"b": 1}, {"c": 1}]}
+    ));
+    assert!(m(doc! {"a": {"$ne": Bson::Null}}, doc! {"a": 1}));
+    assert!(!m(doc! {"a": {"$ne": Bson::Null}}, doc! {}));
+    assert!(m(doc! {"a": {"$gte": Bson::Null}}, doc! {}));
+    assert!(!m(doc! {"a": {"$gt": Bson::Null}}, doc! {}));
+    assert!(m(doc! {"a": {"$in": [Bson::Null]}}, doc! {}));
+    assert!(!m(doc! {"a": {"$nin": [Bson::Null, 1]}}, doc! {}));
+    assert!(m(
+        doc! {"a": {"$eq": Bson::Null}},
+        doc! {"a": [1, Bson::Null]}
+    ));
+}
+
+#[test]
+fn comparisons_are_type_bracketed() {
+    assert!(m(doc! {"a": {"$gt": 5}}, doc! {"a": 6}));
+    assert!(m(doc! {"a": {"$gt": 5}}, doc! {"a": 5.5}));
+    assert!(!m(doc! {"a": {"$gt": 5}}, doc! {"a": "z"}));
+    assert!(!m(doc! {"a": {"$lt": "a"}}, doc! {"a": 5}));
+    assert!(m(doc! {"a": {"$gte": 5, "$lte": 5}}, doc! {"a": 5}));
+    assert!(m(doc! {"a": {"$lt": 5}}, doc! {"a": [10, 3]}));
+    assert!(!m(doc! {"a": {"$lt": 5}}, doc! {}));
+    assert!(m(doc! {"a": {"$gt": Bson::MinKey}}, doc! {"a": "x"}));
+    assert!(m(doc! {"a": {"$lt": Bson::MaxKey}}, doc! {"a": {"b": 1}}));
+    let t = DateTime::from_millis(500);
+    assert!(m(
+        doc! {"exp": {"$lt": DateTime::from_millis(1000)}},
+        doc! {"exp": t}
+    ));
+    assert!(!m(doc! {"exp": {"$lt": 1000}}, doc! {"exp": t}));
+    assert!(m(doc! {"a": {"$gt": [1]}}, doc! {"a": [[2]]}));
+}
+
+#[test]
+fn set_operators() {
+    assert!(m(doc! {"a": {"$in": [1, 2]}}, doc! {"a": 2}));
+    assert!(m(doc! {"a": {"$in": [1, 2]}}, doc! {"a": [5, 2]}));
+    assert!(!m(doc! {"a": {"$in": []}}, doc! {"a": 2}));
+    assert!(m(doc! {"a": {"$nin": [1, 2]}}, doc! {"a": 3}));
+    assert!(m(doc! {"a": {"$nin": [1, 2]}}, doc! {}));
+    assert!(!m(doc! {"a": {"$nin": [1, 2]}}, doc! {"a": [3, 1]}));
+    assert!(m(doc! {"a": {"$ne": 1}}, doc! {"a": [2, 3]}));
+    assert!(!m(doc! {"a": {"$ne": 1}}, doc! {"a": [1, 3]}));
+    assert!(m(doc! {"a": {"$all": [1, 2]}}, doc! {"a": [2, 3, 1]}));
+    assert!(!m(doc! {"a": {"$all": [1, 2]}}, doc! {"a": [2, 3]}));
+    assert!(!m(doc! {"a": {"$all": []}}, doc! {"a": [2, 3]}));
+    assert!(m(
+        doc! {"a": {"$in": [BsonRegex { pattern: "^x".into(), options: String::new() }]}},
+        doc! {"a": "xy"}
+    ));
+    assert_eq!(parse_err(doc! {"a": {"$in": 1}}).code, 2);
+    assert_eq!(parse_err(doc! {"a": {"$in": [{"$gt": 1}]}}).code, 2);
+}
+
+#[test]
+fn exists_type_size_mod() {
+    assert!(m(doc! {"a": {"$exists": true}}, doc! {"a": Bson::Null}));
+    assert!(!m(doc! {"a": {"$exists": true}}, doc! {}));
+    assert!(m(doc! {"a": {"$exists": false}}, doc! {}));
+    assert!(m(doc! {"a": {"$exists": 0}}, doc! {"b": 1}));
+    assert!(!m(
+        doc! {"a.b": {"$exists": false}},
+        doc! {"a": [{"b": 1}, {"c": 1}]}
+    ));
+    assert!(m(doc! {"a": {"$type": "string"}}, doc! {"a": "x"}));
+    assert!(m(doc! {"a": {"$type": 2}}, doc! {"a": "x"}));
+    assert!(m(doc! {"a": {"$type": "number"}}, doc! {"a": 1i64}));
+    assert!(m(doc! {"a": {"$type": ["bool", "int"]}}, doc! {"a": 1}));
+    assert!(m(doc! {"a": {"$type": "array"}}, doc! {"a": [1]}));
+    assert!(m(doc! {"a": {"$type": "int"}}, doc! {"a": [1]}));
+    assert!(!m(doc! {"a": {"$type": "null"}}, doc! {}));
+    assert!(m(
+        doc! {"a": {"$type": "date"}},
+        doc! {"a": DateTime::from_millis(0)}
+    ));
+    assert_eq!(parse_err(doc! {"a": {"$type": "nope"}}).code, 2);
+    assert_eq!(parse_err(doc! {"a": {"$type": 99}}).code, 2);
+    assert!(m(doc! {"a": {"$size": 2}}, doc! {"a": [1, 2]}));
+    assert!(m(doc! {"a": {"$size": 1}}, doc! {"a": [[1, 2]]}));
+    assert!(!m(doc! {"a": {"$size": 2}}, doc! {"a": [[1, 2]]}));
+    assert!(!m(doc! {"a": {"$size": 0}}, doc! {}));
+    assert_eq!(parse_err(doc! {"a": {"$size": -1}}).code, 2);
+    assert_eq!(parse_err(doc! {"a": {"$size": 1.5}}).code, 2);
+    assert!(m(doc! {"a": {"$mod": [4, 1]}}, doc! {"a": 9}));
+    assert!(!m(doc! {"a": {"$mod": [4, 1]}}, doc! {"a": 8}));
+    assert_eq!(parse_err(doc! {"a": {"$mod": [0, 1]}}).code, 2);
+}
+
+#[test]
+fn logical() {
+    assert!(m(
+        doc! {"$and": [{"a": 1}, {"b": 2}]},
+        doc! {"a": 1, "b": 2}
+    ));
+    assert!(!m(doc! {"$and": [{"a": 1}, {"b": 2}]}, doc! {"a": 1}));
+    assert!(m(doc! {"$or": [{"a": 1}, {"b": 2}]}, doc! {"b": 2}));
+    assert!(!m(doc! {"$or": [{"a": 1}, {"b": 2}]}, doc! {"c": 2}));
+    assert!(m(doc! {"$nor": [{"a": 1}, {"b": 2}]}, doc! {"c": 2}));
+    assert!(!m(doc! {"$nor": [{"a": 1}]}, doc! {"a": 1}));
+    assert!(m(doc! {"a": {"$not": {"$gt": 5}}}, doc! {"a": 3}));
+    assert!(m(doc! {"a": {"$not": {"$gt": 5}}}, doc! {}));
+    assert!(m(doc! {"a": {"$not": {"$gt": 5}}}, doc! {"a": "x"}));
+    assert!(!m(doc! {"a": {"$not": {"$gt": 5}}}, doc! {"a": [1, 6]}));
+    assert!(m(
+        doc! {"a": {"$not": BsonRegex { pattern: "^x".into(), options: String::new() }}},
+        doc! {"a": "yx"}
+    ));
+    assert_eq!(parse_err(doc! {"$and": []}).code, 2);
+    assert_eq!(parse_err(doc! {"$or": [1]}).code, 2);
+    assert_eq!(parse_err(doc! {"a": {"$not": 5}}).code, 2);
+    assert_eq!(parse_err(doc! {"a": {"$not": {}}}).code, 2);
+    assert!(m(doc! {"$comment": "hi", "a": 1}, doc! {"a": 1}));
+    assert!(m(doc! {"$alwaysTrue": 1}, doc! {}));
+    assert!(!m(doc! {"$alwaysFalse": 1}, doc! {}));
+}
+
+#[test]
+fn elem_match() {
+    let d = doc! {"a": [{"x": 1, "y": 2}, {"x": 3, "y": 4}]};
+    assert!(m(doc! {"a": {"$elemMatch": {"x": 3, "y": 4}}}, d.clone()));
+    assert!(!m(doc! {"a": {"$elemMatch": {"x": 1, "y": 4}}}, d.clone()));
+    assert!(m(doc! {"a": {"$elemMatch": {"x": {"$gt": 2}}}}, d.clone()));
+    assert!(m(
+        doc! {"a": {"$elemMatch": {"$or": [{"x": 9}, {"y": 2}]}}},
+        d.clone()
+    ));
+    assert!(m(
+        doc! {"b": {"$elemMatch": {"$gt": 2, "$lt": 5}}},
+        doc! {"b": [1, 3, 9]}
+    ));
+    assert!(!m(
+        doc! {"b": {"$elemMatch": {"$gt": 2, "$lt": 5}}},
+        doc! {"b": [1, 9]}
+    ));
+    assert!(!m(doc! {"b": {"$elemMatch": {"$gt": 2}}}, doc! {"b": 3}));
+    assert!(m(
+        doc! {"b": {"$elemMatch": {"$ne": 1}}},
+        doc! {"b": [1, 2]}
+    ));
+    assert!(m(
+        doc! {"a": {"$all": [{"$elemMatch": {"x": 1}}, {"$elemMatch": {"x": 3}}]}},
+        d
+    ));
+    assert_eq!(parse_err(doc! {"a": {"$elemMatch": 1}}).code, 2);
+}
+
+#[test]
+fn regex() {
+    assert!(m(doc! {"a": {"$regex": "^ab"}}, doc! {"a": "abc"}));
+    assert!(m(
+        doc! {"a": {"$regex": "^AB", "$options": "i"}},
+        doc! {"a": "abc"}
+    ));
+    assert!(m(
+        doc! {"a": BsonRegex { pattern: "c$".into(), options: String::new() }},
+        doc! {"a": ["x", "abc"]}
+    ));
+    assert!(!m(doc! {"a": {"$regex": "^ab"}}, doc! {"a": 5}));
+    assert_eq!(parse_err(doc! {"a": {"$options": "i"}}).code, 2);
+    assert_eq!(parse_err(doc! {"a": {"$regex": 5}}).code, 2);
+    assert!(Filter::parse(&doc! {"a": {"$regex": "(?<=x)"}}).is_err());
+}
+
+#[test]
+fn expr() {
+    let now = vars().now;
+    assert!(m(
+        doc! {"$expr": {"$lt": ["$exp", "$$NOW"]}},
+        doc! {"exp": DateTime::from_millis(5)}
+    ));
+    assert!(!m(
+        doc! {"$expr": {"$lt": ["$exp", "$$NOW"]}},
+        doc! {"exp": now}
+    ));
+    assert!(m(
+        doc! {"$expr": {"$eq": ["$a", "$b"]}},
+        doc! {"a": 1, "b": 1.0}
+    ));
+    assert!(!m(doc! {"$expr": "$missing"}, doc! {}));
+    assert!(m(
+        doc! {"_id": "x", "$or": [{"$expr": {"$lt": ["$exp", "$$NOW"]}}, {"owner": "me"}]},
+        doc! {"_id": "x", "exp": now, "owner": "me"}
+    ));
+    assert_eq!(parse_err(doc! {"$expr": {"$bogus": 1}}).code, 168);
+    let f = Filter::parse(&doc! {"$expr": {"$divide": [1, 0]}});
+    assert!(f.is_ok_and(|f| f.matches(&doc! {}, &vars()).is_err()));
+}
+
+#[test]
+fn unknown_operators() {
+    let e = parse_err(doc! {"a": {"$foo": 1}});
+    assert_eq!(e.code, 2);
+    assert_eq!(e.message, "unknown operator: $foo");
+    let e = parse_err(doc! {"$foo": 1});
+    assert_eq!(e.code, 2);
+    assert!(e.message.starts_with("unknown top level operator: $foo"));
+    assert!(parse_err(doc! {"$where": "true"})
+        .message
+        .contains("$where"));
+    assert_eq!(parse_err(doc! {"a": {"$gt": 1, "b": 2}}).code, 2);
+}
+
+#[test]
+fn id_equality_and_expr_detection() {
+    let f = |d: Document| Filter::parse(&d).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(f(doc! {"_id": 5}).id_equality(), Some(&Bson::Int32(5)));
+    assert_eq!(
+        f(doc! {"_id": {"$eq": "x"}, "a": 1}).id_equality(),
+        Some(&Bson::String("x".into()))
+    );
+    assert_eq!(
+        f(doc! {"$and": [{"a": 1}, {"_id": 7}]}).id_equality(),
+        Some(&Bson::Int32(7))
+    );
+    assert_eq!(f(doc! {"_id": {"$gt": 5}}).id_equality(), None);
+    assert_eq!(f(doc! {"$or": [{"_id": 1}]}).id_equality(), None);
+    assert_eq!(f(doc! {"a": 1}).id_equality(), None);
+    assert!(f(doc! {"_id": 1, "$expr": true}).uses_expr());
+    assert!(f(doc! {"$or": [{"$expr": true}]}).uses_expr());
+    assert!(f(doc! {"a": {"$elemMatch": {"$expr": true}}}).uses_expr());
+    assert!(!f(doc! {"_id": 1}).uses_expr());
+    assert_eq!(
+        f(doc! {"_id": 1, "$expr": true})
+            .check_upsert_allowed()
+            .map_err(|e| e.code),
+        Err(224)
+    );
+}
+
+#[test]
+fn pull_conditions() {
+    let v = vars();
+    let c = |b: Bson| ElementCondition::parse(&b).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c(Bson::Int32(1))
+        .matches(&Bson::Double(1.0), &v)
+        .unwrap_or(false));
+    assert!(c(Bson::Document(doc! {"$gt": 3}))
+        .matches(&Bson::Int32(4), &v)
+        .unwrap_or(false));
+    assert!(!c(Bson::Document(doc! {"$gt": 3}))
+        .matches(&Bson::Int32(2), &v)
+        .unwrap_or(true));
+    assert!(c(Bson::Document(doc! {"x": 1}))
+        .matches(&Bson::Document(doc! {"x": 1, "y": 2}), &v)
+        .unwrap_or(false));
+    assert!(!c(Bson::Document(doc! {"x": 1}))
+        .matches(&Bson::Int32(1), &v)
+        .unwrap_or(true));
+    assert!(c(Bson::Document(doc! {"$in": [1, 2]}))
+        .matches(&Bson::Int32(2), &v)
+        .unwrap_or(false));
+}
+
+#[test]
+fn equality_field_extraction() {
+    let e = equality_fields(&doc! {"_id": 1, "a.b": 2, "c": {"$gt": 1}, "d": {"$eq": 4}, "$and": [{"e": 5}], "f": {"$in": [6]}})
+        .unwrap_or_default();
+    let names: Vec<&str> = e.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, vec!["_id", "a.b", "d", "e", "f"]);
+}

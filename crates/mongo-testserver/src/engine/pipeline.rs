@@ -1,0 +1,866 @@
+//! Aggregation stages over in-memory documents, sorting, and pipeline-style updates.
+//!
+//! Stages: `$match $sort $skip $limit $project $count $addFields $set $unset $replaceWith
+//! $replaceRoot $group $unwind`. `$changeStream` is handled by the server, never here; every
+//! other stage is refused with code 40324 naming it.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use bson::{Bson, Document};
+
+use super::compare::{compare, type_name, values_equal, OrdBson};
+use super::expr::{self, Vars};
+use super::matcher::Filter;
+use super::num::{self, Num};
+use super::path::{expr_path_doc, query_leaves, set_agg_path};
+use super::projection::Projection;
+use super::update::move_id_first;
+use crate::error::{CommandError, CommandResult};
+
+fn loc(code: i32, msg: impl Into<String>) -> CommandError {
+    CommandError::new(code, format!("Location{code}"), msg)
+}
+
+/// A parsed stage.
+#[derive(Debug, Clone)]
+enum Stage {
+    Match(Filter),
+    Sort(Vec<(String, bool)>),
+    Skip(u64),
+    Limit(u64),
+    Project(Projection),
+    Count(String),
+    AddFields(Vec<(Vec<String>, Bson)>),
+    ReplaceRoot(Bson, &'static str),
+    Group(Group),
+    Unwind(Unwind),
+}
+
+#[derive(Debug, Clone)]
+struct Group {
+    id: Bson,
+    fields: Vec<(String, String, Bson)>,
+}
+
+#[derive(Debug, Clone)]
+struct Unwind {
+    path: String,
+    index_field: Option<String>,
+    preserve: bool,
+}
+
+/// Stages that exist in MongoDB but are not implemented here (refused by name).
+const KNOWN_UNSUPPORTED: &[&str] = &[
+    "$lookup",
+    "$facet",
+    "$bucket",
+    "$bucketAuto",
+    "$sortByCount",
+    "$sample",
+    "$out",
+    "$merge",
+    "$graphLookup",
+    "$geoNear",
+    "$indexStats",
+    "$collStats",
+    "$redact",
+    "$densify",
+    "$fill",
+    "$setWindowFields",
+    "$unionWith",
+    "$search",
+    "$searchMeta",
+    "$listSessions",
+    "$currentOp",
+    "$planCacheStats",
+    "$documents",
+    "$changeStreamSplitLargeEvent",
+];
+
+const UPDATE_STAGES: &[&str] = &[
+    "$addFields",
+    "$set",
+    "$project",
+    "$unset",
+    "$replaceRoot",
+    "$replaceWith",
+];
+
+fn stage_name(stage: &Document) -> CommandResult<(&str, &Bson)> {
+    if stage.len() != 1 {
+        return Err(loc(
+            40323,
+            "A pipeline stage specification object must contain exactly one field.",
+        ));
+    }
+    stage
+        .iter()
+        .next()
+        .map(|(k, v)| (k.as_str(), v))
+        .ok_or_else(|| {
+            loc(
+                40323,
+                "A pipeline stage specification object must contain exactly one field.",
+            )
+        })
+}
+
+fn non_negative_int(v: &Bson) -> Option<i64> {
+    Num::from_bson(v).and_then(Num::as_i64_exact)
+}
+
+/// Parses a sort specification (`{a: 1, b: -1}`) into (path, ascending) pairs.
+pub fn parse_sort_spec(spec: &Document) -> CommandResult<Vec<(String, bool)>> {
+    if spec.is_empty() {
+        return Err(loc(15976, "$sort stage must have at least one sort key"));
+    }
+    let mut keys = Vec::with_capacity(spec.len());
+    for (k, v) in spec {
+        if k.is_empty() || k.split('.').any(str::is_empty) {
+            return Err(loc(
+                40352,
+                format!("FieldPath cannot be constructed with empty string: '{k}'"),
+            ));
+        }
+        if let Bson::Document(d) = v {
+            if d.contains_key("$meta") {
+                return Err(CommandError::bad_value(format!(
+                    "$meta sort ({k}) is not supported by mongo-testserver"
+                )));
+            }
+        }
+        let asc = match non_negative_int(v) {
+            Some(1) => true,
+            Some(-1) => false,
+            _ => {
+                return Err(loc(
+                    15975,
+                    "$sort key ordering must be 1 (for ascending) or -1 (for descending)",
+                ))
+            }
+        };
+        keys.push((k.clone(), asc));
+    }
+    Ok(keys)
+}
+
+/// The value a document sorts by for one key: missing sorts as null; an array sorts by its
+/// smallest element ascending and its largest descending (an empty array sorts before null).
+fn sort_key(doc: &Document, path: &str, asc: bool) -> Bson {
+    let mut best: Option<Bson> = None;
+    let consider = |v: Bson, best: &mut Option<Bson>| {
+        let better = match best {
+            None => true,
+            Some(b) => {
+                let o = compare(&v, b);
+                if asc {
+                    o == Ordering::Less
+                } else {
+                    o == Ordering::Greater
+                }
+            }
+        };
+        if better {
+            *best = Some(v);
+        }
+    };
+    for leaf in query_leaves(doc, path) {
+        match leaf {
+            None => consider(Bson::Null, &mut best),
+            Some(Bson::Array(a)) if a.is_empty() => consider(Bson::Undefined, &mut best),
+            Some(Bson::Array(a)) => {
+                for el in a {
+                    consider(el.clone(), &mut best);
+                }
+            }
+            Some(v) => consider(v.clone(), &mut best),
+        }
+    }
+    best.unwrap_or(Bson::Null)
+}
+
+fn compare_keys(a: &[Bson], b: &[Bson], keys: &[(String, bool)]) -> Ordering {
+    for (i, (_, asc)) in keys.iter().enumerate() {
+        let o = compare(&a[i], &b[i]);
+        let o = if *asc { o } else { o.reverse() };
+        if o != Ordering::Equal {
+            return o;
+        }
+    }
+    Ordering::Equal
+}
+
+/// Compares two values (array elements, for `$push` with `$sort`) by a parsed sort spec;
+/// non-document values sort as if every field were null.
+pub fn compare_values_by_spec(a: &Bson, b: &Bson, keys: &[(String, bool)]) -> Ordering {
+    let empty = Document::new();
+    let da = a.as_document().unwrap_or(&empty);
+    let db = b.as_document().unwrap_or(&empty);
+    let ka: Vec<Bson> = keys.iter().map(|(p, asc)| sort_key(da, p, *asc)).collect();
+    let kb: Vec<Bson> = keys.iter().map(|(p, asc)| sort_key(db, p, *asc)).collect();
+    compare_keys(&ka, &kb, keys)
+}
+
+fn sort_parsed(docs: &mut [Document], keys: &[(String, bool)]) {
+    let mut decorated: Vec<(Vec<Bson>, usize)> = docs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            (
+                keys.iter().map(|(p, asc)| sort_key(d, p, *asc)).collect(),
+                i,
+            )
+        })
+        .collect();
+    decorated.sort_by(|(ka, _), (kb, _)| compare_keys(ka, kb, keys));
+    let order: Vec<usize> = decorated.into_iter().map(|(_, i)| i).collect();
+    let mut taken: Vec<Option<Document>> =
+        docs.iter_mut().map(|d| Some(std::mem::take(d))).collect();
+    for (slot, i) in docs.iter_mut().zip(order) {
+        if let Some(d) = taken[i].take() {
+            *slot = d;
+        }
+    }
+}
+
+/// Sorts documents by a sort spec `{a: 1, b: -1}` in BSON order (stable; missing sorts as null;
+/// arrays by their min element ascending / max element descending, as mongod).
+pub fn sort_documents(docs: &mut [Document], spec: &Document) -> CommandResult<()> {
+    let keys = parse_sort_spec(spec)?;
+    sort_parsed(docs, &keys);
+    Ok(())
+}
+
+fn flatten_add_fields(
+    spec: &Document,
+    prefix: &[String],
+    out: &mut Vec<(Vec<String>, Bson)>,
+) -> CommandResult<()> {
+    for (k, v) in spec {
+        if k.is_empty() || k.split('.').any(str::is_empty) {
+            return Err(loc(
+                40352,
+                format!("FieldPath cannot be constructed with empty string: '{k}'"),
+            ));
+        }
+        if k.starts_with('$') {
+            return Err(loc(
+                16410,
+                format!("FieldPath field names may not start with '$'. Consider using $getField or $setField. ({k})"),
+            ));
+        }
+        let mut parts = prefix.to_vec();
+        parts.extend(k.split('.').map(str::to_string));
+        match v {
+            Bson::Document(d)
+                if !d.is_empty() && !d.keys().next().is_some_and(|x| x.starts_with('$')) =>
+            {
+                flatten_add_fields(d, &parts, out)?;
+            }
+            other => {
+                expr::validate(other)?;
+                out.push((parts, other.clone()));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_stage(stage: &Document, update_only: bool) -> CommandResult<Stage> {
+    let (name, arg) = stage_name(stage)?;
+    if update_only && !UPDATE_STAGES.contains(&name) {
+        let known = matches!(
+            name,
+            "$match"
+                | "$sort"
+                | "$skip"
+                | "$limit"
+                | "$count"
+                | "$group"
+                | "$unwind"
+                | "$changeStream"
+        ) || KNOWN_UNSUPPORTED.contains(&name);
+        if known {
+            return Err(CommandError::new(
+                72,
+                "InvalidOptions",
+                format!("{name} is not allowed to be used within an update"),
+            ));
+        }
+        return Err(CommandError::unknown_stage(name));
+    }
+    Ok(match name {
+        "$match" => {
+            let d = arg
+                .as_document()
+                .ok_or_else(|| loc(15959, "the match filter must be an expression in an object"))?;
+            Stage::Match(Filter::parse(d)?)
+        }
+        "$sort" => {
+            let d = arg
+                .as_document()
+                .ok_or_else(|| loc(15973, "the $sort key specification must be an object"))?;
+            Stage::Sort(parse_sort_spec(d)?)
+        }
+        "$skip" => match non_negative_int(arg) {
+            Some(n) if n >= 0 => Stage::Skip(n as u64),
+            Some(_) => return Err(loc(5107200, format!("invalid argument to $skip stage: Cannot skip a negative number of documents: {arg}"))),
+            None => return Err(loc(5107200, format!("invalid argument to $skip stage: Expected an integer: $skip: {arg}"))),
+        },
+        "$limit" => match non_negative_int(arg) {
+            Some(n) if n > 0 => Stage::Limit(n as u64),
+            Some(_) => return Err(loc(15958, "the limit must be positive")),
+            None => return Err(loc(5107201, format!("invalid argument to $limit stage: Expected an integer: $limit: {arg}"))),
+        },
+        "$project" => {
+            let d = arg
+                .as_document()
+                .ok_or_else(|| loc(15969, "$project specification must be an object"))?;
+            Stage::Project(Projection::parse_aggregate(d)?)
+        }
+        "$unset" => {
+            let paths: Vec<String> = match arg {
+                Bson::String(s) => vec![s.clone()],
+                Bson::Array(a) if !a.is_empty() => a
+                    .iter()
+                    .map(|x| match x {
+                        Bson::String(s) => Ok(s.clone()),
+                        _ => Err(loc(31120, "$unset specification must be a string or an array containing only string values")),
+                    })
+                    .collect::<CommandResult<_>>()?,
+                Bson::Array(_) => return Err(loc(31119, "$unset specification must be a string or an array with at least one field")),
+                _ => return Err(loc(31002, "$unset specification must be a string or an array")),
+            };
+            Stage::Project(Projection::exclusion_of(&paths)?)
+        }
+        "$count" => match arg {
+            Bson::String(s) if s.is_empty() => return Err(loc(40156, "the count field must be a non-empty string")),
+            Bson::String(s) if s.starts_with('$') => return Err(loc(40158, "the count field cannot be a $-prefixed path")),
+            Bson::String(s) if s.contains('.') => return Err(loc(40160, "the count field cannot contain '.'")),
+            Bson::String(s) => Stage::Count(s.clone()),
+            _ => return Err(loc(40156, "the count field must be a non-empty string")),
+        },
+        "$addFields" | "$set" => {
+            let d = arg.as_document().ok_or_else(|| {
+                loc(40272, format!("{name} specification stage must be an object, got {}", type_name(arg)))
+            })?;
+            let mut fields = Vec::new();
+            flatten_add_fields(d, &[], &mut fields)?;
+            Stage::AddFields(fields)
+        }
+        "$replaceRoot" => {
+            let d = arg
+                .as_document()
+                .ok_or_else(|| loc(40229, "expected an object as specification for $replaceRoot stage"))?;
+            for k in d.keys() {
+                if k != "newRoot" {
+                    return Err(loc(40415, format!("BSON field '$replaceRoot.{k}' is an unknown field.")));
+                }
+            }
+            let e = d
+                .get("newRoot")
+                .ok_or_else(|| loc(40231, "no newRoot specified for the $replaceRoot stage"))?;
+            expr::validate(e)?;
+            Stage::ReplaceRoot(e.clone(), "'newRoot'")
+        }
+        "$replaceWith" => {
+            expr::validate(arg)?;
+            Stage::ReplaceRoot(arg.clone(), "'replacement document'")
+        }
+        "$group" => Stage::Group(parse_group(arg)?),
+        "$unwind" => Stage::Unwind(parse_unwind(arg)?),
+        "$changeStream" => {
+            return Err(loc(
+                40602,
+                "$changeStream is only valid as the first stage in a pipeline.",
+            ))
+        }
+        other => {
+            let mut e = CommandError::unknown_stage(other);
+            if KNOWN_UNSUPPORTED.contains(&other) {
+                e.message = format!("{} (the stage exists in MongoDB but is not supported by mongo-testserver)", e.message);
+            }
+            return Err(e);
+        }
+    })
+}
+
+const ACCUMULATORS: &[&str] = &[
+    "$sum",
+    "$avg",
+    "$min",
+    "$max",
+    "$first",
+    "$last",
+    "$push",
+    "$addToSet",
+    "$count",
+    "$mergeObjects",
+];
+
+fn parse_group(arg: &Bson) -> CommandResult<Group> {
+    let d = arg
+        .as_document()
+        .ok_or_else(|| loc(15947, "a group's fields must be specified in an object"))?;
+    let id = d
+        .get("_id")
+        .ok_or_else(|| loc(15955, "a group specification must include an _id"))?;
+    expr::validate(id)?;
+    let mut fields = Vec::new();
+    for (k, v) in d {
+        if k == "_id" {
+            continue;
+        }
+        if k.contains('.') {
+            return Err(loc(
+                40235,
+                format!("The field name '{k}' cannot contain '.'"),
+            ));
+        }
+        let acc = match v {
+            Bson::Document(a) if a.len() == 1 => a,
+            _ => {
+                return Err(loc(
+                    40234,
+                    format!("The field '{k}' must be an accumulator object"),
+                ))
+            }
+        };
+        let (op, e) = acc.iter().next().ok_or_else(|| {
+            loc(
+                40238,
+                format!("The field '{k}' must specify one accumulator"),
+            )
+        })?;
+        if !ACCUMULATORS.contains(&op.as_str()) {
+            return Err(loc(15952, format!("unknown group operator '{op}'")));
+        }
+        if op == "$count" && !matches!(e, Bson::Document(x) if x.is_empty()) {
+            return Err(loc(5428000, "$count takes no arguments, i.e. $count:{}"));
+        }
+        expr::validate(e)?;
+        fields.push((k.clone(), op.clone(), e.clone()));
+    }
+    Ok(Group {
+        id: id.clone(),
+        fields,
+    })
+}
+
+fn parse_unwind(arg: &Bson) -> CommandResult<Unwind> {
+    let (path, index_field, preserve) = match arg {
+        Bson::String(s) => (s.clone(), None, false),
+        Bson::Document(d) => {
+            let mut path = None;
+            let mut idx = None;
+            let mut preserve = false;
+            for (k, v) in d {
+                match (k.as_str(), v) {
+                    ("path", Bson::String(s)) => path = Some(s.clone()),
+                    ("path", _) => return Err(loc(28808, "expected a string as the path for $unwind stage")),
+                    ("includeArrayIndex", Bson::String(s)) if !s.is_empty() && !s.starts_with('$') => {
+                        idx = Some(s.clone())
+                    }
+                    ("includeArrayIndex", _) => {
+                        return Err(loc(28810, "expected a non-empty string for the includeArrayIndex option to $unwind stage"))
+                    }
+                    ("preserveNullAndEmptyArrays", Bson::Boolean(b)) => preserve = *b,
+                    ("preserveNullAndEmptyArrays", _) => {
+                        return Err(loc(28809, "expected a boolean for the preserveNullAndEmptyArrays option to $unwind stage"))
+                    }
+                    (other, _) => return Err(loc(28811, format!("unrecognized option to $unwind stage: {other}"))),
+                }
+            }
+            (
+                path.ok_or_else(|| loc(28812, "no path specified to $unwind stage"))?,
+                idx,
+                preserve,
+            )
+        }
+        _ => {
+            return Err(loc(
+                15981,
+                "expected either a string or an object as specification for $unwind stage",
+            ))
+        }
+    };
+    let Some(p) = path.strip_prefix('$') else {
+        return Err(loc(
+            28818,
+            format!("path option to $unwind stage should be prefixed with a '$': {path}"),
+        ));
+    };
+    if p.is_empty() || p.split('.').any(str::is_empty) {
+        return Err(loc(
+            40352,
+            "FieldPath cannot be constructed with empty string",
+        ));
+    }
+    Ok(Unwind {
+        path: p.to_string(),
+        index_field,
+        preserve,
+    })
+}
+
+fn parse_all(stages: &[Document], update_only: bool) -> CommandResult<Vec<Stage>> {
+    stages.iter().map(|s| parse_stage(s, update_only)).collect()
+}
+
+/// Checks that a pipeline is a valid update pipeline: only `$addFields`/`$set`, `$project`,
+/// `$unset`, `$replaceRoot`/`$replaceWith` (others: code 72 naming the stage).
+pub fn validate_update_pipeline(stages: &[Document]) -> CommandResult<()> {
+    parse_all(stages, true).map(|_| ())
+}
+
+/// Validates a whole aggregation pipeline without running it.
+pub fn validate(stages: &[Document]) -> CommandResult<()> {
+    parse_all(stages, false).map(|_| ())
+}
+
+/// Runs aggregation stages over `docs`.
+pub fn run(stages: &[Document], docs: Vec<Document>, vars: &Vars) -> CommandResult<Vec<Document>> {
+    let parsed = parse_all(stages, false)?;
+    run_parsed(&parsed, docs, vars)
+}
+
+fn run_parsed(
+    stages: &[Stage],
+    mut docs: Vec<Document>,
+    vars: &Vars,
+) -> CommandResult<Vec<Document>> {
+    for stage in stages {
+        docs = match stage {
+            Stage::Match(f) => {
+                let mut out = Vec::with_capacity(docs.len());
+                for d in docs {
+                    if f.matches(&d, vars)? {
+                        out.push(d);
+                    }
+                }
+                out
+            }
+            Stage::Sort(keys) => {
+                sort_parsed(&mut docs, keys);
+                docs
+            }
+            Stage::Skip(n) => docs
+                .into_iter()
+                .skip(usize::try_from(*n).unwrap_or(usize::MAX))
+                .collect(),
+            Stage::Limit(n) => docs
+                .into_iter()
+                .take(usize::try_from(*n).unwrap_or(usize::MAX))
+                .collect(),
+            Stage::Project(p) => docs
+                .iter()
+                .map(|d| p.apply(d, vars))
+                .collect::<CommandResult<_>>()?,
+            Stage::Count(field) => {
+                if docs.is_empty() {
+                    Vec::new()
+                } else {
+                    let mut d = Document::new();
+                    let n = docs.len() as i64;
+                    d.insert(
+                        field.clone(),
+                        i32::try_from(n).map(Bson::Int32).unwrap_or(Bson::Int64(n)),
+                    );
+                    vec![d]
+                }
+            }
+            Stage::AddFields(fields) => {
+                let mut out = Vec::with_capacity(docs.len());
+                for d in docs {
+                    out.push(add_fields(&d, fields, vars)?);
+                }
+                out
+            }
+            Stage::ReplaceRoot(e, what) => {
+                let mut out = Vec::with_capacity(docs.len());
+                for d in docs {
+                    match expr::evaluate(e, &d, vars)? {
+                        Some(Bson::Document(nd)) => out.push(nd),
+                        other => {
+                            return Err(loc(
+                                40228,
+                                format!(
+                                    "{what} must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'. Input document: {d}",
+                                    other.as_ref().map(|v| v.to_string()).unwrap_or_else(|| "MISSING".into()),
+                                    other.as_ref().map(type_name).unwrap_or("missing"),
+                                ),
+                            ))
+                        }
+                    }
+                }
+                out
+            }
+            Stage::Group(g) => group(g, docs, vars)?,
+            Stage::Unwind(u) => unwind(u, docs),
+        };
+    }
+    Ok(docs)
+}
+
+fn add_fields(
+    d: &Document,
+    fields: &[(Vec<String>, Bson)],
+    vars: &Vars,
+) -> CommandResult<Document> {
+    let mut out = d.clone();
+    for (parts, e) in fields {
+        let v = expr::evaluate(e, d, vars)?;
+        let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        match v {
+            Some(v) => set_agg_path(&mut out, &refs, v),
+            None => super::path::remove_agg_path(&mut out, &refs),
+        }
+    }
+    Ok(out)
+}
+
+enum Acc {
+    Sum(Num),
+    Avg(f64, u64, bool),
+    Extreme(Option<Bson>, bool),
+    First(Option<Option<Bson>>),
+    Last(Option<Bson>),
+    Push(Vec<Bson>),
+    AddToSet(Vec<Bson>),
+    Count(i64),
+    Merge(Document),
+}
+
+fn new_acc(op: &str) -> Acc {
+    match op {
+        "$sum" => Acc::Sum(Num::I32(0)),
+        "$avg" => Acc::Avg(0.0, 0, false),
+        "$min" => Acc::Extreme(None, false),
+        "$max" => Acc::Extreme(None, true),
+        "$first" => Acc::First(None),
+        "$last" => Acc::Last(None),
+        "$push" => Acc::Push(Vec::new()),
+        "$addToSet" => Acc::AddToSet(Vec::new()),
+        "$mergeObjects" => Acc::Merge(Document::new()),
+        _ => Acc::Count(0),
+    }
+}
+
+fn accumulate(acc: &mut Acc, v: Option<Bson>) -> CommandResult<()> {
+    match acc {
+        Acc::Sum(s) => {
+            if let Some(n) = v.as_ref().and_then(Num::from_bson) {
+                *s = num::add(*s, n);
+            }
+        }
+        Acc::Avg(total, count, dec) => {
+            if let Some(n) = v.as_ref().and_then(Num::from_bson) {
+                *total += n.as_f64();
+                *count += 1;
+                *dec |= matches!(n, Num::Dec(_));
+            }
+        }
+        Acc::Extreme(best, max) => {
+            if let Some(v) = v.filter(|x| !matches!(x, Bson::Null | Bson::Undefined)) {
+                let replace = match best {
+                    None => true,
+                    Some(b) => {
+                        let o = compare(&v, b);
+                        if *max {
+                            o == Ordering::Greater
+                        } else {
+                            o == Ordering::Less
+                        }
+                    }
+                };
+                if replace {
+                    *best = Some(v);
+                }
+            }
+        }
+        Acc::First(first) => {
+            if first.is_none() {
+                *first = Some(v);
+            }
+        }
+        Acc::Last(last) => *last = Some(v.unwrap_or(Bson::Null)),
+        Acc::Push(items) => {
+            if let Some(v) = v {
+                items.push(v);
+            }
+        }
+        Acc::AddToSet(items) => {
+            if let Some(v) = v {
+                if !items.iter().any(|x| values_equal(x, &v)) {
+                    items.push(v);
+                }
+            }
+        }
+        Acc::Count(n) => *n += 1,
+        Acc::Merge(out) => match v {
+            None | Some(Bson::Null) => {}
+            Some(Bson::Document(d)) => out.extend(d),
+            Some(other) => {
+                return Err(loc(
+                    40400,
+                    format!(
+                        "$mergeObjects requires object inputs, but input {other} is of type {}",
+                        type_name(&other)
+                    ),
+                ))
+            }
+        },
+    }
+    Ok(())
+}
+
+fn finish(acc: Acc) -> Bson {
+    match acc {
+        Acc::Sum(s) => s.to_bson(),
+        Acc::Avg(_, 0, _) => Bson::Null,
+        Acc::Avg(t, c, dec) => {
+            let a = t / c as f64;
+            if dec {
+                Num::Dec(a).to_bson()
+            } else {
+                Bson::Double(a)
+            }
+        }
+        Acc::Extreme(b, _) => b.unwrap_or(Bson::Null),
+        Acc::First(f) => f.flatten().unwrap_or(Bson::Null),
+        Acc::Last(l) => l.unwrap_or(Bson::Null),
+        Acc::Push(v) | Acc::AddToSet(v) => Bson::Array(v),
+        Acc::Count(n) => i32::try_from(n).map(Bson::Int32).unwrap_or(Bson::Int64(n)),
+        Acc::Merge(d) => Bson::Document(d),
+    }
+}
+
+fn group(g: &Group, docs: Vec<Document>, vars: &Vars) -> CommandResult<Vec<Document>> {
+    let mut index: BTreeMap<OrdBson, usize> = BTreeMap::new();
+    let mut groups: Vec<(Bson, Vec<Acc>)> = Vec::new();
+    for d in &docs {
+        let key = expr::evaluate(&g.id, d, vars)?.unwrap_or(Bson::Null);
+        let i = match index.get(&OrdBson(key.clone())) {
+            Some(i) => *i,
+            None => {
+                groups.push((
+                    key.clone(),
+                    g.fields.iter().map(|(_, op, _)| new_acc(op)).collect(),
+                ));
+                index.insert(OrdBson(key), groups.len() - 1);
+                groups.len() - 1
+            }
+        };
+        for (j, (_, op, e)) in g.fields.iter().enumerate() {
+            let v = if op == "$count" {
+                None
+            } else {
+                expr::evaluate(e, d, vars)?
+            };
+            accumulate(&mut groups[i].1[j], v)?;
+        }
+    }
+    Ok(groups
+        .into_iter()
+        .map(|(key, accs)| {
+            let mut out = Document::new();
+            out.insert("_id", key);
+            for ((name, _, _), acc) in g.fields.iter().zip(accs) {
+                out.insert(name.clone(), finish(acc));
+            }
+            out
+        })
+        .collect())
+}
+
+fn unwind(u: &Unwind, docs: Vec<Document>) -> Vec<Document> {
+    let parts: Vec<&str> = u.path.split('.').collect();
+    let mut out = Vec::new();
+    for d in docs {
+        let value = get_doc_path(&d, &parts);
+        match value {
+            Some(Bson::Array(a)) if !a.is_empty() => {
+                for (i, el) in a.iter().enumerate() {
+                    let mut nd = d.clone();
+                    set_agg_path(&mut nd, &parts, el.clone());
+                    if let Some(f) = &u.index_field {
+                        set_agg_path(&mut nd, &[f.as_str()], Bson::Int64(i as i64));
+                    }
+                    out.push(nd);
+                }
+            }
+            Some(Bson::Array(_)) | None | Some(Bson::Null) => {
+                if u.preserve {
+                    let mut nd = d.clone();
+                    if matches!(value, Some(Bson::Array(_))) {
+                        super::path::remove_agg_path(&mut nd, &parts);
+                    }
+                    if let Some(f) = &u.index_field {
+                        nd.insert(f.clone(), Bson::Null);
+                    }
+                    out.push(nd);
+                }
+            }
+            Some(_) => {
+                let mut nd = d.clone();
+                if let Some(f) = &u.index_field {
+                    nd.insert(f.clone(), Bson::Null);
+                }
+                out.push(nd);
+            }
+        }
+    }
+    out
+}
+
+fn get_doc_path(d: &Document, parts: &[&str]) -> Option<Bson> {
+    let mut cur = d.get(parts[0])?;
+    for p in &parts[1..] {
+        cur = cur.as_document()?.get(*p)?;
+    }
+    Some(cur.clone())
+}
+
+/// Runs a pipeline-style update on one document: only `$set`/`$addFields`, `$unset`,
+/// `$project`, `$replaceWith`/`$replaceRoot` (others: code 72 naming the stage). The result
+/// keeps `_id` first; if the pipeline dropped `_id` the original is restored (as mongod does);
+/// a different `_id` is code 66 ImmutableField.
+pub fn run_update_pipeline(
+    stages: &[Document],
+    doc: &Document,
+    vars: &Vars,
+) -> CommandResult<Document> {
+    let parsed = parse_all(stages, true)?;
+    let mut out = run_parsed(&parsed, vec![doc.clone()], vars)?;
+    let mut result = out.pop().unwrap_or_default();
+    if let Some(id) = doc.get("_id") {
+        match result.get("_id") {
+            None => {
+                let mut with_id = Document::new();
+                with_id.insert("_id", id.clone());
+                with_id.extend(result);
+                result = with_id;
+            }
+            Some(nid) if nid == id => {}
+            Some(_) => {
+                return Err(CommandError::new(
+                    66,
+                    "ImmutableField",
+                    "Performing an update on the path '_id' would modify the immutable field '_id'",
+                ))
+            }
+        }
+    }
+    move_id_first(&mut result);
+    Ok(result)
+}
+
+/// Evaluates a `$`-path of a document the way aggregation does (used by `$unwind`-like code).
+pub fn field(doc: &Document, path: &str) -> Option<Bson> {
+    expr_path_doc(doc, path)
+}
+
+#[cfg(test)]
+#[path = "pipeline_tests.rs"]
+mod tests;

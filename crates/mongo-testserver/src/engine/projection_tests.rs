@@ -1,0 +1,159 @@
+use super::*;
+use bson::{doc, DateTime};
+
+fn vars() -> Vars {
+    Vars::new(DateTime::from_millis(42))
+}
+
+fn p(d: Document, spec: Document) -> Document {
+    project(&d, &spec, &vars()).unwrap_or_else(|e| panic!("{spec}: {e}"))
+}
+
+fn perr(spec: Document) -> i32 {
+    match project(&doc! {"_id": 1}, &spec, &vars()) {
+        Ok(d) => panic!("expected error for {spec}, got {d}"),
+        Err(e) => e.code,
+    }
+}
+
+fn sample() -> Document {
+    doc! {"_id": 1, "a": 1, "b": {"c": 2, "d": 3}, "arr": [{"x": 1, "y": 2}, {"x": 3}, 5], "s": [1, 2, 3, 4]}
+}
+
+#[test]
+fn inclusion() {
+    assert_eq!(p(sample(), doc! {"a": 1}), doc! {"_id": 1, "a": 1});
+    assert_eq!(p(sample(), doc! {"a": true, "_id": 0}), doc! {"a": 1});
+    assert_eq!(p(sample(), doc! {"b.c": 1}), doc! {"_id": 1, "b": {"c": 2}});
+    assert_eq!(
+        p(sample(), doc! {"b": {"d": 1}}),
+        doc! {"_id": 1, "b": {"d": 3}}
+    );
+    assert_eq!(
+        p(sample(), doc! {"arr.x": 1}),
+        doc! {"_id": 1, "arr": [{"x": 1}, {"x": 3}]}
+    );
+    assert_eq!(p(sample(), doc! {"zz": 1}), doc! {"_id": 1});
+    assert_eq!(p(sample(), doc! {"_id": 1}), doc! {"_id": 1});
+    assert_eq!(p(sample(), doc! {"a.q": 1}), doc! {"_id": 1});
+    // Document order, not projection order.
+    assert_eq!(
+        p(sample(), doc! {"b": 1, "a": 1}),
+        doc! {"_id": 1, "a": 1, "b": {"c": 2, "d": 3}}
+    );
+}
+
+#[test]
+fn exclusion() {
+    assert_eq!(
+        p(doc! {"_id": 1, "a": 1, "b": 2}, doc! {"a": 0}),
+        doc! {"_id": 1, "b": 2}
+    );
+    assert_eq!(p(doc! {"_id": 1, "a": 1}, doc! {"_id": 0}), doc! {"a": 1});
+    assert_eq!(
+        p(sample(), doc! {"b.c": 0, "arr": 0, "s": 0, "_id": 0}),
+        doc! {"a": 1, "b": {"d": 3}}
+    );
+    assert_eq!(
+        p(doc! {"arr": [{"x": 1, "y": 2}, 5]}, doc! {"arr.x": 0}),
+        doc! {"arr": [{"y": 2}, 5]}
+    );
+    assert_eq!(
+        p(doc! {"_id": 1, "a": 1}, doc! {"a": 0, "_id": 1}),
+        doc! {"_id": 1}
+    );
+}
+
+#[test]
+fn mixing_is_refused() {
+    assert_eq!(perr(doc! {"a": 1, "b": 0}), 31254);
+    assert_eq!(perr(doc! {"a": 0, "b": 1}), 31253);
+    assert_eq!(perr(doc! {"a": 0, "b": "$x"}), 31254);
+    assert_eq!(perr(doc! {"a": 1, "a.b": 1}), 31249);
+    assert_eq!(perr(doc! {"a.b": 1, "a": 1}), 31250);
+    assert_eq!(perr(doc! {"a.$": 1}), 2);
+    assert_eq!(perr(doc! {"a": {"$meta": "textScore"}}), 2);
+    assert_eq!(perr(doc! {"a": {}}), 51270);
+    assert_eq!(perr(doc! {"a": {"$bogus": 1}}), 168);
+}
+
+#[test]
+fn computed_fields() {
+    assert_eq!(
+        p(
+            sample(),
+            doc! {"a": 1, "sum": {"$add": ["$a", "$b.c"]}, "now": "$$NOW"}
+        ),
+        doc! {"_id": 1, "a": 1, "sum": 3, "now": DateTime::from_millis(42)}
+    );
+    assert_eq!(
+        p(sample(), doc! {"lit": "text", "_id": 0}),
+        doc! {"lit": "text"}
+    );
+    assert_eq!(p(sample(), doc! {"m": "$missing", "_id": 0}), doc! {});
+    assert_eq!(p(sample(), doc! {"_id": "$a"}), doc! {"_id": 1});
+    assert_eq!(
+        p(sample(), doc! {"b.e": {"$literal": 9}, "_id": 0}),
+        doc! {"b": {"e": 9}}
+    );
+}
+
+#[test]
+fn slice_and_elem_match() {
+    assert_eq!(
+        p(
+            sample(),
+            doc! {"s": {"$slice": 2}, "_id": 0, "a": 0, "b": 0, "arr": 0}
+        ),
+        doc! {"s": [1, 2]}
+    );
+    assert_eq!(
+        p(doc! {"s": [1, 2, 3]}, doc! {"s": {"$slice": -1}}),
+        doc! {"s": [3]}
+    );
+    assert_eq!(
+        p(
+            doc! {"s": [1, 2, 3], "t": 1},
+            doc! {"s": {"$slice": [1, 1]}}
+        ),
+        doc! {"s": [2], "t": 1}
+    );
+    assert_eq!(
+        p(
+            doc! {"s": [1, 2, 3], "t": 1},
+            doc! {"s": {"$slice": [-2, 5]}, "t": 1}
+        ),
+        doc! {"s": [2, 3], "t": 1}
+    );
+    assert_eq!(p(doc! {"s": 5}, doc! {"s": {"$slice": 1}}), doc! {"s": 5});
+    assert_eq!(perr(doc! {"s": {"$slice": [1, 0]}}), 28724);
+    assert_eq!(
+        p(sample(), doc! {"arr": {"$elemMatch": {"x": 3}}}),
+        doc! {"_id": 1, "arr": [{"x": 3}]}
+    );
+    assert_eq!(
+        p(sample(), doc! {"arr": {"$elemMatch": {"x": 9}}}),
+        doc! {"_id": 1}
+    );
+    assert_eq!(perr(doc! {"a.b": {"$elemMatch": {"x": 9}}}), 31275);
+}
+
+#[test]
+fn empty_projection_is_identity() {
+    assert_eq!(p(sample(), doc! {}), sample());
+}
+
+#[test]
+fn aggregate_projection() {
+    let pr = Projection::parse_aggregate(&doc! {"a": 1});
+    assert!(pr.as_ref().is_ok_and(|x| x.is_inclusion()));
+    assert!(Projection::parse_aggregate(&doc! {}).is_err());
+    let pr = Projection::exclusion_of(&["a".to_string(), "b.c".to_string()]);
+    let out = pr.and_then(|x| x.apply(&sample(), &vars()));
+    assert_eq!(
+        out.ok(),
+        Some(
+            doc! {"_id": 1, "b": {"d": 3}, "arr": [{"x": 1, "y": 2}, {"x": 3}, 5], "s": [1, 2, 3, 4]}
+        )
+    );
+}

@@ -1,0 +1,1031 @@
+//! Updates: operator documents (`{$set: ...}`), replacement documents and pipelines, validated
+//! up front and applied atomically to one document; plus the seed document of an upsert.
+
+use std::cmp::Ordering;
+
+use bson::{Bson, Document, Timestamp};
+
+use super::compare::{compare, type_name, values_equal};
+use super::expr::Vars;
+use super::matcher::{equality_fields, ElementCondition};
+use super::num::{self, Num};
+use super::path::array_index;
+use super::pipeline;
+use crate::error::{CommandError, CommandResult};
+
+/// A parsed, validated update.
+#[derive(Debug, Clone)]
+pub enum Update {
+    /// `{$set: {...}, $inc: {...}, ...}`
+    Operators(OperatorUpdate),
+    /// A replacement document (`{a: 1}`; `{}` replaces with an empty document).
+    Replacement(Document),
+    /// An aggregation pipeline (`[{$set: ...}, ...]`).
+    Pipeline(Vec<Document>),
+}
+
+/// The operators of an operator-style update, in application order.
+#[derive(Debug, Clone)]
+pub struct OperatorUpdate {
+    ops: Vec<Op>,
+}
+
+/// What an update did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpdateOutcome {
+    /// False when the result equals the original document (a no-op: `nModified` 0).
+    pub modified: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    path: String,
+    parts: Vec<String>,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Set(Bson),
+    SetOnInsert(Bson),
+    Unset,
+    Inc(Num, Bson),
+    Mul(Num, Bson),
+    Min(Bson),
+    Max(Bson),
+    Rename(Vec<String>, String),
+    CurrentDate(bool),
+    Push(PushSpec),
+    AddToSet(Vec<Bson>),
+    Pop(bool),
+    Pull(ElementCondition),
+    PullAll(Vec<Bson>),
+}
+
+#[derive(Debug, Clone)]
+struct PushSpec {
+    each: Vec<Bson>,
+    position: Option<i64>,
+    slice: Option<i64>,
+    sort: Option<ElemSort>,
+}
+
+#[derive(Debug, Clone)]
+enum ElemSort {
+    Whole(bool),
+    Fields(Document),
+}
+
+fn code(code: i32, name: &str, msg: impl Into<String>) -> CommandError {
+    CommandError::new(code, name, msg)
+}
+
+fn conflicting(path: &str, at: &str) -> CommandError {
+    code(
+        40,
+        "ConflictingUpdateOperators",
+        format!("Updating the path '{path}' would create a conflict at '{at}'"),
+    )
+}
+
+fn immutable_id() -> CommandError {
+    code(
+        66,
+        "ImmutableField",
+        "Performing an update on the path '_id' would modify the immutable field '_id'",
+    )
+}
+
+fn path_not_viable(field: &str, parent: &str, value: &Bson) -> CommandError {
+    code(
+        28,
+        "PathNotViable",
+        format!("Cannot create field '{field}' in element {{{parent}: {value}}}"),
+    )
+}
+
+fn id_desc(doc: &Document) -> String {
+    match doc.get("_id") {
+        Some(id) => format!("{{_id: {id}}}"),
+        None => "{}".to_string(),
+    }
+}
+
+/// Splits and validates an update path.
+fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
+    if path.is_empty() {
+        return Err(code(
+            56,
+            "EmptyFieldName",
+            "An empty update path is not valid.",
+        ));
+    }
+    let parts: Vec<String> = path.split('.').map(str::to_string).collect();
+    for p in &parts {
+        if p.is_empty() {
+            return Err(code(
+                56,
+                "EmptyFieldName",
+                format!(
+                    "The update path '{path}' contains an empty field name, which is not allowed."
+                ),
+            ));
+        }
+        if p == "$" || p.starts_with("$[") {
+            return Err(CommandError::bad_value(format!(
+                "the positional operator '{p}' in update path '{path}' is not supported by mongo-testserver"
+            )));
+        }
+        if p.starts_with('$') {
+            return Err(code(
+                52,
+                "DollarPrefixedFieldName",
+                format!(
+                    "The dollar ($) prefixed field '{p}' in '{path}' is not valid for storage."
+                ),
+            ));
+        }
+    }
+    Ok(parts)
+}
+
+fn int_of(v: &Bson) -> Option<i64> {
+    Num::from_bson(v).and_then(Num::as_i64_exact)
+}
+
+fn parse_elem_sort(v: &Bson) -> CommandResult<ElemSort> {
+    let bad = || {
+        CommandError::bad_value(
+            "The $sort is invalid: use 1/-1 to sort the whole element, or {field:1/-1} to sort embedded fields",
+        )
+    };
+    match v {
+        Bson::Document(d) => {
+            if d.is_empty() {
+                return Err(CommandError::bad_value(
+                    "The $sort pattern is empty when it should be a set of fields.",
+                ));
+            }
+            for (k, dir) in d {
+                if k.is_empty() || k.split('.').any(str::is_empty) || k.starts_with('$') {
+                    return Err(bad());
+                }
+                match int_of(dir) {
+                    Some(1) | Some(-1) => {}
+                    _ => return Err(bad()),
+                }
+            }
+            Ok(ElemSort::Fields(d.clone()))
+        }
+        other => match int_of(other) {
+            Some(1) => Ok(ElemSort::Whole(true)),
+            Some(-1) => Ok(ElemSort::Whole(false)),
+            _ => Err(bad()),
+        },
+    }
+}
+
+fn parse_push(v: &Bson) -> CommandResult<PushSpec> {
+    let d = match v {
+        Bson::Document(d) if d.contains_key("$each") => d,
+        other => {
+            return Ok(PushSpec {
+                each: vec![other.clone()],
+                position: None,
+                slice: None,
+                sort: None,
+            })
+        }
+    };
+    let mut spec = PushSpec {
+        each: Vec::new(),
+        position: None,
+        slice: None,
+        sort: None,
+    };
+    for (k, x) in d {
+        match k.as_str() {
+            "$each" => match x {
+                Bson::Array(a) => spec.each = a.clone(),
+                other => {
+                    return Err(CommandError::bad_value(format!(
+                        "The argument to $each in $push must be an array but it was of type: {}",
+                        type_name(other)
+                    )))
+                }
+            },
+            "$slice" => {
+                spec.slice = Some(int_of(x).ok_or_else(|| {
+                    CommandError::bad_value(format!(
+                        "The value for $slice must be an integer value but was given type: {}",
+                        type_name(x)
+                    ))
+                })?)
+            }
+            "$position" => {
+                spec.position = Some(int_of(x).ok_or_else(|| {
+                    CommandError::bad_value(format!(
+                        "The value for $position must be an integer value, not of type: {}",
+                        type_name(x)
+                    ))
+                })?)
+            }
+            "$sort" => spec.sort = Some(parse_elem_sort(x)?),
+            other => {
+                return Err(CommandError::bad_value(format!(
+                    "Unrecognized clause in $push: {other}"
+                )))
+            }
+        }
+    }
+    Ok(spec)
+}
+
+fn parse_operators(update: &Document) -> CommandResult<OperatorUpdate> {
+    let mut ops: Vec<Op> = Vec::new();
+    let mut all_paths: Vec<String> = Vec::new();
+    for (opname, arg) in update {
+        let known = matches!(
+            opname.as_str(),
+            "$set"
+                | "$unset"
+                | "$inc"
+                | "$mul"
+                | "$min"
+                | "$max"
+                | "$rename"
+                | "$setOnInsert"
+                | "$currentDate"
+                | "$push"
+                | "$addToSet"
+                | "$pop"
+                | "$pull"
+                | "$pullAll"
+        );
+        if !known {
+            if opname == "$bit" || opname == "$pushAll" {
+                return Err(CommandError::bad_value(format!(
+                    "the update operator {opname} is not supported by mongo-testserver"
+                )));
+            }
+            return Err(CommandError::failed_to_parse(format!(
+                "Unknown modifier: {opname}. Expected a valid update modifier or pipeline-style update specified as an array"
+            )));
+        }
+        let fields = arg.as_document().ok_or_else(|| {
+            CommandError::failed_to_parse(format!(
+                "Modifiers operate on fields but we found type {} instead. For example: {{$mod: {{<field>: ...}}}} not {{{opname}: {arg}}}",
+                type_name(arg)
+            ))
+        })?;
+        for (path, v) in fields {
+            let parts = parse_update_path(path)?;
+            let kind = match opname.as_str() {
+                "$set" => Kind::Set(v.clone()),
+                "$setOnInsert" => Kind::SetOnInsert(v.clone()),
+                "$unset" => Kind::Unset,
+                "$inc" | "$mul" => {
+                    let n = Num::from_bson(v).ok_or_else(|| {
+                        CommandError::type_mismatch(format!(
+                            "Cannot {} with non-numeric argument: {{{path}: {v}}}",
+                            if opname == "$inc" {
+                                "increment"
+                            } else {
+                                "multiply"
+                            }
+                        ))
+                    })?;
+                    if opname == "$inc" {
+                        Kind::Inc(n, v.clone())
+                    } else {
+                        Kind::Mul(n, v.clone())
+                    }
+                }
+                "$min" => Kind::Min(v.clone()),
+                "$max" => Kind::Max(v.clone()),
+                "$rename" => {
+                    let to = match v {
+                        Bson::String(s) => s.clone(),
+                        other => {
+                            return Err(CommandError::bad_value(format!(
+                                "The 'to' field for $rename must be a string: {path}: {other}"
+                            )))
+                        }
+                    };
+                    if to == *path {
+                        return Err(CommandError::bad_value(format!(
+                            "The source and target field for $rename must differ: {path}: \"{to}\""
+                        )));
+                    }
+                    if to.starts_with(&format!("{path}.")) || path.starts_with(&format!("{to}.")) {
+                        return Err(CommandError::bad_value(format!(
+                            "The source and target field for $rename must not be on the same path: {path}: \"{to}\""
+                        )));
+                    }
+                    let to_parts = parse_update_path(&to)?;
+                    all_paths.push(to.clone());
+                    Kind::Rename(to_parts, to)
+                }
+                "$currentDate" => {
+                    let ts = match v {
+                        Bson::Boolean(_) => false,
+                        Bson::Document(d) => match (d.len(), d.get("$type")) {
+                            (1, Some(Bson::String(t))) if t == "date" => false,
+                            (1, Some(Bson::String(t))) if t == "timestamp" => true,
+                            _ => {
+                                return Err(CommandError::bad_value(format!(
+                                    "The '$type' string field is required to be 'date' or 'timestamp': {{$currentDate: {{field : {{$type: 'date'}}}}}}, found: {v}"
+                                )))
+                            }
+                        },
+                        other => {
+                            return Err(CommandError::bad_value(format!(
+                                "{} is not valid type for $currentDate. Please use a boolean ('true') or a $type expression ({{$type: 'timestamp/date'}}).",
+                                type_name(other)
+                            )))
+                        }
+                    };
+                    Kind::CurrentDate(ts)
+                }
+                "$push" => Kind::Push(parse_push(v)?),
+                "$addToSet" => {
+                    let items = match v {
+                        Bson::Document(d) if d.contains_key("$each") => {
+                            if d.len() != 1 {
+                                return Err(CommandError::bad_value(format!(
+                                    "Found unexpected fields after $each in $addToSet: {d}"
+                                )));
+                            }
+                            match d.get("$each") {
+                                Some(Bson::Array(a)) => a.clone(),
+                                Some(other) => {
+                                    return Err(CommandError::bad_value(format!(
+                                        "The argument to $each in $addToSet must be an array but it was of type {}",
+                                        type_name(other)
+                                    )))
+                                }
+                                None => Vec::new(),
+                            }
+                        }
+                        other => vec![other.clone()],
+                    };
+                    Kind::AddToSet(items)
+                }
+                "$pop" => {
+                    let n = Num::from_bson(v).ok_or_else(|| {
+                        CommandError::failed_to_parse(format!("Expected a number in: {path}: {v}"))
+                    })?;
+                    match n.as_i64_exact() {
+                        Some(1) => Kind::Pop(false),
+                        Some(-1) => Kind::Pop(true),
+                        _ => {
+                            return Err(CommandError::failed_to_parse(format!(
+                                "$pop expects 1 or -1, found: {v}"
+                            )))
+                        }
+                    }
+                }
+                "$pull" => Kind::Pull(ElementCondition::parse(v)?),
+                _ => match v {
+                    Bson::Array(a) => Kind::PullAll(a.clone()),
+                    other => {
+                        return Err(CommandError::bad_value(format!(
+                            "$pullAll requires an array argument but was given a {}",
+                            type_name(other)
+                        )))
+                    }
+                },
+            };
+            all_paths.push(path.clone());
+            ops.push(Op {
+                path: path.clone(),
+                parts,
+                kind,
+            });
+        }
+    }
+    check_conflicts(&all_paths)?;
+    ops.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(OperatorUpdate { ops })
+}
+
+fn check_conflicts(paths: &[String]) -> CommandResult<()> {
+    for (i, a) in paths.iter().enumerate() {
+        for b in &paths[i + 1..] {
+            if a == b {
+                return Err(conflicting(b, a));
+            }
+            if b.starts_with(&format!("{a}.")) {
+                return Err(conflicting(b, a));
+            }
+            if a.starts_with(&format!("{b}.")) {
+                return Err(conflicting(b, a));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Update {
+    /// Parses and validates an update: a document (operators or replacement) or an array
+    /// (pipeline). Unknown operator: code 9 FailedToParse `Unknown modifier: $foo...`;
+    /// conflicting paths: code 40 ConflictingUpdateOperators; unsupported pipeline stage:
+    /// code 72 InvalidOptions; an empty pipeline is a no-op (as mongod).
+    pub fn parse(update: &Bson) -> CommandResult<Update> {
+        match update {
+            Bson::Array(stages) => {
+                let mut docs = Vec::with_capacity(stages.len());
+                for s in stages {
+                    match s {
+                        Bson::Document(d) => docs.push(d.clone()),
+                        other => {
+                            return Err(CommandError::type_mismatch(format!(
+                                "Each element of the 'pipeline' array must be an object, found {}",
+                                type_name(other)
+                            )))
+                        }
+                    }
+                }
+                pipeline::validate_update_pipeline(&docs)?;
+                Ok(Update::Pipeline(docs))
+            }
+            Bson::Document(d) => {
+                let first_is_op = d.keys().next().is_some_and(|k| k.starts_with('$'));
+                if first_is_op {
+                    Ok(Update::Operators(parse_operators(d)?))
+                } else {
+                    for k in d.keys() {
+                        if k.starts_with('$') {
+                            return Err(code(
+                                52,
+                                "DollarPrefixedFieldName",
+                                format!("The dollar ($) prefixed field '{k}' in '{k}' is not allowed in the context of an update's replacement document. Consider using an aggregation pipeline with $replaceWith."),
+                            ));
+                        }
+                    }
+                    Ok(Update::Replacement(d.clone()))
+                }
+            }
+            other => Err(CommandError::failed_to_parse(format!(
+                "Update argument must be either an object or an array, found {}",
+                type_name(other)
+            ))),
+        }
+    }
+
+    /// True for a replacement document.
+    pub fn is_replacement(&self) -> bool {
+        matches!(self, Update::Replacement(_))
+    }
+
+    /// True for a pipeline update.
+    pub fn is_pipeline(&self) -> bool {
+        matches!(self, Update::Pipeline(_))
+    }
+
+    /// Applies the update to `doc` in place. `is_insert`: this is an upsert inserting (then
+    /// `$setOnInsert` applies). Refuses to change `_id` (code 66 ImmutableField) and keeps
+    /// `_id` first. Atomic: on error `doc` is unchanged. If `doc` has no `_id` afterwards
+    /// (an upsert without one) the caller generates it.
+    pub fn apply(
+        &self,
+        doc: &mut Document,
+        is_insert: bool,
+        vars: &Vars,
+    ) -> CommandResult<UpdateOutcome> {
+        let original_id = doc.get("_id").cloned();
+        let mut new_doc = match self {
+            Update::Replacement(r) => {
+                let mut out = Document::new();
+                if let Some(id) = &original_id {
+                    if let Some(rid) = r.get("_id") {
+                        if !same_id(id, rid) {
+                            return Err(code(
+                                66,
+                                "ImmutableField",
+                                format!("After applying the update, the (immutable) field '_id' was found to have been altered to _id: {rid}"),
+                            ));
+                        }
+                    }
+                    out.insert("_id", id.clone());
+                }
+                for (k, v) in r {
+                    if k != "_id" || original_id.is_none() {
+                        out.insert(k.clone(), v.clone());
+                    }
+                }
+                out
+            }
+            Update::Pipeline(stages) => pipeline::run_update_pipeline(stages, doc, vars)?,
+            Update::Operators(ops) => {
+                let mut work = doc.clone();
+                for op in &ops.ops {
+                    apply_op(&mut work, op, is_insert, vars)?;
+                }
+                work
+            }
+        };
+        if let Some(id) = &original_id {
+            match new_doc.get("_id") {
+                Some(nid) if same_id(id, nid) => {}
+                _ => return Err(immutable_id()),
+            }
+        }
+        move_id_first(&mut new_doc);
+        let modified = new_doc != *doc;
+        if modified {
+            *doc = new_doc;
+        }
+        Ok(UpdateOutcome { modified })
+    }
+}
+
+fn same_id(a: &Bson, b: &Bson) -> bool {
+    a == b
+}
+
+/// Moves `_id` to the front of a document (as mongod stores documents).
+pub fn move_id_first(doc: &mut Document) {
+    if doc.keys().next().is_some_and(|k| k == "_id") {
+        return;
+    }
+    if let Some(id) = doc.remove("_id") {
+        let mut out = Document::new();
+        out.insert("_id", id);
+        for (k, v) in std::mem::take(doc) {
+            out.insert(k, v);
+        }
+        *doc = out;
+    }
+}
+
+/// A place in a document: a field of a document, or an element of an array.
+enum Slot<'a> {
+    Field(&'a mut Document, &'a str),
+    Elem(&'a mut Vec<Bson>, usize),
+}
+
+impl Slot<'_> {
+    fn get(&self) -> Option<&Bson> {
+        match self {
+            Slot::Field(d, k) => d.get(*k),
+            Slot::Elem(a, i) => a.get(*i),
+        }
+    }
+    fn get_mut(&mut self) -> Option<&mut Bson> {
+        match self {
+            Slot::Field(d, k) => d.get_mut(*k),
+            Slot::Elem(a, i) => a.get_mut(*i),
+        }
+    }
+    fn set(&mut self, v: Bson) {
+        match self {
+            Slot::Field(d, k) => {
+                d.insert(k.to_string(), v);
+            }
+            Slot::Elem(a, i) => {
+                while a.len() <= *i {
+                    a.push(Bson::Null);
+                }
+                a[*i] = v;
+            }
+        }
+    }
+    fn remove(&mut self) -> Option<Bson> {
+        match self {
+            Slot::Field(d, k) => d.remove(*k),
+            Slot::Elem(a, i) => a.get_mut(*i).map(|x| std::mem::replace(x, Bson::Null)),
+        }
+    }
+}
+
+enum Container<'a> {
+    Doc(&'a mut Document),
+    Arr(&'a mut Vec<Bson>),
+}
+
+const MAX_PAD: usize = 1_500_000;
+
+/// Finds the slot of `parts`; with `create`, missing intermediate documents are created (and
+/// arrays padded with nulls), and a non-container in the way is an error (PathNotViable);
+/// without it, `None` when the path cannot exist.
+fn slot<'a>(
+    doc: &'a mut Document,
+    parts: &'a [String],
+    create: bool,
+) -> CommandResult<Option<Slot<'a>>> {
+    let Some((last, inter)) = parts.split_last() else {
+        return Ok(None);
+    };
+    let mut cur = Container::Doc(doc);
+    let mut parent_name: &str = "";
+    for p in inter {
+        cur = match cur {
+            Container::Doc(d) => {
+                if !d.contains_key(p) {
+                    if !create {
+                        return Ok(None);
+                    }
+                    d.insert(p.clone(), Document::new());
+                }
+                match d.get_mut(p) {
+                    Some(Bson::Document(sub)) => Container::Doc(sub),
+                    Some(Bson::Array(a)) => Container::Arr(a),
+                    Some(other) => {
+                        if create {
+                            let next = parts
+                                .iter()
+                                .skip_while(|x| *x != p)
+                                .nth(1)
+                                .map(String::as_str)
+                                .unwrap_or("");
+                            return Err(path_not_viable(next, p, other));
+                        }
+                        return Ok(None);
+                    }
+                    None => return Ok(None),
+                }
+            }
+            Container::Arr(a) => {
+                let Some(idx) = array_index(p) else {
+                    if create {
+                        return Err(path_not_viable(p, parent_name, &Bson::Array(a.clone())));
+                    }
+                    return Ok(None);
+                };
+                if idx >= a.len() {
+                    if !create {
+                        return Ok(None);
+                    }
+                    if idx > MAX_PAD {
+                        return Err(CommandError::failed_to_parse(
+                            "can't backfill array to larger than 1500000 elements",
+                        ));
+                    }
+                    while a.len() < idx {
+                        a.push(Bson::Null);
+                    }
+                    a.push(Bson::Document(Document::new()));
+                }
+                match &mut a[idx] {
+                    Bson::Document(sub) => Container::Doc(sub),
+                    Bson::Array(inner) => Container::Arr(inner),
+                    other => {
+                        if create {
+                            let next = parts
+                                .iter()
+                                .skip_while(|x| *x != p)
+                                .nth(1)
+                                .map(String::as_str)
+                                .unwrap_or("");
+                            return Err(path_not_viable(next, p, other));
+                        }
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        parent_name = p;
+    }
+    match cur {
+        Container::Doc(d) => Ok(Some(Slot::Field(d, last))),
+        Container::Arr(a) => match array_index(last) {
+            Some(i) => {
+                if i >= a.len() && !create {
+                    return Ok(None);
+                }
+                if i > MAX_PAD {
+                    return Err(CommandError::failed_to_parse(
+                        "can't backfill array to larger than 1500000 elements",
+                    ));
+                }
+                Ok(Some(Slot::Elem(a, i)))
+            }
+            None => {
+                if create {
+                    Err(path_not_viable(last, parent_name, &Bson::Array(a.clone())))
+                } else {
+                    Ok(None)
+                }
+            }
+        },
+    }
+}
+
+fn zero_like(n: Num) -> Bson {
+    match n {
+        Num::I32(_) => Bson::Int32(0),
+        Num::I64(_) => Bson::Int64(0),
+        Num::F64(_) => Bson::Double(0.0),
+        Num::Dec(_) => Num::Dec(0.0).to_bson(),
+    }
+}
+
+fn apply_op(doc: &mut Document, op: &Op, is_insert: bool, vars: &Vars) -> CommandResult<()> {
+    let id = id_desc(doc);
+    let path = op.path.as_str();
+    match &op.kind {
+        Kind::Set(v) => {
+            if let Some(mut s) = slot(doc, &op.parts, true)? {
+                s.set(v.clone());
+            }
+        }
+        Kind::SetOnInsert(v) => {
+            if is_insert {
+                if let Some(mut s) = slot(doc, &op.parts, true)? {
+                    s.set(v.clone());
+                }
+            }
+        }
+        Kind::Unset => {
+            if let Some(mut s) = slot(doc, &op.parts, false)? {
+                s.remove();
+            }
+        }
+        Kind::Inc(n, raw) | Kind::Mul(n, raw) => {
+            let inc = matches!(op.kind, Kind::Inc(..));
+            let name = if inc { "$inc" } else { "$mul" };
+            if let Some(mut s) = slot(doc, &op.parts, true)? {
+                let new = match s.get() {
+                    None => {
+                        if inc {
+                            raw.clone()
+                        } else {
+                            zero_like(*n)
+                        }
+                    }
+                    Some(cur) => {
+                        let c = Num::from_bson(cur).ok_or_else(|| {
+                            CommandError::type_mismatch(format!(
+                                "Cannot apply {name} to a value of non-numeric type. {id} has the field '{}' of non-numeric type {}",
+                                op.parts.last().map(String::as_str).unwrap_or(path),
+                                type_name(cur)
+                            ))
+                        })?;
+                        let r = if inc {
+                            num::checked_add(c, *n)
+                        } else {
+                            num::checked_mul(c, *n)
+                        };
+                        r.ok_or_else(|| {
+                            CommandError::bad_value(format!(
+                                "Failed to apply {name} operations to current value ({cur}) for document {id}"
+                            ))
+                        })?
+                        .to_bson()
+                    }
+                };
+                s.set(new);
+            }
+        }
+        Kind::Min(v) | Kind::Max(v) => {
+            let want = if matches!(op.kind, Kind::Min(_)) {
+                Ordering::Less
+            } else {
+                Ordering::Greater
+            };
+            if let Some(mut s) = slot(doc, &op.parts, true)? {
+                let replace = match s.get() {
+                    None => true,
+                    Some(cur) => compare(v, cur) == want,
+                };
+                if replace {
+                    s.set(v.clone());
+                }
+            }
+        }
+        Kind::CurrentDate(ts) => {
+            let v = if *ts {
+                let ms = vars.now.timestamp_millis();
+                Bson::Timestamp(Timestamp {
+                    time: u32::try_from(ms.div_euclid(1000)).unwrap_or(0),
+                    increment: 1,
+                })
+            } else {
+                Bson::DateTime(vars.now)
+            };
+            if let Some(mut s) = slot(doc, &op.parts, true)? {
+                s.set(v);
+            }
+        }
+        Kind::Rename(to_parts, to) => {
+            // Neither end may be inside an array.
+            check_rename_not_in_array(doc, &op.parts, path, "source")?;
+            let value = match slot(doc, &op.parts, false)? {
+                Some(mut s) => match s.get() {
+                    Some(_) => s.remove(),
+                    None => None,
+                },
+                None => None,
+            };
+            if let Some(v) = value {
+                check_rename_not_in_array(doc, to_parts, to, "destination")?;
+                if let Some(mut s) = slot(doc, to_parts, true)? {
+                    s.set(v);
+                }
+            }
+        }
+        Kind::Push(spec) => {
+            if let Some(mut s) = slot(doc, &op.parts, true)? {
+                let mut arr = match s.get() {
+                    None => Vec::new(),
+                    Some(Bson::Array(a)) => a.clone(),
+                    Some(other) => {
+                        return Err(CommandError::bad_value(format!(
+                            "The field '{}' must be an array but is of type {} in document {id}",
+                            op.parts.last().map(String::as_str).unwrap_or(path),
+                            type_name(other)
+                        )))
+                    }
+                };
+                let len = arr.len() as i64;
+                let at = match spec.position {
+                    None => len,
+                    Some(p) if p >= 0 => p.min(len),
+                    Some(p) => len.saturating_add(p).max(0),
+                } as usize;
+                arr.splice(at..at, spec.each.iter().cloned());
+                if let Some(sort) = &spec.sort {
+                    match sort {
+                        ElemSort::Whole(asc) => arr.sort_by(|a, b| {
+                            let o = compare(a, b);
+                            if *asc {
+                                o
+                            } else {
+                                o.reverse()
+                            }
+                        }),
+                        ElemSort::Fields(spec) => {
+                            let keys = pipeline::parse_sort_spec(spec)?;
+                            arr.sort_by(|a, b| pipeline::compare_values_by_spec(a, b, &keys));
+                        }
+                    }
+                }
+                if let Some(n) = spec.slice {
+                    let len = arr.len() as i64;
+                    if n >= 0 {
+                        arr.truncate(n.min(len) as usize);
+                    } else {
+                        let keep = n.saturating_neg().min(len) as usize;
+                        let start = arr.len() - keep;
+                        arr.drain(..start);
+                    }
+                }
+                s.set(Bson::Array(arr));
+            }
+        }
+        Kind::AddToSet(items) => {
+            if let Some(mut s) = slot(doc, &op.parts, true)? {
+                let mut arr = match s.get() {
+                    None => Vec::new(),
+                    Some(Bson::Array(a)) => a.clone(),
+                    Some(other) => {
+                        return Err(CommandError::bad_value(format!(
+                            "Cannot apply $addToSet to non-array field. Field named '{}' has non-array type {}",
+                            op.parts.last().map(String::as_str).unwrap_or(path),
+                            type_name(other)
+                        )))
+                    }
+                };
+                let existed = s.get().is_some();
+                let mut changed = false;
+                for it in items {
+                    if !arr.iter().any(|x| values_equal(x, it)) {
+                        arr.push(it.clone());
+                        changed = true;
+                    }
+                }
+                if changed || !existed {
+                    s.set(Bson::Array(arr));
+                }
+            }
+        }
+        Kind::Pop(first) => {
+            if let Some(mut s) = slot(doc, &op.parts, false)? {
+                match s.get_mut() {
+                    None => {}
+                    Some(Bson::Array(a)) if a.is_empty() => {}
+                    Some(Bson::Array(a)) => {
+                        if *first {
+                            a.remove(0);
+                        } else {
+                            a.pop();
+                        }
+                    }
+                    Some(other) => {
+                        return Err(CommandError::type_mismatch(format!(
+                            "Path '{path}' contains an element of non-array type '{}'",
+                            type_name(other)
+                        )))
+                    }
+                }
+            }
+        }
+        Kind::Pull(cond) => {
+            if let Some(mut s) = slot(doc, &op.parts, false)? {
+                match s.get_mut() {
+                    None => {}
+                    Some(Bson::Array(a)) => {
+                        let mut keep = Vec::with_capacity(a.len());
+                        for el in a.iter() {
+                            if !cond.matches(el, vars)? {
+                                keep.push(el.clone());
+                            }
+                        }
+                        *a = keep;
+                    }
+                    Some(_) => {
+                        return Err(CommandError::bad_value(
+                            "Cannot apply $pull to a non-array value",
+                        ))
+                    }
+                }
+            }
+        }
+        Kind::PullAll(items) => {
+            if let Some(mut s) = slot(doc, &op.parts, false)? {
+                match s.get_mut() {
+                    None => {}
+                    Some(Bson::Array(a)) => {
+                        a.retain(|el| !items.iter().any(|it| values_equal(el, it)))
+                    }
+                    Some(_) => {
+                        return Err(CommandError::bad_value(
+                            "Cannot apply $pullAll to a non-array value",
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_rename_not_in_array(
+    doc: &Document,
+    parts: &[String],
+    path: &str,
+    what: &str,
+) -> CommandResult<()> {
+    let mut cur = doc;
+    for p in &parts[..parts.len().saturating_sub(1)] {
+        match cur.get(p) {
+            Some(Bson::Document(d)) => cur = d,
+            Some(Bson::Array(_)) => {
+                return Err(CommandError::bad_value(format!(
+                    "The {what} field cannot be an array element, '{path}' in doc with {p} being an array"
+                )))
+            }
+            _ => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+/// The document an upsert starts from: the equality fields of the filter (plain values, `$eq`,
+/// inside top-level `$and`; dotted paths create sub-documents), `_id` first. Two conditions on
+/// one path, or on a path and its prefix, give code 54 NotSingleValueField; a dotted path
+/// under `_id` gives code 111 NotExactValueField, as mongod.
+pub fn upsert_seed(filter: &Document) -> CommandResult<Document> {
+    let eqs = equality_fields(filter)?;
+    for (i, (a, _)) in eqs.iter().enumerate() {
+        if a.starts_with("_id.") {
+            return Err(code(
+                111,
+                "NotExactValueField",
+                format!("field at '_id' must be exactly specified, field at sub-path '{a}' found"),
+            ));
+        }
+        for (b, _) in &eqs[i + 1..] {
+            if a == b {
+                return Err(code(
+                    54,
+                    "NotSingleValueField",
+                    format!("cannot infer query fields to set, path '{a}' is matched twice"),
+                ));
+            }
+            if a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}.")) {
+                return Err(code(
+                    54,
+                    "NotSingleValueField",
+                    format!(
+                        "cannot infer query fields to set, both paths '{b}' and '{a}' are matched"
+                    ),
+                ));
+            }
+        }
+    }
+    let mut doc = Document::new();
+    for (path, value) in eqs {
+        let parts = parse_update_path(&path)?;
+        if let Some(mut s) = slot(&mut doc, &parts, true)? {
+            s.set(value);
+        }
+    }
+    move_id_first(&mut doc);
+    Ok(doc)
+}
+
+#[cfg(test)]
+#[path = "update_tests.rs"]
+mod tests;

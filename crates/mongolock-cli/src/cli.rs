@@ -1,0 +1,416 @@
+//! Command-line definitions (clap). Every command's `--help` ends with examples.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::duration::{parse_duration, parse_positive, parse_wait, Wait};
+
+/// Default connection string when neither `--uri` nor `MONGODB_URI` is given.
+pub const DEFAULT_URI: &str = "mongodb://localhost:27017";
+/// Default database of the lock collection.
+pub const DEFAULT_DB: &str = "mongolock";
+/// Default lock collection (the library's default).
+pub const DEFAULT_COLLECTION: &str = "distributed.locks";
+
+const MAIN_EXAMPLES: &str = "\
+Examples:
+  # See it work, no database needed:
+  mongolock demo
+
+  # Run a nightly job on at most one host at a time:
+  mongolock --uri mongodb://db1:27017 exec nightly-report -- ./report.sh --full
+
+  # Skip the run if another host is still busy (exit status 75):
+  mongolock exec --wait 0 nightly-report -- ./report.sh
+
+  # Run a scheduler only on the elected leader:
+  mongolock elect scheduler -- ./scheduler
+
+  # What is locked right now, and by whom:
+  mongolock list
+  mongolock inspect nightly-report --json
+
+  # Remove a stuck lease:
+  mongolock release --force nightly-report
+
+Exit statuses:
+  0      success; exec/elect pass through the command's own status (1-255)
+  1      mongolock failed (cannot connect, bad URI, authentication, server error)
+  2      usage error
+  3      inspect: no such lock
+  75     exec --wait ran out while the lock was held elsewhere; the command was not run
+  76     the lock was lost while the command ran; the command was stopped
+  126    the command could not be executed;  127  the command was not found
+  128+N  the command died from signal N, or mongolock was interrupted while waiting
+";
+
+/// Distributed locks on MongoDB from the shell: run a command while holding a lock, run a
+/// command only on the elected leader, list, inspect and force-release locks.
+#[derive(Debug, Parser)]
+#[command(
+    name = "mongolock",
+    version,
+    about = "Run commands under distributed MongoDB locks",
+    long_about = "Distributed locks on MongoDB from the shell, in the spirit of `flock`, `etcdctl lock` \
+                  and `consul lock`: run a command while holding a named lock (fencing token in \
+                  the environment), run a command only while elected leader, list, inspect and \
+                  force-release locks.\n\nLeases are timed by the server's clock and renewed in \
+                  the background while the command runs; a crashed holder's lock is free again \
+                  once its lease (--ttl) runs out.",
+    after_help = MAIN_EXAMPLES,
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command accepts (before or after the command name).
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// MongoDB connection string. Its password is never printed. A serverSelectionTimeoutMS of
+    /// 5 s applies unless the URI sets one.
+    #[arg(
+        long,
+        global = true,
+        env = "MONGODB_URI",
+        hide_env_values = true,
+        default_value = DEFAULT_URI,
+        value_name = "URI"
+    )]
+    pub uri: String,
+
+    /// Database holding the lock collection.
+    #[arg(long, global = true, env = "MONGOLOCK_DB", default_value = DEFAULT_DB, value_name = "NAME")]
+    pub db: String,
+
+    /// Lock collection.
+    #[arg(
+        long,
+        global = true,
+        env = "MONGOLOCK_COLLECTION",
+        default_value = DEFAULT_COLLECTION,
+        value_name = "NAME"
+    )]
+    pub collection: String,
+
+    /// More diagnostics on stderr (-v: progress, -vv: debug). MONGOLOCK_LOG (a tracing filter
+    /// such as `mongolock=debug`) overrides it.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding a lock.
+    #[command(
+        long_about = "Acquire the lock NAME (waiting up to --wait, default forever), run CMD while \
+                      holding it, renew the lease in the background, release it when CMD exits, \
+                      and exit with CMD's status.\n\n\
+                      CMD's environment has MONGOLOCK_NAME (the lock name) and \
+                      MONGOLOCK_FENCING_TOKEN (a number larger than every earlier holder's: pass \
+                      it to the resource you protect so that it can refuse stale writers).\n\n\
+                      If the lock is lost while CMD runs (the lease could not be renewed in time, \
+                      or was force-released and taken by someone else), CMD gets SIGTERM, then \
+                      SIGKILL after --grace, and mongolock exits with status 76. If --wait runs \
+                      out, CMD is not run and the status is 75. SIGINT, SIGTERM, SIGHUP and \
+                      SIGQUIT sent to mongolock are passed on to CMD; the lock is released once CMD \
+                      has exited.\n\n\
+                      Outside an interactive terminal, CMD runs in its own process group and \
+                      signals go to the whole group (everything CMD started). In a terminal's \
+                      foreground, CMD stays in the terminal's process group so that it can read \
+                      the terminal; Ctrl-C then reaches it directly.",
+        after_help = "\
+Examples:
+  # Wait as long as it takes, then run the job:
+  mongolock exec nightly-report -- ./report.sh --full
+
+  # One attempt only; exit 75 without running anything if the lock is busy:
+  mongolock exec --wait 0 nightly-report -- ./report.sh
+
+  # Wait at most 2 minutes, hold a 1-minute lease (renewed every 20 s while the job runs):
+  mongolock exec --wait 2m --ttl 1m db-migrate -- ./migrate up
+
+  # Use the fencing token:
+  mongolock exec deploy -- sh -c 'deploy --fencing-token \"$MONGOLOCK_FENCING_TOKEN\"'"
+    )]
+    Exec(ExecArgs),
+
+    /// Run a command only while elected leader; campaign again after losing leadership.
+    #[command(
+        long_about = "Campaign for the role NAME (a lock that is waited for forever), run CMD while \
+                      leader, and renew the lease in the background. If leadership is lost, CMD \
+                      is stopped (SIGTERM, SIGKILL after --grace) and mongolock campaigns again. \
+                      mongolock exits when CMD exits on its own, with CMD's status, after \
+                      resigning (releasing the role).\n\n\
+                      CMD's environment has MONGOLOCK_NAME and MONGOLOCK_FENCING_TOKEN (larger \
+                      for every new term). Leadership changes are reported on stderr.",
+        after_help = "\
+Examples:
+  # Run the scheduler on exactly one of the hosts running this line:
+  mongolock elect scheduler -- ./scheduler --config /etc/scheduler.toml
+
+  # Fail over within about 10 s of a leader crash:
+  mongolock elect --ttl 10s scheduler -- ./scheduler"
+    )]
+    Elect(ElectArgs),
+
+    /// List locks: holder, fencing token, acquired, expires.
+    #[command(after_help = "\
+Examples:
+  mongolock list
+  mongolock --db app --collection locks list
+  mongolock list --json | jq '.[] | select(.held) | .name'")]
+    List(ListArgs),
+
+    /// Show one lock: holder, fencing token, lease, times.
+    #[command(after_help = "\
+Examples:
+  mongolock inspect nightly-report
+  mongolock inspect nightly-report --json | jq .holder.host
+
+Exits with status 3 when there is no lock with that name.")]
+    Inspect(InspectArgs),
+
+    /// Forcibly end the lease on a lock (an operator action for stuck holders).
+    #[command(
+        long_about = "End whatever lease holds NAME, so that the next waiter can take it at once. \
+                      The fencing token keeps growing: the next holder's token is larger than the \
+                      removed holder's, so a resource that checks tokens refuses the old holder's \
+                      late writes. The old holder learns of the loss at its next renewal (a \
+                      `mongolock exec` holder then stops its command and exits 76).\n\n\
+                      --force is required: the old holder may still be running.",
+        after_help = "\
+Examples:
+  mongolock release --force nightly-report"
+    )]
+    Release(ReleaseArgs),
+
+    /// Watch workers contend for a lock on an embedded test server; no database needed.
+    #[command(
+        long_about = "Start the embedded MongoDB-compatible test server in this process and run \
+                      several worker processes (this same binary) that contend for one lock. \
+                      One worker is killed with SIGKILL while it holds the lock; another takes \
+                      over once the dead worker's lease has expired. A live timeline is printed, \
+                      then a summary: acquisitions, handoff latencies, failover time, and a check \
+                      that fencing tokens strictly increased and no two holders overlapped.",
+        after_help = "\
+Examples:
+  mongolock demo
+  mongolock demo --workers 6 --ttl 3s
+  cargo run -p mongolock-cli -- demo"
+    )]
+    Demo(DemoArgs),
+
+    /// One worker of `mongolock demo` (internal).
+    #[command(hide = true)]
+    DemoWorker(DemoWorkerArgs),
+}
+
+/// Default lease duration for `exec` and `elect`.
+pub const DEFAULT_TTL: &str = "30s";
+/// Default grace period between SIGTERM and SIGKILL.
+pub const DEFAULT_GRACE: &str = "10s";
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Lease duration: how long the lock stays held after mongolock stops renewing it (for
+    /// example after a crash). Renewed every TTL/3 while CMD runs.
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_TTL, value_parser = parse_positive)]
+    pub ttl: Duration,
+
+    /// How long to wait for the lock: `0` = one attempt, `forever` = until acquired (default).
+    #[arg(long, value_name = "DURATION", default_value = "forever", value_parser = parse_wait)]
+    pub wait: Wait,
+
+    /// Time between SIGTERM and SIGKILL when CMD must be stopped after losing the lock.
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_GRACE, value_parser = parse_duration)]
+    pub grace: Duration,
+
+    /// Application name stored with the lease (shown by `list`/`inspect`) [default: "mongolock
+    /// exec CMD"].
+    #[arg(long, value_name = "NAME")]
+    pub app_name: Option<String>,
+
+    /// Lock name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// The command and its arguments (after `--`).
+    #[arg(
+        value_name = "CMD",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    /// Lease duration of a leadership term: how long the role stays taken after the leader
+    /// stops renewing it (for example after a crash). Renewed every TTL/3.
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_TTL, value_parser = parse_positive)]
+    pub ttl: Duration,
+
+    /// Time between SIGTERM and SIGKILL when CMD must be stopped after losing leadership.
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_GRACE, value_parser = parse_duration)]
+    pub grace: Duration,
+
+    /// Application name stored with the lease [default: "mongolock elect CMD"].
+    #[arg(long, value_name = "NAME")]
+    pub app_name: Option<String>,
+
+    /// Role (lock) name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// The command and its arguments (after `--`).
+    #[arg(
+        value_name = "CMD",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// Print a JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Lock name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// Required: confirms that the current holder's lease should be ended.
+    #[arg(long, required = true)]
+    pub force: bool,
+
+    /// Lock name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Number of worker processes (2-16).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=16))]
+    pub workers: u8,
+
+    /// Lease duration of each acquisition (the failover time after the crash).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_positive)]
+    pub ttl: Duration,
+
+    /// How long each worker holds the lock per turn.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_positive)]
+    pub work: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoWorkerArgs {
+    /// Worker number (for messages).
+    #[arg(long)]
+    pub id: u32,
+
+    /// Lock name.
+    #[arg(long)]
+    pub name: String,
+
+    /// Lease duration.
+    #[arg(long, value_parser = parse_positive)]
+    pub ttl: Duration,
+
+    /// How long to hold the lock per turn.
+    #[arg(long, value_parser = parse_positive)]
+    pub work: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn definitions_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_takes_the_command_after_double_dash() {
+        let cli = Cli::try_parse_from([
+            "mongolock",
+            "--db",
+            "x",
+            "exec",
+            "--wait",
+            "0",
+            "job",
+            "--",
+            "ls",
+            "-l",
+            "--wait",
+        ])
+        .unwrap();
+        let Command::Exec(args) = cli.command else {
+            panic!("not exec")
+        };
+        assert_eq!(args.name, "job");
+        assert_eq!(args.wait, Wait::For(Duration::ZERO));
+        assert_eq!(args.command, ["ls", "-l", "--wait"]);
+        assert_eq!(cli.global.db, "x");
+    }
+
+    #[test]
+    fn exec_accepts_options_after_the_name_and_globals_after_the_command() {
+        let cli = Cli::try_parse_from([
+            "mongolock",
+            "exec",
+            "job",
+            "--ttl",
+            "5s",
+            "--uri",
+            "mongodb://h",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let Command::Exec(args) = cli.command else {
+            panic!("not exec")
+        };
+        assert_eq!(args.ttl, Duration::from_secs(5));
+        assert_eq!(args.wait, Wait::Forever);
+        assert_eq!(cli.global.uri, "mongodb://h");
+    }
+
+    #[test]
+    fn release_requires_force() {
+        assert!(Cli::try_parse_from(["mongolock", "release", "job"]).is_err());
+        assert!(Cli::try_parse_from(["mongolock", "release", "--force", "job"]).is_ok());
+    }
+
+    #[test]
+    fn exec_requires_a_command() {
+        assert!(Cli::try_parse_from(["mongolock", "exec", "job"]).is_err());
+        assert!(Cli::try_parse_from(["mongolock", "exec", "job", "--"]).is_err());
+    }
+}

@@ -1,0 +1,105 @@
+//! `mongolock inspect NAME [--json]`.
+
+use mongolock::LockInfo;
+
+use crate::cli::{GlobalArgs, InspectArgs};
+use crate::connect::connect;
+use crate::exit::{self, CliError};
+use crate::list::{
+    ago_text, expires_text, holder_text, pretty, state, timestamp, to_json, write_stdout,
+};
+
+/// `mongolock inspect`.
+pub async fn run(global: &GlobalArgs, args: InspectArgs) -> Result<i32, CliError> {
+    let conn = connect(global).await?;
+    let provider = conn.provider(None, None)?;
+    let info = provider
+        .inspect(&args.name)
+        .await
+        .map_err(|e| conn.error(&format!("cannot inspect lock {:?}", args.name), &e))?;
+    let Some(info) = info else {
+        return Err(CliError::with_code(
+            exit::NOT_FOUND,
+            format!("no lock named {:?} in {}", args.name, conn.namespace()),
+        ));
+    };
+    if args.json {
+        write_stdout(&format!("{}\n", pretty(&to_json(&info))))?;
+    } else {
+        write_stdout(&text(&info))?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// The text form for people.
+fn text(info: &LockInfo) -> String {
+    let mut rows: Vec<(&str, String)> = vec![
+        ("name", info.name.clone()),
+        ("state", state(info).to_owned()),
+        (
+            if info.held { "holder" } else { "last holder" },
+            holder_text(info),
+        ),
+        ("fencing token", info.fencing_token.to_string()),
+    ];
+    if let Some(lease) = &info.lease_id {
+        rows.push(("lease id", lease.to_string()));
+    }
+    if let Some(at) = info.acquired_at {
+        rows.push((
+            "acquired",
+            format!("{} ({})", timestamp(at), ago_text(info, at)),
+        ));
+    }
+    if let Some(at) = info.expires_at {
+        let rel = if info.held {
+            expires_text(info)
+        } else {
+            ago_text(info, at)
+        };
+        let label = if info.held { "expires" } else { "ended" };
+        rows.push((label, format!("{} ({rel})", timestamp(at))));
+    }
+    rows.push((
+        "observed",
+        format!("{} (server time)", timestamp(info.observed_at)),
+    ));
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    let mut out = String::new();
+    for (key, value) in rows {
+        out.push_str(&format!("{:<width$} {value}\n", format!("{key}:")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongolock::{HolderInfo, LeaseId};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn text_shows_holder_token_and_expiry() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let info = LockInfo {
+            name: "deploy".into(),
+            held: true,
+            lease_id: Some(LeaseId::from_string("ab12")),
+            fencing_token: 17,
+            holder: Some(HolderInfo {
+                host: "build-7".into(),
+                pid: 4242,
+                app_name: None,
+            }),
+            acquired_at: Some(now - Duration::from_secs(4)),
+            expires_at: Some(now + Duration::from_secs(26)),
+            observed_at: now,
+        };
+        let t = text(&info);
+        assert!(t.contains("state:         held\n"), "{t}");
+        assert!(t.contains("holder:        build-7 (pid 4242)\n"), "{t}");
+        assert!(t.contains("fencing token: 17\n"), "{t}");
+        assert!(t.contains("(in 26.0s)"), "{t}");
+        assert!(t.contains("(4.0s ago)"), "{t}");
+    }
+}

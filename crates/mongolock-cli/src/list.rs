@@ -1,0 +1,229 @@
+//! `mongolock list`, and the rendering of [`LockInfo`] shared with `inspect`.
+//!
+//! Relative times ("expires in 12.3s", "4.2s ago") are computed from the server-reported times
+//! in [`LockInfo`] against `observed_at`, the server's time of the read, so the client's clock
+//! plays no part.
+
+use std::io::Write;
+use std::time::{Duration, SystemTime};
+
+use mongolock::LockInfo;
+use serde_json::{json, Value};
+
+use crate::cli::{GlobalArgs, ListArgs};
+use crate::connect::connect;
+use crate::duration::human;
+use crate::exit::{self, CliError};
+
+/// `mongolock list`.
+pub async fn run(global: &GlobalArgs, args: ListArgs) -> Result<i32, CliError> {
+    let conn = connect(global).await?;
+    let provider = conn.provider(None, None)?;
+    let locks = provider
+        .list()
+        .await
+        .map_err(|e| conn.error(&format!("cannot list locks in {}", conn.namespace()), &e))?;
+    if args.json {
+        let array = Value::Array(locks.iter().map(to_json).collect());
+        write_stdout(&format!("{}\n", pretty(&array)))?;
+    } else if locks.is_empty() {
+        write_stdout(&format!("no locks in {}\n", conn.namespace()))?;
+    } else {
+        write_stdout(&table(&locks))?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// The lock's state: `held`, `expired` (the lease ran out; nobody took the name since) or
+/// `released`.
+pub fn state(info: &LockInfo) -> &'static str {
+    if info.held {
+        "held"
+    } else if info.lease_id.is_some() {
+        "expired"
+    } else {
+        "released"
+    }
+}
+
+/// Signed time from `observed_at` to `at` in milliseconds (negative: in the past).
+fn ms_from_observed(info: &LockInfo, at: SystemTime) -> i64 {
+    match at.duration_since(info.observed_at) {
+        Ok(ahead) => i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX),
+        Err(behind) => -i64::try_from(behind.duration().as_millis()).unwrap_or(i64::MAX),
+    }
+}
+
+/// "in 12.3s", "expired" or "released".
+pub fn expires_text(info: &LockInfo) -> String {
+    match (state(info), info.expires_at) {
+        ("held", Some(at)) => {
+            let left = at
+                .duration_since(info.observed_at)
+                .unwrap_or(Duration::ZERO);
+            format!("in {}", human(left))
+        }
+        ("held", None) => "held".to_owned(),
+        (state, _) => state.to_owned(),
+    }
+}
+
+/// "4.2s ago" relative to the read.
+pub fn ago_text(info: &LockInfo, at: SystemTime) -> String {
+    let ms = ms_from_observed(info, at);
+    if ms <= 0 {
+        format!("{} ago", human(Duration::from_millis(ms.unsigned_abs())))
+    } else {
+        format!("in {}", human(Duration::from_millis(ms.unsigned_abs())))
+    }
+}
+
+/// RFC 3339 UTC with milliseconds.
+pub fn timestamp(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// Holder as `host (pid N) app "x"`, or `-`.
+pub fn holder_text(info: &LockInfo) -> String {
+    info.holder
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), |h| h.to_string())
+}
+
+/// The JSON form of one lock (stable field names, for scripts).
+pub fn to_json(info: &LockInfo) -> Value {
+    json!({
+        "name": info.name,
+        "state": state(info),
+        "held": info.held,
+        "fencing_token": info.fencing_token,
+        "lease_id": info.lease_id.as_ref().map(|l| l.as_str()),
+        "holder": info.holder.as_ref().map(|h| json!({
+            "host": h.host,
+            "pid": h.pid,
+            "app": h.app_name,
+        })),
+        "acquired_at": info.acquired_at.map(timestamp),
+        "expires_at": info.expires_at.map(timestamp),
+        "expires_in_ms": info.expires_at.map(|at| ms_from_observed(info, at)),
+        "observed_at": timestamp(info.observed_at),
+    })
+}
+
+/// Pretty JSON. Serialising a `Value` cannot fail; fall back to the compact form regardless.
+pub fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+}
+
+/// The table for people.
+fn table(locks: &[LockInfo]) -> String {
+    let header = ["NAME", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES"].map(str::to_owned);
+    let mut rows = vec![header];
+    for info in locks {
+        rows.push([
+            info.name.clone(),
+            holder_text(info),
+            info.fencing_token.to_string(),
+            info.acquired_at.map_or_else(
+                || "-".to_owned(),
+                |at| humantime::format_rfc3339_seconds(at).to_string(),
+            ),
+            expires_text(info),
+        ]);
+    }
+    let mut widths = [0usize; 5];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                line.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Writes to stdout; a closed pipe (`mongolock list | head -1`) is not an error.
+pub fn write_stdout(text: &str) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::failure(format!("cannot write to stdout: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongolock::{HolderInfo, LeaseId};
+    use std::time::UNIX_EPOCH;
+
+    fn info(held: bool, lease: bool) -> LockInfo {
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        LockInfo {
+            name: "reports:daily".into(),
+            held,
+            lease_id: lease.then(|| LeaseId::from_string("abc")),
+            fencing_token: 7,
+            holder: Some(HolderInfo {
+                host: "build-7".into(),
+                pid: 4242,
+                app_name: Some("mongolock exec ./report.sh".into()),
+            }),
+            acquired_at: Some(now - Duration::from_millis(4200)),
+            expires_at: Some(if held {
+                now + Duration::from_millis(12_345)
+            } else {
+                now - Duration::from_secs(3)
+            }),
+            observed_at: now,
+        }
+    }
+
+    #[test]
+    fn states_and_expiry_texts() {
+        assert_eq!(expires_text(&info(true, true)), "in 12.3s");
+        assert_eq!(expires_text(&info(false, true)), "expired");
+        assert_eq!(expires_text(&info(false, false)), "released");
+        let i = info(true, true);
+        assert_eq!(ago_text(&i, i.acquired_at.unwrap()), "4.2s ago");
+    }
+
+    #[test]
+    fn json_has_stable_fields() {
+        let v = to_json(&info(true, true));
+        assert_eq!(v["name"], "reports:daily");
+        assert_eq!(v["state"], "held");
+        assert_eq!(v["fencing_token"], 7);
+        assert_eq!(v["holder"]["pid"], 4242);
+        assert_eq!(v["expires_in_ms"], 12_345);
+        assert_eq!(v["acquired_at"], "2023-11-14T22:13:15.800Z");
+        let v = to_json(&info(false, false));
+        assert_eq!(v["lease_id"], Value::Null);
+        assert_eq!(v["expires_in_ms"], -3000);
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(&[info(true, true), info(false, false)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        let col = lines[0].find("TOKEN").unwrap();
+        assert_eq!(&lines[1][col..col + 1], "7");
+        assert!(lines[1].ends_with("in 12.3s"), "{t}");
+        assert!(lines[2].ends_with("released"), "{t}");
+    }
+}

@@ -1,0 +1,183 @@
+//! The acquire path: one `findAndModify` upsert with an update pipeline; on the first grant of a
+//! document's lifetime, the fencing token is stamped from the per-collection epoch counter. See
+//! the [module docs](super) for why tokens keep growing across TTL cleanup.
+
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::options::ReturnDocument;
+use mongodb::Collection;
+
+use super::document::{
+    self, holder_doc, ttl_millis, ACQUIRED_AT, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
+};
+use super::errors::{self, classify, DUPLICATE_KEY};
+use crate::backend::{AcquireRequest, Attempt, Lease};
+use crate::error::{Error, Result};
+
+/// `_id` of the per-collection epoch counter document.
+fn epoch_id() -> Document {
+    doc! { "mongolock": "fencing-epoch" }
+}
+
+/// Size of the token range reserved for one lifetime of a lock document.
+const EPOCH_SPAN: i64 = 1 << 32;
+
+/// The update pipeline: take the lease when the name is free, else leave every field as it is.
+fn acquire_pipeline(req: &AcquireRequest) -> Vec<Document> {
+    let mine = Bson::String(req.lease_id.as_str().to_owned());
+    // free = no lease, or the lease expired by server time, or the lease is already ours (a retry
+    // after a lost reply).
+    let free = doc! {
+        "$or": [
+            { "$eq": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
+            { "$lte": ["$expiresAt", "$$NOW"] },
+            { "$eq": ["$leaseId", mine.clone()] },
+        ]
+    };
+    let take = |new: Bson, field: &str| -> Bson {
+        Bson::Document(doc! { "$cond": [free.clone(), new, format!("${field}")] })
+    };
+    vec![doc! {
+        "$set": {
+            LEASE_ID: take(doc! { "$literal": mine.clone() }.into(), LEASE_ID),
+            // A document without a token (new, or never stamped) keeps a null token: `$add` of a
+            // missing or null field is null. `stamp_token` then assigns one.
+            TOKEN: take(doc! { "$add": ["$fencingToken", 1_i64] }.into(), TOKEN),
+            ACQUIRED_AT: take(Bson::String("$$NOW".into()), ACQUIRED_AT),
+            EXPIRES_AT: take(doc! { "$add": ["$$NOW", ttl_millis(req.ttl)] }.into(), EXPIRES_AT),
+            HOLDER: take(doc! { "$literal": holder_doc(&req.holder) }.into(), HOLDER),
+        }
+    }]
+}
+
+/// One acquisition attempt.
+pub(super) async fn try_acquire(
+    coll: &Collection<Document>,
+    req: &AcquireRequest,
+) -> Result<Attempt> {
+    let mut duplicate_keys = 0;
+    let doc = loop {
+        let result = coll
+            .find_one_and_update(doc! { "_id": req.name.as_str() }, acquire_pipeline(req))
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .await;
+        match result {
+            Ok(Some(doc)) => break doc,
+            Ok(None) => {
+                return Err(Error::backend(
+                    "findAndModify with upsert and new: true returned no document",
+                    "the server does not behave like MongoDB; check the deployment",
+                ))
+            }
+            // Two clients created the document at once; the loser retries on the now existing
+            // document.
+            Err(e) if errors::code(&e) == Some(DUPLICATE_KEY) && duplicate_keys < 5 => {
+                duplicate_keys += 1;
+            }
+            Err(e) => return Err(classify(e, "acquire (findAndModify)")),
+        }
+    };
+    if document::lease_id(&doc) != Some(req.lease_id.as_str()) {
+        return Ok(Attempt::Busy {
+            holder_expires_at: document::date(&doc, EXPIRES_AT),
+        });
+    }
+    match document::token(&doc, &req.name)? {
+        Some(token) => Ok(Attempt::Acquired(Lease {
+            fencing_token: token,
+            acquired_at: document::require_date(&doc, ACQUIRED_AT, &req.name)?,
+            expires_at: document::require_date(&doc, EXPIRES_AT, &req.name)?,
+        })),
+        None => stamp_token(coll, req).await,
+    }
+}
+
+/// The first grant of a document's lifetime: take a new epoch, then stamp our (unexpired) lease
+/// with `max(token + 1, epoch · 2³² + 1)`.
+async fn stamp_token(coll: &Collection<Document>, req: &AcquireRequest) -> Result<Attempt> {
+    let epoch = next_epoch(coll).await?;
+    let floor = epoch
+        .checked_mul(EPOCH_SPAN)
+        .and_then(|f| f.checked_add(1))
+        .ok_or_else(|| {
+            Error::backend(
+                format!("the fencing epoch counter reached {epoch}"),
+                "the lock collection has created more than 2^31 lock documents; use a new \
+                 collection",
+            )
+        })?;
+    let stamped = coll
+        .find_one_and_update(
+            doc! {
+                "_id": req.name.as_str(),
+                LEASE_ID: req.lease_id.as_str(),
+                "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
+            },
+            vec![doc! {
+                "$set": {
+                    TOKEN: { "$max": [
+                        { "$add": [{ "$ifNull": ["$fencingToken", 0_i64] }, 1_i64] },
+                        floor,
+                    ] }
+                }
+            }],
+        )
+        .return_document(ReturnDocument::After)
+        .await
+        .map_err(|e| classify(e, "acquire (stamp fencing token)"))?;
+    let Some(doc) = stamped else {
+        // Our lease expired (or was taken) before it was stamped: it never counted.
+        return Ok(Attempt::Busy {
+            holder_expires_at: None,
+        });
+    };
+    let token = document::token(&doc, &req.name)?.ok_or_else(|| {
+        Error::backend(
+            "the fencing token was not stamped",
+            "the server does not behave like MongoDB; check the deployment",
+        )
+    })?;
+    Ok(Attempt::Acquired(Lease {
+        fencing_token: token,
+        acquired_at: document::require_date(&doc, ACQUIRED_AT, &req.name)?,
+        expires_at: document::require_date(&doc, EXPIRES_AT, &req.name)?,
+    }))
+}
+
+/// Increments the collection's epoch counter and returns the new value.
+async fn next_epoch(coll: &Collection<Document>) -> Result<i64> {
+    let mut duplicate_keys = 0;
+    loop {
+        let result = coll
+            .find_one_and_update(
+                doc! { "_id": epoch_id() },
+                doc! { "$inc": { "epoch": 1_i64 } },
+            )
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .await;
+        match result {
+            Ok(Some(doc)) => {
+                return match doc.get("epoch") {
+                    Some(Bson::Int64(e)) if *e > 0 => Ok(*e),
+                    Some(Bson::Int32(e)) if *e > 0 => Ok(i64::from(*e)),
+                    other => Err(Error::backend(
+                        format!("the fencing epoch document holds {other:?}"),
+                        "the lock collection holds documents mongolock did not write; use a \
+                         dedicated collection for locks",
+                    )),
+                }
+            }
+            Ok(None) => {
+                return Err(Error::backend(
+                    "findAndModify with upsert and new: true returned no document",
+                    "the server does not behave like MongoDB; check the deployment",
+                ))
+            }
+            Err(e) if errors::code(&e) == Some(DUPLICATE_KEY) && duplicate_keys < 5 => {
+                duplicate_keys += 1;
+            }
+            Err(e) => return Err(classify(e, "acquire (fencing epoch)")),
+        }
+    }
+}

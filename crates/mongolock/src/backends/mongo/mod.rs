@@ -1,0 +1,292 @@
+//! MongoDB backend (feature `mongodb`).
+//!
+//! # The lock document
+//! One document per lock name in the lock collection (default `distributed.locks`):
+//!
+//! ```text
+//! { _id: <name>, leaseId: <string|null>, fencingToken: <int64|null>,
+//!   acquiredAt: <date>, expiresAt: <date>, holder: { host, pid, app } }
+//! ```
+//!
+//! plus one counter document per collection, `{ _id: { mongolock: "fencing-epoch" }, epoch }`
+//! (its `_id` is not a string, so [`list`](crate::LockBackend::list) skips it; it has no
+//! `expiresAt`, so the TTL index never removes it).
+//!
+//! # Acquire: one round trip ([`acquire.rs`](self::acquire))
+//! One `findAndModify` on `{_id: name}` with `upsert: true`, `new: true` and an update
+//! **pipeline**. MongoDB refuses `$expr` in the filter of an upsert, so the test "is the name
+//! free?" lives inside the pipeline: free = `leaseId` is null/missing, or `expiresAt <= $$NOW`
+//! (server time), or `leaseId` is already ours (an idempotent retry after a lost reply). Every
+//! field is set with `$cond: [free, <new value>, <current value>]`, so a busy attempt is a no-op
+//! write. The client compares the returned `leaseId` with its own. This is DistributedLock's
+//! single-round-trip scheme; we prefer it to a filter + duplicate-key scheme because a busy
+//! attempt costs no error round trip and leaves the document untouched.
+//!
+//! # Fencing tokens that survive TTL cleanup
+//! Release never deletes the document: it sets `leaseId: null` and `expiresAt` to server now,
+//! keeping `fencingToken`, and each grant sets `fencingToken = fencingToken + 1`. Only the TTL
+//! monitor deletes documents (after `expiresAt + cleanup_after`). A document created by the
+//! upsert has no token yet (`$add` of a missing field gives null), and neither does any grant
+//! until the first one that *stamps* it: the acquirer then increments the per-collection epoch
+//! counter (`$inc`, upsert) and sets `fencingToken = max(fencingToken + 1, epoch · 2³² + 1)` on
+//! its own unexpired lease. This costs two extra round trips on the first acquisition of a name
+//! (and after each TTL cleanup) only.
+//!
+//! Why tokens keep growing: the epoch is incremented *after* the document was created, and every
+//! earlier lifetime of the name obtained its epoch before its document was deleted, which was
+//! before this document was created. So the new epoch `e` is larger than every earlier lifetime's
+//! epoch `e'`, and earlier tokens are below `(e' + 1) · 2³² <= e · 2³²`. Bound: fewer than 2³²
+//! (4 billion) acquisitions per lifetime of a document, and fewer than 2³¹ document creations per
+//! collection.
+//!
+//! # Extend and release
+//! * Extend: `findAndModify` with filter `{_id, leaseId: ours, $expr: {$gt: ["$expiresAt",
+//!   "$$NOW"]}}` and pipeline `$set expiresAt = $$NOW + ttl`; returns the new expiry. An expired
+//!   lease is never extended.
+//! * Release: `updateOne` `{_id, leaseId: ours}` → `leaseId: null`, `expiresAt: min(expiresAt,
+//!   $$NOW)`.
+//!
+//! Dates are computed with `$add` on dates (not `$dateAdd`), so **MongoDB 4.4 or newer** works
+//! (pipeline updates and `$$NOW` appeared in 4.2, which has every feature used but is not
+//! supported). Writes use `w: "majority"` by default. Uncontended acquire + release is 2
+//! commands.
+//!
+//! # TTL index
+//! An index `{expiresAt: 1}` with `expireAfterSeconds = cleanup_after` (default 1 hour) is created
+//! once per collection per process, in the background, on the first acquisition. Failures are
+//! logged with `tracing` and never fatal: correctness never depends on the index.
+//! [`MongoBackend::ensure_indexes`] creates it explicitly and reports errors.
+//!
+//! # Errors
+//! Network errors, server selection timeouts, pool clears, the retryable error labels and the
+//! not-primary / shutdown / interrupted codes are [`Error::Unavailable`](crate::Error) (the core
+//! retries them within the caller's wait budget); anything else, such as `Unauthorized` (13) or
+//! `InvalidNamespace` (73), is [`Error::Backend`](crate::Error) with the server's message and a
+//! hint.
+
+mod acquire;
+mod document;
+mod errors;
+mod index;
+mod ops;
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use mongodb::bson::Document;
+use mongodb::options::{CollectionOptions, WriteConcern};
+use mongodb::{Collection, Database};
+
+use crate::backend::{AcquireRequest, Attempt, LeaseId, LockBackend, LockInfo};
+use crate::error::{Error, Result};
+
+/// Default lock collection, as DistributedLock.MongoDB.
+pub const DEFAULT_COLLECTION: &str = "distributed.locks";
+
+/// Default delay after a lease's expiry before the TTL monitor may delete its document.
+pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(3600);
+
+/// Locks stored in a MongoDB collection. Cheap to clone. See the [module docs](self) for how it
+/// works.
+///
+/// ```no_run
+/// # async fn demo() -> mongolock::Result<()> {
+/// use mongolock::{LockProvider, MongoBackend};
+/// let client = mongodb::Client::with_uri_str("mongodb://localhost:27017").await.unwrap();
+/// let backend = MongoBackend::builder(&client.database("app"))
+///     .collection("locks")
+///     .build()?;
+/// let provider = LockProvider::builder(backend).app_name("worker").build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MongoBackend {
+    coll: Collection<Document>,
+    cleanup_after: Duration,
+    create_ttl_index: bool,
+}
+
+/// Builds a [`MongoBackend`]; see [`MongoBackend::builder`].
+#[must_use]
+#[derive(Debug)]
+pub struct MongoBackendBuilder {
+    db: Database,
+    collection: String,
+    write_concern: WriteConcern,
+    cleanup_after: Duration,
+    create_ttl_index: bool,
+}
+
+impl MongoBackendBuilder {
+    /// The lock collection (default `distributed.locks`).
+    pub fn collection(mut self, name: impl Into<String>) -> Self {
+        self.collection = name.into();
+        self
+    }
+
+    /// Write concern of every lock write (default `w: "majority"`, so that a lease is not lost
+    /// to a rollback after a primary failover).
+    pub fn write_concern(mut self, write_concern: WriteConcern) -> Self {
+        self.write_concern = write_concern;
+        self
+    }
+
+    /// How long after a lease's expiry the TTL index may delete an unused lock document
+    /// (`expireAfterSeconds`, default 1 hour, whole seconds). Fencing tokens keep growing across
+    /// deletions either way.
+    pub fn cleanup_after(mut self, after: Duration) -> Self {
+        self.cleanup_after = after;
+        self
+    }
+
+    /// Whether to create the TTL index in the background on first use (default true).
+    pub fn create_ttl_index(mut self, enabled: bool) -> Self {
+        self.create_ttl_index = enabled;
+        self
+    }
+
+    /// Validates the collection name as MongoDB would and builds the backend. Sends nothing.
+    pub fn build(self) -> Result<MongoBackend> {
+        validate_collection_name(self.db.name(), &self.collection)?;
+        if self.cleanup_after.as_secs() > i32::MAX as u64 {
+            return Err(Error::invalid_option(
+                "cleanup_after",
+                format!(
+                    "{:?} is above MongoDB's limit for expireAfterSeconds ({} s); choose a \
+                     shorter delay",
+                    self.cleanup_after,
+                    i32::MAX
+                ),
+            ));
+        }
+        let options = CollectionOptions::builder()
+            .write_concern(self.write_concern)
+            .build();
+        Ok(MongoBackend {
+            coll: self.db.collection_with_options(&self.collection, options),
+            cleanup_after: self.cleanup_after,
+            create_ttl_index: self.create_ttl_index,
+        })
+    }
+}
+
+/// Checks a collection name the way the server would, so that a bad name is reported before
+/// anything is sent.
+fn validate_collection_name(db: &str, coll: &str) -> Result<()> {
+    let refuse = |reason: String| {
+        Err(Error::InvalidCollection {
+            name: coll.to_owned(),
+            reason,
+        })
+    };
+    if coll.is_empty() {
+        return refuse(format!(
+            "it is empty; use a name such as {DEFAULT_COLLECTION:?} (the default)"
+        ));
+    }
+    if coll.contains('$') {
+        return refuse("it contains '$', which MongoDB does not allow; remove it".into());
+    }
+    if coll.contains('\0') {
+        return refuse("it contains a NUL character, which MongoDB does not allow".into());
+    }
+    if coll.starts_with('.') {
+        return refuse("it starts with '.', which MongoDB does not allow".into());
+    }
+    if coll.starts_with("system.") {
+        return refuse(
+            "names starting with \"system.\" are reserved for MongoDB's own collections; \
+             choose another name"
+                .into(),
+        );
+    }
+    let ns_len = db.len() + 1 + coll.len();
+    if ns_len > 255 {
+        return refuse(format!(
+            "the namespace \"{db}.{coll}\" is {ns_len} bytes; MongoDB allows at most 255 \
+             (database name + '.' + collection name), so shorten the collection name"
+        ));
+    }
+    Ok(())
+}
+
+impl MongoBackend {
+    /// Starts building a backend on `db`.
+    pub fn builder(db: &Database) -> MongoBackendBuilder {
+        MongoBackendBuilder {
+            db: db.clone(),
+            collection: DEFAULT_COLLECTION.to_owned(),
+            write_concern: WriteConcern::majority(),
+            cleanup_after: DEFAULT_CLEANUP_AFTER,
+            create_ttl_index: true,
+        }
+    }
+
+    /// The lock collection.
+    pub fn collection(&self) -> &Collection<Document> {
+        &self.coll
+    }
+
+    /// `database.collection`.
+    pub fn namespace(&self) -> String {
+        self.coll.namespace().to_string()
+    }
+
+    /// Creates the TTL index now, reporting any error (normally this happens in the background
+    /// on first use).
+    pub async fn ensure_indexes(&self) -> Result<()> {
+        index::create_ttl_index(&self.coll, self.cleanup_after).await
+    }
+}
+
+#[async_trait]
+impl LockBackend for MongoBackend {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        if self.create_ttl_index {
+            index::ensure_in_background(&self.coll, self.cleanup_after);
+        }
+        acquire::try_acquire(&self.coll, req).await
+    }
+
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Option<SystemTime>> {
+        ops::extend(&self.coll, name, lease_id, ttl).await
+    }
+
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
+        ops::release(&self.coll, name, lease_id).await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        ops::inspect(&self.coll, name).await
+    }
+
+    async fn list(&self) -> Result<Vec<LockInfo>> {
+        ops::list(&self.coll).await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        ops::force_release(&self.coll, name).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::validate_collection_name as v;
+
+    #[test]
+    fn collection_names_are_checked_like_the_server() {
+        assert!(v("app", "distributed.locks").is_ok());
+        assert!(v("app", "").is_err());
+        assert!(v("app", "a$b").is_err());
+        assert!(v("app", "a\0b").is_err());
+        assert!(v("app", ".locks").is_err());
+        assert!(v("app", "system.locks").is_err());
+        assert!(v("app", &"x".repeat(251)).is_ok());
+        assert!(v("app", &"x".repeat(252)).is_err());
+    }
+}

@@ -1,0 +1,110 @@
+//! Extend, release, inspect, list and force-release.
+
+use std::time::{Duration, SystemTime};
+
+use futures_util::TryStreamExt;
+use mongodb::bson::{doc, Document};
+use mongodb::options::ReturnDocument;
+use mongodb::Collection;
+
+use super::document::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT};
+use super::errors::classify;
+use crate::backend::{LeaseId, LockInfo};
+use crate::error::Result;
+
+/// The pipeline that ends a lease: no lease id, expiry no later than now; the token stays.
+fn end_lease() -> Vec<Document> {
+    vec![doc! {
+        "$set": {
+            LEASE_ID: null,
+            EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
+        }
+    }]
+}
+
+pub(super) async fn extend(
+    coll: &Collection<Document>,
+    name: &str,
+    lease_id: &LeaseId,
+    ttl: Duration,
+) -> Result<Option<SystemTime>> {
+    let doc = coll
+        .find_one_and_update(
+            doc! {
+                "_id": name,
+                LEASE_ID: lease_id.as_str(),
+                "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
+            },
+            vec![doc! { "$set": { EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(ttl)] } } }],
+        )
+        .return_document(ReturnDocument::After)
+        .projection(doc! { EXPIRES_AT: 1 })
+        .await
+        .map_err(|e| classify(e, "extend (findAndModify)"))?;
+    match doc {
+        None => Ok(None),
+        Some(d) => Ok(Some(document::require_date(&d, EXPIRES_AT, name)?)),
+    }
+}
+
+pub(super) async fn release(
+    coll: &Collection<Document>,
+    name: &str,
+    lease_id: &LeaseId,
+) -> Result<bool> {
+    let r = coll
+        .update_one(
+            doc! { "_id": name, LEASE_ID: lease_id.as_str() },
+            end_lease(),
+        )
+        .await
+        .map_err(|e| classify(e, "release (update)"))?;
+    Ok(r.matched_count == 1)
+}
+
+pub(super) async fn force_release(coll: &Collection<Document>, name: &str) -> Result<bool> {
+    let r = coll
+        .update_one(
+            doc! {
+                "_id": name,
+                LEASE_ID: { "$ne": null },
+                "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
+            },
+            end_lease(),
+        )
+        .await
+        .map_err(|e| classify(e, "force release (update)"))?;
+    Ok(r.matched_count == 1)
+}
+
+/// Reads lock documents matching `filter` together with the server time.
+async fn read(coll: &Collection<Document>, filter: Document, op: &str) -> Result<Vec<LockInfo>> {
+    let cursor = coll
+        .aggregate(vec![
+            doc! { "$match": filter },
+            doc! { "$addFields": { OBSERVED_AT: "$$NOW" } },
+        ])
+        .await
+        .map_err(|e| classify(e, op))?;
+    let docs: Vec<Document> = cursor.try_collect().await.map_err(|e| classify(e, op))?;
+    docs.iter().map(document::lock_info).collect()
+}
+
+pub(super) async fn inspect(coll: &Collection<Document>, name: &str) -> Result<Option<LockInfo>> {
+    Ok(read(coll, doc! { "_id": name }, "inspect (aggregate)")
+        .await?
+        .into_iter()
+        .next())
+}
+
+pub(super) async fn list(coll: &Collection<Document>) -> Result<Vec<LockInfo>> {
+    // String ids only: this skips the fencing epoch counter.
+    let mut all = read(
+        coll,
+        doc! { "_id": { "$type": "string" } },
+        "list (aggregate)",
+    )
+    .await?;
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(all)
+}
