@@ -90,3 +90,32 @@ impl Cursors {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cursor(last_used: Instant, no_timeout: bool) -> Cursor {
+        Cursor {
+            db: "db".into(),
+            coll: "c".into(),
+            ns: "db.c".into(),
+            kind: CursorKind::Query(VecDeque::new()),
+            last_used,
+            no_timeout,
+        }
+    }
+
+    #[test]
+    fn idle_cursors_expire_after_ten_minutes() {
+        let now = Instant::now() + Duration::from_secs(3600);
+        let mut cursors = Cursors::default();
+        let fresh = cursors.open(cursor(now - Duration::from_secs(599), false));
+        let idle = cursors.open(cursor(now - Duration::from_secs(601), false));
+        let pinned = cursors.open(cursor(now - Duration::from_secs(601), true));
+        cursors.reap(now);
+        assert!(cursors.get_mut(fresh).is_some());
+        assert!(cursors.get_mut(idle).is_none());
+        assert!(cursors.get_mut(pinned).is_some());
+    }
+}

@@ -354,3 +354,8 @@ pub fn is_retryable_write_code(code: i32) -> bool {
 pub fn is_resumable_change_stream_code(code: i32) -> bool {
     is_retryable_write_code(code) || matches!(code, 63 | 133 | 150 | 234 | 13388 | 43)
 }
+
+/// Codes mongod labels `NonResumableChangeStreamError` in change-stream commands.
+pub fn is_non_resumable_change_stream_code(code: i32) -> bool {
+    matches!(code, 280 | 286)
+}

@@ -183,6 +183,22 @@ fn render_doc_into(doc: &Document, s: &mut String) {
     s.push_str(" }");
 }
 
+/// Whether a document nests documents/arrays deeper than `max` levels (the document itself is
+/// level 1). Recursion stops at `max`, so this is safe on any input.
+pub fn too_deep(doc: &Document, max: usize) -> bool {
+    fn value(v: &Bson, level: usize, max: usize) -> bool {
+        match v {
+            Bson::Document(d) => doc_level(d, level + 1, max),
+            Bson::Array(a) => level + 1 > max || a.iter().any(|v| value(v, level + 1, max)),
+            _ => false,
+        }
+    }
+    fn doc_level(d: &Document, level: usize, max: usize) -> bool {
+        level > max || d.values().any(|v| value(v, level, max))
+    }
+    doc_level(doc, 1, max)
+}
+
 /// The serialized size of a document in bytes, computed without serializing it.
 pub fn doc_size(doc: &Document) -> usize {
     4 + doc
@@ -243,6 +259,18 @@ mod tests {
     fn size_matches_serialization() {
         let d = doc! {"a": 1, "b": "xyz", "c": [1, 2, {"d": 1.5}], "e": null, "f": bson::oid::ObjectId::new()};
         assert_eq!(doc_size(&d), bson::to_vec(&d).unwrap().len());
+    }
+
+    #[test]
+    fn depth_limit() {
+        let mut d = doc! {"x": 1};
+        for _ in 0..10 {
+            d = doc! {"a": d};
+        }
+        assert!(!too_deep(&d, 11));
+        assert!(too_deep(&d, 10));
+        assert!(too_deep(&doc! {"a": [[[1]]]}, 3));
+        assert!(!too_deep(&doc! {"a": [[[1]]]}, 4));
     }
 
     #[test]

@@ -53,6 +53,9 @@
 //! names the feature — never silently ignored.
 
 #![warn(missing_docs)]
+// CommandError carries mongod's whole error shape (labels, extra fields); errors are the cold
+// path, so results are not boxed.
+#![allow(clippy::result_large_err)]
 
 mod changestream;
 mod clock;
@@ -164,7 +167,66 @@ impl Builder {
             addr,
             shared,
             tasks,
+            background: None,
         })
+    }
+
+    /// Starts the server on its own thread with its own Tokio runtime, so that one server can
+    /// be shared by tests that each run in their own runtime (e.g. one `#[tokio::test]` per
+    /// test, sharing a server kept in a `static`). Works inside or outside a runtime.
+    pub fn start_background(self) -> std::io::Result<TestServer> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("mongo-testserver".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("mongo-testserver-worker")
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let started = self.start().await;
+                    let ok = started.is_ok();
+                    let _ = ready_tx.send(started);
+                    if ok {
+                        // Serve until the handle is dropped or shut down.
+                        let _ = stop_rx.await;
+                    }
+                });
+            })?;
+        let mut server = ready_rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the server thread ended before starting"))??;
+        server.background = Some(Background {
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        });
+        Ok(server)
+    }
+}
+
+/// The thread and runtime of a server started with [`Builder::start_background`].
+struct Background {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        // The thread's runtime shuts down right after; joining it here could block an async
+        // caller, so it is detached.
+        self.thread.take();
     }
 }
 
@@ -174,6 +236,7 @@ pub struct TestServer {
     addr: SocketAddr,
     shared: Arc<server::Shared>,
     tasks: Vec<JoinHandle<()>>,
+    background: Option<Background>,
 }
 
 impl std::fmt::Debug for TestServer {
@@ -185,9 +248,15 @@ impl std::fmt::Debug for TestServer {
 }
 
 impl TestServer {
-    /// Starts a replica-set-mode server on a free port of 127.0.0.1.
+    /// Starts a replica-set-mode server on a free port of 127.0.0.1, in the current runtime.
     pub async fn start() -> std::io::Result<TestServer> {
         Builder::default().start().await
+    }
+
+    /// Starts a replica-set-mode server on its own thread and runtime (see
+    /// [`Builder::start_background`]).
+    pub fn start_background() -> std::io::Result<TestServer> {
+        Builder::default().start_background()
     }
 
     /// A builder for the other options.
@@ -227,6 +296,9 @@ impl TestServer {
         for t in tasks {
             let _ = t.await;
         }
+        if let Some(mut b) = self.background.take() {
+            b.stop();
+        }
     }
 
     /// Serves until SIGINT or SIGTERM (Ctrl-C on non-Unix), then shuts down.
@@ -258,6 +330,9 @@ impl Drop for TestServer {
     fn drop(&mut self) {
         for t in &self.tasks {
             t.abort();
+        }
+        if let Some(mut b) = self.background.take() {
+            b.stop();
         }
     }
 }

@@ -57,7 +57,8 @@ impl State {
         Ok(())
     }
 
-    /// Stores a new version of the document `rid` and logs an update (or replace) event.
+    /// Stores a new version of the document `rid`, logs an update (or replace) event and
+    /// returns the previous version.
     pub fn update_doc(
         &mut self,
         db: &str,
@@ -66,7 +67,7 @@ impl State {
         new_doc: Document,
         replacement: bool,
         vars: &Vars,
-    ) -> CommandResult<()> {
+    ) -> CommandResult<Document> {
         let c = self
             .store
             .coll_mut(db, coll)
@@ -105,7 +106,7 @@ impl State {
             full_document: full,
             update_description,
         });
-        Ok(())
+        Ok(old)
     }
 
     /// Deletes the document `rid` and logs a delete event.

@@ -174,6 +174,18 @@ impl Index {
         if self.sparse && !any_present {
             return Ok(None);
         }
+        let multi: Vec<&str> = per_field
+            .iter()
+            .filter(|(_, v)| v.len() > 1)
+            .map(|(f, _)| *f)
+            .collect();
+        if multi.len() > 1 {
+            return Err(CommandError::new(
+                171,
+                "CannotIndexParallelArrays",
+                format!("cannot index parallel arrays [{}] [{}]", multi[1], multi[0]),
+            ));
+        }
         // Cartesian product of the per-field values.
         let mut tuples: Vec<(KeyBytes, Document)> = vec![(Vec::new(), Document::new())];
         for (field, values) in per_field {

@@ -150,9 +150,174 @@ fn read_document(bytes: &[u8], at: usize, limit: usize) -> Result<(Document, usi
         .ok_or_else(|| malformed("BSON document overruns the message"))?;
     let raw =
         RawDocument::from_bytes(slice).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
-    check_depth(raw)?;
-    let doc = Document::try_from(raw).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
+    // Each nesting level takes at least 7 bytes: smaller documents cannot be too deep.
+    if slice.len() >= 7 * MAX_NESTING_DEPTH {
+        check_depth(raw)?;
+    }
+    let doc = match fast::parse_document(slice) {
+        Some(d) => d,
+        // Unusual types or invalid input: the bson crate decides (and explains the error).
+        None => Document::try_from(raw).map_err(|e| malformed(format!("invalid BSON: {e}")))?,
+    };
     Ok((doc, end))
+}
+
+/// A direct BSON decoder for the common element types (the bson crate's generic decoder is a
+/// large share of a command's cost). It returns `None` for anything it does not handle or that
+/// is malformed; the caller then falls back to the bson crate.
+mod fast {
+    use bson::{oid::ObjectId, spec::BinarySubtype, Binary, Bson, DateTime, Document, Timestamp};
+
+    struct Reader<'a> {
+        bytes: &'a [u8],
+        pos: usize,
+    }
+
+    impl<'a> Reader<'a> {
+        fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+            let end = self.pos.checked_add(n)?;
+            let s = self.bytes.get(self.pos..end)?;
+            self.pos = end;
+            Some(s)
+        }
+        fn u8(&mut self) -> Option<u8> {
+            self.take(1).map(|b| b[0])
+        }
+        fn i32(&mut self) -> Option<i32> {
+            self.take(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        }
+        fn u32(&mut self) -> Option<u32> {
+            self.i32().map(|v| v as u32)
+        }
+        fn i64(&mut self) -> Option<i64> {
+            self.take(8)
+                .and_then(|b| b.try_into().ok())
+                .map(i64::from_le_bytes)
+        }
+        fn cstr(&mut self) -> Option<&'a str> {
+            let rest = self.bytes.get(self.pos..)?;
+            let nul = rest.iter().position(|&b| b == 0)?;
+            let s = std::str::from_utf8(&rest[..nul]).ok()?;
+            self.pos += nul + 1;
+            Some(s)
+        }
+        fn string(&mut self) -> Option<String> {
+            let len = self.i32()?;
+            if len < 1 {
+                return None;
+            }
+            let raw = self.take(len as usize)?;
+            let (body, nul) = raw.split_at(raw.len() - 1);
+            if nul != [0] {
+                return None;
+            }
+            std::str::from_utf8(body).ok().map(str::to_owned)
+        }
+    }
+
+    /// Parses a whole document (the slice must be exactly one document).
+    pub fn parse_document(bytes: &[u8]) -> Option<Document> {
+        let mut r = Reader { bytes, pos: 0 };
+        let d = document(&mut r)?;
+        (r.pos == bytes.len()).then_some(d)
+    }
+
+    fn document(r: &mut Reader<'_>) -> Option<Document> {
+        let start = r.pos;
+        let len = r.i32()?;
+        if len < 5 {
+            return None;
+        }
+        let end = start.checked_add(len as usize)?;
+        if end > r.bytes.len() || r.bytes[end - 1] != 0 {
+            return None;
+        }
+        let mut doc = Document::new();
+        loop {
+            let tag = r.u8()?;
+            if tag == 0 {
+                break;
+            }
+            let key = r.cstr()?;
+            let v = value(r, tag)?;
+            if doc.insert(key, v).is_some() {
+                // Duplicate keys: let the bson crate decide.
+                return None;
+            }
+            if r.pos >= end {
+                return None;
+            }
+        }
+        (r.pos == end).then_some(doc)
+    }
+
+    fn array(r: &mut Reader<'_>) -> Option<Vec<Bson>> {
+        let start = r.pos;
+        let len = r.i32()?;
+        if len < 5 {
+            return None;
+        }
+        let end = start.checked_add(len as usize)?;
+        if end > r.bytes.len() || r.bytes[end - 1] != 0 {
+            return None;
+        }
+        let mut out = Vec::new();
+        loop {
+            let tag = r.u8()?;
+            if tag == 0 {
+                break;
+            }
+            r.cstr()?;
+            out.push(value(r, tag)?);
+            if r.pos >= end {
+                return None;
+            }
+        }
+        (r.pos == end).then_some(out)
+    }
+
+    fn value(r: &mut Reader<'_>, tag: u8) -> Option<Bson> {
+        Some(match tag {
+            0x01 => Bson::Double(f64::from_bits(r.i64()? as u64)),
+            0x02 => Bson::String(r.string()?),
+            0x03 => Bson::Document(document(r)?),
+            0x04 => Bson::Array(array(r)?),
+            0x05 => {
+                let len = r.i32()?;
+                if len < 0 {
+                    return None;
+                }
+                let subtype = BinarySubtype::from(r.u8()?);
+                if subtype == BinarySubtype::BinaryOld {
+                    return None;
+                }
+                Bson::Binary(Binary {
+                    subtype,
+                    bytes: r.take(len as usize)?.to_vec(),
+                })
+            }
+            0x07 => {
+                let b: [u8; 12] = r.take(12)?.try_into().ok()?;
+                Bson::ObjectId(ObjectId::from_bytes(b))
+            }
+            0x08 => match r.u8()? {
+                0 => Bson::Boolean(false),
+                1 => Bson::Boolean(true),
+                _ => return None,
+            },
+            0x09 => Bson::DateTime(DateTime::from_millis(r.i64()?)),
+            0x0A => Bson::Null,
+            0x10 => Bson::Int32(r.i32()?),
+            0x11 => {
+                let increment = r.u32()?;
+                let time = r.u32()?;
+                Bson::Timestamp(Timestamp { time, increment })
+            }
+            0x12 => Bson::Int64(r.i64()?),
+            _ => return None,
+        })
+    }
 }
 
 /// Walks a raw document without recursion and refuses nesting deeper than
@@ -368,6 +533,26 @@ mod tests {
         let n = bad.len() - 6;
         bad[n] ^= 0xFF;
         assert!(parse_request(&bad).is_err());
+    }
+
+    #[test]
+    fn fast_parser_agrees_with_bson() {
+        let d = doc! {
+            "a": 1, "b": 2i64, "c": 1.5, "d": "x", "e": {"f": [1, "two", {"g": null}]},
+            "h": true, "i": bson::oid::ObjectId::new(), "j": bson::DateTime::from_millis(5),
+            "k": bson::Timestamp { time: 3, increment: 4 },
+            "l": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16] },
+        };
+        let bytes = bson::to_vec(&d).unwrap();
+        assert_eq!(fast::parse_document(&bytes), Some(d));
+        // Unusual types fall back.
+        let r = bson::to_vec(&doc! {"r": bson::Regex { pattern: "a".into(), options: "".into() }})
+            .unwrap();
+        assert_eq!(fast::parse_document(&r), None);
+        // Truncations never panic.
+        for n in 0..bytes.len() {
+            let _ = fast::parse_document(&bytes[..n]);
+        }
     }
 
     #[test]

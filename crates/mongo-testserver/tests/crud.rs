@@ -548,3 +548,26 @@ async fn standalone_mode_works_without_sessions_features() {
     assert_eq!(code(&err), Some(40573));
     server.shutdown().await;
 }
+
+static SHARED: std::sync::OnceLock<TestServer> = std::sync::OnceLock::new();
+
+/// One server for several tests, each with its own runtime.
+fn shared_server() -> &'static TestServer {
+    SHARED.get_or_init(|| TestServer::start_background().expect("background server"))
+}
+
+#[tokio::test]
+async fn shared_background_server_a() {
+    let c = client(shared_server()).await;
+    let coll = c.database("shared").collection::<Document>("a");
+    coll.insert_one(doc! {"x": 1}).await.unwrap();
+    assert!(coll.count_documents(doc! {}).await.unwrap() >= 1);
+}
+
+#[tokio::test]
+async fn shared_background_server_b() {
+    let c = client(shared_server()).await;
+    let coll = c.database("shared").collection::<Document>("b");
+    coll.insert_one(doc! {"x": 1}).await.unwrap();
+    assert!(coll.count_documents(doc! {}).await.unwrap() >= 1);
+}

@@ -57,7 +57,10 @@ impl Connection {
     /// Describes a library error from an operation on this connection, in one line, with any
     /// trace of the password removed.
     pub fn error(&self, context: &str, e: &mongolock::Error) -> CliError {
-        CliError::failure(one_line(&redact(&format!("{context}: {e}"), &self.uri)))
+        CliError::failure(one_line(&redact(
+            &format!("{context}: {}", describe_lock_error(e)),
+            &self.uri,
+        )))
     }
 }
 
@@ -76,9 +79,15 @@ pub async fn connect_to(uri: &str, db: &str, collection: &str) -> Result<Connect
         )))
     };
 
-    let mut options = ClientOptions::parse(uri)
-        .await
-        .map_err(|e| fail("invalid MongoDB URI", describe(&e)))?;
+    if db.is_empty() {
+        return Err(CliError::failure(
+            "invalid --db: the database name is empty; use a name such as \"mongolock\"",
+        ));
+    }
+    let mut options = ClientOptions::parse(uri).await.map_err(|e| {
+        let (what, detail) = classify(&e, None);
+        fail(what, detail)
+    })?;
     if options.server_selection_timeout.is_none() {
         options.server_selection_timeout = Some(DEFAULT_SERVER_SELECTION_TIMEOUT);
     }
@@ -88,51 +97,75 @@ pub async fn connect_to(uri: &str, db: &str, collection: &str) -> Result<Connect
     if options.app_name.is_none() {
         options.app_name = Some("mongolock".to_owned());
     }
-    let selection_timeout = options
-        .server_selection_timeout
-        .unwrap_or(DEFAULT_SERVER_SELECTION_TIMEOUT);
-    let client =
-        Client::with_options(options).map_err(|e| fail("invalid MongoDB URI", describe(&e)))?;
-
-    if db.is_empty() {
-        return Err(CliError::failure(
-            "invalid --db: the database name is empty; use a name such as \"mongolock\"",
-        ));
-    }
+    let selection_timeout = options.server_selection_timeout;
+    let client = Client::with_options(options).map_err(|e| {
+        let (what, detail) = classify(&e, None);
+        fail(what, detail)
+    })?;
     let database = client.database(db);
     // `ping` on the lock database: it authenticates the connection (refused credentials are
     // reported here) and needs no privileges.
-    match database.run_command(doc! { "ping": 1 }).await {
-        Ok(_) => {}
-        Err(e) => {
-            let (what, detail) = match e.kind.as_ref() {
-                ErrorKind::ServerSelection { .. } => (
-                    "cannot reach MongoDB at",
-                    format!(
-                        "{} (gave up after {}; set serverSelectionTimeoutMS in the URI to wait \
-                         longer)",
-                        describe(&e),
-                        crate::duration::display(selection_timeout)
-                    ),
-                ),
-                ErrorKind::Authentication { .. } => ("authentication refused by", describe(&e)),
-                ErrorKind::Command(c) if c.code == 18 => {
-                    ("authentication refused by", describe(&e))
-                }
-                ErrorKind::Io(_) => ("cannot reach MongoDB at", describe(&e)),
-                ErrorKind::DnsResolve { .. } => ("cannot resolve MongoDB host in", describe(&e)),
-                ErrorKind::InvalidTlsConfig { .. } => ("invalid TLS settings for", describe(&e)),
-                ErrorKind::InvalidArgument { .. } => ("invalid MongoDB URI", describe(&e)),
-                _ => ("MongoDB at", describe(&e)),
-            };
-            return Err(fail(what, detail));
-        }
+    if let Err(e) = database.run_command(doc! { "ping": 1 }).await {
+        let (what, detail) = classify(&e, selection_timeout);
+        return Err(fail(what, detail));
     }
     Ok(Connection {
         db: database,
         collection: collection.to_owned(),
         uri: uri.to_owned(),
     })
+}
+
+/// A library error without the driver's debugging details (labels, source, raw server
+/// response), which the library's messages currently include.
+pub fn describe_lock_error(e: &mongolock::Error) -> String {
+    match e {
+        mongolock::Error::Backend { message, hint, .. } => {
+            format!("{}; {hint}", tidy_driver_text(message))
+        }
+        mongolock::Error::Unavailable { message, .. } => format!(
+            "MongoDB temporarily unavailable: {}",
+            tidy_driver_text(message)
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// Cuts the `, labels: …, source: …, server response: …` tail of a driver error's display and
+/// the `Kind: ` prefixes.
+fn tidy_driver_text(message: &str) -> String {
+    let cut = message
+        .find(", labels: ")
+        .map_or(message, |i| &message[..i]);
+    cut.replace("Kind: ", "")
+}
+
+/// What failed (completed by the masked URI) and why, for a connection error.
+fn classify(
+    e: &mongodb::error::Error,
+    selection_timeout: Option<Duration>,
+) -> (&'static str, String) {
+    match e.kind.as_ref() {
+        ErrorKind::ServerSelection { .. } => (
+            "cannot reach MongoDB at",
+            match selection_timeout {
+                Some(t) => format!(
+                    "{} (gave up after {}; set serverSelectionTimeoutMS in the URI to wait \
+                     longer)",
+                    describe(e),
+                    crate::duration::display(t)
+                ),
+                None => describe(e),
+            },
+        ),
+        ErrorKind::Authentication { .. } => ("authentication refused by", describe(e)),
+        ErrorKind::Command(c) if c.code == 18 => ("authentication refused by", describe(e)),
+        ErrorKind::Io(_) => ("cannot reach MongoDB at", describe(e)),
+        ErrorKind::DnsResolve { .. } => ("cannot resolve the MongoDB host in", describe(e)),
+        ErrorKind::InvalidTlsConfig { .. } => ("invalid TLS settings for", describe(e)),
+        ErrorKind::InvalidArgument { .. } => ("invalid MongoDB URI", describe(e)),
+        _ => ("MongoDB error at", describe(e)),
+    }
 }
 
 /// A driver error as a short cause: for server selection failures, the per-server errors from
@@ -149,6 +182,9 @@ fn describe(e: &mongodb::error::Error) -> String {
             }
         }
         ErrorKind::Command(c) => format!("{} (code {} {})", c.message, c.code, c.code_name),
+        ErrorKind::InvalidArgument { message, .. } => message.clone(),
+        ErrorKind::DnsResolve { message, .. } => message.clone(),
+        ErrorKind::Authentication { message, .. } => message.clone(),
         kind => kind.to_string(),
     };
     one_line(&text)
@@ -176,6 +212,24 @@ fn server_errors(message: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tidies_library_errors() {
+        let e = mongolock::Error::Backend {
+            message: "list (aggregate): Kind: Command failed: Error code 13 (Unauthorized): not \
+                      authorized, labels: {}, source: None, server response: Some(RawDocumentBuf \
+                      { data: \"e7\" })"
+                .into(),
+            code: Some(13),
+            hint: "grant readWrite".into(),
+            source: None,
+        };
+        assert_eq!(
+            describe_lock_error(&e),
+            "list (aggregate): Command failed: Error code 13 (Unauthorized): not authorized; \
+             grant readWrite"
+        );
+    }
 
     #[test]
     fn extracts_per_server_errors() {

@@ -15,7 +15,6 @@ mod signals;
 mod uri;
 
 use std::io::Write;
-use std::time::Duration;
 
 use clap::Parser;
 
@@ -24,6 +23,7 @@ use crate::cli::{Cli, Command};
 fn main() {
     // Help and usage errors are printed by clap, which exits 0 or 2.
     let cli = Cli::parse();
+    install_panic_hook();
     init_tracing(cli.global.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -42,10 +42,32 @@ fn main() {
             e.code
         }
     };
-    // Background tasks (driver monitors, a dropped guard's release) are not waited for long.
-    runtime.shutdown_timeout(Duration::from_millis(200));
     let _ = std::io::stdout().flush();
+    // Exit without shutting the runtime down: every lease has been released or handed back by
+    // now, and tearing down the driver's background tasks mid-flight can make them panic.
     std::process::exit(code);
+}
+
+/// Panics (bugs) are reported on one line; RUST_BACKTRACE=1 restores the full report.
+fn install_panic_hook() {
+    if std::env::var_os("RUST_BACKTRACE").is_some() {
+        return;
+    }
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map_or_else(String::new, |l| format!(" at {}:{}", l.file(), l.line()));
+        let payload = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!(
+            "mongolock: internal error{location}: {} (set RUST_BACKTRACE=1 for details)",
+            exit::one_line(&payload)
+        );
+    }));
 }
 
 async fn run(cli: Cli) -> Result<i32, exit::CliError> {

@@ -21,6 +21,9 @@ use crate::guard::LockGuard;
 use crate::provider::{check_ttl, ProviderInner};
 use crate::wait::Backoff;
 
+/// How long the last attempt of a finite acquire may take past the deadline.
+const LAST_ATTEMPT_GRACE: Duration = Duration::from_millis(500);
+
 /// How long an acquisition may wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Timeout {
@@ -150,7 +153,26 @@ impl Lock {
         let mut attempts: u64 = 0;
         loop {
             attempts += 1;
-            let result = self.attempt(&lease_id).await;
+            let result = match timeout {
+                // A finite budget also bounds a hung attempt (blocked connection, unreachable
+                // server): stop waiting at the deadline, with a little grace for the last try.
+                // The attempt task owns its result, so abandoning it is safe.
+                Timeout::After(_) => {
+                    let limit = deadline.map(|d| d.max(Instant::now() + LAST_ATTEMPT_GRACE));
+                    match limit {
+                        Some(limit) => tokio::select! {
+                            r = self.attempt(&lease_id) => r,
+                            _ = tokio::time::sleep_until(limit) => Err(Error::unavailable(format!(
+                                "the backend did not answer an acquire attempt on {:?} before the \
+                                 timeout",
+                                self.name
+                            ))),
+                        },
+                        None => self.attempt(&lease_id).await,
+                    }
+                }
+                Timeout::Zero | Timeout::Forever => self.attempt(&lease_id).await,
+            };
             let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             match result {
                 Ok(Outcome::Acquired(guard)) => {

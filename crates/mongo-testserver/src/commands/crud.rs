@@ -1,5 +1,7 @@
 //! insert, update, delete, findAndModify, and the helpers they share with queries.
 
+use std::borrow::Cow;
+
 use bson::{doc, oid::ObjectId, Bson, Document};
 
 use super::args::{self, check_fields};
@@ -13,7 +15,7 @@ use crate::keys::doc_size;
 use crate::sessions::session_key;
 use crate::state::State;
 use crate::store::{validate_names, Collection, RecordId};
-use crate::wire::MAX_BSON_OBJECT_SIZE;
+use crate::wire::{MAX_BSON_OBJECT_SIZE, MAX_NESTING_DEPTH};
 
 /// Most statements one write command may carry.
 const MAX_WRITE_BATCH: usize = 100_000;
@@ -119,6 +121,13 @@ fn check_insert_size(doc: &Document) -> CommandResult<()> {
 }
 
 fn check_update_size(doc: &Document) -> CommandResult<()> {
+    if crate::keys::too_deep(doc, MAX_NESTING_DEPTH) {
+        return Err(CommandError::new(
+            15,
+            "Overflow",
+            format!("Resulting document after update exceeds the maximum nesting depth of {MAX_NESTING_DEPTH}"),
+        ));
+    }
     if doc_size(doc) > MAX_BSON_OBJECT_SIZE {
         return Err(CommandError::new(
             17419,
@@ -239,7 +248,16 @@ pub(super) fn find_all(
     Ok(out)
 }
 
-/// Applies `update` to the stored document `rid`. Returns `(before, after, modified)`.
+/// Which version of an updated document the caller wants back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Nothing,
+    Before,
+    After,
+}
+
+/// Applies `update` to the stored document `rid`: returns the wanted version and whether the
+/// document changed. Works on one copy; the stored document is untouched on error.
 fn apply_update(
     st: &mut State,
     db: &str,
@@ -247,22 +265,22 @@ fn apply_update(
     rid: RecordId,
     update: &Update,
     vars: &Vars,
-) -> CommandResult<(Document, Document, bool)> {
-    let before = st
+    want: Want,
+) -> CommandResult<(Option<Document>, bool)> {
+    let mut work = st
         .store
         .coll(db, coll)
         .and_then(|c| c.get(rid))
         .cloned()
         .ok_or_else(|| CommandError::new(1, "InternalError", "record vanished"))?;
-    let mut after = before.clone();
-    let outcome = update.apply(&mut after, false, vars)?;
-    let old_id = before.get("_id").cloned().unwrap_or(Bson::Null);
-    match after.get("_id") {
+    let old_id = work.get("_id").cloned().unwrap_or(Bson::Null);
+    let outcome = update.apply(&mut work, false, vars)?;
+    match work.get("_id") {
         None => {
             let mut d = Document::new();
             d.insert("_id", old_id);
-            d.extend(after);
-            after = d;
+            d.extend(work);
+            work = d;
         }
         Some(new_id) if !values_equal(new_id, &old_id) || !same_type(new_id, &old_id) => {
             return Err(CommandError::new(
@@ -276,12 +294,21 @@ fn apply_update(
         }
         Some(_) => {}
     }
-    if !outcome.modified && after == before {
-        return Ok((before, after, false));
+    if !outcome.modified {
+        // Unchanged: the working copy is both versions.
+        return Ok(((want != Want::Nothing).then_some(work), false));
     }
-    check_update_size(&after)?;
-    st.update_doc(db, coll, rid, after.clone(), update.is_replacement(), vars)?;
-    Ok((before, after, true))
+    check_update_size(&work)?;
+    let after = (want == Want::After).then(|| work.clone());
+    let before = st.update_doc(db, coll, rid, work, update.is_replacement(), vars)?;
+    Ok((
+        match want {
+            Want::Nothing => None,
+            Want::Before => Some(before),
+            Want::After => after,
+        },
+        true,
+    ))
 }
 
 fn same_type(a: &Bson, b: &Bson) -> bool {
@@ -420,7 +447,7 @@ fn run_update(
     let mut n = 0;
     let mut modified = 0;
     for rid in targets {
-        let (_, _, changed) = apply_update(st, db, coll, rid, &s.update, vars)?;
+        let (_, changed) = apply_update(st, db, coll, rid, &s.update, vars, Want::Nothing)?;
         n += 1;
         if changed {
             modified += 1;
@@ -489,9 +516,13 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
 }
 
 /// The operation's variables with the command's `let` document.
-pub(super) fn with_let(ctx: &Ctx<'_>, cmd: &Document, command: &str) -> CommandResult<Vars> {
+pub(super) fn with_let<'a>(
+    ctx: &'a Ctx<'_>,
+    cmd: &Document,
+    command: &str,
+) -> CommandResult<Cow<'a, Vars>> {
     match args::get_doc(cmd, command, "let")? {
-        None => Ok(ctx.vars.clone()),
+        None => Ok(Cow::Borrowed(&ctx.vars)),
         Some(l) => {
             // `let` values are expressions evaluated once, against an empty document.
             let mut evaluated = Document::new();
@@ -499,7 +530,7 @@ pub(super) fn with_let(ctx: &Ctx<'_>, cmd: &Document, command: &str) -> CommandR
                 let value = crate::engine::expr::evaluate(v, &Document::new(), &ctx.vars)?;
                 evaluated.insert(k.clone(), value.unwrap_or(Bson::Null));
             }
-            Ok(ctx.vars.clone().with_let(evaluated))
+            Ok(Cow::Owned(ctx.vars.clone().with_let(evaluated)))
         }
     }
 }
@@ -683,8 +714,12 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
             }
             (None, None) => Ok(doc! {"lastErrorObject": {"n": 0}, "value": Bson::Null}),
             (Some(rid), Some(u)) => {
-                let (before, after, _) = apply_update(st, ctx.db, coll, rid, u, &vars)?;
-                let value = project(if new { after } else { before })?;
+                let want = if new { Want::After } else { Want::Before };
+                let (doc, _) = apply_update(st, ctx.db, coll, rid, u, &vars, want)?;
+                let value = match doc {
+                    Some(d) => project(d)?,
+                    None => Bson::Null,
+                };
                 Ok(doc! {"lastErrorObject": {"n": 1, "updatedExisting": true}, "value": value})
             }
             (None, Some(u)) => {

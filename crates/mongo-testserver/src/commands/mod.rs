@@ -131,6 +131,8 @@ pub async fn handle(
         }
     }
 
+    let is_stream = is_stream_command(shared, &name, &body);
+
     // Fail point.
     let effect = {
         let namespace = match body.get(&name) {
@@ -153,7 +155,14 @@ pub async fn handle(
             if let Some(labels) = &effect.labels_override {
                 err.labels = labels.clone();
             } else {
-                add_labels(shared, &name, &body, &mut err.labels, Some(err.code), None);
+                add_labels(
+                    is_stream,
+                    &name,
+                    &body,
+                    &mut err.labels,
+                    Some(err.code),
+                    None,
+                );
             }
             return Outcome::Reply(finish_labeled(shared, &body, Err(err)));
         }
@@ -192,7 +201,7 @@ pub async fn handle(
                 let mut labels = Vec::new();
                 match effect.as_ref().and_then(|e| e.labels_override.clone()) {
                     Some(l) => labels = l,
-                    None => add_labels(shared, &name, &body, &mut labels, None, wce_code),
+                    None => add_labels(is_stream, &name, &body, &mut labels, None, wce_code),
                 }
                 if !labels.is_empty() {
                     reply.insert("errorLabels", labels);
@@ -202,7 +211,7 @@ pub async fn handle(
         Err(err) => {
             let code = err.code;
             let mut labels = std::mem::take(&mut err.labels);
-            add_labels(shared, &name, &body, &mut labels, Some(code), None);
+            add_labels(is_stream, &name, &body, &mut labels, Some(code), None);
             err.labels = labels;
         }
     }
@@ -212,7 +221,7 @@ pub async fn handle(
 /// Adds the labels mongod computes: `RetryableWriteError` for retryable writes failing with a
 /// retryable code, `ResumableChangeStreamError` for change-stream commands.
 fn add_labels(
-    shared: &Shared,
+    is_stream: bool,
     name: &str,
     body: &Document,
     labels: &mut Vec<String>,
@@ -237,22 +246,32 @@ fn add_labels(
         push("RetryableWriteError");
     }
     if let Some(code) = code {
-        let is_stream = match name {
-            "aggregate" => body
-                .get_array("pipeline")
-                .ok()
-                .and_then(|p| p.first())
-                .and_then(Bson::as_document)
-                .is_some_and(|s| s.contains_key("$changeStream")),
-            "getMore" => body
-                .get("getMore")
-                .and_then(args::as_i64)
-                .is_some_and(|id| shared.lock().cursors.is_stream(id)),
-            _ => false,
-        };
-        if is_stream && failpoint::is_resumable_change_stream_code(code) {
-            push("ResumableChangeStreamError");
+        if is_stream {
+            if failpoint::is_resumable_change_stream_code(code) {
+                push("ResumableChangeStreamError");
+            }
+            if failpoint::is_non_resumable_change_stream_code(code) {
+                push("NonResumableChangeStreamError");
+            }
         }
+    }
+}
+
+/// Whether the command is a change-stream aggregate or a getMore on a change stream (known
+/// before the command runs: a failing getMore closes its cursor).
+fn is_stream_command(shared: &Shared, name: &str, body: &Document) -> bool {
+    match name {
+        "aggregate" => body
+            .get_array("pipeline")
+            .ok()
+            .and_then(|p| p.first())
+            .and_then(Bson::as_document)
+            .is_some_and(|s| s.contains_key("$changeStream")),
+        "getMore" => body
+            .get("getMore")
+            .and_then(args::as_i64)
+            .is_some_and(|id| shared.lock().cursors.is_stream(id)),
+        _ => false,
     }
 }
 

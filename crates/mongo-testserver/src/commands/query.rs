@@ -311,7 +311,14 @@ async fn stream_get_more(
             let CursorKind::Stream(sc) = &mut cursor.kind else {
                 return Err(cursor_not_found(id));
             };
-            let batch = sc.read(&st.events, &st.store, max, &ctx.vars, now_ts)?;
+            let batch = match sc.read(&st.events, &st.store, max, &ctx.vars, now_ts) {
+                Ok(b) => b,
+                Err(e) => {
+                    // As in mongod, a failed getMore closes the cursor.
+                    st.cursors.remove(id);
+                    return Err(e);
+                }
+            };
             if !batch.is_empty() || sc.closed || Instant::now() >= deadline {
                 let token = sc.post_batch_token();
                 let ns = cursor.ns.clone();

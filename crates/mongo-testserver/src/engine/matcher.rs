@@ -697,10 +697,10 @@ fn single(p: &Pred, x: Option<&Bson>, vars: &Vars) -> CommandResult<bool> {
     })
 }
 
-/// A value-form `$elemMatch` predicate on one element: like a path predicate on a field holding
-/// the element (so an element that is itself an array is searched one level).
+/// A value-form `$elemMatch` (or `$pull`) predicate on one element: the element itself is
+/// tested, without looking into it when it is an array (as mongod's single-element matching).
 fn elem_value(q: &Pred, el: &Bson, vars: &Vars) -> CommandResult<bool> {
-    path_pred(q, &[Some(el)], vars)
+    single(q, Some(el), vars)
 }
 
 /// Matches a `$pull` condition against one array element: operator documents apply to the

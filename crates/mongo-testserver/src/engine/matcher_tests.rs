@@ -315,3 +315,92 @@ fn equality_field_extraction() {
     let names: Vec<&str> = e.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(names, vec!["_id", "a.b", "d", "e", "f"]);
 }
+
+fn sample_values() -> Vec<Bson> {
+    vec![
+        Bson::Null,
+        Bson::Int32(1),
+        Bson::Int64(1),
+        Bson::Double(1.5),
+        Bson::Int32(2),
+        Bson::String("1".into()),
+        Bson::String("x".into()),
+        Bson::Boolean(true),
+        Bson::Array(vec![]),
+        Bson::Array(vec![Bson::Int32(1), Bson::Int32(2)]),
+        Bson::Array(vec![Bson::Null]),
+        Bson::Document(doc! {"b": 1}),
+        Bson::Document(doc! {}),
+        Bson::DateTime(DateTime::from_millis(3)),
+    ]
+}
+
+fn sample_docs() -> Vec<Document> {
+    let mut out = vec![
+        doc! {},
+        doc! {"a": Bson::Null},
+        doc! {"a": [{"b": 1}, {"c": 1}]},
+    ];
+    for v in sample_values() {
+        out.push(doc! {"a": v.clone()});
+        out.push(doc! {"a": [v.clone(), 7]});
+        out.push(doc! {"a": {"b": v}});
+    }
+    out
+}
+
+#[test]
+fn negations_are_complements() {
+    for v in sample_values() {
+        for d in sample_docs() {
+            for path in ["a", "a.b"] {
+                let pos = |f: Document| m(f, d.clone());
+                let eq = pos(doc! {path: {"$eq": v.clone()}});
+                assert_eq!(pos(doc! {path: {"$ne": v.clone()}}), !eq, "$ne {v} on {d}");
+                let inn = pos(doc! {path: {"$in": [v.clone()]}});
+                assert_eq!(inn, eq, "$in vs $eq {v} on {d}");
+                assert_eq!(
+                    pos(doc! {path: {"$nin": [v.clone()]}}),
+                    !inn,
+                    "$nin {v} on {d}"
+                );
+                for op in ["$gt", "$gte", "$lt", "$lte"] {
+                    let p = pos(doc! {path: {op: v.clone()}});
+                    assert_eq!(
+                        pos(doc! {path: {"$not": {op: v.clone()}}}),
+                        !p,
+                        "$not {op} {v} on {d}"
+                    );
+                }
+                let or = pos(doc! {"$or": [{path: v.clone()}, {"z": 1}]});
+                assert_eq!(pos(doc! {"$nor": [{path: v.clone()}, {"z": 1}]}), !or);
+                let ex = pos(doc! {path: {"$exists": true}});
+                assert_eq!(pos(doc! {path: {"$exists": false}}), !ex);
+            }
+        }
+    }
+}
+
+#[test]
+fn plain_value_is_eq_and_comparisons_agree_with_compare() {
+    for v in sample_values() {
+        for d in sample_docs() {
+            assert_eq!(
+                m(doc! {"a": v.clone()}, d.clone()),
+                m(doc! {"a": {"$eq": v.clone()}}, d.clone())
+            );
+            // On a scalar of the same type class, $gte == $gt || $eq.
+            if let Some(x) = d.get("a") {
+                if !matches!(x, Bson::Array(_))
+                    && crate::engine::compare::type_rank(x) == crate::engine::compare::type_rank(&v)
+                {
+                    let gte = m(doc! {"a": {"$gte": v.clone()}}, d.clone());
+                    let gt = m(doc! {"a": {"$gt": v.clone()}}, d.clone());
+                    let eq = m(doc! {"a": v.clone()}, d.clone());
+                    assert_eq!(gte, gt || eq, "{v} on {d}");
+                    assert_eq!(gt, compare(x, &v) == Ordering::Greater, "{v} on {d}");
+                }
+            }
+        }
+    }
+}

@@ -1,87 +1,162 @@
-//! A small backtracking regular-expression matcher for `$regex` and regex query values.
+//! `$regex` and regex query values, matched with the `regex` crate.
 //!
-//! Supported: literals, `.`, `^`, `$`, `\A`, `\z`, `\Z`, `\b`, `\B`, classes `[a-z]`, `[^...]`,
-//! `\d \w \s \D \W \S`, escapes, groups `(...)` and `(?:...)`, alternation `|`, quantifiers
-//! `* + ? {n} {n,} {n,m}` and their lazy forms; options `i`, `m`, `s`, `x`. Anything else
-//! (backreferences, lookaround, named groups, Unicode properties) is refused with an error that
-//! names it, never matched wrongly.
-
-use std::cell::Cell;
+//! mongod matches with PCRE2 in UTF mode without UCP. The `regex` crate spells several things
+//! differently and means a few things differently, so a pattern is parsed here (PCRE syntax)
+//! and re-emitted for the `regex` crate with PCRE's meaning:
+//!
+//! - options `i`, `m`, `s`, `x` (and inline `(?imsx-imsx)`, `(?i:...)`) are applied here, per
+//!   atom; `u` is accepted; any other option letter is error 51108 as in mongod.
+//! - `\d \w \s \b` and POSIX classes are ASCII, as in PCRE without UCP; `\h \v \N` are
+//!   translated; `\p{..}` is not case-folded (PCRE: `i` does not affect properties).
+//! - `$` (without `m`) and `\Z` match at the end or before a final newline: exact through
+//!   `\z` for strings that do not end with `\n`, and through a second compiled form for strings
+//!   that do. Multi-line `^` does not match after a final newline. Where the second form could
+//!   differ from PCRE (e.g. `$` followed by more pattern), matching such a string is refused.
+//! - Features the `regex` crate lacks (backreferences, lookaround, atomic groups, possessive
+//!   quantifiers, recursion, conditionals, `\G \K \R \X`...) are refused with error 51091,
+//!   naming the feature. Nothing is matched with silently different semantics.
+//!
+//! Only whether a string matches is asked, so greediness and capture groups do not matter.
 
 use crate::error::{CommandError, CommandResult};
 
-/// A compiled regular expression.
+/// A compiled MongoDB (PCRE) regular expression.
 #[derive(Debug, Clone)]
 pub struct Regex {
     pattern: String,
     options: String,
-    alts: Vec<Vec<Node>>,
-    icase: bool,
-    multiline: bool,
-    dotall: bool,
+    /// Exact for strings that do not end with `\n`.
+    plain: regex::Regex,
+    /// What to use for strings that end with `\n`.
+    trailing_newline: TrailingNewline,
 }
 
 #[derive(Debug, Clone)]
-enum Node {
-    Char(char),
-    Any,
-    Class(Class),
-    Start,
-    End,
-    TextStart,
-    TextEnd,
-    TextEndNewline,
-    WordBoundary(bool),
-    Group(Vec<Vec<Node>>),
-    Repeat(Box<Node>, u32, Option<u32>, bool),
+enum TrailingNewline {
+    /// The pattern has no end-or-before-final-newline `$`/`\Z` and no multi-line `^`.
+    Plain,
+    Own(regex::Regex),
+    Refused(&'static str),
 }
 
-#[derive(Debug, Clone)]
-struct Class {
-    negated: bool,
-    items: Vec<ClassItem>,
-}
-
-#[derive(Debug, Clone)]
-enum ClassItem {
-    Range(char, char),
-    Digit(bool),
-    Word(bool),
-    Space(bool),
-}
-
-fn unsupported(what: &str, pattern: &str) -> CommandError {
+fn invalid(msg: &str, pattern: &str) -> CommandError {
     CommandError::new(
         51091,
         "Location51091",
-        format!("Regular expression is invalid or unsupported by mongo-testserver: {what} in /{pattern}/"),
+        format!("Regular expression is invalid: {msg} (in /{pattern}/)"),
     )
 }
 
-fn is_word(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
+fn unsupported(feature: &str, pattern: &str) -> CommandError {
+    CommandError::new(
+        51091,
+        "Location51091",
+        format!(
+            "Regular expression is invalid: {feature} not supported by mongo-testserver (in /{pattern}/)"
+        ),
+    )
 }
 
-impl ClassItem {
-    fn matches(&self, c: char, icase: bool) -> bool {
-        match self {
-            ClassItem::Range(a, b) => {
-                let within = |x: char| *a <= x && x <= *b;
-                within(c)
-                    || (icase && (c.to_lowercase().any(within) || c.to_uppercase().any(within)))
-            }
-            ClassItem::Digit(pos) => c.is_ascii_digit() == *pos,
-            ClassItem::Word(pos) => is_word(c) == *pos,
-            ClassItem::Space(pos) => c.is_whitespace() == *pos,
-        }
+#[derive(Debug, Clone, Copy, Default)]
+struct Flags {
+    icase: bool,
+    multiline: bool,
+    dotall: bool,
+    extended: bool,
+}
+
+#[derive(Debug)]
+enum Node {
+    /// Consumes exactly one character; already in `regex` syntax with its flags applied.
+    Atom(String),
+    Look(Look),
+    Concat(Vec<Node>),
+    Alt(Vec<Node>),
+    Group(Box<Node>),
+    Repeat {
+        node: Box<Node>,
+        min: u32,
+        max: Option<u32>,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Look {
+    TextStart,
+    TextEnd,
+    /// `$` without `m`, and `\Z`: at the end or before a final `\n`.
+    EndOrFinalNewline,
+    /// `^` with `m`: at the start or after a `\n` that does not end the string.
+    LineStart,
+    /// `$` with `m`: at the end or before any `\n`.
+    LineEnd,
+    WordBoundary,
+    NotWordBoundary,
+}
+
+enum Esc {
+    Char(char),
+    /// A fixed set in `regex` class syntax (never case-folded); `true` for `\p`/`\P`.
+    Set(String, bool),
+    Look(Look),
+}
+
+const DIGIT: &str = "0-9";
+const WORD: &str = "0-9A-Za-z_";
+const SPACE: &str = r"\t\n\x0B\x0C\r ";
+const HSPACE: &str = r"\t \xA0\x{1680}\x{180E}\x{2000}-\x{200A}\x{202F}\x{205F}\x{3000}";
+const VSPACE: &str = r"\n\x0B\x0C\r\x{85}\x{2028}\x{2029}";
+
+/// The characters whose case-fold orbits straddle ASCII and non-ASCII (k K U+212A, s S U+017F):
+/// the only ones where folding a fixed ASCII set changes it.
+const STRADDLING: [char; 6] = ['k', 'K', '\u{212A}', 's', 'S', '\u{17F}'];
+const STRADDLING_CLASS: &str = r"[^kKsS\x{212A}\x{17F}]";
+
+fn fixed_escape(c: char) -> Option<String> {
+    let (set, negated) = match c {
+        'd' | 'D' => (DIGIT, c == 'D'),
+        'w' | 'W' => (WORD, c == 'W'),
+        's' | 'S' => (SPACE, c == 'S'),
+        'h' | 'H' => (HSPACE, c == 'H'),
+        'v' | 'V' => (VSPACE, c == 'V'),
+        _ => return None,
+    };
+    Some(format!("[{}{set}]", if negated { "^" } else { "" }))
+}
+
+fn escape_char(c: char) -> String {
+    regex::escape(c.encode_utf8(&mut [0; 4]))
+}
+
+fn literal(c: char, flags: Flags) -> String {
+    let e = escape_char(c);
+    if flags.icase && (c.is_alphabetic() || !c.is_ascii()) {
+        format!("(?i:{e})")
+    } else {
+        e
     }
+}
+
+fn is_extended_space(c: char) -> bool {
+    matches!(
+        c,
+        ' ' | '\t'
+            | '\n'
+            | '\x0b'
+            | '\x0c'
+            | '\r'
+            | '\u{85}'
+            | '\u{200E}'
+            | '\u{200F}'
+            | '\u{2028}'
+            | '\u{2029}'
+    )
 }
 
 struct Parser<'a> {
     chars: Vec<char>,
     pos: usize,
     pattern: &'a str,
-    extended: bool,
 }
 
 impl Parser<'_> {
@@ -89,16 +164,44 @@ impl Parser<'_> {
         self.chars.get(self.pos).copied()
     }
 
-    fn skip_extended(&mut self) {
-        if !self.extended {
+    fn peek_at(&self, n: usize) -> Option<char> {
+        self.chars.get(self.pos + n).copied()
+    }
+
+    fn next(&mut self) -> Option<char> {
+        let c = self.peek();
+        if c.is_some() {
+            self.pos += 1;
+        }
+        c
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        if self.peek() == Some(c) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn invalid(&self, msg: &str) -> CommandError {
+        invalid(msg, self.pattern)
+    }
+
+    fn unsupported(&self, feature: &str) -> CommandError {
+        unsupported(feature, self.pattern)
+    }
+
+    fn skip_extended(&mut self, flags: Flags) {
+        if !flags.extended {
             return;
         }
         while let Some(c) = self.peek() {
-            if c.is_whitespace() {
+            if is_extended_space(c) {
                 self.pos += 1;
             } else if c == '#' {
-                while let Some(c) = self.peek() {
-                    self.pos += 1;
+                while let Some(c) = self.next() {
                     if c == '\n' {
                         break;
                     }
@@ -109,286 +212,744 @@ impl Parser<'_> {
         }
     }
 
-    fn alternation(&mut self) -> CommandResult<Vec<Vec<Node>>> {
-        let mut alts = vec![self.sequence()?];
-        while self.peek() == Some('|') {
-            self.pos += 1;
-            alts.push(self.sequence()?);
+    fn alternation(&mut self, flags: &mut Flags) -> CommandResult<Node> {
+        let mut branches = vec![self.sequence(flags)?];
+        while self.eat('|') {
+            branches.push(self.sequence(flags)?);
         }
-        Ok(alts)
+        Ok(if branches.len() == 1 {
+            branches.remove(0)
+        } else {
+            Node::Alt(branches)
+        })
     }
 
-    fn sequence(&mut self) -> CommandResult<Vec<Node>> {
+    fn sequence(&mut self, flags: &mut Flags) -> CommandResult<Node> {
         let mut seq = Vec::new();
         loop {
-            self.skip_extended();
-            let Some(c) = self.peek() else { break };
-            if c == '|' || c == ')' {
+            self.skip_extended(*flags);
+            let atom = match (self.peek(), self.peek_at(1)) {
+                (None | Some('|' | ')'), _) => break,
+                (Some('\\'), Some('E')) => {
+                    self.pos += 2;
+                    continue;
+                }
+                (Some('\\'), Some('Q')) => {
+                    self.pos += 2;
+                    let mut quoted = self.quoted().into_iter();
+                    let Some(last) = quoted.next_back() else {
+                        continue;
+                    };
+                    seq.extend(quoted.map(|c| Node::Atom(literal(c, *flags))));
+                    Node::Atom(literal(last, *flags))
+                }
+                (Some('('), _) => match self.group(flags)? {
+                    Some(node) => node,
+                    None => continue,
+                },
+                _ => self.atom(*flags)?,
+            };
+            seq.push(self.quantified(atom, *flags)?);
+        }
+        Ok(Node::Concat(seq))
+    }
+
+    /// The characters after `\Q`, up to `\E` or the end of the pattern.
+    fn quoted(&mut self) -> Vec<char> {
+        let mut out = Vec::new();
+        while let Some(c) = self.next() {
+            if c == '\\' && self.eat('E') {
                 break;
             }
-            let atom = self.atom()?;
-            self.skip_extended();
-            let node = self.quantifier(atom)?;
-            seq.push(node);
+            out.push(c);
         }
-        Ok(seq)
+        out
     }
 
-    fn number(&mut self) -> Option<u32> {
-        let start = self.pos;
-        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
-            self.pos += 1;
-        }
-        if start == self.pos {
-            return None;
-        }
-        self.chars[start..self.pos]
-            .iter()
-            .collect::<String>()
-            .parse()
-            .ok()
-    }
-
-    fn quantifier(&mut self, atom: Node) -> CommandResult<Node> {
-        let (min, max) = match self.peek() {
-            Some('*') => {
-                self.pos += 1;
-                (0, None)
+    /// `{n}`, `{n,}` or `{n,m}` at `pos`: (min, max, length). Anything else is a literal `{`.
+    fn counted_at(&self, pos: usize) -> Option<(u64, Option<u64>, usize)> {
+        let mut i = pos + 1;
+        let number = |i: &mut usize| {
+            let start = *i;
+            let mut v: u64 = 0;
+            while let Some(d) = self.chars.get(*i).and_then(|c| c.to_digit(10)) {
+                v = v.saturating_mul(10).saturating_add(u64::from(d));
+                *i += 1;
             }
-            Some('+') => {
-                self.pos += 1;
-                (1, None)
-            }
-            Some('?') => {
-                self.pos += 1;
-                (0, Some(1))
-            }
-            Some('{') => {
-                let save = self.pos;
-                self.pos += 1;
-                let Some(min) = self.number() else {
-                    self.pos = save;
-                    return Ok(atom);
-                };
-                let max = if self.peek() == Some(',') {
-                    self.pos += 1;
-                    self.number()
-                } else {
-                    Some(min)
-                };
-                if self.peek() != Some('}') {
-                    self.pos = save;
-                    return Ok(atom);
+            (*i > start).then_some(v)
+        };
+        let min = number(&mut i)?;
+        let max = match self.chars.get(i) {
+            Some('}') => Some(min),
+            Some(',') => {
+                i += 1;
+                let max = number(&mut i);
+                if self.chars.get(i) != Some(&'}') {
+                    return None;
                 }
-                self.pos += 1;
+                max
+            }
+            _ => return None,
+        };
+        Some((min, max, i + 1 - pos))
+    }
+
+    fn quantifier(&mut self) -> CommandResult<Option<(u32, Option<u32>)>> {
+        let q = match self.peek() {
+            Some('*') => (0, None),
+            Some('+') => (1, None),
+            Some('?') => (0, Some(1)),
+            Some('{') => {
+                let Some((min, max, len)) = self.counted_at(self.pos) else {
+                    return Ok(None);
+                };
+                self.pos += len - 1;
+                let limit = |v: u64| {
+                    u32::try_from(v)
+                        .ok()
+                        .filter(|v| *v <= 65535)
+                        .ok_or_else(|| self.invalid("number too big in {} quantifier"))
+                };
+                let (min, max) = (limit(min)?, max.map(limit).transpose()?);
                 if max.is_some_and(|m| m < min) {
-                    return Err(unsupported(
-                        "numbers out of order in {} quantifier",
-                        self.pattern,
-                    ));
+                    return Err(self.invalid("numbers out of order in {} quantifier"));
                 }
                 (min, max)
             }
-            _ => return Ok(atom),
+            _ => return Ok(None),
         };
-        if matches!(
-            atom,
-            Node::Start
-                | Node::End
-                | Node::TextStart
-                | Node::TextEnd
-                | Node::TextEndNewline
-                | Node::WordBoundary(_)
-        ) {
-            return Err(unsupported("quantifier on an anchor", self.pattern));
-        }
-        let greedy = if self.peek() == Some('?') {
-            self.pos += 1;
-            false
-        } else if self.peek() == Some('+') {
-            return Err(unsupported("possessive quantifier", self.pattern));
-        } else {
-            true
-        };
-        if matches!(self.peek(), Some('*' | '+')) {
-            return Err(unsupported("nothing to repeat", self.pattern));
-        }
-        Ok(Node::Repeat(Box::new(atom), min, max, greedy))
+        self.pos += 1;
+        Ok(Some(q))
     }
 
-    fn atom(&mut self) -> CommandResult<Node> {
-        let c = self.peek().unwrap_or('\0');
+    fn is_quantifier_next(&self) -> bool {
+        match self.peek() {
+            Some('*' | '+' | '?') => true,
+            Some('{') => self.counted_at(self.pos).is_some(),
+            _ => false,
+        }
+    }
+
+    fn quantified(&mut self, atom: Node, flags: Flags) -> CommandResult<Node> {
+        self.skip_extended(flags);
+        let Some((min, max)) = self.quantifier()? else {
+            return Ok(atom);
+        };
+        if matches!(atom, Node::Look(_)) {
+            return Err(self.unsupported("a quantifier on an assertion is"));
+        }
+        // A lazy marker changes which match is found, not whether one is.
+        if !self.eat('?') && self.peek() == Some('+') {
+            return Err(self.unsupported("possessive quantifiers (*+, ++, ?+, {n}+) are"));
+        }
+        self.skip_extended(flags);
+        if self.is_quantifier_next() {
+            return Err(self.invalid("quantifier does not follow a repeatable item"));
+        }
+        Ok(Node::Repeat {
+            node: Box::new(atom),
+            min,
+            max,
+        })
+    }
+
+    fn atom(&mut self, flags: Flags) -> CommandResult<Node> {
+        if self.is_quantifier_next() {
+            return Err(self.invalid("quantifier does not follow a repeatable item"));
+        }
+        let Some(c) = self.next() else {
+            return Err(self.invalid("unexpected end of pattern"));
+        };
+        Ok(match c {
+            '.' if flags.dotall => Node::Atom("(?s:.)".into()),
+            '.' => Node::Atom(".".into()),
+            '^' if flags.multiline => Node::Look(Look::LineStart),
+            '^' => Node::Look(Look::TextStart),
+            '$' if flags.multiline => Node::Look(Look::LineEnd),
+            '$' => Node::Look(Look::EndOrFinalNewline),
+            '[' => self.class(flags)?,
+            '\\' => match self.escape(false)? {
+                Esc::Char(ch) => Node::Atom(literal(ch, flags)),
+                Esc::Set(set, _) => Node::Atom(set),
+                Esc::Look(look) => Node::Look(look),
+            },
+            other => Node::Atom(literal(other, flags)),
+        })
+    }
+
+    /// A `(`...: a group, or `None` for an option setting `(?i)` or a comment `(?#...)`.
+    fn group(&mut self, flags: &mut Flags) -> CommandResult<Option<Node>> {
         self.pos += 1;
-        match c {
-            '.' => Ok(Node::Any),
-            '^' => Ok(Node::Start),
-            '$' => Ok(Node::End),
-            '(' => {
-                if self.peek() == Some('?') {
-                    if self.chars.get(self.pos + 1) == Some(&':') {
-                        self.pos += 2;
-                    } else {
-                        return Err(unsupported(
-                            "(? group syntax (lookaround, named group, inline flags)",
-                            self.pattern,
-                        ));
+        let mut inner = *flags;
+        if self.peek() == Some('*') {
+            return Err(self.unsupported("(*VERB) control verbs are"));
+        }
+        if self.eat('?') {
+            match self.next() {
+                Some(':' | '|') => {}
+                Some('#') => {
+                    while let Some(c) = self.next() {
+                        if c == ')' {
+                            return Ok(None);
+                        }
+                    }
+                    return Err(self.invalid("missing ) after (?# comment"));
+                }
+                Some('=' | '!') => return Err(self.unsupported("lookahead assertions are")),
+                Some('<') if matches!(self.peek(), Some('=' | '!')) => {
+                    return Err(self.unsupported("lookbehind assertions are"))
+                }
+                Some('<') => self.group_name('>')?,
+                Some('\'') => self.group_name('\'')?,
+                Some('P') => match self.next() {
+                    Some('<') => self.group_name('>')?,
+                    Some('=') => return Err(self.unsupported("backreferences are")),
+                    Some('>') => return Err(self.unsupported("subroutine calls are")),
+                    _ => return Err(self.invalid("unrecognized character after (?P")),
+                },
+                Some('>') => return Err(self.unsupported("atomic groups are")),
+                Some('(') => return Err(self.unsupported("conditional groups are")),
+                Some('C') => return Err(self.unsupported("callouts are")),
+                Some('R' | '&' | '+' | '0'..='9') => {
+                    return Err(self.unsupported("recursion and subroutine calls are"))
+                }
+                Some('-') if self.peek().is_some_and(|c| c.is_ascii_digit()) => {
+                    return Err(self.unsupported("recursion and subroutine calls are"))
+                }
+                Some('i' | 'm' | 'n' | 's' | 'x' | 'J' | 'U' | '-' | '^') => {
+                    self.pos -= 1;
+                    if self.inline_options(&mut inner)? {
+                        *flags = inner;
+                        return Ok(None);
                     }
                 }
-                let alts = self.alternation()?;
-                if self.peek() != Some(')') {
-                    return Err(unsupported("missing )", self.pattern));
-                }
-                self.pos += 1;
-                Ok(Node::Group(alts))
+                _ => return Err(self.invalid("unrecognized character after (? or (?-")),
             }
-            '[' => self.class(),
-            '\\' => self.escape(false).map(|e| match e {
-                Esc::Node(n) => n,
-                Esc::Item(i) => Node::Class(Class {
-                    negated: false,
-                    items: vec![i],
-                }),
-            }),
-            '*' | '+' | '?' => Err(unsupported("nothing to repeat", self.pattern)),
-            ')' => Err(unsupported("unmatched )", self.pattern)),
-            other => Ok(Node::Char(other)),
         }
+        let body = self.alternation(&mut inner)?;
+        if !self.eat(')') {
+            return Err(self.invalid("missing closing parenthesis"));
+        }
+        Ok(Some(Node::Group(Box::new(body))))
+    }
+
+    /// `imnsxJU-^` letters up to `)` (returns true: the options apply to the rest of the
+    /// enclosing group) or `:` (false: a group with these options follows).
+    fn inline_options(&mut self, flags: &mut Flags) -> CommandResult<bool> {
+        let mut on = true;
+        if self.eat('^') {
+            *flags = Flags::default();
+        }
+        loop {
+            match self.next() {
+                Some(')') => return Ok(true),
+                Some(':') => return Ok(false),
+                Some('-') if on => on = false,
+                Some('i') => flags.icase = on,
+                Some('m') => flags.multiline = on,
+                Some('s') => flags.dotall = on,
+                Some('x') if self.peek() == Some('x') => {
+                    return Err(self.unsupported("the xx option is"))
+                }
+                Some('x') => flags.extended = on,
+                // Capture numbering, duplicate names and greediness do not change whether a
+                // string matches.
+                Some('n' | 'J' | 'U') => {}
+                _ => return Err(self.invalid("unrecognized character after (? or (?-")),
+            }
+        }
+    }
+
+    fn group_name(&mut self, end: char) -> CommandResult<()> {
+        let start = self.pos;
+        while self.peek().is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            self.pos += 1;
+        }
+        if self.pos == start || !self.eat(end) {
+            return Err(self.invalid("syntax error in subpattern name (missing terminator?)"));
+        }
+        Ok(())
     }
 
     fn escape(&mut self, in_class: bool) -> CommandResult<Esc> {
-        let Some(c) = self.peek() else {
-            return Err(unsupported("\\ at end of pattern", self.pattern));
+        let Some(c) = self.next() else {
+            return Err(self.invalid("\\ at end of pattern"));
         };
-        self.pos += 1;
-        let item = |i| Ok(Esc::Item(i));
-        match c {
-            'd' => item(ClassItem::Digit(true)),
-            'D' => item(ClassItem::Digit(false)),
-            'w' => item(ClassItem::Word(true)),
-            'W' => item(ClassItem::Word(false)),
-            's' => item(ClassItem::Space(true)),
-            'S' => item(ClassItem::Space(false)),
-            'n' => Ok(Esc::Node(Node::Char('\n'))),
-            't' => Ok(Esc::Node(Node::Char('\t'))),
-            'r' => Ok(Esc::Node(Node::Char('\r'))),
-            'f' => Ok(Esc::Node(Node::Char('\x0c'))),
-            'v' => Ok(Esc::Node(Node::Char('\x0b'))),
-            '0' => Ok(Esc::Node(Node::Char('\0'))),
-            'b' if !in_class => Ok(Esc::Node(Node::WordBoundary(true))),
-            'B' if !in_class => Ok(Esc::Node(Node::WordBoundary(false))),
-            'A' if !in_class => Ok(Esc::Node(Node::TextStart)),
-            'z' if !in_class => Ok(Esc::Node(Node::TextEnd)),
-            'Z' if !in_class => Ok(Esc::Node(Node::TextEndNewline)),
-            'x' => {
-                let hex: String = self.chars.iter().skip(self.pos).take(2).collect();
-                let v = u32::from_str_radix(&hex, 16)
-                    .ok()
-                    .and_then(char::from_u32)
-                    .filter(|_| hex.len() == 2)
-                    .ok_or_else(|| unsupported("\\x escape", self.pattern))?;
-                self.pos += 2;
-                Ok(Esc::Node(Node::Char(v)))
-            }
-            c if c.is_ascii_alphanumeric() => {
-                Err(unsupported(&format!("escape \\{c}"), self.pattern))
-            }
-            other => Ok(Esc::Node(Node::Char(other))),
+        if let Some(set) = fixed_escape(c) {
+            return Ok(Esc::Set(set, false));
         }
+        let ch = match c {
+            'p' | 'P' => return Ok(Esc::Set(self.property(c == 'P')?, true)),
+            'b' if in_class => '\x08',
+            'A' | 'z' | 'Z' | 'b' | 'B' | 'N' | 'G' | 'K' | 'R' | 'X' if in_class => {
+                return Err(self.invalid("escape sequence is invalid in character class"))
+            }
+            'A' => return Ok(Esc::Look(Look::TextStart)),
+            'z' => return Ok(Esc::Look(Look::TextEnd)),
+            'Z' => return Ok(Esc::Look(Look::EndOrFinalNewline)),
+            'b' => return Ok(Esc::Look(Look::WordBoundary)),
+            'B' => return Ok(Esc::Look(Look::NotWordBoundary)),
+            'N' if self.peek() == Some('{') => return Err(self.unsupported("\\N{...} is")),
+            'N' => return Ok(Esc::Set(r"[^\n]".into(), false)),
+            'a' => '\x07',
+            'e' => '\x1b',
+            'f' => '\x0c',
+            'n' => '\n',
+            'r' => '\r',
+            't' => '\t',
+            'x' if self.eat('{') => self.braced_code(16)?,
+            'x' => self.digits_code(16, 2)?,
+            'o' if self.eat('{') => self.braced_code(8)?,
+            'o' => return Err(self.invalid("missing opening brace after \\o")),
+            'c' => match self.next() {
+                Some(x) if (' '..='\x7e').contains(&x) => {
+                    char::from((x.to_ascii_uppercase() as u8) ^ 0x40)
+                }
+                _ => {
+                    return Err(self.invalid("\\c must be followed by a printable ASCII character"))
+                }
+            },
+            '0' => self.digits_code(8, 2)?,
+            '1'..='7' if in_class => {
+                self.pos -= 1;
+                self.digits_code(8, 3)?
+            }
+            '1'..='9' | 'g' | 'k' if !in_class => {
+                return Err(self.unsupported("backreferences are"))
+            }
+            'G' => return Err(self.unsupported("\\G is")),
+            'K' => return Err(self.unsupported("\\K (match start reset) is")),
+            'R' => return Err(self.unsupported("\\R (atomic newline sequence) is")),
+            'X' => return Err(self.unsupported("\\X (extended grapheme cluster) is")),
+            'C' => return Err(self.unsupported("\\C (one code unit) is")),
+            c if c.is_ascii_alphanumeric() => {
+                return Err(self.invalid(&format!("unrecognized character follows \\: {c}")))
+            }
+            c => c,
+        };
+        Ok(Esc::Char(ch))
     }
 
-    fn class(&mut self) -> CommandResult<Node> {
-        let mut negated = false;
-        if self.peek() == Some('^') {
-            negated = true;
+    /// Up to `max` digits in `radix` (none is 0).
+    fn digits_code(&mut self, radix: u32, max: usize) -> CommandResult<char> {
+        let mut v = 0u32;
+        for _ in 0..max {
+            match self.peek().and_then(|c| c.to_digit(radix)) {
+                Some(d) => {
+                    v = v * radix + d;
+                    self.pos += 1;
+                }
+                None => break,
+            }
+        }
+        char::from_u32(v).ok_or_else(|| self.invalid("invalid character code point"))
+    }
+
+    /// Digits in `radix` up to `}` (after `\x{` or `\o{`).
+    fn braced_code(&mut self, radix: u32) -> CommandResult<char> {
+        let mut v = 0u32;
+        let mut any = false;
+        while let Some(d) = self.peek().and_then(|c| c.to_digit(radix)) {
+            v = v.saturating_mul(radix).saturating_add(d);
+            any = true;
             self.pos += 1;
         }
-        let mut items = Vec::new();
+        if !any || !self.eat('}') {
+            return Err(self.invalid("malformed \\x{} or \\o{} escape"));
+        }
+        char::from_u32(v).ok_or_else(|| self.invalid("character code point value is too large"))
+    }
+
+    fn property(&mut self, mut negated: bool) -> CommandResult<String> {
+        let mut name = String::new();
+        if self.eat('{') {
+            loop {
+                match self.next() {
+                    Some('}') => break,
+                    Some(c) if c.is_ascii_alphanumeric() || " _-&=:^".contains(c) => name.push(c),
+                    _ => return Err(self.invalid("malformed \\p or \\P sequence")),
+                }
+            }
+        } else if let Some(c) = self.next().filter(|c| c.is_ascii_alphabetic()) {
+            name.push(c);
+        } else {
+            return Err(self.invalid("malformed \\p or \\P sequence"));
+        }
+        if let Some(rest) = name.strip_prefix('^') {
+            negated = !negated;
+            name = rest.to_string();
+        }
+        if name == "L&" {
+            name = "LC".into();
+        }
+        let name = name.replace(':', "=");
+        if name.is_empty() || name.contains(['&', '^']) {
+            return Err(self.invalid("unknown property name after \\P or \\p"));
+        }
+        Ok(format!(r"\{}{{{name}}}", if negated { 'P' } else { 'p' }))
+    }
+
+    /// `[:name:]` at the current position (after a `[` inside a class), if it is one.
+    fn posix_class(&mut self, flags: Flags) -> CommandResult<Option<String>> {
+        let Some(delim) = self.peek().filter(|c| matches!(c, ':' | '.' | '=')) else {
+            return Ok(None);
+        };
+        let mut i = self.pos + 1;
+        while self
+            .chars
+            .get(i)
+            .is_some_and(|c| c.is_ascii_alphabetic() || *c == '^')
+        {
+            i += 1;
+        }
+        if self.chars.get(i) != Some(&delim) || self.chars.get(i + 1) != Some(&']') {
+            return Ok(None);
+        }
+        if delim != ':' {
+            return Err(self.invalid("POSIX collating elements are not supported"));
+        }
+        let text: String = self.chars[self.pos + 1..i].iter().collect();
+        self.pos = i + 2;
+        let (negated, mut name) = match text.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, text.as_str()),
+        };
+        const NAMES: [&str; 14] = [
+            "alpha", "lower", "upper", "alnum", "ascii", "blank", "cntrl", "digit", "graph",
+            "print", "punct", "space", "word", "xdigit",
+        ];
+        if !NAMES.contains(&name) {
+            return Err(self.invalid("unknown POSIX class name"));
+        }
+        // PCRE: with caseless matching, [:upper:] and [:lower:] match all letters.
+        if flags.icase && (name == "upper" || name == "lower") {
+            name = "alpha";
+        }
+        Ok(Some(format!(
+            "[[:{}{name}:]]",
+            if negated { "^" } else { "" }
+        )))
+    }
+
+    fn class(&mut self, flags: Flags) -> CommandResult<Node> {
+        let negated = self.eat('^');
+        let mut folded = String::new();
+        let mut fixed = String::new();
+        let mut has_property = false;
         let mut first = true;
         loop {
-            let Some(c) = self.peek() else {
-                return Err(unsupported("missing ]", self.pattern));
+            let Some(c) = self.next() else {
+                return Err(self.invalid("missing terminating ] for character class"));
             };
             if c == ']' && !first {
-                self.pos += 1;
                 break;
             }
             first = false;
-            self.pos += 1;
             let lo = match c {
-                '\\' => match self.escape(true)? {
-                    Esc::Item(i) => {
-                        items.push(i);
+                '[' => match self.posix_class(flags)? {
+                    Some(set) => {
+                        fixed.push_str(&set);
+                        self.no_range_after_set()?;
                         continue;
                     }
-                    Esc::Node(Node::Char(ch)) => ch,
-                    Esc::Node(_) => return Err(unsupported("escape in class", self.pattern)),
+                    None => '[',
                 },
-                '[' if self.peek() == Some(':') => {
-                    return Err(unsupported("POSIX class", self.pattern))
+                '\\' if self.eat('Q') => {
+                    for q in self.quoted() {
+                        folded.push_str(&escape_char(q));
+                    }
+                    continue;
                 }
+                '\\' if self.eat('E') => continue,
+                '\\' => match self.escape(true)? {
+                    Esc::Char(ch) => ch,
+                    Esc::Set(set, property) => {
+                        fixed.push_str(&set);
+                        has_property |= property;
+                        self.no_range_after_set()?;
+                        continue;
+                    }
+                    Esc::Look(_) => {
+                        return Err(self.invalid("escape sequence is invalid in character class"))
+                    }
+                },
                 other => other,
             };
-            if self.peek() == Some('-') && self.chars.get(self.pos + 1).is_some_and(|c| *c != ']') {
+            if self.peek() == Some('-') && self.peek_at(1).is_some_and(|c| c != ']') {
                 self.pos += 1;
-                let hc = self.peek().unwrap_or(lo);
-                self.pos += 1;
-                let hi = if hc == '\\' {
-                    match self.escape(true)? {
-                        Esc::Node(Node::Char(ch)) => ch,
-                        _ => return Err(unsupported("class range", self.pattern)),
+                let hi = match self.next() {
+                    Some('\\') => match self.escape(true)? {
+                        Esc::Char(ch) => ch,
+                        _ => return Err(self.invalid("invalid range in character class")),
+                    },
+                    Some('[') if matches!(self.peek(), Some(':' | '.' | '=')) => {
+                        return Err(self.invalid("invalid range in character class"))
                     }
-                } else {
-                    hc
+                    Some(ch) => ch,
+                    None => return Err(self.invalid("missing terminating ] for character class")),
                 };
                 if hi < lo {
-                    return Err(unsupported(
-                        "range out of order in character class",
-                        self.pattern,
-                    ));
+                    return Err(self.invalid("range out of order in character class"));
                 }
-                items.push(ClassItem::Range(lo, hi));
+                folded.push_str(&format!("{}-{}", escape_char(lo), escape_char(hi)));
             } else {
-                items.push(ClassItem::Range(lo, lo));
+                folded.push_str(&escape_char(lo));
             }
         }
-        Ok(Node::Class(Class { negated, items }))
+        self.emit_class(flags, negated, &folded, &fixed, has_property)
+            .map(Node::Atom)
+    }
+
+    /// PCRE2 refuses a range that starts with a set (`[\d-z]`).
+    fn no_range_after_set(&self) -> CommandResult<()> {
+        if self.peek() == Some('-') && self.peek_at(1).is_some_and(|c| c != ']') {
+            return Err(self.invalid("invalid range in character class"));
+        }
+        Ok(())
+    }
+
+    /// A class of `folded` items (case-folded under `i`) and `fixed` sets (never folded).
+    fn emit_class(
+        &self,
+        flags: Flags,
+        negated: bool,
+        folded: &str,
+        fixed: &str,
+        has_property: bool,
+    ) -> CommandResult<String> {
+        let neg = if negated { "^" } else { "" };
+        if folded.is_empty() || fixed.is_empty() || !flags.icase {
+            let class = format!("[{neg}{folded}{fixed}]");
+            return Ok(if flags.icase && !folded.is_empty() {
+                format!("(?i:{class})")
+            } else {
+                class
+            });
+        }
+        if !negated {
+            return Ok(format!("(?:(?i:[{folded}])|[{fixed}])"));
+        }
+        // Negated, mixed, case-insensitive: PCRE's set is the complement of fold(folded) ∪
+        // fixed. Folding the whole class instead is only wrong for characters whose fold orbit
+        // straddles a fixed set: for ASCII-based sets, only STRADDLING. Those are decided here.
+        if has_property {
+            return Err(self.unsupported(
+                "\\p{..} together with other items in a negated class under the i option is",
+            ));
+        }
+        let test = |re: String, c: char| -> CommandResult<bool> {
+            regex::Regex::new(&re)
+                .map(|r| r.is_match(c.encode_utf8(&mut [0; 4])))
+                .map_err(|e| self.invalid(&regex_error_detail(&e)))
+        };
+        let mut extra = String::new();
+        for c in STRADDLING {
+            let in_folded = test(format!("(?i:[{folded}])"), c)?;
+            let in_fixed = test(format!("[{fixed}]"), c)?;
+            if !in_folded && !in_fixed {
+                extra.push_str(&escape_char(c));
+            }
+        }
+        let main = format!("(?i:[[^{folded}{fixed}]&&{STRADDLING_CLASS}])");
+        Ok(if extra.is_empty() {
+            main
+        } else {
+            format!("(?:{main}|[{extra}])")
+        })
     }
 }
 
-enum Esc {
-    Node(Node),
-    Item(ClassItem),
+fn regex_error_detail(e: &regex::Error) -> String {
+    match e {
+        regex::Error::Syntax(s) => s
+            .lines()
+            .find_map(|l| l.strip_prefix("error: "))
+            .unwrap_or(s)
+            .to_string(),
+        regex::Error::CompiledTooBig(_) => "pattern too large to compile".to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn emit(node: &Node, trailing_newline: bool, out: &mut String) {
+    match node {
+        Node::Atom(s) => out.push_str(s),
+        Node::Look(look) => out.push_str(match look {
+            Look::TextStart => r"\A",
+            Look::TextEnd => r"\z",
+            Look::EndOrFinalNewline if trailing_newline => r"(?:\n?\z)",
+            Look::EndOrFinalNewline => r"\z",
+            Look::LineStart => "(?m:^)",
+            Look::LineEnd => "(?m:$)",
+            Look::WordBoundary => r"(?-u:\b)",
+            Look::NotWordBoundary => r"(?-u:\B)",
+        }),
+        Node::Concat(nodes) => nodes.iter().for_each(|n| emit(n, trailing_newline, out)),
+        Node::Alt(nodes) => {
+            out.push_str("(?:");
+            for (i, n) in nodes.iter().enumerate() {
+                if i > 0 {
+                    out.push('|');
+                }
+                emit(n, trailing_newline, out);
+            }
+            out.push(')');
+        }
+        Node::Group(n) => {
+            out.push_str("(?:");
+            emit(n, trailing_newline, out);
+            out.push(')');
+        }
+        Node::Repeat { node, min, max } => {
+            out.push_str("(?:");
+            emit(node, trailing_newline, out);
+            out.push(')');
+            match max {
+                Some(max) => out.push_str(&format!("{{{min},{max}}}")),
+                None => out.push_str(&format!("{{{min},}}")),
+            }
+        }
+    }
+}
+
+/// Does the pattern contain an anchor whose meaning depends on a final `\n`?
+fn newline_sensitive(node: &Node) -> bool {
+    match node {
+        Node::Look(Look::EndOrFinalNewline | Look::LineStart) => true,
+        Node::Atom(_) | Node::Look(_) => false,
+        Node::Concat(v) | Node::Alt(v) => v.iter().any(newline_sensitive),
+        Node::Group(n) | Node::Repeat { node: n, .. } => newline_sensitive(n),
+    }
+}
+
+fn min_len(node: &Node) -> u64 {
+    match node {
+        Node::Atom(_) => 1,
+        Node::Look(_) => 0,
+        Node::Concat(v) => v.iter().map(min_len).fold(0, u64::saturating_add),
+        Node::Alt(v) => v.iter().map(min_len).min().unwrap_or(0),
+        Node::Group(n) => min_len(n),
+        Node::Repeat { node, min, .. } => min_len(node).saturating_mul(u64::from(*min)),
+    }
+}
+
+/// Matches only the empty string, with assertions that hold both just before a final `\n` and
+/// at the very end (so it can follow a `(?:\n?\z)` that consumed that `\n`).
+fn end_only(node: &Node) -> bool {
+    match node {
+        Node::Atom(_) => false,
+        Node::Look(look) => matches!(look, Look::EndOrFinalNewline | Look::LineEnd),
+        Node::Concat(v) | Node::Alt(v) => v.iter().all(end_only),
+        Node::Group(n) => end_only(n),
+        Node::Repeat { node, max, .. } => *max == Some(0) || end_only(node),
+    }
+}
+
+/// What can follow a node, up to the end of the pattern.
+#[derive(Clone, Copy)]
+struct Follow {
+    /// Everything that can follow is [`end_only`].
+    end_only: bool,
+    /// Everything that can follow consumes at least one character.
+    consumes: bool,
+}
+
+/// For strings ending with `\n`, `$`/`\Z` are emitted as `(?:\n?\z)` (which consumes that
+/// `\n`) and multi-line `^` as `(?m:^)` (which also matches after it). Both are exact only
+/// where checked here.
+fn check_trailing_newline(node: &Node, follow: Follow) -> Result<(), &'static str> {
+    match node {
+        Node::Atom(_) => Ok(()),
+        Node::Look(Look::EndOrFinalNewline) if !follow.end_only => {
+            Err("`$` (without the m option) or `\\Z` followed by more pattern")
+        }
+        Node::Look(Look::LineStart) if !follow.consumes => {
+            Err("multi-line `^` followed by a pattern that can match the empty string")
+        }
+        Node::Look(_) => Ok(()),
+        Node::Concat(nodes) => {
+            let mut f = follow;
+            for n in nodes.iter().rev() {
+                check_trailing_newline(n, f)?;
+                f = Follow {
+                    end_only: f.end_only && end_only(n),
+                    consumes: f.consumes || min_len(n) >= 1,
+                };
+            }
+            Ok(())
+        }
+        Node::Alt(nodes) => nodes
+            .iter()
+            .try_for_each(|n| check_trailing_newline(n, follow)),
+        Node::Group(n) => check_trailing_newline(n, follow),
+        Node::Repeat { node, max, .. } => {
+            if max.is_some_and(|m| m <= 1) {
+                return check_trailing_newline(node, follow);
+            }
+            // After one iteration comes either another one or what follows the repetition.
+            check_trailing_newline(
+                node,
+                Follow {
+                    end_only: follow.end_only && end_only(node),
+                    consumes: follow.consumes && min_len(node) >= 1,
+                },
+            )
+        }
+    }
 }
 
 impl Regex {
-    /// Compiles `pattern` with MongoDB regex `options` (`i`, `m`, `s`, `x`).
+    /// Compiles a PCRE `pattern` with MongoDB regex `options` (`i`, `m`, `s`, `x`, `u`).
     pub fn new(pattern: &str, options: &str) -> CommandResult<Regex> {
+        let mut flags = Flags::default();
         for o in options.chars() {
-            if !matches!(o, 'i' | 'm' | 's' | 'x' | 'u') {
-                return Err(CommandError::new(
-                    51108,
-                    "Location51108",
-                    format!("invalid flag in regex options: {o}"),
-                ));
+            match o {
+                'i' => flags.icase = true,
+                'm' => flags.multiline = true,
+                's' => flags.dotall = true,
+                'x' => flags.extended = true,
+                'u' => {}
+                _ => {
+                    return Err(CommandError::new(
+                        51108,
+                        "Location51108",
+                        format!("invalid flag in regex options: {o}"),
+                    ))
+                }
             }
         }
         let mut p = Parser {
             chars: pattern.chars().collect(),
             pos: 0,
             pattern,
-            extended: options.contains('x'),
         };
-        let alts = p.alternation()?;
+        let tree = p.alternation(&mut flags)?;
         if p.pos != p.chars.len() {
-            return Err(unsupported("unmatched )", pattern));
+            return Err(p.invalid("unmatched closing parenthesis"));
         }
+        let compile = |trailing_newline: bool| {
+            let mut text = String::new();
+            emit(&tree, trailing_newline, &mut text);
+            regex::Regex::new(&text).map_err(|e| invalid(&regex_error_detail(&e), pattern))
+        };
+        let plain = compile(false)?;
+        let trailing_newline = if !newline_sensitive(&tree) {
+            TrailingNewline::Plain
+        } else {
+            let follow = Follow {
+                end_only: true,
+                consumes: false,
+            };
+            match check_trailing_newline(&tree, follow) {
+                Ok(()) => TrailingNewline::Own(compile(true)?),
+                Err(why) => TrailingNewline::Refused(why),
+            }
+        };
         Ok(Regex {
             pattern: pattern.to_string(),
             options: options.to_string(),
-            alts,
-            icase: options.contains('i'),
-            multiline: options.contains('m'),
-            dotall: options.contains('s'),
+            plain,
+            trailing_newline,
         })
     }
 
@@ -397,25 +958,20 @@ impl Regex {
         Regex::new(&r.pattern, &r.options)
     }
 
-    /// Does the pattern occur anywhere in `s`? Errors (code 2) instead of answering when the
-    /// search would backtrack too much or too deeply.
+    /// Does the pattern occur anywhere in `s`? Errors (51091) for the few patterns whose PCRE
+    /// meaning cannot be reproduced on a string that ends with `\n`.
     pub fn is_match(&self, s: &str) -> CommandResult<bool> {
-        let chars: Vec<char> = s.chars().collect();
-        let m = Matcher {
-            re: self,
-            s: &chars,
-            steps: Cell::new(0),
-            depth: Cell::new(0),
-            exhausted: Cell::new(false),
-        };
-        let found = (0..=chars.len()).any(|start| m.alts(&self.alts, start, &|_| true));
-        if m.exhausted.get() {
-            return Err(CommandError::bad_value(format!(
-                "regular expression /{}/ is too expensive for mongo-testserver's matcher on this input",
-                self.pattern
-            )));
+        if !s.ends_with('\n') {
+            return Ok(self.plain.is_match(s));
         }
-        Ok(found)
+        match &self.trailing_newline {
+            TrailingNewline::Plain => Ok(self.plain.is_match(s)),
+            TrailingNewline::Own(re) => Ok(re.is_match(s)),
+            TrailingNewline::Refused(why) => Err(unsupported(
+                &format!("matching a string that ends with a newline against {why} is"),
+                &self.pattern,
+            )),
+        }
     }
 
     /// Query semantics: strings and symbols are searched; a regex value matches a regex with
@@ -431,229 +987,6 @@ impl Regex {
     }
 }
 
-struct Matcher<'a> {
-    re: &'a Regex,
-    s: &'a [char],
-    steps: Cell<u64>,
-    depth: Cell<u32>,
-    exhausted: Cell<bool>,
-}
-
-const MAX_STEPS: u64 = 2_000_000;
-const MAX_DEPTH: u32 = 1_000;
-
-impl Matcher<'_> {
-    fn alts(&self, alts: &[Vec<Node>], i: usize, k: &dyn Fn(usize) -> bool) -> bool {
-        alts.iter().any(|seq| self.seq(seq, i, k))
-    }
-
-    fn seq(&self, seq: &[Node], i: usize, k: &dyn Fn(usize) -> bool) -> bool {
-        if self.exhausted.get() {
-            return false;
-        }
-        let steps = self.steps.get() + 1;
-        self.steps.set(steps);
-        if steps > MAX_STEPS || self.depth.get() > MAX_DEPTH {
-            self.exhausted.set(true);
-            return false;
-        }
-        self.depth.set(self.depth.get() + 1);
-        let r = self.seq_inner(seq, i, k);
-        self.depth.set(self.depth.get() - 1);
-        r
-    }
-
-    fn seq_inner(&self, seq: &[Node], i: usize, k: &dyn Fn(usize) -> bool) -> bool {
-        let Some((first, rest)) = seq.split_first() else {
-            return k(i);
-        };
-        match first {
-            Node::Repeat(node, min, max, greedy)
-                if matches!(**node, Node::Char(_) | Node::Any | Node::Class(_)) =>
-            {
-                // A repeated single character: count how far it can go, then try the rest from
-                // each end position (no recursion per character).
-                let mut ends = vec![i];
-                let mut j = i;
-                while max.is_none_or(|m| (ends.len() as u64) <= u64::from(m)) {
-                    match self.step(node, j) {
-                        Some(n) => {
-                            j = n;
-                            ends.push(j);
-                        }
-                        None => break,
-                    }
-                }
-                let min = *min as usize;
-                if ends.len() <= min {
-                    return false;
-                }
-                let candidates = &ends[min..];
-                if *greedy {
-                    candidates.iter().rev().any(|e| self.seq(rest, *e, k))
-                } else {
-                    candidates.iter().any(|e| self.seq(rest, *e, k))
-                }
-            }
-            Node::Group(alts) => self.alts(alts, i, &|j| self.seq(rest, j, k)),
-            Node::Repeat(node, min, max, greedy) => {
-                self.repeat(node, *min, *max, *greedy, 0, i, &|j| self.seq(rest, j, k))
-            }
-            other => match self.step(other, i) {
-                Some(j) => self.seq(rest, j, k),
-                None => false,
-            },
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn repeat(
-        &self,
-        node: &Node,
-        min: u32,
-        max: Option<u32>,
-        greedy: bool,
-        count: u32,
-        i: usize,
-        k: &dyn Fn(usize) -> bool,
-    ) -> bool {
-        let more = |this: &Self| {
-            max.is_none_or(|m| count < m)
-                && this.seq(std::slice::from_ref(node), i, &|j| {
-                    // An empty iteration past the minimum would loop forever.
-                    if j == i && count >= min {
-                        return false;
-                    }
-                    this.repeat(node, min, max, greedy, count + 1, j, k)
-                })
-        };
-        let stop = |_: &Self| count >= min && k(i);
-        if greedy {
-            if more(self) {
-                return true;
-            }
-            return stop(self);
-        }
-        if stop(self) {
-            return true;
-        }
-        more(self)
-    }
-
-    fn eq_char(&self, a: char, b: char) -> bool {
-        a == b || (self.re.icase && a.to_lowercase().eq(b.to_lowercase()))
-    }
-
-    /// Matches one zero- or one-character node at `i`, returning the next position.
-    fn step(&self, node: &Node, i: usize) -> Option<usize> {
-        let c = self.s.get(i).copied();
-        let at_word = |p: usize| p < self.s.len() && is_word(self.s[p]);
-        match node {
-            Node::Char(x) => c.filter(|c| self.eq_char(*c, *x)).map(|_| i + 1),
-            Node::Any => c.filter(|c| self.re.dotall || *c != '\n').map(|_| i + 1),
-            Node::Class(cl) => c
-                .filter(|c| cl.items.iter().any(|it| it.matches(*c, self.re.icase)) != cl.negated)
-                .map(|_| i + 1),
-            Node::Start => (i == 0 || (self.re.multiline && self.s[i - 1] == '\n')).then_some(i),
-            Node::End => (i == self.s.len()
-                || (self.re.multiline && c == Some('\n'))
-                || (i + 1 == self.s.len() && c == Some('\n')))
-            .then_some(i),
-            Node::TextStart => (i == 0).then_some(i),
-            Node::TextEnd => (i == self.s.len()).then_some(i),
-            Node::TextEndNewline => {
-                (i == self.s.len() || (i + 1 == self.s.len() && c == Some('\n'))).then_some(i)
-            }
-            Node::WordBoundary(want) => {
-                let b = (i > 0 && at_word(i - 1)) != at_word(i);
-                (b == *want).then_some(i)
-            }
-            Node::Group(_) | Node::Repeat(..) => None,
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn m(p: &str, o: &str, s: &str) -> bool {
-        match Regex::new(p, o) {
-            Ok(r) => r.is_match(s).unwrap_or_else(|e| panic!("{p}: {e}")),
-            Err(e) => panic!("{p}: {e}"),
-        }
-    }
-
-    #[test]
-    fn basics() {
-        assert!(m("abc", "", "xxabcxx"));
-        assert!(!m("^abc", "", "xxabc"));
-        assert!(m("^abc$", "", "abc"));
-        assert!(m("a.c", "", "abc"));
-        assert!(!m("a.c", "", "a\nc"));
-        assert!(m("a.c", "s", "a\nc"));
-        assert!(m("ABC", "i", "xabcx"));
-        assert!(m("^b", "m", "a\nb"));
-        assert!(!m("^b", "", "a\nb"));
-        assert!(m("a b", "x", "ab"));
-    }
-
-    #[test]
-    fn quantifiers_and_groups() {
-        assert!(m("^a*b$", "", "aaab"));
-        assert!(m("^a*b$", "", "b"));
-        assert!(!m("^a+b$", "", "b"));
-        assert!(m("^(ab)+$", "", "ababab"));
-        assert!(!m("^(ab)+$", "", "ababa"));
-        assert!(m("^a{2,3}$", "", "aaa"));
-        assert!(!m("^a{2,3}$", "", "aaaa"));
-        assert!(m("^a{2}$", "", "aa"));
-        assert!(m("^(cat|dog)s?$", "", "dogs"));
-        assert!(m("^(?:x|y)*z$", "", "xyxyz"));
-        assert!(m("^(a*)*$", "", "aaaa"));
-        assert!(m("^.*?b", "", "aab"));
-        assert!(m("a{,2}", "", "a{,2}"));
-    }
-
-    #[test]
-    fn classes() {
-        assert!(m("^[a-c]+$", "", "abcab"));
-        assert!(!m("^[a-c]+$", "", "abd"));
-        assert!(m("^[^0-9]+$", "", "abc"));
-        assert!(m("^\\d{3}-\\w+$", "", "123-ab_c"));
-        assert!(m("^[A-Z]+$", "i", "abc"));
-        assert!(m("\\bfoo\\b", "", "a foo b"));
-        assert!(!m("\\bfoo\\b", "", "afoob"));
-        assert!(m("^[.]$", "", "."));
-        assert!(m("^[]a]+$", "", "]a"));
-        assert!(m("^a\\.b$", "", "a.b"));
-    }
-
-    #[test]
-    fn long_inputs_and_budget() {
-        let long = "a".repeat(200_000);
-        assert!(m("^a*$", "", &long));
-        assert!(m("^.*a$", "", &long));
-        assert!(m("^a+?$", "", &long));
-        assert!(!m("^[b]*a{3}b", "", &long));
-        let evil = Regex::new("^(a|aa)*$", "").map(|r| r.is_match(&format!("{}b", "a".repeat(60))));
-        assert!(matches!(evil, Ok(Err(_)) | Ok(Ok(false))));
-        // Deep backtracking is cut off before it can exhaust a 1 MiB thread stack.
-        let t = std::thread::Builder::new().stack_size(1 << 20).spawn(|| {
-            let deep = Regex::new("^(ab)*$", "").map(|r| r.is_match(&"ab".repeat(50_000)));
-            matches!(deep, Ok(Err(_)) | Ok(Ok(true)))
-        });
-        assert!(t.is_ok_and(|h| h.join().unwrap_or(false)));
-    }
-
-    #[test]
-    fn refused() {
-        assert!(Regex::new("(?=a)", "").is_err());
-        assert!(Regex::new("(a)\\1", "").is_err());
-        assert!(Regex::new("(a", "").is_err());
-        assert!(Regex::new("a)", "").is_err());
-        assert!(Regex::new("*a", "").is_err());
-        assert!(Regex::new("a", "q").is_err());
-        assert!(Regex::new("[z-a]", "").is_err());
-    }
-}
+#[path = "regex_tests.rs"]
+mod tests;

@@ -627,3 +627,40 @@ fn seeds() {
     assert!(r.is_ok());
     assert_eq!(seed, doc! {"_id": 7, "name": "n", "c": true, "x": 1});
 }
+
+#[test]
+fn modified_flag_matches_document_change() {
+    let docs = vec![
+        doc! {"_id": 1},
+        doc! {"_id": 1, "a": 1, "arr": [1, 2]},
+        doc! {"_id": 1, "a": "s", "arr": 3},
+        doc! {"_id": 1, "a": {"b": 1}, "arr": []},
+    ];
+    let updates = vec![
+        b(doc! {"$set": {"a": 1}}),
+        b(doc! {"$inc": {"a": 0}}),
+        b(doc! {"$unset": {"a": 1}}),
+        b(doc! {"$max": {"a": 0}}),
+        b(doc! {"$push": {"arr": 1}}),
+        b(doc! {"$addToSet": {"arr": 1}}),
+        b(doc! {"$pull": {"arr": 1}}),
+        b(doc! {"$pop": {"arr": 1}}),
+        b(doc! {"$set": {"a.b": 1}}),
+        b(doc! {"$rename": {"a": "z"}}),
+        b(doc! {"x": 1}),
+        Bson::Array(vec![b(doc! {"$set": {"a": {"$ifNull": ["$a", 0]}}})]),
+    ];
+    for d in &docs {
+        for u in &updates {
+            let up = parse(u.clone());
+            let mut work = d.clone();
+            match up.apply(&mut work, false, &vars()) {
+                Ok(o) => {
+                    assert_eq!(o.modified, work != *d, "{u} on {d}");
+                    assert_eq!(work.keys().next().map(String::as_str), Some("_id"));
+                }
+                Err(_) => assert_eq!(work, *d, "{u} on {d} must leave the document unchanged"),
+            }
+        }
+    }
+}

@@ -1,0 +1,693 @@
+//! End-to-end tests: the real `mongolock` binary against a `mongo-testserver` started by each
+//! test (or the deployment in `MONGODB_URI`, each test in its own database).
+//!
+//! Deadlines are generous and conditions are polled; nothing asserts tight timings.
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use mongo_testserver::TestServer;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mongolock");
+const LONG: Duration = Duration::from_secs(60);
+
+/// Where the locks live for one test.
+struct Env {
+    _server: Option<TestServer>,
+    uri: String,
+    db: String,
+    dir: PathBuf,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl Env {
+    async fn new(test: &str) -> Env {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let unique = format!("{}_{}_{n}", std::process::id(), test);
+        let (server, uri) = match std::env::var("MONGODB_URI") {
+            Ok(uri) if !uri.is_empty() => (None, uri),
+            _ => {
+                let server = TestServer::start().await.expect("start the test server");
+                let uri = server.uri();
+                (Some(server), uri)
+            }
+        };
+        let dir = std::env::temp_dir().join(format!("mongolock-cli-{unique}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the test directory");
+        Env {
+            _server: server,
+            uri,
+            db: format!("cli_{}", unique.chars().take(40).collect::<String>()),
+            dir,
+        }
+    }
+
+    /// `mongolock --uri .. --db .. ARGS`, in its own process group (never the terminal's
+    /// foreground), with `D` = the test directory in its environment.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--uri")
+            .arg(&self.uri)
+            .arg("--db")
+            .arg(&self.db)
+            .args(args)
+            .env("D", &self.dir)
+            .env_remove("MONGODB_URI")
+            .env_remove("MONGOLOCK_DB")
+            .env_remove("MONGOLOCK_COLLECTION")
+            .env_remove("MONGOLOCK_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        cmd
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd(args).spawn().expect("spawn mongolock")
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        let child = self.spawn(args);
+        finish(child, LONG).await
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn finish(child: Child, timeout: Duration) -> Output {
+    tokio::time::timeout(timeout, child.wait_with_output())
+        .await
+        .expect("mongolock did not finish in time")
+        .expect("wait for mongolock")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn read_token(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .expect("token file")
+        .trim()
+        .parse()
+        .expect("a numeric fencing token")
+}
+
+fn send_signal(child: &Child, signo: i32) {
+    let pid = child.id().expect("the process is running") as i32;
+    // SAFETY: kill has no memory-safety preconditions; the child has not been reaped.
+    unsafe {
+        libc::kill(pid, signo);
+    }
+}
+
+/// Kills the process group led by the pid written in `pidfile` (a command that outlived a
+/// killed mongolock).
+fn kill_group_from_pidfile(pidfile: &Path) {
+    if let Ok(pid) = std::fs::read_to_string(pidfile) {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            // SAFETY: as above; at worst the group no longer exists.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+async fn inspect_json(env: &Env, name: &str) -> Value {
+    let out = env.run(&["inspect", name, "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    serde_json::from_slice(&out.stdout).expect("inspect --json prints JSON")
+}
+
+/// A command that holds the lock until `$D/<stop>` exists, after writing its token to
+/// `$D/<started>`.
+fn hold_until(started: &str, stop: &str) -> String {
+    format!(
+        "echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/{started}.tmp\" && mv \"$D/{started}.tmp\" \
+         \"$D/{started}\"; while [ -d \"$D\" ] && [ ! -f \"$D/{stop}\" ]; do sleep 0.05; done"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn six_exec_processes_never_overlap_and_tokens_strictly_increase() {
+    let env = Env::new("six").await;
+    // Inside the lock: claim a directory that must not exist, record the token, hold briefly.
+    let script = "mkdir \"$D/held\" || { echo OVERLAP; exit 99; }; \
+                  echo \"$MONGOLOCK_NAME $MONGOLOCK_FENCING_TOKEN\" >> \"$D/tokens\"; \
+                  sleep 0.2; rmdir \"$D/held\"";
+    let children: Vec<Child> = (0..6)
+        .map(|_| {
+            env.spawn(&[
+                "exec",
+                "--ttl",
+                "10s",
+                "shared-job",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+        })
+        .collect();
+    for child in children {
+        let out = finish(child, LONG).await;
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert!(!text(&out.stdout).contains("OVERLAP"), "{}", describe(&out));
+    }
+    let lines = read_lines(&env.path("tokens"));
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    let tokens: Vec<u64> = lines
+        .iter()
+        .map(|l| {
+            let (name, token) = l.split_once(' ').expect("name and token");
+            assert_eq!(name, "shared-job");
+            token.parse().expect("numeric token")
+        })
+        .collect();
+    // Lines were appended inside the critical section, so the file order is the holding order.
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_holder_is_replaced_after_the_ttl_not_before() {
+    let env = Env::new("killed").await;
+    let ttl = Duration::from_secs(3);
+    let a_script = "echo $$ > \"$D/a.pid\"; echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; \
+                    mv \"$D/a.tmp\" \"$D/a\"; sleep 120";
+    let mut a = env.spawn(&["exec", "--ttl", "3s", "crashy", "--", "sh", "-c", a_script]);
+    wait_for("the first holder to start", LONG, || env.path("a").exists()).await;
+    let a_token = read_token(&env.path("a"));
+
+    a.start_kill().expect("SIGKILL the holder");
+    let killed_at = Instant::now();
+    let _ = a.wait().await;
+    // Its command lives on in its own process group; it no longer holds anything.
+    kill_group_from_pidfile(&env.path("a.pid"));
+
+    let b_script = "echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/b.tmp\"; mv \"$D/b.tmp\" \"$D/b\"";
+    let b = env.spawn(&["exec", "--ttl", "3s", "crashy", "--", "sh", "-c", b_script]);
+    wait_for("the second holder to take over", LONG, || {
+        env.path("b").exists()
+    })
+    .await;
+    let took = killed_at.elapsed();
+    let out = finish(b, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+
+    // The dead lease was last renewed at most TTL/3 before the kill, so it ran until at least
+    // kill + 2/3 TTL (2 s); allow 0.5 s for clock granularity.
+    assert!(
+        took >= ttl * 2 / 3 - Duration::from_millis(500),
+        "taken over after {took:?}, before the dead holder's lease ({ttl:?}) could have expired"
+    );
+    assert!(took < ttl + Duration::from_secs(20), "took {took:?}");
+    assert!(read_token(&env.path("b")) > a_token);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_lock_stops_the_command_and_exits_76() {
+    let env = Env::new("lost").await;
+    let a_script = "trap 'echo term > \"$D/term\"; exit 0' TERM; \
+                    echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; mv \"$D/a.tmp\" \"$D/a\"; \
+                    while [ -d \"$D\" ]; do sleep 0.05; done";
+    let a = env.spawn(&[
+        "exec", "--ttl", "3s", "--grace", "20s", "stolen", "--", "sh", "-c", a_script,
+    ]);
+    wait_for("the holder to start", LONG, || env.path("a").exists()).await;
+    let a_token = read_token(&env.path("a"));
+
+    // An operator removes the lease and another process takes the lock.
+    let out = env.run(&["release", "--force", "stolen"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(
+        text(&out.stdout).contains("released lock \"stolen\""),
+        "{}",
+        describe(&out)
+    );
+    let b_script = "echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/b\"";
+    let out = env
+        .run(&[
+            "exec", "--wait", "30s", "stolen", "--", "sh", "-c", b_script,
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(
+        read_token(&env.path("b")) > a_token,
+        "the token keeps growing after release --force"
+    );
+
+    let out = finish(a, LONG).await;
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("lost the lock \"stolen\""),
+        "{}",
+        describe(&out)
+    );
+    assert!(env.path("term").exists(), "the command got SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let env = Env::new("grace").await;
+    let a_script = "trap '' TERM; echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; \
+                    mv \"$D/a.tmp\" \"$D/a\"; while [ -d \"$D\" ]; do sleep 0.05; done";
+    let a = env.spawn(&[
+        "exec", "--ttl", "2s", "--grace", "1s", "stubborn", "--", "sh", "-c", a_script,
+    ]);
+    wait_for("the holder to start", LONG, || env.path("a").exists()).await;
+    let out = env.run(&["release", "--force", "stubborn"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = finish(a, LONG).await;
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    assert!(text(&out.stderr).contains("SIGKILL"), "{}", describe(&out));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wait_zero_on_a_held_lock_exits_75_without_running_the_command() {
+    let env = Env::new("wait0").await;
+    let holder = env.spawn(&["exec", "busy", "--", "sh", "-c", &hold_until("a", "stop")]);
+    wait_for("the holder to start", LONG, || env.path("a").exists()).await;
+
+    let out = env
+        .run(&[
+            "exec",
+            "--wait",
+            "0",
+            "busy",
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/ran\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("is held by"), "{}", describe(&out));
+    assert!(stderr.contains("command not run"), "{}", describe(&out));
+    assert_eq!(stderr.trim().lines().count(), 1, "{}", describe(&out));
+
+    let started = Instant::now();
+    let out = env
+        .run(&[
+            "exec",
+            "--wait",
+            "1s",
+            "busy",
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/ran\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(!env.path("ran").exists(), "the command must not run");
+
+    std::fs::write(env.path("stop"), "").expect("stop file");
+    let out = finish(holder, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+
+    // Free now: one attempt suffices, and the command's status is passed through.
+    let out = env
+        .run(&[
+            "exec",
+            "--wait",
+            "0",
+            "busy",
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/ran\"; exit 3",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    assert!(env.path("ran").exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_is_passed_to_the_command_and_the_lock_released_after_it_exits() {
+    let env = Env::new("sigterm").await;
+    let script = "trap 'echo term > \"$D/term\"; exit 7' TERM; \
+                  echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; mv \"$D/a.tmp\" \"$D/a\"; \
+                  while [ -d \"$D\" ]; do sleep 0.05; done";
+    let a = env.spawn(&[
+        "exec",
+        "--ttl",
+        "30s",
+        "signalled",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    wait_for("the holder to start", LONG, || env.path("a").exists()).await;
+    send_signal(&a, libc::SIGTERM);
+    let out = finish(a, LONG).await;
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    assert!(env.path("term").exists());
+    let info = inspect_json(&env, "signalled").await;
+    assert_eq!(info["state"], "released", "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn command_not_found_and_signal_deaths_have_shell_statuses() {
+    let env = Env::new("statuses").await;
+    let out = env
+        .run(&["exec", "x", "--", "/nonexistent/mongolock-test-command"])
+        .await;
+    assert_eq!(out.status.code(), Some(127), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("command not found"),
+        "{}",
+        describe(&out)
+    );
+    let out = env
+        .run(&["exec", "x", "--", "sh", "-c", "kill -KILL $$"])
+        .await;
+    assert_eq!(out.status.code(), Some(137), "{}", describe(&out));
+    // The lock was released each time.
+    let info = inspect_json(&env, "x").await;
+    assert_eq!(info["state"], "released", "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_and_inspect_show_holder_token_and_expiry() {
+    let env = Env::new("list").await;
+    let holder = env.spawn(&[
+        "exec",
+        "--ttl",
+        "30s",
+        "--app-name",
+        "nightly report",
+        "reports:daily",
+        "--",
+        "sh",
+        "-c",
+        &hold_until("a", "stop"),
+    ]);
+    let holder_pid = holder.id().expect("running");
+    wait_for("the holder to start", LONG, || env.path("a").exists()).await;
+    let token = read_token(&env.path("a"));
+
+    let out = env.run(&["list"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let table = text(&out.stdout);
+    let mut lines = table.lines();
+    let header = lines.next().expect("header");
+    for column in ["NAME", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES"] {
+        assert!(header.contains(column), "{table}");
+    }
+    let row = lines.next().expect("one row");
+    assert!(row.starts_with("reports:daily"), "{table}");
+    assert!(row.contains(&format!("(pid {holder_pid})")), "{table}");
+    assert!(row.contains("nightly report"), "{table}");
+    assert!(row.contains(&token.to_string()), "{table}");
+    assert!(row.contains(" in "), "expires in ...: {table}");
+
+    let out = env.run(&["list", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let all: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let locks = all.as_array().expect("an array");
+    assert_eq!(locks.len(), 1, "{all}");
+    let lock = &locks[0];
+    assert_eq!(lock["name"], "reports:daily");
+    assert_eq!(lock["state"], "held");
+    assert_eq!(lock["held"], true);
+    assert_eq!(lock["fencing_token"].as_u64(), Some(token));
+    assert_eq!(lock["holder"]["pid"].as_u64(), Some(u64::from(holder_pid)));
+    assert_eq!(lock["holder"]["app"], "nightly report");
+    let left = lock["expires_in_ms"].as_i64().expect("expires_in_ms");
+    assert!(left > 0 && left <= 30_000, "{lock}");
+
+    let out = env.run(&["inspect", "reports:daily"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("state:") && shown.contains("held"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("fencing token: {token}")),
+        "{shown}"
+    );
+    assert!(shown.contains("(in "), "{shown}");
+
+    let info = inspect_json(&env, "reports:daily").await;
+    assert_eq!(info["fencing_token"].as_u64(), Some(token));
+    assert!(info["lease_id"].is_string(), "{info}");
+
+    let out = env.run(&["inspect", "no-such-lock"]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("no lock named"),
+        "{}",
+        describe(&out)
+    );
+
+    std::fs::write(env.path("stop"), "").expect("stop file");
+    let out = finish(holder, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let info = inspect_json(&env, "reports:daily").await;
+    assert_eq!(info["state"], "released", "{info}");
+    assert_eq!(info["held"], false, "{info}");
+    let out = env.run(&["list"]).await;
+    assert!(text(&out.stdout).contains("released"), "{}", describe(&out));
+    let out = env.run(&["release", "--force", "reports:daily"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(text(&out.stdout).contains("not held"), "{}", describe(&out));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn elect_runs_the_command_only_while_leader_and_campaigns_again_after_a_loss() {
+    let env = Env::new("elect").await;
+    let script = "id=$1; echo \"$id $MONGOLOCK_FENCING_TOKEN\" >> \"$D/leaders\"; \
+                  trap 'echo \"$id stopped\" >> \"$D/events\"; exit 143' TERM; \
+                  while [ -d \"$D\" ] && [ ! -f \"$D/stop-$id\" ]; do sleep 0.05; done";
+    let mut electors: Vec<(String, Option<Child>)> = ["one", "two"]
+        .iter()
+        .map(|id| {
+            let child = env.spawn(&[
+                "elect",
+                "--ttl",
+                "3s",
+                "scheduler",
+                "--",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                id,
+            ]);
+            ((*id).to_owned(), Some(child))
+        })
+        .collect();
+    let leaders = env.path("leaders");
+    wait_for("a first leader", LONG, || read_lines(&leaders).len() == 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(read_lines(&leaders).len(), 1, "only one leader at a time");
+    let first = read_lines(&leaders)[0].clone();
+    let first_id = first.split(' ').next().expect("id").to_owned();
+
+    // Take leadership away: the first leader's command must be stopped, and someone (the other
+    // elector, or the same one after campaigning again) becomes leader.
+    let out = env.run(&["release", "--force", "scheduler"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    wait_for("a second leader", LONG, || read_lines(&leaders).len() == 2).await;
+    let events = env.path("events");
+    wait_for("the first leader's command to be stopped", LONG, || {
+        read_lines(&events).contains(&format!("{first_id} stopped"))
+    })
+    .await;
+
+    // Let each current leader's command finish on its own: that elector exits 0 and the other
+    // one takes over.
+    for _ in 0..2 {
+        let n = read_lines(&leaders).len();
+        let current = read_lines(&leaders)[n - 1].clone();
+        let id = current.split(' ').next().expect("id").to_owned();
+        std::fs::write(env.path(&format!("stop-{id}")), "").expect("stop file");
+        let child = electors
+            .iter_mut()
+            .find(|(i, _)| *i == id)
+            .and_then(|(_, c)| c.take())
+            .expect("the leader's elector is running");
+        let out = finish(child, LONG).await;
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert!(
+            text(&out.stderr).contains("elected leader"),
+            "{}",
+            describe(&out)
+        );
+        if electors.iter().any(|(_, c)| c.is_some()) {
+            wait_for("the next leader", LONG, || {
+                read_lines(&leaders).len() == n + 1
+            })
+            .await;
+        }
+    }
+    let tokens: Vec<u64> = read_lines(&leaders)
+        .iter()
+        .map(|l| {
+            l.split(' ')
+                .nth(1)
+                .expect("token")
+                .parse()
+                .expect("numeric")
+        })
+        .collect();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_runs_and_exits_zero() {
+    let child = Command::new(BIN)
+        .arg("demo")
+        .env_remove("MONGOLOCK_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the demo");
+    let out = finish(child, Duration::from_secs(120)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let stdout = text(&out.stdout);
+    for expected in [
+        "SIGKILL worker",
+        "took over",
+        "Summary",
+        "strictly increasing",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?}:\n{stdout}");
+    }
+}
+
+/// Runs mongolock with `uri` and checks for one clean error line.
+async fn assert_clean_failure(uri: &str, expect: &str) {
+    let started = Instant::now();
+    let child = Command::new(BIN)
+        .args(["--uri", uri, "list"])
+        .env_remove("MONGODB_URI")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let out = finish(child, Duration::from_secs(30)).await;
+    assert_eq!(out.status.code(), Some(1), "{uri}: {}", describe(&out));
+    let stderr = text(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{uri}: one line expected: {stderr}");
+    assert!(lines[0].starts_with("mongolock: "), "{stderr}");
+    assert!(
+        lines[0].contains(expect),
+        "{uri}: expected {expect:?} in {stderr}"
+    );
+    assert!(!stderr.contains("secretpw"), "password leaked: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_uris_and_unreachable_servers_fail_with_one_clean_line() {
+    // A port with nothing listening.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    assert_clean_failure(
+        &format!("mongodb://app:secretpw@127.0.0.1:{port}/?serverSelectionTimeoutMS=1000"),
+        &format!("cannot reach MongoDB at mongodb://app:****@127.0.0.1:{port}/"),
+    )
+    .await;
+    assert_clean_failure("http://db1:27017", "invalid MongoDB URI").await;
+    assert_clean_failure("mongodb://app:secretpw@db1:notaport", "invalid MongoDB URI").await;
+    assert_clean_failure(
+        "mongodb://app:secretpw@db1/?notAnOption=1&w=-5",
+        "invalid MongoDB URI",
+    )
+    .await;
+
+    if std::env::var("MONGODB_URI").is_err() {
+        // The test server has no users: any credentials are refused.
+        let server = TestServer::start().await.expect("test server");
+        let uri = server
+            .uri()
+            .replace("mongodb://", "mongodb://nobody:secretpw@");
+        assert_clean_failure(&uri, "authentication refused by mongodb://nobody:****@").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn usage_errors_exit_2_and_every_command_has_help_with_examples() {
+    let out = Command::new(BIN)
+        .args(["release", "some-lock"])
+        .output()
+        .await
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    let out = Command::new(BIN)
+        .args(["exec", "--ttl", "30", "x", "--", "true"])
+        .output()
+        .await
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(text(&out.stderr).contains("30s"), "{}", describe(&out));
+    for command in ["exec", "elect", "list", "inspect", "release", "demo"] {
+        let out = Command::new(BIN)
+            .args([command, "--help"])
+            .output()
+            .await
+            .expect("run");
+        assert_eq!(out.status.code(), Some(0));
+        assert!(text(&out.stdout).contains("Examples:"), "{command} --help");
+    }
+    let out = Command::new(BIN).arg("--help").output().await.expect("run");
+    assert!(text(&out.stdout).contains("Exit statuses:"));
+}

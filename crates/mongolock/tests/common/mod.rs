@@ -1,0 +1,99 @@
+//! Test databases: a real deployment when `MONGODB_URI` is set, else an embedded
+//! mongo-testserver. Every test uses its own database and collection names.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mongo_testserver::TestServer;
+use mongodb::bson::{doc, Document};
+use mongodb::options::ClientOptions;
+use mongodb::{Client, Database};
+use mongolock::{LockBackend, MongoBackend};
+
+/// A database for one test; keeps the embedded server (if any) alive.
+pub struct TestDb {
+    pub server: Option<TestServer>,
+    pub uri: String,
+    pub db: Database,
+}
+
+/// A unique suffix for database, collection and lock names.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// `MONGODB_URI` if set, else a fresh embedded test server.
+pub async fn test_database() -> TestDb {
+    test_database_with(TestServer::builder()).await
+}
+
+/// Like [`test_database`], configuring the embedded server (ignored for `MONGODB_URI`).
+pub async fn test_database_with(builder: mongo_testserver::Builder) -> TestDb {
+    let (server, uri) = match std::env::var("MONGODB_URI") {
+        Ok(uri) if !uri.is_empty() => (None, uri),
+        _ => {
+            let server = builder.start().await.expect("start mongo-testserver");
+            let uri = server.uri();
+            (Some(server), uri)
+        }
+    };
+    let client = client(&uri, None).await;
+    let db = client.database(&unique("mongolock_test"));
+    TestDb { server, uri, db }
+}
+
+/// A client for `uri`, optionally with an application name (used to aim fail points).
+pub async fn client(uri: &str, app_name: Option<&str>) -> Client {
+    let mut options = ClientOptions::parse(uri).await.expect("parse MongoDB URI");
+    options.app_name = app_name.map(str::to_owned);
+    options.server_selection_timeout = Some(Duration::from_secs(10));
+    Client::with_options(options).expect("client")
+}
+
+impl TestDb {
+    /// A backend on a fresh collection in this database.
+    pub fn backend(&self) -> MongoBackend {
+        MongoBackend::builder(&self.db)
+            .collection(unique("locks"))
+            .build()
+            .expect("valid collection name")
+    }
+
+    /// The same database seen through a client with `app_name`.
+    pub async fn database_as(&self, app_name: &str) -> Database {
+        client(&self.uri, Some(app_name))
+            .await
+            .database(self.db.name())
+    }
+
+    /// Runs `configureFailPoint: "failCommand"` on the admin database.
+    pub async fn fail_point(&self, mode: mongodb::bson::Bson, data: Document) {
+        self.db
+            .client()
+            .database("admin")
+            .run_command(doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data })
+            .await
+            .expect("configureFailPoint");
+    }
+
+    /// Turns the failCommand fail point off.
+    pub async fn fail_point_off(&self) {
+        self.db
+            .client()
+            .database("admin")
+            .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
+            .await
+            .expect("configureFailPoint off");
+    }
+}
+
+/// Whether the deployment supports something real MongoDB offers only with test commands
+/// enabled (failCommand): true for the embedded server.
+pub fn fail_points_available(db: &TestDb) -> bool {
+    db.server.is_some() || std::env::var("MONGODB_FAILPOINTS").is_ok_and(|v| v == "1")
+}
+
+pub fn shared(b: MongoBackend) -> Arc<dyn LockBackend> {
+    Arc::new(b)
+}

@@ -1,0 +1,407 @@
+//! MongoDB-specific behaviour: document shape, round trips, fencing across TTL cleanup,
+//! collection-name validation, error classification. Runs against the embedded
+//! mongo-testserver, or against `MONGODB_URI` when set.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{test_database, test_database_with, unique};
+use futures_util::TryStreamExt;
+use mongo_testserver::TestServer;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::event::command::CommandEvent;
+use mongodb::event::EventHandler;
+use mongodb::options::ClientOptions;
+use mongodb::Client;
+use mongolock::{Error, LockProvider, MongoBackend, Timeout};
+
+/// A client that records the names (and bodies) of the commands it sends.
+async fn recording_client(uri: &str) -> (Client, Arc<Mutex<Vec<(String, Document)>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut options = ClientOptions::parse(uri).await.unwrap();
+    let sink = seen.clone();
+    options.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
+        if let CommandEvent::Started(s) = ev {
+            sink.lock().unwrap().push((s.command_name, s.command));
+        }
+    }));
+    (Client::with_options(options).unwrap(), seen)
+}
+
+fn names(seen: &Mutex<Vec<(String, Document)>>) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn one_command_to_acquire_one_to_release() {
+    let t = test_database().await;
+    let (client, seen) = recording_client(&t.uri).await;
+    let db = client.database(t.db.name());
+    let coll_name = unique("locks");
+    let backend = MongoBackend::builder(&db)
+        .collection(coll_name.clone())
+        .create_ttl_index(false)
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    let lock = provider.lock("orders").unwrap();
+
+    // First use of a name: the upsert, then the epoch and the token stamp.
+    let g = lock.acquire().await.unwrap();
+    g.release().await.unwrap();
+    assert_eq!(
+        names(&seen),
+        ["findAndModify", "findAndModify", "findAndModify", "update"]
+    );
+    // From then on: exactly one command to acquire and one to release.
+    for _ in 0..3 {
+        seen.lock().unwrap().clear();
+        let g = lock.acquire().await.unwrap();
+        g.release().await.unwrap();
+        assert_eq!(names(&seen), ["findAndModify", "update"]);
+    }
+    // Lock writes carry the majority write concern.
+    let (_, fam) = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        fam.get_document("writeConcern").unwrap().get("w"),
+        Some(&Bson::String("majority".into()))
+    );
+    // A busy attempt is one command and changes nothing.
+    let held = lock.acquire().await.unwrap();
+    let before = db
+        .collection::<Document>(&coll_name)
+        .find_one(doc! { "_id": "orders" })
+        .await
+        .unwrap();
+    seen.lock().unwrap().clear();
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    assert_eq!(names(&seen), ["findAndModify"]);
+    let after = db
+        .collection::<Document>(&coll_name)
+        .find_one(doc! { "_id": "orders" })
+        .await
+        .unwrap();
+    assert_eq!(before, after);
+    held.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_lock_document_keeps_its_token_after_release() {
+    let t = test_database().await;
+    let coll_name = unique("locks");
+    let backend = MongoBackend::builder(&t.db)
+        .collection(coll_name.clone())
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend)
+        .app_name("shape-test")
+        .build()
+        .unwrap();
+    let coll = t.db.collection::<Document>(&coll_name);
+    let g = provider.lock("jobs:1").unwrap().acquire().await.unwrap();
+    let d = coll
+        .find_one(doc! { "_id": "jobs:1" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.get_str("leaseId").unwrap(), g.lease_id().as_str());
+    assert_eq!(
+        d.get("fencingToken"),
+        Some(&Bson::Int64(g.fencing_token() as i64))
+    );
+    assert!(matches!(d.get("acquiredAt"), Some(Bson::DateTime(_))));
+    assert!(matches!(d.get("expiresAt"), Some(Bson::DateTime(_))));
+    let holder = d.get_document("holder").unwrap();
+    assert_eq!(
+        holder.get("pid"),
+        Some(&Bson::Int64(i64::from(std::process::id())))
+    );
+    assert_eq!(holder.get_str("app").unwrap(), "shape-test");
+    assert!(!holder.get_str("host").unwrap().is_empty());
+    // The first token of a document's lifetime is epoch · 2^32 + 1.
+    assert_eq!(g.fencing_token() % (1 << 32), 1);
+    assert!(g.fencing_token() >> 32 >= 1);
+
+    let token = g.fencing_token();
+    g.release().await.unwrap();
+    let d = coll
+        .find_one(doc! { "_id": "jobs:1" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.get("leaseId"), Some(&Bson::Null));
+    assert_eq!(d.get("fencingToken"), Some(&Bson::Int64(token as i64)));
+
+    // The epoch counter lives in the same collection but is not a lock.
+    let epoch = coll
+        .find_one(doc! { "_id": { "mongolock": "fencing-epoch" } })
+        .await
+        .unwrap()
+        .expect("epoch counter document");
+    assert!(epoch.get_i64("epoch").unwrap() >= 1);
+    let all = provider.list().await.unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].name, "jobs:1");
+}
+
+/// Fencing tokens keep growing after the TTL monitor deleted the lock document.
+#[tokio::test]
+async fn fencing_tokens_grow_after_ttl_cleanup() {
+    let t = test_database_with(TestServer::builder().ttl_monitor_interval(Duration::from_secs(1)))
+        .await;
+    let backend = MongoBackend::builder(&t.db)
+        .collection(unique("locks"))
+        .cleanup_after(Duration::ZERO)
+        .build()
+        .unwrap();
+    backend.ensure_indexes().await.unwrap();
+    let provider = LockProvider::builder(backend)
+        .expiry(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let lock = provider.lock("nightly-report").unwrap();
+    let mut tokens = Vec::new();
+    for round in 0..3 {
+        // A few acquisitions in this lifetime of the document.
+        for _ in 0..3 {
+            let g = lock.acquire().await.unwrap();
+            tokens.push(g.fencing_token());
+            g.release().await.unwrap();
+        }
+        // Real MongoDB's TTL monitor runs every 60 s; the embedded server's every second.
+        let deleted = poll(Duration::from_secs(150), || async {
+            provider.inspect("nightly-report").await.unwrap().is_none()
+        })
+        .await;
+        assert!(
+            deleted,
+            "round {round}: the TTL monitor did not delete the lock document"
+        );
+    }
+    let g = lock.acquire().await.unwrap();
+    tokens.push(g.fencing_token());
+    g.release().await.unwrap();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must grow across TTL cleanup: {tokens:?}"
+    );
+}
+
+/// A grant that was never stamped (the acquirer crashed between the upsert and the stamp) does
+/// not restart tokens: the next holder stamps a fresh epoch.
+#[tokio::test]
+async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
+    let t = test_database().await;
+    let coll_name = unique("locks");
+    let backend = MongoBackend::builder(&t.db)
+        .collection(coll_name.clone())
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    let g = provider.lock("a").unwrap().acquire().await.unwrap();
+    let earlier = g.fencing_token();
+    g.release().await.unwrap();
+    // What a crashed acquirer leaves behind: its upsert created the document, no token yet, and
+    // the lease has expired.
+    let past = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() - 1000,
+    );
+    t.db.collection::<Document>(&coll_name)
+        .insert_one(doc! {
+            "_id": "b", "leaseId": "crashed", "fencingToken": Bson::Null,
+            "acquiredAt": past, "expiresAt": past,
+            "holder": { "host": "gone", "pid": 1_i64, "app": Bson::Null },
+        })
+        .await
+        .unwrap();
+    let g = provider.lock("b").unwrap().acquire().await.unwrap();
+    assert!(g.fencing_token() > earlier);
+    assert_eq!(g.fencing_token() % (1 << 32), 1);
+    g.release().await.unwrap();
+}
+
+/// Collection names MongoDB would refuse are reported before anything is sent.
+#[tokio::test]
+async fn bad_collection_names_are_refused_locally() {
+    let t = test_database().await;
+    let long = "x".repeat(256);
+    for name in [
+        "",
+        "a$b",
+        "nul\0char",
+        "system.locks",
+        ".hidden",
+        long.as_str(),
+    ] {
+        match MongoBackend::builder(&t.db).collection(name).build() {
+            Err(Error::InvalidCollection { name: n, reason }) => {
+                assert_eq!(n, name);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{name:?}: expected InvalidCollection, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        MongoBackend::builder(&t.db)
+            .cleanup_after(Duration::from_secs(u64::MAX / 2))
+            .build(),
+        Err(Error::InvalidOptions {
+            option: "cleanup_after",
+            ..
+        })
+    ));
+    let collections: Vec<String> = t.db.list_collection_names().await.unwrap();
+    assert!(
+        collections.is_empty(),
+        "nothing may be written: {collections:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_default_provider_uses_distributed_locks() {
+    let t = test_database().await;
+    let provider = LockProvider::mongodb(&t.db).unwrap();
+    assert_eq!(provider.options().expiry(), Duration::from_secs(30));
+    assert_eq!(
+        provider.options().extension_cadence(),
+        Duration::from_secs(10)
+    );
+    let g = provider
+        .try_acquire("door:front", Duration::from_secs(30), Timeout::Zero)
+        .await
+        .unwrap()
+        .unwrap();
+    let d =
+        t.db.collection::<Document>("distributed.locks")
+            .find_one(doc! { "_id": "door:front" })
+            .await
+            .unwrap();
+    assert!(d.is_some());
+    g.release().await.unwrap();
+    // The TTL index is created in the background.
+    let indexed = poll(Duration::from_secs(10), || async {
+        let names: Vec<String> =
+            t.db.collection::<Document>("distributed.locks")
+                .list_index_names()
+                .await
+                .unwrap_or_default();
+        names.iter().any(|n| n == "mongolock_expiresAt_ttl")
+    })
+    .await;
+    assert!(indexed);
+    let models =
+        t.db.collection::<Document>("distributed.locks")
+            .list_indexes()
+            .await
+            .unwrap()
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap();
+    let ttl = models
+        .iter()
+        .find(|m| m.keys.contains_key("expiresAt"))
+        .expect("TTL index on expiresAt");
+    assert_eq!(
+        ttl.options.as_ref().and_then(|o| o.expire_after),
+        Some(Duration::from_secs(3600))
+    );
+}
+
+/// Transient errors are retried within the wait budget; a zero budget returns them.
+#[tokio::test]
+async fn transient_errors_are_retried_within_the_budget() {
+    let t = test_database().await;
+    if !common::fail_points_available(&t) {
+        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+        return;
+    }
+    let app = unique("transient");
+    let db = t.database_as(&app).await;
+    let backend = MongoBackend::builder(&db)
+        .collection(unique("locks"))
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    let lock = provider.lock("flaky").unwrap();
+    // 91 = ShutdownInProgress. The driver retries a retryable write once, so 5 failures outlast
+    // it and reach the core's loop.
+    t.fail_point(
+        doc! { "times": 5 }.into(),
+        doc! { "failCommands": ["findAndModify"], "errorCode": 91, "appName": app.as_str() },
+    )
+    .await;
+    let g = lock
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("acquired once the errors stopped");
+    g.release().await.unwrap();
+
+    t.fail_point(
+        doc! { "times": 2 }.into(),
+        doc! { "failCommands": ["findAndModify"], "errorCode": 91, "appName": app.as_str() },
+    )
+    .await;
+    let err = lock.try_acquire().await.unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    t.fail_point_off().await;
+}
+
+/// Permanent errors (here: Unauthorized) are returned at once, with a hint.
+#[tokio::test]
+async fn permanent_errors_are_returned_at_once() {
+    let t = test_database().await;
+    if !common::fail_points_available(&t) {
+        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+        return;
+    }
+    let app = unique("denied");
+    let db = t.database_as(&app).await;
+    let backend = MongoBackend::builder(&db)
+        .collection(unique("locks"))
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    t.fail_point(
+        "alwaysOn".into(),
+        doc! { "failCommands": ["findAndModify"], "errorCode": 13, "appName": app.as_str() },
+    )
+    .await;
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        provider.lock("x").unwrap().acquire(),
+    )
+    .await
+    .expect("a permanent error ends even an unbounded acquire");
+    t.fail_point_off().await;
+    match result {
+        Err(Error::Backend { code, hint, .. }) => {
+            assert_eq!(code, Some(13));
+            assert!(hint.contains("readWrite"), "{hint}");
+        }
+        other => panic!("expected a permanent backend error, got {other:?}"),
+    }
+}
+
+async fn poll<F, Fut>(within: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if f().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
