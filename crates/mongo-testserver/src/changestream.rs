@@ -381,7 +381,7 @@ impl StreamCursor {
             }
             let start = match t.kind {
                 KIND_HIGH_WATER => t.seq,
-                KIND_EVENT => t.seq + 1,
+                KIND_EVENT => t.seq.saturating_add(1),
                 KIND_INVALIDATE => {
                     if how == "resumeAfter" {
                         return Err(CommandError::new(
@@ -390,7 +390,7 @@ impl StreamCursor {
                             "Attempting to resume a change stream using 'resumeAfter' is not allowed from an invalidate notification.",
                         ));
                     }
-                    t.seq + 1
+                    t.seq.saturating_add(1)
                 }
                 _ => return Err(not_found()),
             };
@@ -578,4 +578,140 @@ fn history_lost() -> CommandError {
         "ChangeStreamHistoryLost",
         "Resume of change stream was not possible, as the resume point may no longer be in the oplog.",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_with(capacity: usize, n: usize) -> EventLog {
+        let mut log = EventLog {
+            capacity,
+            ..EventLog::default()
+        };
+        for i in 0..n {
+            log.push(NewEvent {
+                cluster_time: Timestamp {
+                    time: 100,
+                    increment: i as u32 + 1,
+                },
+                db: "db".into(),
+                coll: "c".into(),
+                op: OpType::Insert,
+                document_key: Some(doc! {"_id": i as i32}),
+                full_document: Some(doc! {"_id": i as i32}),
+                update_description: None,
+            });
+        }
+        log
+    }
+
+    fn open(log: &EventLog, spec: Document) -> CommandResult<StreamCursor> {
+        StreamCursor::open(
+            Scope::Collection("db".into(), "c".into()),
+            &spec,
+            &[],
+            log,
+            Timestamp {
+                time: 100,
+                increment: 99,
+            },
+        )
+    }
+
+    fn read_all(cursor: &mut StreamCursor, log: &EventLog) -> CommandResult<Vec<Document>> {
+        let vars = Vars::new(DateTime::now());
+        cursor.read(
+            log,
+            &Store::default(),
+            100,
+            &vars,
+            Timestamp {
+                time: 100,
+                increment: 99,
+            },
+        )
+    }
+
+    #[test]
+    fn resume_tokens_round_trip() {
+        let log = log_with(10, 4);
+        let mut all = open(
+            &log,
+            doc! {"startAtOperationTime": Timestamp { time: 100, increment: 1 }},
+        )
+        .unwrap();
+        let events = read_all(&mut all, &log).unwrap();
+        assert_eq!(events.len(), 4);
+        let token = events[1].get("_id").unwrap().clone();
+        let mut resumed = open(&log, doc! {"resumeAfter": token}).unwrap();
+        let rest = read_all(&mut resumed, &log).unwrap();
+        let ids: Vec<&Bson> = rest
+            .iter()
+            .map(|d| d.get_document("documentKey").unwrap().get("_id").unwrap())
+            .collect();
+        assert_eq!(ids, vec![&Bson::Int32(2), &Bson::Int32(3)]);
+        // The post-batch token resumes after everything seen.
+        let pbrt = resumed.post_batch_token();
+        let mut from_pbrt = open(&log, doc! {"resumeAfter": pbrt}).unwrap();
+        assert!(read_all(&mut from_pbrt, &log).unwrap().is_empty());
+    }
+
+    #[test]
+    fn evicted_history_and_foreign_tokens() {
+        let small = log_with(2, 5);
+        let first = make_token(
+            small.epoch,
+            Timestamp {
+                time: 100,
+                increment: 1,
+            },
+            1,
+            KIND_EVENT,
+        );
+        let err = open(&small, doc! {"resumeAfter": first}).err().unwrap();
+        assert_eq!(err.code, 286);
+        let foreign = make_token(
+            small.epoch.wrapping_add(1),
+            Timestamp {
+                time: 100,
+                increment: 5,
+            },
+            5,
+            KIND_EVENT,
+        );
+        assert_eq!(
+            open(&small, doc! {"resumeAfter": foreign})
+                .err()
+                .unwrap()
+                .code,
+            280
+        );
+        let garbage = doc! {"_data": "zz"};
+        assert_eq!(
+            open(&small, doc! {"resumeAfter": garbage})
+                .err()
+                .unwrap()
+                .code,
+            280
+        );
+        let invalidate = make_token(
+            small.epoch,
+            Timestamp {
+                time: 100,
+                increment: 5,
+            },
+            5,
+            KIND_INVALIDATE,
+        );
+        assert_eq!(
+            open(&small, doc! {"resumeAfter": invalidate.clone()})
+                .err()
+                .unwrap()
+                .code,
+            260
+        );
+        assert!(open(&small, doc! {"startAfter": invalidate}).is_ok());
+        assert_eq!(open(&small, doc! {"bogus": 1}).err().unwrap().code, 40415);
+    }
 }

@@ -256,7 +256,11 @@ impl FailCommand {
         }
         self.times_entered += 1;
         let block = if block {
-            let ms = d.get("blockTimeMS").and_then(as_i64).unwrap_or(0).max(0);
+            let ms = d
+                .get("blockTimeMS")
+                .and_then(as_i64)
+                .unwrap_or(0)
+                .clamp(0, i64::from(i32::MAX));
             Some(Duration::from_millis(ms as u64))
         } else {
             None

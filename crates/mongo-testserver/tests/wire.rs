@@ -297,9 +297,144 @@ async fn replica_set_replies_carry_cluster_time() {
         r.get_document("writeConcernError").unwrap().get_i32("code"),
         Ok(100)
     );
+    // A read-only aggregate accepts a writeConcern (as mongod); find does not.
+    let r = command(&mut s, doc! {"aggregate": "t", "pipeline": [], "cursor": {}, "writeConcern": {"w": "majority"}, "$db": "db"}).await;
+    assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
+    let r = command(
+        &mut s,
+        doc! {"find": "t", "writeConcern": {"w": "majority"}, "$db": "db"},
+    )
+    .await;
+    assert_eq!(r.get_i32("code"), Ok(72));
     // Unknown command.
     let r = command(&mut s, doc! {"nope": 1, "$db": "db"}).await;
     assert_eq!(r.get_i32("code"), Ok(59));
     assert_eq!(r.get_str("codeName"), Ok("CommandNotFound"));
+    server.shutdown().await;
+}
+
+/// Every command, every field, odd values: each gets a reply (an error or a result), never a
+/// dropped connection or a crash.
+#[tokio::test]
+async fn odd_arguments_get_replies_not_crashes() {
+    let server = TestServer::start().await.unwrap();
+    let mut s = TcpStream::connect(server.addr()).await.unwrap();
+    command(
+        &mut s,
+        doc! {"insert": "c", "documents": [{"_id": 1, "a": [1, 2], "b": {"c": 1}}], "$db": "db"},
+    )
+    .await;
+    let values: Vec<Bson> = vec![
+        Bson::Int32(1),
+        Bson::Int32(-1),
+        Bson::Int64(i64::MIN),
+        Bson::Int64(i64::MAX),
+        Bson::Double(f64::NAN),
+        Bson::Double(-0.5),
+        Bson::String(String::new()),
+        Bson::String("$a".into()),
+        Bson::Null,
+        Bson::Boolean(true),
+        Bson::Document(doc! {}),
+        Bson::Document(doc! {"$bad": 1}),
+        Bson::Document(doc! {"a": {"$in": 5}}),
+        Bson::Document(doc! {"_id": 1}),
+        Bson::Array(vec![]),
+        Bson::Array(vec![Bson::Int32(1)]),
+        Bson::Array(vec![Bson::Document(
+            doc! {"$match": {"$expr": {"$add": ["$a", "x"]}}},
+        )]),
+        Bson::Array(vec![Bson::Document(
+            doc! {"q": {}, "u": {"$set": {"a.$[]": 1}}, "limit": 7},
+        )]),
+        Bson::Timestamp(bson::Timestamp {
+            time: 0,
+            increment: 0,
+        }),
+    ];
+    let commands: &[(&str, &[&str])] = &[
+        ("hello", &["helloOk", "client"]),
+        ("ping", &[]),
+        ("insert", &["documents", "ordered"]),
+        ("update", &["updates", "ordered", "let"]),
+        ("delete", &["deletes", "ordered"]),
+        (
+            "findAndModify",
+            &[
+                "query", "update", "remove", "new", "fields", "upsert", "sort",
+            ],
+        ),
+        (
+            "find",
+            &[
+                "filter",
+                "sort",
+                "projection",
+                "skip",
+                "limit",
+                "batchSize",
+                "hint",
+            ],
+        ),
+        ("getMore", &["collection", "batchSize", "maxTimeMS"]),
+        ("killCursors", &["cursors"]),
+        ("count", &["query", "limit", "skip"]),
+        ("distinct", &["key", "query"]),
+        ("aggregate", &["pipeline", "cursor"]),
+        ("createIndexes", &["indexes"]),
+        ("listIndexes", &["cursor"]),
+        ("dropIndexes", &["index"]),
+        ("listCollections", &["filter", "nameOnly"]),
+        ("listDatabases", &["filter", "nameOnly"]),
+        ("create", &["capped"]),
+        ("endSessions", &[]),
+        ("setParameter", &["ttlMonitorSleepSecs"]),
+        ("getParameter", &["ttlMonitorSleepSecs"]),
+        ("buildInfo", &[]),
+    ];
+    let mut sent = 0;
+    for (name, fields) in commands {
+        let dbs: &[&str] = if matches!(*name, "listDatabases" | "setParameter" | "getParameter") {
+            &["admin"]
+        } else {
+            &["db"]
+        };
+        for db in dbs {
+            for v in &values {
+                let mut body = doc! {*name: v.clone()};
+                body.insert("$db", *db);
+                let r = command(&mut s, body).await;
+                assert!(r.contains_key("ok"), "{name}: {r}");
+                sent += 1;
+                for f in *fields {
+                    let mut body = doc! {*name: "c"};
+                    if *name == "getMore" {
+                        body = doc! {"getMore": 1i64};
+                    }
+                    body.insert(*f, v.clone());
+                    body.insert("$db", *db);
+                    if *name == "aggregate" && *f != "cursor" {
+                        body.insert("cursor", doc! {});
+                    }
+                    let r = command(&mut s, body).await;
+                    assert!(r.contains_key("ok"), "{name}.{f}: {r}");
+                    sent += 1;
+                }
+            }
+        }
+    }
+    assert!(sent > 500);
+    // Put the TTL period back and check the server still serves.
+    command(
+        &mut s,
+        doc! {"setParameter": 1, "ttlMonitorSleepSecs": 60, "$db": "admin"},
+    )
+    .await;
+    let r = command(
+        &mut s,
+        doc! {"find": "c", "filter": {"_id": 1}, "$db": "db"},
+    )
+    .await;
+    assert_eq!(r.get_f64("ok"), Ok(1.0));
     server.shutdown().await;
 }

@@ -66,7 +66,8 @@ fn say(line: &str) {
 }
 
 fn timeline(t: Duration, who: &str, what: &str) {
-    say(&format!("  +{:>6.3}s  {:<9} {what}", t.as_secs_f64(), who));
+    let stamp = format!("+{:.3}s", t.as_secs_f64());
+    say(&format!("  {stamp:>8}  {who:<9} {what}"));
 }
 
 /// One acquisition as seen by the parent.

@@ -1,15 +1,21 @@
 //! `mongolock elect`: campaign for a role, run CMD while leader, campaign again after losing
 //! leadership, exit when CMD exits on its own.
 //!
-//! Built on the lock API: the role is a lock acquired with no time limit; the guard's lost
-//! signal is the loss of leadership; resigning is releasing.
+//! Built on the library's [`Election`]: the role is a lock of the same name, the term is the
+//! lease's fencing token (CMD's `MONGOLOCK_FENCING_TOKEN`), [`Leadership::lost`] is the loss
+//! signal and resigning releases the lease.
 
 use std::time::Duration;
 
+use mongolock::election::{Election, Leadership};
+
 use crate::cli::{ElectArgs, GlobalArgs};
-use crate::connect::connect;
+use crate::connect::{connect, Connection};
 use crate::duration::human;
-use crate::exec::{default_app_name, describe_holder, finish, release_quietly, spawn, supervise};
+use crate::exec::{
+    default_app_name, describe_holder, describe_status, lost_before_finish, spawn, supervise,
+    Outcome,
+};
 use crate::exit::{self, CliError};
 use crate::signals::{self, Signals};
 
@@ -29,8 +35,8 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
         .clone()
         .unwrap_or_else(|| default_app_name("elect", &args.command));
     let provider = conn.provider(Some(args.ttl), Some(app))?;
-    let lock = provider
-        .lock(args.name.clone())
+    let election = Election::new(&provider, args.name.clone())
+        .and_then(|e| e.with_expiry(args.ttl))
         .map_err(|e| conn.error("cannot use this role name", &e))?;
     let name = &args.name;
 
@@ -45,8 +51,8 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
             }
         }
         let started = tokio::time::Instant::now();
-        let guard = tokio::select! {
-            r = lock.acquire() => r.map_err(|e| conn.error(&format!("cannot campaign for {name:?}"), &e))?,
+        let leadership = tokio::select! {
+            r = election.campaign() => r.map_err(|e| conn.error(&format!("cannot campaign for {name:?}"), &e))?,
             sig = signals.recv() => {
                 eprintln!(
                     "mongolock: {} received while campaigning for {name:?}; exiting",
@@ -57,21 +63,30 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
         };
         terms += 1;
         eprintln!(
-            "mongolock: elected leader of {name:?} (fencing token {}) after {}; starting the \
-             command",
-            guard.fencing_token(),
+            "mongolock: elected leader of {name:?} (term / fencing token {}) after {}; starting \
+             the command",
+            leadership.term(),
             human(started.elapsed())
         );
-        let child = match spawn(&args.command, &guard) {
+        let child = match spawn(&args.command, leadership.guard()) {
             Ok(child) => child,
             Err(e) => {
-                release_quietly(guard, &conn).await;
+                if let Err(re) = leadership.resign().await {
+                    tracing::warn!(role = %name, error = %conn.error("resign", &re), "could not resign");
+                }
                 return Err(e);
             }
         };
-        let outcome = supervise(&guard, child, &mut signals, args.grace, "leadership of").await?;
+        let outcome = supervise(
+            leadership.guard(),
+            child,
+            &mut signals,
+            args.grace,
+            "leadership of",
+        )
+        .await?;
         if outcome.lost {
-            drop(guard);
+            drop(leadership);
             eprintln!(
                 "mongolock: the command was stopped after losing leadership of {name:?}; \
                  campaigning again"
@@ -84,10 +99,40 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
         }
         // The command exited on its own (or after a signal we passed on): resign and exit with
         // its status.
-        let code = finish(guard, outcome, &conn, "leadership of").await?;
-        if code != exit::LOCK_LOST {
+        return resign(leadership, outcome, &conn).await;
+    }
+}
+
+/// Resigns after the command exited on its own; the status is the command's, or
+/// [`exit::LOCK_LOST`] when leadership turned out to be lost already.
+async fn resign(
+    leadership: Leadership,
+    outcome: Outcome,
+    conn: &Connection,
+) -> Result<i32, CliError> {
+    let name = leadership.role().to_owned();
+    if leadership.is_lost() {
+        drop(leadership);
+        let status = describe_status(outcome.status);
+        eprintln!("{}", lost_before_finish("leadership of", &name, &status));
+        return Ok(exit::LOCK_LOST);
+    }
+    match leadership.resign().await {
+        Ok(()) => {
             eprintln!("mongolock: the command exited; resigned leadership of {name:?}");
+            Ok(exit::for_child(outcome.status))
         }
-        return Ok(code);
+        Err(mongolock::Error::LeaseLost { .. }) => {
+            let status = describe_status(outcome.status);
+            eprintln!("{}", lost_before_finish("leadership of", &name, &status));
+            Ok(exit::LOCK_LOST)
+        }
+        Err(e) => {
+            eprintln!(
+                "mongolock: warning: {}; the lease expires by itself",
+                conn.error(&format!("could not resign leadership of {name:?}"), &e)
+            );
+            Ok(exit::for_child(outcome.status))
+        }
     }
 }

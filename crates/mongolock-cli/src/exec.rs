@@ -115,15 +115,16 @@ pub async fn finish(
         );
         return Ok(exit::LOCK_LOST);
     }
+    if guard.is_lost() {
+        // Lost after the command's last check but before it exited: no release to attempt.
+        drop(guard);
+        eprintln!("{}", lost_before_finish(what, &name, &status));
+        return Ok(exit::LOCK_LOST);
+    }
     match guard.release().await {
         Ok(()) => Ok(exit::for_child(outcome.status)),
         Err(mongolock::Error::LeaseLost { .. }) => {
-            eprintln!(
-                "mongolock: {what} {name:?} was lost before the command finished ({status}): the \
-                 lease expired and was taken over or was force-released, so the command's work \
-                 may have overlapped another holder's; exiting with status {}",
-                exit::LOCK_LOST
-            );
+            eprintln!("{}", lost_before_finish(what, &name, &status));
             Ok(exit::LOCK_LOST)
         }
         Err(e) => {
@@ -135,6 +136,16 @@ pub async fn finish(
             Ok(exit::for_child(outcome.status))
         }
     }
+}
+
+/// The message for a lease found lost only after the command exited.
+pub fn lost_before_finish(what: &str, name: &str, status: &str) -> String {
+    format!(
+        "mongolock: {what} {name:?} was lost before the command finished ({status}): the lease \
+         expired and was taken over or was force-released, or could not be renewed, so the \
+         command's work may have overlapped another holder's; exiting with status {}",
+        exit::LOCK_LOST
+    )
 }
 
 /// Releases after a failure to start the command; problems are only logged.
@@ -192,7 +203,7 @@ pub async fn describe_holder(provider: &LockProvider, name: &str) -> Option<Stri
     ))
 }
 
-fn describe_status(status: ExitStatus) -> String {
+pub fn describe_status(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     if let Some(code) = status.code() {
         format!("exit status {code}")

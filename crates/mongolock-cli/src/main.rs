@@ -14,7 +14,7 @@ mod release;
 mod signals;
 mod uri;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use clap::Parser;
 
@@ -100,6 +100,7 @@ fn init_tracing(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(verbose >= 2)
         .without_time()
         .try_init();

@@ -17,7 +17,7 @@ const LONG: Duration = Duration::from_secs(60);
 
 /// Where the locks live for one test.
 struct Env {
-    _server: Option<TestServer>,
+    server: Option<TestServer>,
     uri: String,
     db: String,
     dir: PathBuf,
@@ -41,7 +41,7 @@ impl Env {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the test directory");
         Env {
-            _server: server,
+            server,
             uri,
             db: format!("cli_{}", unique.chars().take(40).collect::<String>()),
             dir,
@@ -283,6 +283,29 @@ async fn a_lost_lock_stops_the_command_and_exits_76() {
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains("lost the lock \"stolen\""),
+        "{}",
+        describe(&out)
+    );
+    assert!(env.path("term").exists(), "the command got SIGTERM");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn losing_the_server_stops_the_command_when_the_lease_runs_out() {
+    let mut env = Env::new("outage").await;
+    let Some(server) = env.server.take() else {
+        eprintln!("skipped: needs the test server (MONGODB_URI is set)");
+        return;
+    };
+    let a_script = "trap 'echo term > \"$D/term\"; exit 0' TERM; \
+                    echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; mv \"$D/a.tmp\" \"$D/a\"; \
+                    while [ -d \"$D\" ]; do sleep 0.05; done";
+    let a = env.spawn(&["exec", "--ttl", "2s", "outage", "--", "sh", "-c", a_script]);
+    wait_for("the holder to start", LONG, || env.path("a").exists()).await;
+    server.shutdown().await;
+    let out = finish(a, LONG).await;
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("lost the lock \"outage\""),
         "{}",
         describe(&out)
     );

@@ -108,23 +108,34 @@ async fn handoff(
     let name = format!("bench-handoff-{label}-{:x}", rand_u32());
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
     let samples: Arc<Mutex<Vec<Duration>>> = Arc::new(Mutex::new(Vec::new()));
+    // Bumped by every acquisition: a releaser sits out until someone else holds the lock, so
+    // every release is a handoff to one of the 8 waiters.
+    let (generation, _) = tokio::sync::watch::channel(0_u64);
+    let generation = Arc::new(generation);
     let mut tasks = Vec::new();
-    // One holder plus 8 waiters, all looping: every release hands the lock to a waiter.
     for _ in 0..=WAITERS {
         let lock = provider.lock(name.clone()).unwrap();
-        let (released_at, samples) = (released_at.clone(), samples.clone());
+        let (released_at, samples, generation) =
+            (released_at.clone(), samples.clone(), generation.clone());
         tasks.push(tokio::spawn(async move {
+            let mut rx = generation.subscribe();
             loop {
-                if samples.lock().unwrap().len() >= handoffs {
-                    return;
-                }
                 let g = lock.acquire().await.unwrap();
+                generation.send_modify(|g| *g += 1);
+                let mine = *generation.borrow();
                 if let Some(r) = released_at.lock().unwrap().take() {
                     samples.lock().unwrap().push(r.elapsed());
                 }
+                let done = samples.lock().unwrap().len() >= handoffs;
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                *released_at.lock().unwrap() = Some(Instant::now());
+                if !done {
+                    *released_at.lock().unwrap() = Some(Instant::now());
+                }
                 g.release().await.unwrap();
+                if done {
+                    return;
+                }
+                let _ = rx.wait_for(|g| *g > mine).await;
             }
         }));
     }

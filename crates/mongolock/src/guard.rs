@@ -315,6 +315,9 @@ impl LockGuard {
     /// Transient errors are retried until the lease's local deadline.
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         check_ttl("ttl", ttl)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime);
+        }
         let mut errors = Backoff::for_errors();
         loop {
             if self.shared.status() != Status::Held {
@@ -351,6 +354,11 @@ impl LockGuard {
     /// holder). Transient errors are retried until the lease's local deadline; after that the
     /// lease expires by itself and the last error is returned.
     pub async fn release(mut self) -> Result<()> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            // `self` is dropped here: the release happens in the background on the guard's own
+            // runtime.
+            return Err(Error::NoRuntime);
+        }
         self.finished = true;
         self.watchdog.abort();
         let shared = self.shared.clone();

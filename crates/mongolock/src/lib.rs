@@ -6,26 +6,26 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use mongolock::{LockProvider, MemoryBackend, Timeout};
+//! use mongolock::{LockProvider, Timeout};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> mongolock::Result<()> {
-//! // With MongoDB: `LockProvider::mongodb(&client.database("app"))?`, or
-//! // `LockProvider::builder(MongoBackend::builder(&db).collection("locks").build()?)`.
-//! let provider = LockProvider::builder(MemoryBackend::new())
-//!     .expiry(Duration::from_secs(30))
-//!     .app_name("report-generator")
-//!     .build()?;
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let server = mongo_testserver::TestServer::start().await?;
+//! # let uri = server.uri();
+//! // `uri` is e.g. "mongodb://localhost:27017" (here: an embedded test server).
+//! let client = mongodb::Client::with_uri_str(&uri).await?;
+//! // Locks live in the collection "distributed.locks" of database "app".
+//! let provider = LockProvider::mongodb(&client.database("app"))?;
 //!
-//! // Wait until held (drop the future to give up).
+//! // Wait until held (drop the future to give up, or use `acquire_timeout`).
 //! let guard = provider.lock("reports:daily")?.acquire().await?;
 //! println!("holding {} with fencing token {}", guard.name(), guard.fencing_token());
 //!
-//! // Others get `None` after their timeout.
-//! let other = provider.try_acquire("reports:daily", Duration::from_secs(5), Timeout::Zero).await?;
+//! // Others get `None` when their timeout ends (zero = exactly one attempt).
+//! let other = provider.try_acquire("reports:daily", Duration::from_secs(30), Timeout::Zero).await?;
 //! assert!(other.is_none());
 //!
-//! // Work while watching the lost signal.
+//! // Work while watching the lost signal; pass the fencing token to the protected resource.
 //! tokio::select! {
 //!     _ = guard.lost() => eprintln!("lease lost; stop"),
 //!     _ = tokio::time::sleep(Duration::from_millis(10)) => { /* the protected work */ }
@@ -37,6 +37,10 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! For tests of code that takes a [`LockProvider`], [`LockProvider::memory()`] gives the same
+//! contract without a database. Configure with [`LockProvider::builder`] and
+//! [`MongoBackend::builder`] (collection, write concern, TTL cleanup delay).
 //!
 //! ## The contract
 //! 1. **Mutual exclusion per lease**: at any instant of server time at most one holder has an
@@ -61,7 +65,7 @@
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the
 //!   acquire path is in `backends/mongo/acquire.rs`).
 //!
-//! Requires a Tokio runtime.
+//! Requires a Tokio runtime with the time driver enabled (`#[tokio::main]` has it).
 
 #![warn(missing_docs)]
 

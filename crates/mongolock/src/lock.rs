@@ -123,8 +123,8 @@ impl Lock {
     }
 
     /// Keeps trying for `timeout`; `None` when it elapsed with the lock still held by someone
-    /// else. The last attempt is made at the deadline. If the backend stayed unreachable until
-    /// the deadline, the transient error is returned instead of `None`.
+    /// else. The last attempt is made at the deadline. If the backend stayed unreachable (or did
+    /// not answer) until the deadline, the transient error is returned instead of `None`.
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         self.acquire_with(Timeout::from(timeout)).await
     }

@@ -1,7 +1,8 @@
 //! Leader-election scenarios against MongoDB (a real deployment when `MONGODB_URI` is set, else
-//! a `mongo_testserver::TestServer`), plus candidates in separate OS processes.
+//! the embedded mongo-testserver; see `common`), plus candidates in separate OS processes.
 #![cfg(feature = "mongodb")]
 
+mod common;
 mod election_scenarios;
 
 use std::collections::HashSet;
@@ -9,66 +10,37 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{test_database, unique, TestDb};
 use election_scenarios::{provider_over, unique_role, Env, MakeProvider};
-use mongo_testserver::TestServer;
-use mongodb::options::ClientOptions;
-use mongodb::Client;
 use mongolock::election::Election;
 use mongolock::{LockProvider, MongoBackend};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-/// Where the tests' MongoDB is, and the test server when there is no `MONGODB_URI`.
-struct Deployment {
-    uri: String,
-    _server: Option<TestServer>,
-}
-
-async fn deployment() -> Deployment {
-    match std::env::var("MONGODB_URI") {
-        Ok(uri) if !uri.is_empty() => Deployment { uri, _server: None },
-        _ => {
-            let server = TestServer::start().await.expect("TestServer::start");
-            Deployment {
-                uri: server.uri(),
-                _server: Some(server),
-            }
-        }
-    }
-}
-
-async fn client(uri: &str) -> Client {
-    let mut options = ClientOptions::parse(uri).await.expect("valid MongoDB URI");
-    options.server_selection_timeout = Some(Duration::from_secs(10));
-    Client::with_options(options).expect("client")
-}
-
-async fn mongo_provider(uri: &str, db: &str) -> LockProvider {
-    let client = client(uri).await;
+/// A provider on collection `coll` of database `db`, through a new client (created in the
+/// calling runtime).
+async fn mongo_provider(uri: &str, db: &str, coll: &str) -> LockProvider {
+    let client = common::client(uri, None).await;
     let backend = MongoBackend::builder(&client.database(db))
+        .collection(coll)
         .build()
         .expect("valid backend options");
     provider_over(Arc::new(backend))
 }
 
-fn unique_db() -> String {
-    format!("mongolock_election_{:08x}", rand::random::<u32>())
-}
-
 async fn setup() -> Env {
-    let deployment = deployment().await;
-    let uri = deployment.uri.clone();
-    let db = unique_db();
+    let t = test_database().await;
+    let (uri, db, coll) = (t.uri.clone(), t.db.name().to_owned(), unique("locks"));
     let make_provider: MakeProvider = Arc::new(move || {
-        let (uri, db) = (uri.clone(), db.clone());
+        let (uri, db, coll) = (uri.clone(), db.clone(), coll.clone());
         // A client per provider, created in the runtime that will use it.
-        Box::pin(async move { mongo_provider(&uri, &db).await })
+        Box::pin(async move { mongo_provider(&uri, &db, &coll).await })
     });
     Env {
         make_provider,
         count_tasks: false,
-        keep_alive: Box::new(deployment),
+        keep_alive: Box::new(t),
     }
 }
 
@@ -77,26 +49,47 @@ election_suite!(setup);
 // ---------------------------------------------------------------------------------------------
 // Candidates in separate OS processes.
 //
-// The parent test re-runs this test binary with `--exact election_child_candidate` and the
-// environment variables below; in a normal test run (variables unset) that test returns at once.
+// Same mechanism as `processes.rs`: the helper processes are this test binary itself.
+// `child_entry` is an ordinary test that does nothing unless `MONGOLOCK_TEST_CHILD` is set; the
+// parent runs the binary again with `child_entry --exact` and that variable.
 
-const CHILD_URI: &str = "MONGOLOCK_ELECTION_CHILD_URI";
-const CHILD_DB: &str = "MONGOLOCK_ELECTION_CHILD_DB";
-const CHILD_ROLE: &str = "MONGOLOCK_ELECTION_CHILD_ROLE";
-const CHILD_EXPIRY_MS: &str = "MONGOLOCK_ELECTION_CHILD_EXPIRY_MS";
-const LINE_PREFIX: &str = "ELECTION-CHILD";
+const CHILD_ENV: &str = "MONGOLOCK_TEST_CHILD";
+const ELECTED: &str = "ELECTED ";
 
-/// One candidate process: runs the election loop and prints `ELECTION-CHILD elected <term>
-/// <pid>` when its leader function starts. Stops (resigning) when its stdin closes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn election_child_candidate() {
-    let Ok(uri) = std::env::var(CHILD_URI) else {
-        return; // Not started by `candidate_processes_leader_killed`.
+fn env(key: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| panic!("child process needs {key}"))
+}
+
+/// Entry point of the helper processes; a no-op in a normal test run.
+#[test]
+fn child_entry() {
+    let Ok(mode) = std::env::var(CHILD_ENV) else {
+        return;
     };
-    let db = std::env::var(CHILD_DB).unwrap();
-    let role = std::env::var(CHILD_ROLE).unwrap();
-    let expiry = Duration::from_millis(std::env::var(CHILD_EXPIRY_MS).unwrap().parse().unwrap());
-    let election = Election::new(&mongo_provider(&uri, &db).await, role)
+    assert_eq!(mode, "candidate", "unknown child mode");
+    // `RUST_LOG=mongolock=debug` shows what the helpers do (on stderr).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(candidate());
+}
+
+/// Campaigns with the run loop and prints `ELECTED <term> <pid>` when its leader function
+/// starts. Stops (resigning) when its stdin closes.
+async fn candidate() {
+    let provider = mongo_provider(
+        &env("MONGOLOCK_URI"),
+        &env("MONGOLOCK_DB"),
+        &env("MONGOLOCK_COLL"),
+    )
+    .await;
+    let expiry = Duration::from_millis(env("MONGOLOCK_EXPIRY_MS").parse().unwrap());
+    let election = Election::new(&provider, env("MONGOLOCK_NAME"))
         .unwrap()
         .with_expiry(expiry)
         .unwrap();
@@ -106,73 +99,60 @@ async fn election_child_candidate() {
         while matches!(std::io::Read::read(&mut std::io::stdin(), &mut buf), Ok(n) if n > 0) {}
         let _ = closed_tx.send(());
     });
-    let stdin_closed = async {
-        let _ = closed_rx.await;
-    };
     election
         .run_until(
             |leader| async move {
-                println!(
-                    "{LINE_PREFIX} elected {} {}",
-                    leader.term(),
-                    std::process::id()
-                );
+                println!("{ELECTED}{} {}", leader.term(), std::process::id());
                 std::future::pending::<()>().await
             },
-            stdin_closed,
+            async {
+                let _ = closed_rx.await;
+            },
         )
         .await
         .unwrap();
-    println!("{LINE_PREFIX} stopped {}", std::process::id());
 }
 
-struct ChildCandidate {
-    child: Child,
-    pid: u32,
-}
-
-/// `(candidate index, term, pid)` of an `elected` line.
+/// `(candidate index, term, pid)` from an `ELECTED` line.
 type Elected = (usize, u64, u32);
 
 fn spawn_candidate(
     index: usize,
-    uri: &str,
-    db: &str,
+    t: &TestDb,
+    coll: &str,
     role: &str,
     expiry: Duration,
-    lines: mpsc::UnboundedSender<Elected>,
-) -> ChildCandidate {
+    elected: mpsc::UnboundedSender<Elected>,
+) -> Child {
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
-        .args([
-            "election_child_candidate",
-            "--exact",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD_URI, uri)
-        .env(CHILD_DB, db)
-        .env(CHILD_ROLE, role)
-        .env(CHILD_EXPIRY_MS, expiry.as_millis().to_string())
+        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "candidate")
+        .env("MONGOLOCK_URI", &t.uri)
+        .env("MONGOLOCK_DB", t.db.name())
+        .env("MONGOLOCK_COLL", coll)
+        .env("MONGOLOCK_NAME", role)
+        .env("MONGOLOCK_EXPIRY_MS", expiry.as_millis().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
-        .unwrap();
-    let pid = child.id().unwrap();
+        .expect("spawn helper process");
     let stdout = child.stdout.take().unwrap();
     tokio::spawn(async move {
-        let mut reader = BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = reader.next_line().await {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            if let [LINE_PREFIX, "elected", term, pid] = words[..] {
-                let _ = lines.send((index, term.parse().unwrap(), pid.parse().unwrap()));
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            // libtest prints "test child_entry ... " without a newline first.
+            if let Some((_, rest)) = line.split_once(ELECTED) {
+                let mut words = rest.split_whitespace();
+                let term = words.next().unwrap().parse().unwrap();
+                let pid = words.next().unwrap().parse().unwrap();
+                let _ = elected.send((index, term, pid));
             }
         }
     });
-    ChildCandidate { child, pid }
+    child
 }
 
 async fn next_elected(rx: &mut mpsc::UnboundedReceiver<Elected>, within: Duration) -> Elected {
@@ -182,66 +162,71 @@ async fn next_elected(rx: &mut mpsc::UnboundedReceiver<Elected>, within: Duratio
         .expect("the output readers are alive")
 }
 
-/// Three candidate processes; SIGKILL the leader → exactly one new leader after the lease
-/// expires, with a larger term; twice.
+/// Three candidate processes; SIGKILL the leader → exactly one new leader, only after the killed
+/// leader's lease expired (by server time), with a larger term. Twice; then the last one stops
+/// cleanly and resigns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn candidate_processes_leader_killed() {
-    if std::env::var(CHILD_URI).is_ok() {
-        return; // We are a child; only `election_child_candidate` runs here.
-    }
-    let deployment = deployment().await;
-    let db = unique_db();
+    const EXPIRY: Duration = Duration::from_secs(2);
+    let t = test_database().await;
+    let coll = unique("locks");
     let role = unique_role("election-processes");
-    let expiry = Duration::from_secs(2);
-    let observer =
-        Election::new(&mongo_provider(&deployment.uri, &db).await, role.clone()).unwrap();
+    let observer = Election::new(
+        &mongo_provider(&t.uri, t.db.name(), &coll).await,
+        role.clone(),
+    )
+    .unwrap();
 
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut children: Vec<ChildCandidate> = (0..3)
-        .map(|i| spawn_candidate(i, &deployment.uri, &db, &role, expiry, tx.clone()))
+    let mut children: Vec<Child> = (0..3)
+        .map(|i| spawn_candidate(i, &t, &coll, &role, EXPIRY, tx.clone()))
         .collect();
     drop(tx);
+    let pids: Vec<u32> = children.iter().map(|c| c.id().unwrap()).collect();
 
-    // Generous: the children are test binaries that start a runtime and connect first.
+    // Generous: each child is a test binary that starts a runtime and connects first.
     let (mut leader, mut term, pid) = next_elected(&mut rx, Duration::from_secs(60)).await;
-    assert_eq!(pid, children[leader].pid);
+    assert_eq!(pid, pids[leader]);
     let mut killed = HashSet::new();
     for round in 0..2 {
-        let info = observer.leader().await.unwrap().expect("a leader");
-        assert_eq!(info.term, term);
-        assert_eq!(
-            info.holder.as_ref().map(|h| h.pid),
-            Some(children[leader].pid)
-        );
-
-        children[leader].child.start_kill().unwrap(); // SIGKILL on Unix
-        children[leader].child.wait().await.unwrap();
+        children[leader].kill().await.unwrap(); // SIGKILL on Unix: no release, no extension
         killed.insert(leader);
+        let info = observer.leader().await.unwrap();
+        let info = info.expect("the killed leader's lease outlives it");
+        assert_eq!(info.term, term);
+        assert_eq!(info.holder.as_ref().map(|h| h.pid), Some(pids[leader]));
+        let last_expiry = info.expires_at.expect("expiry");
 
         let (next, next_term, next_pid) =
-            next_elected(&mut rx, expiry + Duration::from_secs(30)).await;
+            next_elected(&mut rx, EXPIRY + Duration::from_secs(30)).await;
         assert!(
             !killed.contains(&next),
             "round {round}: a killed candidate was elected"
         );
-        assert_eq!(next_pid, children[next].pid);
+        assert_eq!(next_pid, pids[next]);
         assert!(next_term > term, "round {round}: terms must increase");
+        let now = observer.leader().await.unwrap().expect("the new leader");
+        assert_eq!(now.term, next_term);
+        assert!(
+            now.since.expect("since") >= last_expiry,
+            "round {round}: elected at {:?}, before the killed leader's lease expired at \
+             {last_expiry:?}",
+            now.since
+        );
 
         // Exactly one new leader: nobody else is elected while it leads.
-        let extra = tokio::time::timeout(expiry + expiry / 2, rx.recv()).await;
+        let extra = tokio::time::timeout(EXPIRY + EXPIRY / 2, rx.recv()).await;
         assert!(
             !matches!(extra, Ok(Some(_))),
             "round {round}: a second leader was elected: {extra:?}"
         );
         (leader, term) = (next, next_term);
     }
-    let info = observer.leader().await.unwrap().expect("a leader");
-    assert_eq!(info.term, term);
 
     // The last candidate stops cleanly when its stdin closes: it resigns and exits with success.
     let last = &mut children[leader];
-    drop(last.child.stdin.take());
-    let status = tokio::time::timeout(Duration::from_secs(30), last.child.wait())
+    drop(last.stdin.take());
+    let status = tokio::time::timeout(Duration::from_secs(30), last.wait())
         .await
         .expect("the last candidate stopped")
         .unwrap();

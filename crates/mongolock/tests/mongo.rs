@@ -167,7 +167,7 @@ async fn fencing_tokens_grow_after_ttl_cleanup() {
         .unwrap();
     let lock = provider.lock("nightly-report").unwrap();
     let mut tokens = Vec::new();
-    for round in 0..3 {
+    for round in 0..2 {
         // A few acquisitions in this lifetime of the document.
         for _ in 0..3 {
             let g = lock.acquire().await.unwrap();

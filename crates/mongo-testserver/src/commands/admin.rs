@@ -192,7 +192,7 @@ pub fn set_parameter(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         match k.as_str() {
             "ttlMonitorSleepSecs" => {
                 let secs = match args::as_i64(v) {
-                    Some(s) if s >= 1 => s,
+                    Some(s) if (1..=i64::from(i32::MAX)).contains(&s) => s,
                     _ => {
                         return Err(CommandError::bad_value(format!(
                             "Invalid value for parameter ttlMonitorSleepSecs: {v}; it must be an integer >= 1"

@@ -183,8 +183,13 @@ pub fn no_transactions() -> CommandError {
 
 /// Commands that accept a `writeConcern`.
 fn takes_write_concern(name: &str) -> bool {
+    // mongod's aggregate accepts a writeConcern whether or not the pipeline writes (a read-only
+    // pipeline does not wait for it).
     crate::failpoint::supports_write_concern(name)
-        || matches!(name, "setParameter" | "configureFailPoint" | "endSessions")
+        || matches!(
+            name,
+            "aggregate" | "setParameter" | "configureFailPoint" | "endSessions"
+        )
 }
 
 /// Validates the generic fields: transactions refused, `readConcern` and `writeConcern`
@@ -196,6 +201,13 @@ pub fn check_generic(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult
     if let Some(v) = cmd.get("txnNumber") {
         if as_i64(v).is_none() {
             return Err(wrong_type(name, "txnNumber", v, "long"));
+        }
+        if ctx.shared.config.standalone {
+            return Err(CommandError::new(
+                20,
+                "IllegalOperation",
+                "Transaction numbers are only allowed on a replica set member or mongos",
+            ));
         }
         if !cmd.contains_key("lsid") {
             return Err(CommandError::new(

@@ -413,9 +413,14 @@ fn parse_update_statement(
             "multi update is not supported for replacement-style update",
         ));
     }
+    let filter = Filter::parse(filter_doc)?;
+    if upsert {
+        // mongod refuses `$expr` in an upsert's filter even when a document matches.
+        filter.check_upsert_allowed()?;
+    }
     Ok(UpdateStatement {
         filter_doc,
-        filter: Filter::parse(filter_doc)?,
+        filter,
         update,
         upsert,
         multi,
@@ -691,6 +696,10 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
         ));
     }
     let filter = Filter::parse(query)?;
+    if upsert {
+        // mongod refuses `$expr` in an upsert's filter even when a document matches.
+        filter.check_upsert_allowed()?;
+    }
     let vars = with_let(ctx, cmd, name)?;
     let project = |d: Document| -> CommandResult<Bson> {
         match fields {

@@ -278,7 +278,7 @@ pub async fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
     };
     debug_assert!(is_stream);
     let wait = max_time
-        .map(|ms| Duration::from_millis(ms as u64))
+        .map(|ms| Duration::from_millis(ms.min(i64::from(i32::MAX)) as u64))
         .unwrap_or(DEFAULT_AWAIT);
     stream_get_more(
         ctx,
@@ -389,7 +389,7 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     let filter = Filter::parse(args::get_doc(cmd, "count", "query")?.unwrap_or(&empty))?;
     let skip = non_negative(cmd, "count", "skip")?.unwrap_or(0);
     let limit = args::get_i64(cmd, "count", "limit")?
-        .map(i64::abs)
+        .map(|l| l.checked_abs().unwrap_or(i64::MAX))
         .filter(|&l| l > 0);
     let st = ctx.shared.lock();
     let n = match st.store.coll(ctx.db, coll) {

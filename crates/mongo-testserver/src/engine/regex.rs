@@ -157,6 +157,8 @@ struct Parser<'a> {
     chars: Vec<char>,
     pos: usize,
     pattern: &'a str,
+    /// Capture groups opened so far (decides whether `\NN` is a backreference or octal).
+    captures: usize,
 }
 
 impl Parser<'_> {
@@ -425,6 +427,8 @@ impl Parser<'_> {
                 }
                 _ => return Err(self.invalid("unrecognized character after (? or (?-")),
             }
+        } else {
+            self.captures += 1;
         }
         let body = self.alternation(&mut inner)?;
         if !self.eat(')') {
@@ -468,6 +472,7 @@ impl Parser<'_> {
         if self.pos == start || !self.eat(end) {
             return Err(self.invalid("syntax error in subpattern name (missing terminator?)"));
         }
+        self.captures += 1;
         Ok(())
     }
 
@@ -510,13 +515,29 @@ impl Parser<'_> {
                 }
             },
             '0' => self.digits_code(8, 2)?,
+            // PCRE2: in a class, \8 and \9 are literals and other digits start an octal code.
+            '8' | '9' if in_class => c,
             '1'..='7' if in_class => {
                 self.pos -= 1;
                 self.digits_code(8, 3)?
             }
-            '1'..='9' | 'g' | 'k' if !in_class => {
-                return Err(self.unsupported("backreferences are"))
+            // Outside: a backreference if the decimal number is below 10, starts with 8 or 9,
+            // or is at most the number of groups opened so far; else up to 3 octal digits.
+            '1'..='9' => {
+                let start = self.pos - 1;
+                let mut end = start;
+                while self.chars.get(end).is_some_and(|d| d.is_ascii_digit()) {
+                    end += 1;
+                }
+                let number: String = self.chars[start..end].iter().collect();
+                let n = number.parse::<usize>().unwrap_or(usize::MAX);
+                if n < 10 || matches!(c, '8' | '9') || n <= self.captures {
+                    return Err(self.unsupported("backreferences are"));
+                }
+                self.pos = start;
+                self.digits_code(8, 3)?
             }
+            'g' | 'k' if !in_class => return Err(self.unsupported("backreferences are")),
             'G' => return Err(self.unsupported("\\G is")),
             'K' => return Err(self.unsupported("\\K (match start reset) is")),
             'R' => return Err(self.unsupported("\\R (atomic newline sequence) is")),
@@ -922,6 +943,7 @@ impl Regex {
             chars: pattern.chars().collect(),
             pos: 0,
             pattern,
+            captures: 0,
         };
         let tree = p.alternation(&mut flags)?;
         if p.pos != p.chars.len() {

@@ -83,8 +83,8 @@ impl Election {
     ///    * **leadership lost** (lease expired, could not be extended, taken over): `f`'s future
     ///      is cancelled (dropped) at once, [`Lost`](super::ElectionEvent::Lost) is emitted, and
     ///      the loop campaigns again;
-    ///    * **`f` returned**: leadership is resigned ([`Resigned`](super::ElectionEvent::Resigned)),
-    ///      the loop waits the [rejoin delay](Self::with_rejoin_delay) and campaigns again.
+    ///    * **`f` returned**: leadership is resigned
+    ///      ([`Resigned`](super::ElectionEvent::Resigned)), the loop waits the [rejoin delay](Self::with_rejoin_delay) and campaigns again.
     ///      Returning from `f` therefore means "step down for now"; to lead until stopped, do not
     ///      return (run your work in a loop, or end with `std::future::pending().await`);
     ///    * **`shutdown` completed**: `f`'s future is dropped, leadership is resigned, and
@@ -125,13 +125,22 @@ impl Election {
             let term = leadership.term();
             match outcome {
                 TermOutcome::Lost => {
-                    tracing::debug!(role = %self.role, term, "leader function cancelled: leadership lost");
+                    tracing::debug!(
+                        role = %self.role,
+                        term,
+                        "leader function cancelled: leadership lost"
+                    );
                     // Emits `Lost`; the background release finds the lease already gone.
                     drop(leadership);
                 }
                 TermOutcome::Returned | TermOutcome::Shutdown => {
                     if let Err(e) = leadership.resign().await {
-                        tracing::warn!(role = %self.role, term, error = %e, "resigning leadership failed");
+                        tracing::warn!(
+                            role = %self.role,
+                            term,
+                            error = %e,
+                            "resigning leadership failed"
+                        );
                     }
                     if matches!(outcome, TermOutcome::Shutdown) {
                         return Ok(());

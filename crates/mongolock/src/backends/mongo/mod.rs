@@ -12,7 +12,7 @@
 //! (its `_id` is not a string, so [`list`](crate::LockBackend::list) skips it; it has no
 //! `expiresAt`, so the TTL index never removes it).
 //!
-//! # Acquire: one round trip ([`acquire.rs`](self::acquire))
+//! # Acquire: one round trip (`acquire.rs`)
 //! One `findAndModify` on `{_id: name}` with `upsert: true`, `new: true` and an update
 //! **pipeline**. MongoDB refuses `$expr` in the filter of an upsert, so the test "is the name
 //! free?" lives inside the pipeline: free = `leaseId` is null/missing, or `expiresAt <= $$NOW`
@@ -101,7 +101,10 @@ pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(3600);
 /// ```
 #[derive(Clone, Debug)]
 pub struct MongoBackend {
+    /// Lock writes: carries the configured write concern.
     coll: Collection<Document>,
+    /// Inspection reads: no write concern of ours (read commands take none).
+    reads: Collection<Document>,
     cleanup_after: Duration,
     create_ttl_index: bool,
 }
@@ -164,6 +167,7 @@ impl MongoBackendBuilder {
             .build();
         Ok(MongoBackend {
             coll: self.db.collection_with_options(&self.collection, options),
+            reads: self.db.collection(&self.collection),
             cleanup_after: self.cleanup_after,
             create_ttl_index: self.create_ttl_index,
         })
@@ -262,11 +266,11 @@ impl LockBackend for MongoBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        ops::inspect(&self.coll, name).await
+        ops::inspect(&self.reads, name).await
     }
 
     async fn list(&self) -> Result<Vec<LockInfo>> {
-        ops::list(&self.coll).await
+        ops::list(&self.reads).await
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
