@@ -180,16 +180,25 @@ impl Backoff {
                 ..
             } => {
                 let base = self.current.min(max);
-                self.current = base.mul_f64(multiplier).min(max);
-                let factor = if jitter > 0.0 {
+                self.current = scale(base, multiplier).min(max);
+                let factor = if jitter > 0.0 && jitter < 1.0 {
                     rng.random_range((1.0 - jitter)..=(1.0 + jitter))
                 } else {
                     1.0
                 };
-                base.mul_f64(factor)
+                scale(base, factor)
             }
         }
     }
+}
+
+/// `d · factor`, saturating instead of panicking on overflow or a non-finite factor.
+fn scale(d: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(if factor > 1.0 {
+        MAX_WAIT
+    } else {
+        d
+    })
 }
 
 #[cfg(test)]
@@ -214,6 +223,19 @@ mod tests {
         for d in &delays[8..] {
             assert!(*d >= Duration::from_millis(3750) && *d <= Duration::from_millis(6250));
         }
+    }
+
+    #[test]
+    fn huge_multipliers_saturate() {
+        let mut b = WaitStrategy::ExponentialBackoff {
+            initial: Duration::from_millis(1),
+            max: Duration::from_secs(60),
+            multiplier: 1e300,
+            jitter: 0.0,
+        }
+        .start();
+        assert_eq!(b.next_delay(), Duration::from_millis(1));
+        assert_eq!(b.next_delay(), Duration::from_secs(60));
     }
 
     #[test]

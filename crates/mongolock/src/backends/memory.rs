@@ -23,6 +23,12 @@ use crate::backend::{AcquireRequest, Attempt, Lease, LeaseId, LockBackend, LockI
 use crate::error::Result;
 use crate::holder::HolderInfo;
 
+/// `now + ttl`, saturating far in the future instead of panicking on overflow.
+fn later(now: SystemTime, ttl: Duration) -> SystemTime {
+    now.checked_add(ttl)
+        .unwrap_or_else(|| now + crate::options::MAX_EXPIRY)
+}
+
 /// In-memory lock storage; clones share the same locks. See the [module docs](self).
 #[derive(Clone)]
 pub struct MemoryBackend {
@@ -125,7 +131,7 @@ impl LockBackend for MemoryBackend {
             entry.lease_id = Some(req.lease_id.clone());
             entry.fencing_token += 1;
             entry.acquired_at = now;
-            entry.expires_at = now + req.ttl;
+            entry.expires_at = later(now, req.ttl);
             entry.holder = Some(req.holder.clone());
             Attempt::Acquired(Lease {
                 fencing_token: entry.fencing_token,
@@ -147,7 +153,7 @@ impl LockBackend for MemoryBackend {
         let now = self.now();
         Ok(match entries.get_mut(name) {
             Some(e) if e.lease_id.as_ref() == Some(lease_id) && e.expires_at > now => {
-                e.expires_at = now + ttl;
+                e.expires_at = later(now, ttl);
                 Some(e.expires_at)
             }
             _ => None,
