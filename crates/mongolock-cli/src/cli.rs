@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::duration::{parse_duration, parse_positive, parse_wait, Wait};
+use crate::duration::{parse_duration, parse_positive, parse_ttl, parse_wait, Wait};
 
 /// Default connection string when neither `--uri` nor `MONGODB_URI` is given.
 pub const DEFAULT_URI: &str = "mongodb://localhost:27017";
@@ -72,6 +72,7 @@ pub struct Cli {
 
 /// Options every command accepts (before or after the command name).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
     /// MongoDB connection string. Its password is never printed. A serverSelectionTimeoutMS of
     /// 5 s applies unless the URI sets one.
@@ -109,6 +110,7 @@ pub struct GlobalArgs {
 pub enum Command {
     /// Run a command while holding a lock.
     #[command(
+        override_usage = "mongolock [GLOBAL OPTIONS] exec [OPTIONS] <NAME> -- <CMD> [ARGS]...",
         long_about = "Acquire the lock NAME (waiting up to --wait, default forever), run CMD while \
                       holding it, renew the lease in the background, release it when CMD exits, \
                       and exit with CMD's status.\n\n\
@@ -143,6 +145,7 @@ Examples:
 
     /// Run a command only while elected leader; campaign again after losing leadership.
     #[command(
+        override_usage = "mongolock [GLOBAL OPTIONS] elect [OPTIONS] <NAME> -- <CMD> [ARGS]...",
         long_about = "Campaign for the role NAME (a lock that is waited for forever), run CMD while \
                       leader, and renew the lease in the background. If leadership is lost, CMD \
                       is stopped (SIGTERM, SIGKILL after --grace) and mongolock campaigns again. \
@@ -221,10 +224,10 @@ pub const DEFAULT_GRACE: &str = "10s";
 pub struct ExecArgs {
     /// Lease duration: how long the lock stays held after mongolock stops renewing it (for
     /// example after a crash). Renewed every TTL/3 while CMD runs.
-    #[arg(long, value_name = "DURATION", default_value = DEFAULT_TTL, value_parser = parse_positive)]
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_TTL, value_parser = parse_ttl)]
     pub ttl: Duration,
 
-    /// How long to wait for the lock: `0` = one attempt, `forever` = until acquired (default).
+    /// How long to wait for the lock: a duration, `0` for a single attempt, or `forever`.
     #[arg(long, value_name = "DURATION", default_value = "forever", value_parser = parse_wait)]
     pub wait: Wait,
 
@@ -256,7 +259,7 @@ pub struct ExecArgs {
 pub struct ElectArgs {
     /// Lease duration of a leadership term: how long the role stays taken after the leader
     /// stops renewing it (for example after a crash). Renewed every TTL/3.
-    #[arg(long, value_name = "DURATION", default_value = DEFAULT_TTL, value_parser = parse_positive)]
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_TTL, value_parser = parse_ttl)]
     pub ttl: Duration,
 
     /// Time between SIGTERM and SIGKILL when CMD must be stopped after losing leadership.
@@ -318,7 +321,7 @@ pub struct DemoArgs {
     pub workers: u8,
 
     /// Lease duration of each acquisition (the failover time after the crash).
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_positive)]
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_ttl)]
     pub ttl: Duration,
 
     /// How long each worker holds the lock per turn.

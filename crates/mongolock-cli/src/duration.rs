@@ -53,6 +53,18 @@ pub fn parse_positive(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A lease duration (`--ttl`): at least 1 ms, at most the library's maximum (one year).
+pub fn parse_ttl(s: &str) -> Result<Duration, String> {
+    let d = parse_positive(s)?;
+    if d > mongolock::MAX_EXPIRY {
+        return Err(format!(
+            "the lease duration {s:?} is above the maximum of one year; choose a shorter lease \
+             (it is renewed while the command runs)"
+        ));
+    }
+    Ok(d)
+}
+
 /// `--wait`: a duration (`0` = one attempt) or `forever`.
 pub fn parse_wait(s: &str) -> Result<Wait, String> {
     match s.trim() {
@@ -115,6 +127,8 @@ mod tests {
         assert!(parse_positive("0").is_err());
         assert!(parse_positive("0s").is_err());
         assert_eq!(parse_positive("1ms"), Ok(Duration::from_millis(1)));
+        assert!(parse_ttl("400days").is_err());
+        assert_eq!(parse_ttl("30s"), Ok(Duration::from_secs(30)));
     }
 
     #[test]

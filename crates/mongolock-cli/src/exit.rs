@@ -25,8 +25,7 @@ use std::process::ExitStatus;
 pub const SUCCESS: i32 = 0;
 /// mongolock itself failed (connection, URI, authentication, server error, I/O).
 pub const FAILURE: i32 = 1;
-/// Usage error. clap exits with this status itself; listed for documentation.
-#[allow(dead_code)]
+/// Usage error (clap exits with this status itself).
 pub const USAGE: i32 = 2;
 /// `inspect`: the lock does not exist.
 pub const NOT_FOUND: i32 = 3;

@@ -154,4 +154,13 @@ pub trait LockBackend: Send + Sync + 'static {
         let _ = name;
         tokio::time::sleep(max_wait).await;
     }
+
+    /// Completes when the backend learns, without being asked, that `lease_id` no longer holds
+    /// `name` (another holder took it, or it was released or removed by someone else). A held
+    /// guard's watchdog waits on it to signal loss at once instead of at the next extension.
+    /// The default never completes: loss is then detected by extension and the local deadline.
+    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+        let _ = (name, lease_id);
+        std::future::pending::<()>().await
+    }
 }

@@ -25,6 +25,8 @@ use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use async_trait::async_trait;
+
 use crate::backend::{Lease, LeaseId, LockBackend};
 use crate::error::{Error, Result};
 use crate::provider::{check_ttl, ProviderInner};
@@ -35,12 +37,68 @@ fn local_deadline(sent_at: Instant, ttl: Duration) -> Instant {
     sent_at + ttl.saturating_sub(ttl / 100)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 enum Status {
     Held,
-    Lost,
+    /// Lost, with the reason.
+    Lost(Arc<str>),
     /// Released, or the guard was dropped.
     Ended,
+}
+
+impl Status {
+    fn is_held(&self) -> bool {
+        matches!(self, Status::Held)
+    }
+}
+
+/// What a guard needs from whatever stores its lease: a named lock in a lock collection, or a
+/// lock embedded in a user's document. One guard mechanism (renewal, loss detection, release)
+/// serves both.
+#[async_trait]
+pub(crate) trait LeaseControl: Send + Sync + 'static {
+    /// Sets the lease's expiry to server now + `ttl`; `None` when the lease is gone.
+    async fn extend(&self, ttl: Duration) -> Result<Option<SystemTime>>;
+    /// Ends the lease; `false` when it no longer held the lock.
+    async fn release(&self) -> Result<bool>;
+    /// Completes when the store learns, unasked, that the lease is gone (taken over, released
+    /// or removed by someone else). Pending forever when the store cannot tell.
+    async fn gone(&self);
+}
+
+/// The lease of a named lock, held through a [`LockBackend`].
+struct NamedLease {
+    backend: Arc<dyn LockBackend>,
+    name: Arc<str>,
+    lease_id: LeaseId,
+}
+
+#[async_trait]
+impl LeaseControl for NamedLease {
+    async fn extend(&self, ttl: Duration) -> Result<Option<SystemTime>> {
+        self.backend.extend(&self.name, &self.lease_id, ttl).await
+    }
+
+    async fn release(&self) -> Result<bool> {
+        self.backend.release(&self.name, &self.lease_id).await
+    }
+
+    async fn gone(&self) {
+        self.backend.lease_gone(&self.name, &self.lease_id).await
+    }
+}
+
+/// What [`LockGuard::from_control`] needs to know about a fresh grant.
+pub(crate) struct GrantedLease {
+    /// The lock's name (for a document lock, a readable form of its `_id`).
+    pub name: Arc<str>,
+    pub lease_id: LeaseId,
+    pub lease: Lease,
+    pub ttl: Duration,
+    /// Monotonic instant taken before the granting request was sent.
+    pub sent_at: Instant,
+    pub auto_extend: bool,
+    pub extension_cadence: Option<Duration>,
 }
 
 struct LeaseState {
@@ -51,7 +109,7 @@ struct LeaseState {
 }
 
 struct Shared {
-    backend: Arc<dyn LockBackend>,
+    control: Box<dyn LeaseControl>,
     name: Arc<str>,
     lease_id: LeaseId,
     fencing_token: u64,
@@ -74,7 +132,11 @@ impl Shared {
     }
 
     fn status(&self) -> Status {
-        *self.status.borrow()
+        self.status.borrow().clone()
+    }
+
+    fn is_held(&self) -> bool {
+        self.status.borrow().is_held()
     }
 
     fn cadence_for(&self, ttl: Duration) -> Duration {
@@ -86,8 +148,8 @@ impl Shared {
 
     fn mark_lost(&self, reason: &str) {
         let changed = self.status.send_if_modified(|s| {
-            if *s == Status::Held {
-                *s = Status::Lost;
+            if s.is_held() {
+                *s = Status::Lost(Arc::from(reason));
                 true
             } else {
                 false
@@ -100,7 +162,7 @@ impl Shared {
 
     fn mark_ended(&self) {
         self.status.send_if_modified(|s| {
-            if *s == Status::Held {
+            if s.is_held() {
                 *s = Status::Ended;
                 true
             } else {
@@ -112,13 +174,13 @@ impl Shared {
     /// One extension, serialised with the others. `Ok(false)` when the lease is gone.
     async fn extend_once(&self, ttl: Duration) -> Result<bool> {
         let _serial = self.extend_lock.lock().await;
-        if self.status() != Status::Held {
+        if !self.is_held() {
             return Ok(false);
         }
         let sent_at = Instant::now();
-        match self.backend.extend(&self.name, &self.lease_id, ttl).await? {
+        match self.control.extend(ttl).await? {
             Some(expires_at) => {
-                if self.status() != Status::Held {
+                if !self.is_held() {
                     return Ok(false);
                 }
                 {
@@ -145,7 +207,7 @@ impl Shared {
 async fn watchdog(shared: Arc<Shared>) {
     let mut errors = Backoff::for_errors();
     loop {
-        if shared.status() != Status::Held {
+        if !shared.is_held() {
             return;
         }
         let (deadline, next_renewal, ttl) = {
@@ -169,6 +231,10 @@ async fn watchdog(shared: Arc<Shared>) {
             tokio::select! {
                 _ = tokio::time::sleep_until(wake) => {}
                 _ = shared.changed.notified() => {}
+                _ = shared.control.gone() => {
+                    shared.mark_lost("the store reports the lease was taken over, released or removed by someone else");
+                    return;
+                }
             }
             continue;
         }
@@ -225,8 +291,8 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    /// Wraps a fresh grant and starts its watchdog. Must run inside a Tokio runtime (it does:
-    /// it is called from the spawned attempt task).
+    /// Wraps a fresh grant of a named lock and starts its watchdog. Must run inside a Tokio
+    /// runtime (it does: it is called from the spawned attempt task).
     pub(crate) fn start(
         provider: &ProviderInner,
         name: Arc<str>,
@@ -235,20 +301,42 @@ impl LockGuard {
         lease: Lease,
         sent_at: Instant,
     ) -> LockGuard {
+        let control = NamedLease {
+            backend: provider.backend.clone(),
+            name: name.clone(),
+            lease_id: lease_id.clone(),
+        };
+        LockGuard::from_control(
+            Box::new(control),
+            GrantedLease {
+                name,
+                lease_id,
+                lease,
+                ttl,
+                sent_at,
+                auto_extend: provider.options.auto_extend,
+                extension_cadence: provider.options.extension_cadence,
+            },
+        )
+    }
+
+    /// Wraps a fresh grant held through any [`LeaseControl`] and starts its watchdog. Must run
+    /// inside a Tokio runtime.
+    pub(crate) fn from_control(control: Box<dyn LeaseControl>, grant: GrantedLease) -> LockGuard {
         let (status, _) = watch::channel(Status::Held);
         let shared = Arc::new(Shared {
-            backend: provider.backend.clone(),
-            name,
-            lease_id,
-            fencing_token: lease.fencing_token,
-            acquired_at: lease.acquired_at,
-            auto_extend: provider.options.auto_extend,
-            explicit_cadence: provider.options.extension_cadence,
+            control,
+            name: grant.name,
+            lease_id: grant.lease_id,
+            fencing_token: grant.lease.fencing_token,
+            acquired_at: grant.lease.acquired_at,
+            auto_extend: grant.auto_extend,
+            explicit_cadence: grant.extension_cadence,
             state: Mutex::new(LeaseState {
-                expires_at: lease.expires_at,
-                deadline: local_deadline(sent_at, ttl),
-                ttl,
-                last_extend_sent: sent_at,
+                expires_at: grant.lease.expires_at,
+                deadline: local_deadline(grant.sent_at, grant.ttl),
+                ttl: grant.ttl,
+                last_extend_sent: grant.sent_at,
             }),
             extend_lock: tokio::sync::Mutex::new(()),
             changed: Notify::new(),
@@ -306,7 +394,16 @@ impl LockGuard {
 
     /// Whether the lease has been lost (non-blocking).
     pub fn is_lost(&self) -> bool {
-        self.shared.status() == Status::Lost
+        matches!(self.shared.status(), Status::Lost(_))
+    }
+
+    /// Why the lease was lost, once it is (e.g. "the server reports the lease expired, was
+    /// released or taken over"); `None` while held or after a normal release.
+    pub fn lost_reason(&self) -> Option<String> {
+        match self.shared.status() {
+            Status::Lost(reason) => Some(reason.to_string()),
+            _ => None,
+        }
     }
 
     /// Sets the lease's expiry to server now + `ttl` (not added to the remaining time).
@@ -320,7 +417,7 @@ impl LockGuard {
         }
         let mut errors = Backoff::for_errors();
         loop {
-            if self.shared.status() != Status::Held {
+            if !self.shared.is_held() {
                 return Ok(false);
             }
             let deadline = self.shared.state().deadline;
@@ -383,7 +480,7 @@ impl LockGuard {
 async fn release_with_retries(shared: &Shared) -> Result<bool> {
     let mut errors = Backoff::for_errors();
     loop {
-        match shared.backend.release(&shared.name, &shared.lease_id).await {
+        match shared.control.release().await {
             Err(e) if e.is_transient() => {
                 let deadline = shared.state().deadline;
                 let delay = errors.next_delay();
@@ -443,14 +540,22 @@ pub struct LostSignal {
 impl LostSignal {
     /// Whether the lease has been lost (false while held and after a normal release).
     pub fn is_lost(&self) -> bool {
-        *self.rx.borrow() == Status::Lost
+        matches!(*self.rx.borrow(), Status::Lost(_))
+    }
+
+    /// Why the lease was lost, once it is; `None` while held or after a normal release.
+    pub fn reason(&self) -> Option<String> {
+        match &*self.rx.borrow() {
+            Status::Lost(reason) => Some(reason.to_string()),
+            _ => None,
+        }
     }
 
     /// Waits until the lease is lost, released or its guard dropped.
     pub async fn wait(&self) {
         let mut rx = self.rx.clone();
         // An error means the guard and its tasks are gone: the lease is no longer held either.
-        let _ = rx.wait_for(|s| *s != Status::Held).await;
+        let _ = rx.wait_for(|s| !s.is_held()).await;
     }
 }
 
