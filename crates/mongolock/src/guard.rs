@@ -451,28 +451,37 @@ impl LockGuard {
     /// holder). Transient errors are retried until the lease's local deadline; after that the
     /// lease expires by itself and the last error is returned.
     pub async fn release(mut self) -> Result<()> {
-        if tokio::runtime::Handle::try_current().is_err() {
-            // `self` is dropped here: the release happens in the background on the guard's own
-            // runtime.
-            return Err(Error::NoRuntime);
-        }
         self.finished = true;
         self.watchdog.abort();
         let shared = self.shared.clone();
-        let result = release_with_retries(&shared).await;
-        shared.mark_ended();
-        match result {
-            Ok(true) => {
-                tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released");
-                Ok(())
+        // The release runs in its own task: dropping this future half-way (a timeout, a
+        // `select!`) must still end the lease instead of leaving it held until it expires.
+        let task = self.runtime.spawn(async move {
+            let result = release_with_retries(&shared).await;
+            match result {
+                Ok(true) => {
+                    shared.mark_ended();
+                    tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released");
+                    Ok(())
+                }
+                Ok(false) => {
+                    shared.mark_lost("the lease was gone at release");
+                    Err(Error::LeaseLost {
+                        name: shared.name.to_string(),
+                    })
+                }
+                Err(e) => {
+                    shared.mark_ended();
+                    Err(e)
+                }
             }
-            Ok(false) => {
-                shared.mark_lost("the lease was gone at release");
-                Err(Error::LeaseLost {
-                    name: shared.name.to_string(),
-                })
-            }
-            Err(e) => Err(e),
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(join_error) => Err(Error::unavailable(format!(
+                "the release of lock {:?} did not complete ({join_error}); the lease expires by itself",
+                self.shared.name
+            ))),
         }
     }
 }

@@ -44,6 +44,7 @@ macro_rules! contract_suite {
             inspect_and_list_show_the_holder,
             force_release_ends_the_lease_and_signals_loss,
             dropping_a_guard_releases,
+            dropping_a_release_future_still_releases,
             seed_001_try_acquire_form,
         );
     };
@@ -771,6 +772,30 @@ pub async fn dropping_a_guard_releases(backend: Arc<dyn LockBackend>) {
         })
         .await
     );
+}
+
+/// A `release()` future dropped before it completes (after one poll, so the release has
+/// started) still ends the lease: nothing stays held until expiry.
+pub async fn dropping_a_release_future_still_releases(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("drop-release");
+    let p = builder(&backend)
+        .expiry(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    for _ in 0..20 {
+        let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+        let mut release = Box::pin(g.release());
+        // Poll once, then drop the future mid-way.
+        let _ = futures_util::poll!(&mut release);
+        drop(release);
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                !is_held(&backend, &name).await
+            })
+            .await,
+            "a dropped release future left the lease held"
+        );
+    }
 }
 
 /// Seed 001's `try_acquire(key, ttl, timeout)`.
