@@ -93,3 +93,13 @@ pub use wait::WaitStrategy;
 
 pub mod election;
 pub use election::{Election, ElectionEvent, LeaderContext, LeaderInfo, Leadership};
+
+/// The workspace README's Rust examples, compiled as doc tests so that they stay true.
+#[cfg(all(doctest, feature = "mongodb"))]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
+#[cfg(feature = "mongodb")]
+pub mod documents;
+#[cfg(feature = "mongodb")]
+pub use documents::{DocumentLocks, DocumentLocksBuilder, LockedDocument};

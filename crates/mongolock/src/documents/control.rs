@@ -1,0 +1,121 @@
+//! Extension and release of a lock embedded in a document: the [`LeaseControl`] behind every
+//! document [`LockGuard`](crate::LockGuard), and inspection.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures_util::TryStreamExt;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::options::ReturnDocument;
+
+use super::state::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT};
+use super::{classify, Inner};
+use crate::backend::{LeaseId, LockInfo};
+use crate::error::Result;
+use crate::guard::LeaseControl;
+
+/// The lease of one document lock. Only `<field>.*` is ever written.
+pub(super) struct DocumentLease {
+    pub(super) inner: Arc<Inner>,
+    pub(super) id: Bson,
+    pub(super) name: String,
+    pub(super) lease_id: LeaseId,
+}
+
+#[async_trait]
+impl LeaseControl for DocumentLease {
+    /// `{_id, <field>.leaseId: ours, $expr: {$gt: ["$<field>.expiresAt", "$$NOW"]}}` →
+    /// `<field>.expiresAt = $$NOW + ttl`. An expired lease is never extended.
+    async fn extend(&self, ttl: Duration) -> Result<Option<SystemTime>> {
+        let field = self.inner.field.as_str();
+        let expires_path = format!("{field}.{EXPIRES_AT}");
+        let doc = self
+            .inner
+            .coll
+            .find_one_and_update(
+                doc! {
+                    "_id": self.id.clone(),
+                    format!("{field}.{LEASE_ID}"): self.lease_id.as_str(),
+                    "$expr": { "$gt": [format!("${expires_path}"), "$$NOW"] },
+                },
+                vec![doc! {
+                    "$set": { expires_path.as_str(): { "$add": ["$$NOW", ttl_millis(ttl)] } }
+                }],
+            )
+            .upsert(false)
+            .return_document(ReturnDocument::After)
+            .projection(doc! { expires_path.as_str(): 1 })
+            .await
+            .map_err(|e| classify(e, "extend document lock (findAndModify)", field))?;
+        let Some(doc) = doc else {
+            return Ok(None);
+        };
+        let expires_at = state::lock_doc(&doc, field).and_then(|l| state::date(l, EXPIRES_AT));
+        match expires_at {
+            Some(t) => Ok(Some(t)),
+            None => Err(crate::error::Error::backend(
+                format!(
+                    "the extended lock of document {} has no date in `{expires_path}`",
+                    self.name
+                ),
+                "the server does not behave like MongoDB; check the deployment",
+            )),
+        }
+    }
+
+    /// `{_id, <field>.leaseId: ours}` → `leaseId: null`, `expiresAt: min(expiresAt, $$NOW)`;
+    /// the fencing token stays for the next holder.
+    async fn release(&self) -> Result<bool> {
+        let field = self.inner.field.as_str();
+        let expires_path = format!("{field}.{EXPIRES_AT}");
+        let r = self
+            .inner
+            .coll
+            .update_one(
+                doc! {
+                    "_id": self.id.clone(),
+                    format!("{field}.{LEASE_ID}"): self.lease_id.as_str(),
+                },
+                vec![doc! {
+                    "$set": {
+                        format!("{field}.{LEASE_ID}"): Bson::Null,
+                        expires_path.as_str(): { "$min": [format!("${expires_path}"), "$$NOW"] },
+                    }
+                }],
+            )
+            .upsert(false)
+            .await
+            .map_err(|e| classify(e, "release document lock (update)", field))?;
+        Ok(r.matched_count == 1)
+    }
+
+    async fn gone(&self) {
+        // Loss is detected by extension and the local deadline (no change stream yet).
+        std::future::pending::<()>().await
+    }
+}
+
+/// Reads the lock state of document `id` together with the server time; `None` when no document
+/// has this `_id`.
+pub(super) async fn inspect(inner: &Inner, id: &Bson) -> Result<Option<LockInfo>> {
+    let field = inner.field.as_str();
+    let op = "inspect document lock (aggregate)";
+    let cursor = inner
+        .reads
+        .aggregate(vec![
+            doc! { "$match": { "_id": id.clone() } },
+            doc! { "$project": { field: 1, OBSERVED_AT: "$$NOW" } },
+        ])
+        .await
+        .map_err(|e| classify(e, op, field))?;
+    let docs: Vec<Document> = cursor
+        .try_collect()
+        .await
+        .map_err(|e| classify(e, op, field))?;
+    let Some(doc) = docs.into_iter().next() else {
+        return Ok(None);
+    };
+    let id = doc.get("_id").cloned().unwrap_or_else(|| id.clone());
+    state::lock_info(&doc, field, super::claim::lease_name(inner, &id)).map(Some)
+}

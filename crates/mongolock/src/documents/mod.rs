@@ -1,0 +1,753 @@
+//! Document locks (feature `mongodb`): lock the documents of your own collection in place,
+//! without a separate lock collection (seed 002, SharpLock).
+//!
+//! * [`DocumentLocks::lock`] (and `try_lock`, `lock_timeout`, `lock_with`) locks the document with
+//!   a given `_id` and returns it, typed, together with a [`LockGuard`];
+//! * [`DocumentLocks::claim`] locks **any one** unlocked (or expired) document matching a filter,
+//!   the first in an optional sort order, in one atomic round trip: many workers can share one
+//!   collection of jobs.
+//!
+//! The guard is the same [`LockGuard`] as for named locks: fencing token, automatic extension,
+//! lost signal, [`release`](LockGuard::release), and release in the background on drop.
+//!
+//! ```
+//! use std::time::Duration;
+//! use mongodb::bson::doc;
+//! use mongolock::documents::{DocumentLocks, EmbeddedLock, LockedDocument};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Debug, Serialize, Deserialize)]
+//! struct Job {
+//!     #[serde(rename = "_id")]
+//!     id: i64,
+//!     payload: String,
+//!     done: bool,
+//!     // The lock sub-document: readable, never written back by our own inserts or replaces.
+//!     #[serde(rename = "_lock", default, skip_serializing)]
+//!     lock: Option<EmbeddedLock>,
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let server = mongo_testserver::TestServer::start().await?;
+//! # let uri = server.uri();
+//! // `uri` is e.g. "mongodb://localhost:27017" (here: an embedded test server).
+//! let client = mongodb::Client::with_uri_str(&uri).await?;
+//! let jobs = client.database("app").collection::<Job>("jobs");
+//! for id in 1..=3 {
+//!     jobs.insert_one(Job { id, payload: format!("resize {id}"), done: false, lock: None })
+//!         .await?;
+//! }
+//!
+//! // Lock field `_lock`, 30 s leases extended in the background, `w: "majority"`.
+//! let locks = DocumentLocks::builder(&jobs).app_name("resizer").build()?;
+//!
+//! // A worker: claim any one open job, lowest `_id` first, until none is left.
+//! while let Some(LockedDocument { document: job, guard, .. }) =
+//!     locks.claim(doc! { "done": false }, Some(doc! { "_id": 1 })).await?
+//! {
+//!     tokio::select! {
+//!         _ = guard.lost() => continue, // the lease can no longer be trusted: stop
+//!         _ = tokio::time::sleep(Duration::from_millis(1)) => { /* process job.payload */ }
+//!     }
+//!     // Record the result only while this lease still holds the job.
+//!     let marked = jobs
+//!         .update_one(
+//!             doc! { "_id": job.id, "_lock.leaseId": guard.lease_id().as_str() },
+//!             doc! { "$set": { "done": true, "doneWithToken": guard.fencing_token() as i64 } },
+//!         )
+//!         .await?;
+//!     assert_eq!(marked.modified_count, 1);
+//!     guard.release().await?;
+//! }
+//!
+//! // Lock one given document, waiting while someone else holds it.
+//! let locked = locks.lock(2_i64).await?;
+//! assert!(locked.document.done);
+//! assert_eq!(locked.guard.fencing_token(), 2); // per document: its second lock
+//! // Others get `None` (one attempt) while it is held.
+//! assert!(locks.try_lock(2_i64).await?.is_none());
+//! locked.guard.release().await?;
+//!
+//! // A missing document is an error; nothing is inserted.
+//! assert!(locks.try_lock(99_i64).await.is_err());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The lock sub-document
+//! The lock lives in **one** embedded document under the lock field (default `_lock`,
+//! [`DocumentLocksBuilder::field`]):
+//!
+//! ```text
+//! { _id: 42, <your fields>..., _lock: { leaseId, fencingToken, acquiredAt, expiresAt,
+//!                                       holder: { host, pid, app } } }
+//! ```
+//!
+//! Locking, extending and releasing write only this sub-document (update-pipeline `$set` of the
+//! field itself, or of `_lock.<subfield>` paths): every other field of your document stays
+//! byte-for-byte as it was. The field is added at the end of the document on its first lock and
+//! kept afterwards (release clears `leaseId` but keeps the token). Choose a field name your
+//! documents do not otherwise use.
+//!
+//! # Your document type
+//! The document you get back is the document as stored right after the lock was granted,
+//! *including* the lock sub-document, deserialized as `T`. Model `T` either
+//! * without a field for the lock (serde ignores unknown fields unless you use
+//!   `#[serde(deny_unknown_fields)]`), or
+//! * with `#[serde(rename = "_lock", default, skip_serializing)] lock: Option<EmbeddedLock>`:
+//!   `default` covers documents never locked, `skip_serializing` keeps your own `insert_one` /
+//!   `replace_one` from overwriting a lock.
+//!
+//! Write your results with `update_one` and `$set` on your own fields; a `replace_one` with a
+//! `T` that lacks the lock field would drop the lock. Guard the write with the lease
+//! (`"_lock.leaseId": guard.lease_id().as_str()` in the filter) or the fencing token
+//! (`"_lock.fencingToken": token`) so that a worker whose lease expired cannot write over the
+//! next holder's work.
+//!
+//! # Mechanics (all server time)
+//! * **Lock by `_id`**, one round trip: `findAndModify` with filter `{_id}`, `upsert: false`,
+//!   `new: true` and an update pipeline `$set: {_lock: {$cond: [free, <new lock>, "$_lock"]}}`
+//!   where free = no `leaseId`, or `expiresAt <= $$NOW`, or the lease is already ours (an
+//!   idempotent retry after a lost reply). A busy attempt is a no-op write; the client compares
+//!   the returned `leaseId` with its own. No document returned = no such `_id`: an error, and
+//!   nothing is inserted.
+//! * **Claim**, one round trip: `findAndModify` with query `{$and: [<your filter>, {$or:
+//!   [{"_lock.leaseId": null}, {"_lock.leaseId": <ours>}, {$expr: {$lte: ["$_lock.expiresAt",
+//!   "$$NOW"]}}]}]}`, your sort, `upsert: false`, `new: true` and the pipeline `$set: {_lock:
+//!   <new lock>}`. MongoDB applies it to one matching document atomically (a concurrent change
+//!   makes the server re-check the query), so two workers never claim the same document.
+//!   `$expr` is allowed in the query because a claim never upserts. An index on your filter
+//!   fields (and sort) keeps claims fast.
+//! * The new lock is `{leaseId: <random 128 bits>, fencingToken: <previous token> + 1,
+//!   acquiredAt: $$NOW, expiresAt: $$NOW + expiry, holder}`.
+//! * **Extend**: `findAndModify` `{_id, "_lock.leaseId": ours, $expr: {$gt:
+//!   ["$_lock.expiresAt", "$$NOW"]}}` → `_lock.expiresAt = $$NOW + ttl`; an expired lease is
+//!   never extended (the guard reports the loss).
+//! * **Release**: `updateOne` `{_id, "_lock.leaseId": ours}` → `_lock.leaseId = null`,
+//!   `_lock.expiresAt = min(expiresAt, $$NOW)`; the fencing token stays.
+//!
+//! # Fencing tokens are per document
+//! Every lock or claim of a document sets its token to the previous token + 1; release, expiry
+//! and takeover keep it, so a document's tokens only grow for as long as the document exists.
+//! A document locked for the first time gets token 1. Tokens of different documents are
+//! unrelated, and **deleting a document and inserting one with the same `_id` restarts its
+//! tokens at 1** (the lock state lives in the document; there is no separate record). If a
+//! protected resource may outlive such a recreation, give recreated documents a new `_id` (for
+//! example an `ObjectId`), or carry the old `_lock` over into the new document.
+//!
+//! # Other behaviour shared with named locks
+//! Options ([`DocumentLocksBuilder`]) are the provider's: expiry (30 s), extension cadence
+//! (expiry / 3), automatic extension, wait strategy between attempts, application name stored
+//! as holder metadata, plus the lock field and the write concern (`w: "majority"` by default).
+//! Waiting forms take a [`Timeout`] like [`Lock`](crate::Lock): zero = one attempt, a duration,
+//! or forever. Each attempt runs in its own task, so dropping a waiting future never leaves a
+//! document locked with nobody to release it. Transient errors (network, failover) are retried
+//! within the caller's wait budget; permanent ones are returned with a hint.
+//!
+//! A claim retried after a transient error whose reply was lost may have locked a document that
+//! the caller never sees; that document is free again when the lease expires, like after a
+//! crash.
+
+mod claim;
+mod control;
+mod state;
+
+// The MongoDB backend's classification of driver errors (transient vs permanent), reused as is.
+// `backends::mongo::errors` is private to the backend, so the file is compiled here a second
+// time; the constants and functions this module does not use stay unused.
+#[allow(dead_code, clippy::duplicate_mod)]
+#[path = "../backends/mongo/errors.rs"]
+mod driver_errors;
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mongodb::bson::{Bson, Document};
+use mongodb::options::{CollectionOptions, ReadPreference, SelectionCriteria, WriteConcern};
+use mongodb::Collection;
+use serde::de::DeserializeOwned;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{LeaseId, LockInfo};
+use crate::error::{Error, Result};
+use crate::guard::{GrantedLease, LockGuard};
+use crate::holder::HolderInfo;
+use crate::lock::Timeout;
+use crate::options::{validate_ttl, LockOptions};
+use crate::wait::{Backoff, WaitStrategy};
+
+use claim::{Attempted, Target};
+use control::DocumentLease;
+
+pub use state::{EmbeddedHolder, EmbeddedLock};
+
+/// Default name of the field that holds the lock sub-document.
+pub const DEFAULT_LOCK_FIELD: &str = "_lock";
+
+/// How long the last attempt of a finite acquire may take past the deadline.
+const LAST_ATTEMPT_GRACE: Duration = Duration::from_millis(500);
+
+/// Converts a driver error, with hints that speak of documents rather than a lock collection.
+fn classify(e: mongodb::error::Error, op: &str, field: &str) -> Error {
+    let mut err = driver_errors::classify(e, op);
+    if let Error::Backend { code, hint, .. } = &mut err {
+        match code {
+            Some(2 | 28 | 40 | 52) => {
+                *hint = format!(
+                    "check the filter and sort; if they are valid, the documents' `{field}` \
+                     field holds a value mongolock did not write: choose another lock field \
+                     with DocumentLocks::builder(..).field(..)"
+                )
+            }
+            Some(100) => {
+                *hint = "the write concern cannot be satisfied by this deployment; lower `w` \
+                         with DocumentLocks::builder(..).write_concern(..)"
+                    .to_owned()
+            }
+            Some(13) => {
+                *hint = "the user is not authorized; grant it find and update on the collection \
+                         (and aggregate for inspect)"
+                    .to_owned()
+            }
+            _ => {}
+        }
+    }
+    err
+}
+
+/// The error for a lock by `_id` on a document that does not exist.
+fn not_found(inner: &Inner, id: &Bson) -> Error {
+    Error::backend(
+        format!(
+            "document {{_id: {id}}} not found in {} (document locks never create documents)",
+            inner.coll.namespace()
+        ),
+        "insert the document before locking it, or use DocumentLocks::claim to lock any one \
+         existing document matching a filter",
+    )
+}
+
+pub(crate) struct Inner {
+    /// Lock writes, with the configured write concern.
+    pub(crate) coll: Collection<Document>,
+    /// Inspection reads, from the primary.
+    pub(crate) reads: Collection<Document>,
+    pub(crate) field: String,
+    pub(crate) options: LockOptions,
+    pub(crate) holder: HolderInfo,
+}
+
+/// Locks documents of one collection in place; see the [module docs](self). Cheap to clone
+/// (clones share the collection handle and options). Creating one sends nothing to the server.
+pub struct DocumentLocks<T> {
+    inner: Arc<Inner>,
+    expiry: Duration,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for DocumentLocks<T> {
+    fn clone(&self) -> Self {
+        DocumentLocks {
+            inner: self.inner.clone(),
+            expiry: self.expiry,
+            _type: PhantomData,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for DocumentLocks<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DocumentLocks")
+            .field("namespace", &self.inner.coll.namespace().to_string())
+            .field("field", &self.inner.field)
+            .field("expiry", &self.expiry)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds [`DocumentLocks`]; see [`DocumentLocks::builder`]. Validation happens in
+/// [`build`](Self::build).
+#[must_use]
+pub struct DocumentLocksBuilder<T> {
+    coll: Collection<Document>,
+    field: String,
+    options: LockOptions,
+    write_concern: WriteConcern,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for DocumentLocksBuilder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DocumentLocksBuilder")
+            .field("namespace", &self.coll.namespace().to_string())
+            .field("field", &self.field)
+            .field("options", &self.options)
+            .field("write_concern", &self.write_concern)
+            .finish()
+    }
+}
+
+impl<T> DocumentLocksBuilder<T> {
+    /// The top-level field that holds the lock sub-document (default `_lock`). Not `_id`, no
+    /// dots, no leading `$`; your documents must not use it for anything else.
+    pub fn field(mut self, name: impl Into<String>) -> Self {
+        self.field = name.into();
+        self
+    }
+
+    /// Takes every option a [`LockProviderBuilder`](crate::LockProviderBuilder) sets (expiry,
+    /// extension cadence, automatic extension, wait strategy, application name), for example
+    /// `provider.options().clone()`, so that document locks behave like the named locks.
+    pub fn lock_options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Lease duration of each lock or claim (default 30 s; at least 1 ms, at most one year).
+    pub fn expiry(mut self, expiry: Duration) -> Self {
+        self.options.expiry = expiry;
+        self
+    }
+
+    /// Interval between automatic extensions (default expiry / 3; must be below the expiry).
+    pub fn extension_cadence(mut self, cadence: Duration) -> Self {
+        self.options.extension_cadence = Some(cadence);
+        self
+    }
+
+    /// Whether held leases are extended automatically in the background (default true). Without
+    /// it a lease lasts its expiry unless [`LockGuard::extend`] is called; the lost signal still
+    /// fires when it runs out.
+    pub fn auto_extend(mut self, enabled: bool) -> Self {
+        self.options.auto_extend = enabled;
+        self
+    }
+
+    /// How the waiting forms wait between attempts while the document is locked (or nothing is
+    /// claimable); default random 10–800 ms.
+    pub fn wait_strategy(mut self, strategy: WaitStrategy) -> Self {
+        self.options.wait = strategy;
+        self
+    }
+
+    /// Application name stored in the lock sub-document (`holder.app`).
+    pub fn app_name(mut self, name: impl Into<String>) -> Self {
+        self.options.app_name = Some(name.into());
+        self
+    }
+
+    /// Write concern of every lock write (default `w: "majority"`, so that a lease is not lost to
+    /// a rollback after a primary failover). The collection's own write concern is not used for
+    /// lock writes.
+    pub fn write_concern(mut self, write_concern: WriteConcern) -> Self {
+        self.write_concern = write_concern;
+        self
+    }
+
+    /// Validates the options (the same rules as the provider's) and the field name. Sends
+    /// nothing.
+    pub fn build(self) -> Result<DocumentLocks<T>> {
+        self.options.validate()?;
+        state::validate_field(&self.field)?;
+        let ns = self.coll.namespace();
+        let db = self.coll.client().database(&ns.db);
+        let writes = CollectionOptions::builder()
+            .write_concern(self.write_concern)
+            .read_concern(self.coll.read_concern().cloned())
+            .build();
+        let reads = CollectionOptions::builder()
+            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+            .read_concern(self.coll.read_concern().cloned())
+            .build();
+        let holder = HolderInfo::current(self.options.app_name.clone());
+        Ok(DocumentLocks {
+            expiry: self.options.expiry,
+            inner: Arc::new(Inner {
+                coll: db.collection_with_options(&ns.coll, writes),
+                reads: db.collection_with_options(&ns.coll, reads),
+                field: self.field,
+                options: self.options,
+                holder,
+            }),
+            _type: PhantomData,
+        })
+    }
+}
+
+/// A locked document: the document as stored right after the lock was granted (lock
+/// sub-document included), its `_id`, and the guard of the lease.
+///
+/// Destructure it (`let LockedDocument { document, guard, .. } = locked;`) to use the parts
+/// separately. Dropping it drops the guard, which releases the lock in the background.
+#[must_use = "dropping a locked document releases its lock at once"]
+#[derive(Debug)]
+pub struct LockedDocument<T> {
+    /// The document's `_id` as stored.
+    pub id: Bson,
+    /// The document as stored right after the grant, deserialized as `T`.
+    pub document: T,
+    /// The lease: fencing token, extension, lost signal, release.
+    pub guard: LockGuard,
+}
+
+/// A grant wrapped in its guard, not yet deserialized.
+struct Acquired {
+    guard: LockGuard,
+    doc: Document,
+    id: Bson,
+}
+
+/// What one spawned attempt produced.
+enum Outcome {
+    Acquired(Box<Acquired>),
+    Busy,
+    NotFound,
+}
+
+impl<T> DocumentLocks<T>
+where
+    T: DeserializeOwned + Send + Sync,
+{
+    /// Document locks on `collection` with default options: lock field `_lock`, 30 s leases
+    /// extended automatically, `w: "majority"`.
+    pub fn new(collection: &Collection<T>) -> Self {
+        let defaults = Self::builder(collection).build();
+        match defaults {
+            Ok(locks) => locks,
+            // The default options and field name are valid (checked by a unit test); building
+            // cannot fail.
+            Err(e) => unreachable!("default document lock options are invalid: {e}"),
+        }
+    }
+
+    /// Starts building document locks on `collection` (any document type; the collection's
+    /// client, database and name are used, with the lock write concern set here).
+    pub fn builder(collection: &Collection<T>) -> DocumentLocksBuilder<T> {
+        DocumentLocksBuilder {
+            coll: collection.clone_with_type::<Document>(),
+            field: DEFAULT_LOCK_FIELD.to_owned(),
+            options: LockOptions::default(),
+            write_concern: WriteConcern::majority(),
+            _type: PhantomData,
+        }
+    }
+
+    /// The same document locks with another lease duration (at least 1 ms, at most one year).
+    pub fn with_expiry(&self, expiry: Duration) -> Result<Self> {
+        validate_ttl("expiry", expiry)?;
+        let mut locks = self.clone();
+        locks.expiry = expiry;
+        Ok(locks)
+    }
+
+    /// Lease duration of this handle's locks and claims.
+    pub fn expiry(&self) -> Duration {
+        self.expiry
+    }
+
+    /// The field that holds the lock sub-document.
+    pub fn field(&self) -> &str {
+        &self.inner.field
+    }
+
+    /// The options (expiry, cadence, automatic extension, wait strategy, application name).
+    pub fn options(&self) -> &LockOptions {
+        &self.inner.options
+    }
+
+    /// The metadata stored in the lock sub-document of this handle's leases.
+    pub fn holder(&self) -> &HolderInfo {
+        &self.inner.holder
+    }
+
+    /// Locks the document with `_id` `id`, waiting while someone else holds it. Transient errors
+    /// are retried; a missing document is an error ([`Error::Backend`], "not found", nothing is
+    /// inserted). Drop the future to give up.
+    pub async fn lock(&self, id: impl Into<Bson>) -> Result<LockedDocument<T>> {
+        let target = Target::Id(id.into());
+        loop {
+            // With `Forever` the loop only returns `None` if the wait logic is broken; keep
+            // trying rather than panic.
+            if let Some(locked) = self.acquire_with(&target, Timeout::Forever).await? {
+                return Ok(locked);
+            }
+        }
+    }
+
+    /// Exactly one attempt to lock the document with `_id` `id`: `None` when another lease
+    /// holds it; an error when no document has this `_id`.
+    pub async fn try_lock(&self, id: impl Into<Bson>) -> Result<Option<LockedDocument<T>>> {
+        self.lock_with(id, Timeout::Zero).await
+    }
+
+    /// Keeps trying to lock the document with `_id` `id` for `timeout`; `None` when it elapsed
+    /// with the document still locked by someone else.
+    pub async fn lock_timeout(
+        &self,
+        id: impl Into<Bson>,
+        timeout: Duration,
+    ) -> Result<Option<LockedDocument<T>>> {
+        self.lock_with(id, Timeout::from(timeout)).await
+    }
+
+    /// Locks the document with `_id` `id` with any [`Timeout`].
+    pub async fn lock_with(
+        &self,
+        id: impl Into<Bson>,
+        timeout: Timeout,
+    ) -> Result<Option<LockedDocument<T>>> {
+        self.acquire_with(&Target::Id(id.into()), timeout).await
+    }
+
+    /// One atomic attempt to claim any one document that matches `filter` and is unlocked (or
+    /// whose lease expired), the first in `sort` order (MongoDB's natural order without one).
+    /// `None` when no such document exists right now. Never inserts.
+    pub async fn claim(
+        &self,
+        filter: Document,
+        sort: Option<Document>,
+    ) -> Result<Option<LockedDocument<T>>> {
+        self.claim_with(filter, sort, Timeout::Zero).await
+    }
+
+    /// Like [`claim`](Self::claim), waiting up to `timeout` for a matching document to be free
+    /// (polling with the wait strategy).
+    pub async fn claim_timeout(
+        &self,
+        filter: Document,
+        sort: Option<Document>,
+        timeout: Duration,
+    ) -> Result<Option<LockedDocument<T>>> {
+        self.claim_with(filter, sort, Timeout::from(timeout)).await
+    }
+
+    /// Claims with any [`Timeout`] ([`Timeout::Forever`]: until a document is claimed or the
+    /// future is dropped).
+    pub async fn claim_with(
+        &self,
+        filter: Document,
+        sort: Option<Document>,
+        timeout: Timeout,
+    ) -> Result<Option<LockedDocument<T>>> {
+        self.acquire_with(&Target::Claim { filter, sort }, timeout)
+            .await
+    }
+
+    /// Reads the lock state of the document with `_id` `id` together with the server time:
+    /// `None` when there is no such document; `fencing_token` 0 and `held` false when it was
+    /// never locked. [`LockInfo::name`] is `"<collection>:<_id>"`.
+    pub async fn inspect(&self, id: impl Into<Bson>) -> Result<Option<LockInfo>> {
+        control::inspect(&self.inner, &id.into()).await
+    }
+
+    async fn acquire_with(
+        &self,
+        target: &Target,
+        timeout: Timeout,
+    ) -> Result<Option<LockedDocument<T>>> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime);
+        }
+        let span = match target {
+            Target::Id(id) => tracing::debug_span!(
+                "mongolock.lock_document",
+                collection = %self.inner.coll.name(),
+                id = %id,
+                ?timeout
+            ),
+            Target::Claim { filter, .. } => tracing::debug_span!(
+                "mongolock.claim_document",
+                collection = %self.inner.coll.name(),
+                filter = %filter,
+                ?timeout
+            ),
+        };
+        self.acquire_loop(target, timeout).instrument(span).await
+    }
+
+    async fn acquire_loop(
+        &self,
+        target: &Target,
+        timeout: Timeout,
+    ) -> Result<Option<LockedDocument<T>>> {
+        let started = Instant::now();
+        let deadline = match timeout {
+            Timeout::Zero => Some(started),
+            Timeout::After(d) => started.checked_add(d),
+            Timeout::Forever => None,
+        };
+        let mut waits = self.inner.options.wait.start();
+        let mut error_waits = Backoff::for_errors();
+        // One lease id per call: a retry after a transient error reuses it, so a grant whose
+        // reply was lost is taken over by the retry (by id) instead of staying orphaned.
+        let lease_id = LeaseId::random();
+        loop {
+            let result = match timeout {
+                // A finite budget also bounds a hung attempt; the attempt task owns its result,
+                // so abandoning it is safe.
+                Timeout::After(_) => {
+                    let limit = deadline.map(|d| d.max(Instant::now() + LAST_ATTEMPT_GRACE));
+                    match limit {
+                        Some(limit) => tokio::select! {
+                            r = self.attempt(target, &lease_id) => r,
+                            _ = tokio::time::sleep_until(limit) => Err(Error::unavailable(
+                                "the server did not answer a document lock attempt before the \
+                                 timeout",
+                            )),
+                        },
+                        None => self.attempt(target, &lease_id).await,
+                    }
+                }
+                Timeout::Zero | Timeout::Forever => self.attempt(target, &lease_id).await,
+            };
+            let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            match result {
+                Ok(Outcome::Acquired(acquired)) => {
+                    let Acquired { guard, doc, id } = *acquired;
+                    tracing::debug!(
+                        lock = %guard.name(),
+                        token = guard.fencing_token(),
+                        waited_ms = started.elapsed().as_millis() as u64,
+                        "document locked"
+                    );
+                    return self.typed(doc, id, guard).map(Some);
+                }
+                Ok(Outcome::NotFound) => {
+                    let Target::Id(id) = target else {
+                        // Only a lock by id reports a missing document.
+                        return Ok(None);
+                    };
+                    return Err(not_found(&self.inner, id));
+                }
+                Ok(Outcome::Busy) => {
+                    let delay = waits.next_delay();
+                    match remaining {
+                        Some(r) if r.is_zero() => return Ok(None),
+                        Some(r) => tokio::time::sleep(delay.min(r)).await,
+                        None => tokio::time::sleep(delay).await,
+                    }
+                }
+                Err(e) if e.is_transient() => {
+                    if remaining.is_some_and(|r| r.is_zero()) {
+                        return Err(e);
+                    }
+                    let delay = error_waits.next_delay();
+                    tracing::warn!(
+                        error = %e,
+                        retry_in_ms = delay.as_millis() as u64,
+                        "transient error while locking a document; retrying"
+                    );
+                    tokio::time::sleep(remaining.map_or(delay, |r| delay.min(r))).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One attempt, run in its own task so that a granted lease is never orphaned by the caller
+    /// dropping this future: the task wraps the grant in a guard, and a guard nobody receives
+    /// releases its lease on drop.
+    async fn attempt(&self, target: &Target, lease_id: &LeaseId) -> Result<Outcome> {
+        let inner = self.inner.clone();
+        let target = target.clone();
+        let lease_id = lease_id.clone();
+        let ttl = self.expiry;
+        let (tx, rx) = oneshot::channel::<Result<Outcome>>();
+        tokio::spawn(async move {
+            // Taken before the request is sent: the lease cannot expire on the server before
+            // `sent_at + ttl`.
+            let sent_at = Instant::now();
+            let outcome = match claim::attempt(&inner, &target, &lease_id, ttl).await {
+                Ok(Attempted::Acquired(granted)) => {
+                    let claim::Granted { doc, id, lease } = *granted;
+                    let name = claim::lease_name(&inner, &id);
+                    let control = DocumentLease {
+                        inner: inner.clone(),
+                        id: id.clone(),
+                        name: name.clone(),
+                        lease_id: lease_id.clone(),
+                    };
+                    let guard = LockGuard::from_control(
+                        Box::new(control),
+                        GrantedLease {
+                            name: name.into(),
+                            lease_id,
+                            lease,
+                            ttl,
+                            sent_at,
+                            auto_extend: inner.options.auto_extend,
+                            extension_cadence: inner.options.extension_cadence,
+                        },
+                    );
+                    Ok(Outcome::Acquired(Box::new(Acquired { guard, doc, id })))
+                }
+                Ok(Attempted::Busy) => Ok(Outcome::Busy),
+                Ok(Attempted::NotFound) => Ok(Outcome::NotFound),
+                Err(e) => Err(e),
+            };
+            // If the caller is gone the value comes back here and is dropped: a guard in it
+            // releases its lease in the background.
+            drop(tx.send(outcome));
+        });
+        rx.await.map_err(|_| {
+            Error::backend(
+                "the document lock attempt task ended without a result (it panicked or the \
+                 runtime is shutting down)",
+                "check the logs for a panic",
+            )
+        })?
+    }
+
+    /// Deserializes the granted document; on failure the guard is dropped, which releases the
+    /// lock in the background.
+    fn typed(&self, doc: Document, id: Bson, guard: LockGuard) -> Result<LockedDocument<T>> {
+        match mongodb::bson::from_document::<T>(doc) {
+            Ok(document) => Ok(LockedDocument {
+                id,
+                document,
+                guard,
+            }),
+            Err(e) => Err(Error::Backend {
+                message: format!(
+                    "locked document {} could not be deserialized as {}: {e}",
+                    guard.name(),
+                    std::any::type_name::<T>()
+                ),
+                code: None,
+                hint: format!(
+                    "the lock was released again; make the type accept the stored document, \
+                     including the lock field `{}` (ignore it, or model it as \
+                     `#[serde(default)] Option<EmbeddedLock>`)",
+                    self.inner.field
+                ),
+                source: Some(Box::new(e)),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::state::validate_field;
+
+    #[test]
+    fn lock_field_names_are_checked() {
+        assert!(validate_field(super::DEFAULT_LOCK_FIELD).is_ok());
+        assert!(validate_field("lock").is_ok());
+        for bad in ["", "_id", "$lock", "a.b", "a\0b"] {
+            let err = validate_field(bad).unwrap_err();
+            assert!(err.to_string().contains("field"), "{err}");
+        }
+        assert!(validate_field(&"x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn default_options_are_valid() {
+        assert!(crate::options::LockOptions::default().validate().is_ok());
+    }
+}

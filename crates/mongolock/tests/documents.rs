@@ -1,0 +1,905 @@
+//! Document locks: locking the user's own documents in place, and claiming jobs from a shared
+//! collection. Runs against the embedded mongo-testserver, or `MONGODB_URI` when set.
+//!
+//! The crash test's helper process is this test binary itself (as in `tests/processes.rs`):
+//! `doc_child_entry` does nothing unless `MONGOLOCK_DOC_CHILD` is set; the parent runs the binary
+//! again with `doc_child_entry --exact` and that variable, and SIGKILLs it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{test_database, unique, TestDb};
+use futures_util::TryStreamExt;
+use mongodb::bson::{
+    doc, oid::ObjectId, spec::BinarySubtype, Binary, Bson, DateTime, Document, RawDocumentBuf,
+    Regex, Timestamp,
+};
+use mongodb::Collection;
+use mongolock::documents::{DocumentLocks, EmbeddedLock, LockedDocument};
+use mongolock::{Error, Timeout, WaitStrategy};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// Per job: (worker, fencing token) of every time it was processed.
+type Claims = HashMap<i64, Vec<(usize, u64)>>;
+
+const CHILD_ENV: &str = "MONGOLOCK_DOC_CHILD";
+
+/// A job as the application models it: the lock field is readable, never written back.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Job {
+    #[serde(rename = "_id")]
+    id: i64,
+    n: i64,
+    payload: String,
+    done: bool,
+    #[serde(rename = "_lock", default, skip_serializing)]
+    lock: Option<EmbeddedLock>,
+}
+
+/// A type without a field for the lock: the sub-document is ignored on deserialization.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Plain {
+    #[serde(rename = "_id")]
+    id: String,
+    value: i64,
+}
+
+fn fast_waits() -> WaitStrategy {
+    WaitStrategy::random_sleep(Duration::from_millis(5), Duration::from_millis(40))
+}
+
+fn locks_on<T: serde::de::DeserializeOwned + Send + Sync>(
+    coll: &Collection<T>,
+) -> DocumentLocks<T> {
+    DocumentLocks::builder(coll)
+        .wait_strategy(fast_waits())
+        .app_name("documents-test")
+        .build()
+        .unwrap()
+}
+
+fn is_not_found(e: &Error) -> bool {
+    matches!(e, Error::Backend { .. }) && e.to_string().contains("not found")
+}
+
+async fn raw(coll: &Collection<Document>, id: impl Into<Bson>) -> Option<RawDocumentBuf> {
+    coll.clone_with_type::<RawDocumentBuf>()
+        .find_one(doc! { "_id": id.into() })
+        .await
+        .unwrap()
+}
+
+/// The document's bytes without the lock field (everything the application owns).
+fn without_field(d: &RawDocumentBuf, field: &str) -> Vec<u8> {
+    let mut out = RawDocumentBuf::new();
+    for element in d.iter() {
+        let (key, value) = element.unwrap();
+        if key != field {
+            out.append(key, value.to_raw_bson());
+        }
+    }
+    out.into_bytes()
+}
+
+/// Waits until the document's lock is no longer held (a dropped guard releases in the
+/// background).
+async fn wait_until_free<T: serde::de::DeserializeOwned + Send + Sync>(
+    locks: &DocumentLocks<T>,
+    id: impl Into<Bson>,
+) {
+    let id = id.into();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = locks.inspect(id.clone()).await.unwrap().unwrap();
+        if !info.held {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lock was not released: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_workers_process_500_jobs_exactly_once() {
+    const JOBS: i64 = 500;
+    const WORKERS: usize = 8;
+    let t = test_database().await;
+    let name = unique("jobs");
+    let coll = t.db.collection::<Job>(&name);
+    let jobs: Vec<Job> = (0..JOBS)
+        .map(|i| Job {
+            id: i,
+            n: i,
+            payload: format!("payload {i}"),
+            done: false,
+            lock: None,
+        })
+        .collect();
+    coll.insert_many(jobs).await.unwrap();
+
+    let processed: Arc<Mutex<Claims>> = Arc::default();
+    let mut workers = Vec::new();
+    for w in 0..WORKERS {
+        // One client per worker, like separate processes.
+        let client = common::client(&t.uri, Some(&format!("worker-{w}"))).await;
+        let coll = client.database(t.db.name()).collection::<Job>(&name);
+        let processed = processed.clone();
+        workers.push(tokio::spawn(async move {
+            let locks = DocumentLocks::builder(&coll)
+                .app_name(format!("worker-{w}"))
+                .build()
+                .unwrap();
+            let mut mine = 0usize;
+            loop {
+                // Every worker asks for the lowest open job: maximal contention on one document.
+                let claimed = locks
+                    .claim(doc! { "done": false }, Some(doc! { "n": 1 }))
+                    .await
+                    .unwrap();
+                let Some(LockedDocument {
+                    id,
+                    document: job,
+                    guard,
+                }) = claimed
+                else {
+                    // Nothing free: finished, or the remaining jobs are held by other workers.
+                    let open = coll.count_documents(doc! { "done": false }).await.unwrap();
+                    if open == 0 {
+                        return mine;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                };
+                assert_eq!(id, Bson::Int64(job.id));
+                assert!(!job.done, "claimed a finished job {}", job.id);
+                let lock = job
+                    .lock
+                    .as_ref()
+                    .expect("the claimed document shows its lock");
+                assert_eq!(lock.lease_id.as_deref(), Some(guard.lease_id().as_str()));
+                assert_eq!(lock.fencing_token, Some(guard.fencing_token()));
+                processed
+                    .lock()
+                    .unwrap()
+                    .entry(job.id)
+                    .or_default()
+                    .push((w, guard.fencing_token()));
+                if job.id % 10 == 0 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                // Mark done only while this lease holds the job.
+                let marked = coll
+                    .update_one(
+                        doc! {
+                            "_id": job.id,
+                            "done": false,
+                            "_lock.leaseId": guard.lease_id().as_str(),
+                        },
+                        doc! {
+                            "$set": { "done": true, "doneBy": w as i64 },
+                            "$inc": { "processedCount": 1 },
+                        },
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(marked.modified_count, 1, "job {} was taken away", job.id);
+                mine += 1;
+                if job.id % 7 == 0 {
+                    drop(guard); // released in the background
+                } else {
+                    guard.release().await.unwrap();
+                }
+            }
+        }));
+    }
+    let mut per_worker = Vec::new();
+    for worker in workers {
+        per_worker.push(
+            tokio::time::timeout(Duration::from_secs(300), worker)
+                .await
+                .expect("workers finished")
+                .unwrap(),
+        );
+    }
+    assert_eq!(per_worker.iter().sum::<usize>(), JOBS as usize);
+    let processed = std::mem::take(&mut *processed.lock().unwrap());
+    assert_eq!(processed.len(), JOBS as usize);
+    for (id, claims) in processed.iter() {
+        assert_eq!(claims.len(), 1, "job {id} was processed {claims:?}");
+        assert_eq!(claims[0].1, 1, "job {id}: its first lock has token 1");
+    }
+    let docs: Vec<Document> =
+        t.db.collection::<Document>(&name)
+            .find(doc! {})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+    assert_eq!(docs.len(), JOBS as usize, "claims never insert");
+    for d in &docs {
+        assert_eq!(d.get_bool("done"), Ok(true), "{d}");
+        assert_eq!(
+            d.get_i32("processedCount")
+                .map(i64::from)
+                .or_else(|_| d.get_i64("processedCount")),
+            Ok(1),
+            "{d}"
+        );
+    }
+    println!("jobs per worker: {per_worker:?}");
+}
+
+/// Entry point of the helper process; a no-op in a normal test run.
+#[test]
+fn doc_child_entry() {
+    let Ok(mode) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("child needs {k}"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        assert_eq!(mode, "claim", "unknown child mode");
+        let client = common::client(&env("MONGOLOCK_URI"), Some("mongolock-doc-child")).await;
+        let coll = client
+            .database(&env("MONGOLOCK_DB"))
+            .collection::<Job>(&env("MONGOLOCK_COLL"));
+        let expiry = Duration::from_millis(env("MONGOLOCK_EXPIRY_MS").parse().unwrap());
+        let locks = DocumentLocks::builder(&coll)
+            .expiry(expiry)
+            .app_name(format!("child-{}", std::process::id()))
+            .build()
+            .unwrap();
+        let claimed = locks
+            .claim(doc! { "done": false }, Some(doc! { "n": 1 }))
+            .await
+            .unwrap()
+            .expect("a job to claim");
+        println!(
+            "CLAIMED {} {} {}",
+            claimed.document.id,
+            claimed.guard.fencing_token(),
+            claimed.guard.lease_id()
+        );
+        std::io::stdout().flush().unwrap();
+        // "Work" forever with automatic extension, until SIGKILL.
+        loop {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    });
+}
+
+fn spawn_child(t: &TestDb, coll: &str, expiry: Duration) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "doc_child_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, "claim")
+    .env("MONGOLOCK_URI", &t.uri)
+    .env("MONGOLOCK_DB", t.db.name())
+    .env("MONGOLOCK_COLL", coll)
+    .env("MONGOLOCK_EXPIRY_MS", expiry.as_millis().to_string())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .kill_on_drop(true);
+    cmd.spawn().expect("spawn helper process")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_job_is_claimed_again_only_after_its_lease_expires() {
+    const EXPIRY: Duration = Duration::from_secs(2);
+    let t = test_database().await;
+    let name = unique("jobs");
+    let coll = t.db.collection::<Job>(&name);
+    for i in 0..3 {
+        coll.insert_one(Job {
+            id: i,
+            n: i,
+            payload: format!("job {i}"),
+            done: false,
+            lock: None,
+        })
+        .await
+        .unwrap();
+    }
+    let mut child = spawn_child(&t, &name, EXPIRY);
+    let child_pid = child.id().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let claimed = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            // libtest prints "test doc_child_entry ... " without a newline first.
+            if let Some((_, rest)) = line.split_once("CLAIMED ") {
+                return rest.to_owned();
+            }
+        }
+        panic!("helper exited without claiming a job");
+    })
+    .await
+    .expect("helper claimed a job");
+    let mut parts = claimed.split_whitespace();
+    let job_id: i64 = parts.next().unwrap().parse().unwrap();
+    let child_token: u64 = parts.next().unwrap().parse().unwrap();
+    let child_lease = parts.next().unwrap().to_owned();
+    assert_eq!(job_id, 0, "the child claims the lowest job");
+    assert_eq!(child_token, 1);
+
+    let locks = locks_on(&coll);
+    let info = locks.inspect(job_id).await.unwrap().unwrap();
+    assert!(info.held);
+    assert_eq!(info.holder.as_ref().map(|h| h.pid), Some(child_pid));
+    assert_eq!(
+        info.holder.as_ref().and_then(|h| h.app_name.clone()),
+        Some(format!("child-{child_pid}"))
+    );
+
+    // Other jobs stay claimable meanwhile.
+    let other = locks
+        .claim(doc! { "done": false }, Some(doc! { "n": 1 }))
+        .await
+        .unwrap()
+        .expect("another job is free");
+    assert_eq!(other.document.id, 1);
+    other.guard.release().await.unwrap();
+
+    // Alive for longer than its expiry: automatic extension keeps the job claimed.
+    let only_job = doc! { "_id": job_id, "done": false };
+    assert!(locks
+        .claim_timeout(only_job.clone(), None, EXPIRY + EXPIRY / 2)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(locks.try_lock(job_id).await.unwrap().is_none());
+
+    child.kill().await.unwrap(); // SIGKILL: no release, no more extensions
+    let killed_at = Instant::now();
+    let info = locks.inspect(job_id).await.unwrap().unwrap();
+    assert_eq!(
+        info.lease_id.as_ref().map(|l| l.as_str()),
+        Some(child_lease.as_str())
+    );
+    let last_expiry = info.expires_at.unwrap();
+
+    let again = locks
+        .claim_timeout(only_job, None, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("the job is claimable once the killed worker's lease expired");
+    assert!(
+        again.guard.acquired_at() >= last_expiry,
+        "claimed again at {:?}, before the killed worker's lease expired at {last_expiry:?}",
+        again.guard.acquired_at()
+    );
+    assert_eq!(again.guard.fencing_token(), child_token + 1);
+    assert!(!again.document.done);
+    let prior = again.document.lock.as_ref().unwrap();
+    assert_eq!(
+        prior.lease_id.as_deref(),
+        Some(again.guard.lease_id().as_str())
+    );
+    assert!(
+        killed_at.elapsed() < EXPIRY + Duration::from_secs(10),
+        "failover took {:?}",
+        killed_at.elapsed()
+    );
+    again.guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_users_other_fields_are_byte_for_byte_unchanged_by_lock_traffic() {
+    let t = test_database().await;
+    let coll = t.db.collection::<Document>(&unique("docs"));
+    let original = doc! {
+        "_id": "bytes",
+        "s": "héllo ✓ \u{1F512}",
+        "i32": 7_i32,
+        "i64": 1_i64 << 40,
+        "f": 1.5_f64,
+        "negzero": -0.0_f64,
+        "big": 1e300_f64,
+        "b": true,
+        "nothing": Bson::Null,
+        "date": DateTime::from_millis(1_234_567),
+        "oid": ObjectId::new(),
+        "bin": Binary { subtype: BinarySubtype::Generic, bytes: vec![0, 1, 2, 255] },
+        "arr": [1_i32, "two", { "three": 3_i64 }, [4.0_f64]],
+        "nested": { "z": 1_i32, "a": { "deep": [Bson::Null, false] } },
+        "ts": Timestamp { time: 7, increment: 9 },
+        "re": Regex { pattern: "^a.*b$".into(), options: "i".into() },
+        "done": false,
+        "zz_last": "order matters",
+    };
+    coll.insert_one(original.clone()).await.unwrap();
+    let before = raw(&coll, "bytes").await.unwrap();
+    assert_eq!(
+        before.as_bytes(),
+        RawDocumentBuf::from_document(&original).unwrap().as_bytes(),
+        "the server stores the document as inserted"
+    );
+    let expected = without_field(&before, "_lock");
+    let check = |step: &'static str| {
+        let coll = coll.clone();
+        let expected = expected.clone();
+        async move {
+            let now = raw(&coll, "bytes").await.unwrap();
+            assert_eq!(
+                without_field(&now, "_lock"),
+                expected,
+                "user fields changed by {step}: {now:?}"
+            );
+            now
+        }
+    };
+
+    let locks = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_millis(900))
+        .extension_cadence(Duration::from_millis(100))
+        .wait_strategy(fast_waits())
+        .build()
+        .unwrap();
+
+    // lock (first time: the lock field is appended at the end), extend, release.
+    let locked = locks.try_lock("bytes").await.unwrap().unwrap();
+    let now = check("the first lock").await;
+    let last = now.iter().last().unwrap().unwrap();
+    assert_eq!(last.0, "_lock", "the lock field is added at the end");
+    assert_eq!(locked.document, now.to_document().unwrap());
+    assert!(locked.guard.extend(Duration::from_secs(5)).await.unwrap());
+    check("extend").await;
+    tokio::time::sleep(Duration::from_millis(350)).await; // automatic extensions
+    check("automatic extension").await;
+    locked.guard.release().await.unwrap();
+    check("release").await;
+
+    // lock and drop (background release).
+    let locked = locks.lock("bytes").await.unwrap();
+    check("lock").await;
+    drop(locked);
+    wait_until_free(&locks, "bytes").await;
+    check("drop").await;
+
+    // claim, a busy claim and a busy lock attempt, release.
+    let claimed = locks
+        .claim(doc! { "done": false }, Some(doc! { "i32": -1 }))
+        .await
+        .unwrap()
+        .unwrap();
+    check("claim").await;
+    assert!(locks.try_lock("bytes").await.unwrap().is_none());
+    assert!(locks.claim(doc! {}, None).await.unwrap().is_none());
+    check("busy attempts").await;
+    claimed.guard.release().await.unwrap();
+    check("release of a claim").await;
+
+    // expiry and takeover, and the loser's failed release.
+    let short = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_millis(200))
+        .auto_extend(false)
+        .build()
+        .unwrap();
+    let loser = short.try_lock("bytes").await.unwrap().unwrap();
+    let winner = locks
+        .lock_timeout("bytes", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    check("takeover").await;
+    assert!(!loser.guard.extend(Duration::from_secs(1)).await.unwrap());
+    assert!(matches!(
+        loser.guard.release().await,
+        Err(Error::LeaseLost { .. })
+    ));
+    check("the loser's extension and release").await;
+    winner.guard.release().await.unwrap();
+    let after = check("the final release").await;
+    let lock = after.get_document("_lock").unwrap();
+    assert_eq!(
+        lock.get("leaseId").unwrap(),
+        Some(mongodb::bson::RawBsonRef::Null)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_document_is_an_error_and_nothing_is_inserted() {
+    let t = test_database().await;
+    let coll = t.db.collection::<Plain>(&unique("plain"));
+    coll.insert_one(Plain {
+        id: "present".into(),
+        value: 1,
+    })
+    .await
+    .unwrap();
+    let locks = locks_on(&coll);
+
+    let err = locks.try_lock("absent").await.unwrap_err();
+    assert!(is_not_found(&err), "{err}");
+    assert!(!err.is_transient());
+    assert!(err.to_string().contains("absent"), "{err}");
+    let started = Instant::now();
+    let err = locks
+        .lock_timeout("absent", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(is_not_found(&err), "{err}");
+    let err = tokio::time::timeout(Duration::from_secs(5), locks.lock("absent"))
+        .await
+        .expect("a missing document is reported at once, not waited for")
+        .unwrap_err();
+    assert!(is_not_found(&err), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(4));
+
+    assert!(locks
+        .claim(doc! { "_id": "absent" }, None)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(locks
+        .claim_timeout(doc! { "value": 2 }, None, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(locks.inspect("absent").await.unwrap().is_none());
+
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+    assert!(coll
+        .find_one(doc! { "_id": "absent" })
+        .await
+        .unwrap()
+        .is_none());
+
+    // The present one locks fine (the type has no lock field: it is ignored).
+    let locked = locks.try_lock("present").await.unwrap().unwrap();
+    assert_eq!(locked.document.value, 1);
+    assert_eq!(locked.id, Bson::String("present".into()));
+    locked.guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lost_signal_fires_when_the_lease_is_taken() {
+    let t = test_database().await;
+    let coll = t.db.collection::<Plain>(&unique("plain"));
+    for id in ["a", "b"] {
+        coll.insert_one(Plain {
+            id: id.into(),
+            value: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let locks = locks_on(&coll);
+
+    // Without automatic extension the lease runs out; another holder takes it after expiry.
+    let short = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_millis(500))
+        .auto_extend(false)
+        .build()
+        .unwrap();
+    let first = short.try_lock("a").await.unwrap().unwrap();
+    let lost = first.guard.lost();
+    assert!(locks.try_lock("a").await.unwrap().is_none());
+    let second = locks
+        .lock_timeout("a", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("free after expiry");
+    assert!(second.guard.acquired_at() >= first.guard.expires_at());
+    assert_eq!(
+        second.guard.fencing_token(),
+        first.guard.fencing_token() + 1
+    );
+    tokio::time::timeout(Duration::from_secs(5), lost.wait())
+        .await
+        .expect("the lost signal fired");
+    assert!(first.guard.is_lost());
+    assert!(!first.guard.extend(Duration::from_secs(1)).await.unwrap());
+    assert!(matches!(
+        first.guard.release().await,
+        Err(Error::LeaseLost { .. })
+    ));
+    assert!(!second.guard.is_lost());
+    second.guard.release().await.unwrap();
+
+    // With automatic extension: someone overwrites the lock (an operator, a buggy writer);
+    // the next extension finds the lease gone.
+    let extending = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_secs(3))
+        .extension_cadence(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let held = extending.try_lock("b").await.unwrap().unwrap();
+    coll.clone_with_type::<Document>()
+        .update_one(
+            doc! { "_id": "b" },
+            doc! { "$set": { "_lock.leaseId": "intruder" } },
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), held.guard.lost())
+        .await
+        .expect("the lost signal fired");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let reason = held.guard.lost_reason().unwrap();
+    assert!(reason.contains("server"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_grow_per_document() {
+    let t = test_database().await;
+    let coll = t.db.collection::<Plain>(&unique("plain"));
+    for id in ["x", "y"] {
+        coll.insert_one(Plain {
+            id: id.into(),
+            value: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let locks = locks_on(&coll);
+    let info = locks.inspect("x").await.unwrap().unwrap();
+    assert_eq!((info.fencing_token, info.held), (0, false));
+
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let locked = locks.try_lock("x").await.unwrap().unwrap();
+        tokens.push(locked.guard.fencing_token());
+        locked.guard.release().await.unwrap();
+    }
+    assert_eq!(tokens, [1, 2, 3]);
+    let info = locks.inspect("x").await.unwrap().unwrap();
+    assert_eq!(info.fencing_token, 3, "release keeps the token");
+    assert!(!info.held);
+    assert!(info.lease_id.is_none());
+    assert!(info.expires_at.unwrap() <= info.observed_at);
+
+    // Another document has its own sequence.
+    let y = locks.try_lock("y").await.unwrap().unwrap();
+    assert_eq!(y.guard.fencing_token(), 1);
+    drop(y);
+
+    // A claim continues the document's sequence, and so does a takeover after expiry.
+    let claimed = locks
+        .claim(doc! { "_id": "x" }, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.guard.fencing_token(), 4);
+    claimed.guard.release().await.unwrap();
+    let short = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_millis(200))
+        .auto_extend(false)
+        .build()
+        .unwrap();
+    let expiring = short.try_lock("x").await.unwrap().unwrap();
+    assert_eq!(expiring.guard.fencing_token(), 5);
+    let taken = locks
+        .lock_timeout("x", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.guard.fencing_token(), 6);
+    taken.guard.release().await.unwrap();
+    drop(expiring);
+
+    // Documented: tokens live in the document; recreating it restarts them.
+    coll.delete_one(doc! { "_id": "x" }).await.unwrap();
+    coll.insert_one(Plain {
+        id: "x".into(),
+        value: 0,
+    })
+    .await
+    .unwrap();
+    let fresh = locks.try_lock("x").await.unwrap().unwrap();
+    assert_eq!(fresh.guard.fencing_token(), 1);
+    fresh.guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_waits_for_release_and_the_typed_document_shows_the_lock() {
+    let t = test_database().await;
+    let coll = t.db.collection::<Job>(&unique("jobs"));
+    coll.insert_one(Job {
+        id: 7,
+        n: 7,
+        payload: "p".into(),
+        done: false,
+        lock: None,
+    })
+    .await
+    .unwrap();
+    let locks = locks_on(&coll);
+    let held = locks.lock(7_i64).await.unwrap();
+    let lock = held.document.lock.clone().unwrap();
+    assert_eq!(
+        lock.lease_id.as_deref(),
+        Some(held.guard.lease_id().as_str())
+    );
+    assert_eq!(lock.fencing_token, Some(1));
+    assert_eq!(
+        lock.acquired_at.map(|d| d.to_system_time()),
+        Some(held.guard.acquired_at())
+    );
+    assert_eq!(
+        lock.expires_at.map(|d| d.to_system_time()),
+        Some(held.guard.expires_at())
+    );
+    let holder = lock.holder.unwrap();
+    assert_eq!(holder.pid, std::process::id());
+    assert_eq!(holder.app.as_deref(), Some("documents-test"));
+    assert!(held.guard.name().contains(':'), "{}", held.guard.name());
+
+    // A waiter gets it once released.
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.lock(7_i64).await.unwrap() })
+    };
+    assert!(locks
+        .lock_with(7_i64, Timeout::After(Duration::from_millis(200)))
+        .await
+        .unwrap()
+        .is_none());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished());
+    held.guard.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter got the document")
+        .unwrap();
+    assert_eq!(next.guard.fencing_token(), 2);
+
+    // A waiting lock that is given up leaves nothing held behind.
+    let abandoned = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.lock(7_i64).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    abandoned.abort();
+    let _ = abandoned.await;
+    next.guard.release().await.unwrap();
+    let again = locks
+        .lock_timeout(7_i64, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free after the abandoned waiter");
+    again.guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_follows_the_filter_and_sort_and_a_custom_field() {
+    let t = test_database().await;
+    let coll = t.db.collection::<Document>(&unique("queue"));
+    for (i, (queue, priority)) in [("a", 1), ("a", 5), ("b", 9), ("a", 3)].iter().enumerate() {
+        coll.insert_one(doc! { "_id": i as i32, "queue": *queue, "priority": *priority })
+            .await
+            .unwrap();
+    }
+    let locks = DocumentLocks::builder(&coll)
+        .field("lockState")
+        .wait_strategy(fast_waits())
+        .build()
+        .unwrap();
+    assert_eq!(locks.field(), "lockState");
+    let by_priority = Some(doc! { "priority": -1 });
+    let mut held = Vec::new();
+    for expected in [5, 3, 1] {
+        let c = locks
+            .claim(doc! { "queue": "a" }, by_priority.clone())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.document.get_i32("priority"), Ok(expected));
+        assert!(c.document.get_document("lockState").is_ok());
+        assert!(c.document.get("_lock").is_none());
+        held.push(c);
+    }
+    assert!(locks
+        .claim(doc! { "queue": "a" }, by_priority.clone())
+        .await
+        .unwrap()
+        .is_none());
+    // Release the middle one: it is the only claimable one of queue "a" again.
+    let middle = held.remove(1);
+    middle.guard.release().await.unwrap();
+    let c = locks
+        .claim_with(doc! { "queue": "a" }, by_priority, Timeout::Forever)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.document.get_i32("priority"), Ok(3));
+    assert_eq!(c.guard.fencing_token(), 2);
+    let b = coll.find_one(doc! { "queue": "b" }).await.unwrap().unwrap();
+    assert!(b.get("lockState").is_none(), "queue b was never touched");
+}
+
+#[tokio::test]
+async fn options_are_validated_before_anything_is_sent() {
+    let t = test_database().await;
+    let coll = t.db.collection::<Document>("never_used");
+    for field in ["", "_id", "a.b", "$x"] {
+        let err = DocumentLocks::builder(&coll)
+            .field(field)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidOptions {
+                    option: "field",
+                    ..
+                }
+            ),
+            "{field:?}: {err}"
+        );
+    }
+    let err = DocumentLocks::builder(&coll)
+        .expiry(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidOptions {
+                option: "expiry",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_secs(1))
+        .extension_cadence(Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidOptions {
+                option: "extension_cadence",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let locks = DocumentLocks::new(&coll);
+    assert_eq!(locks.field(), "_lock");
+    assert_eq!(locks.expiry(), Duration::from_secs(30));
+    assert!(locks.with_expiry(Duration::ZERO).is_err());
+    assert_eq!(
+        locks.with_expiry(Duration::from_secs(5)).unwrap().expiry(),
+        Duration::from_secs(5)
+    );
+    // Shared with the named locks' provider options.
+    let provider = mongolock::LockProvider::builder(mongolock::MemoryBackend::new())
+        .expiry(Duration::from_secs(12))
+        .app_name("shared")
+        .build()
+        .unwrap();
+    let shared = DocumentLocks::builder(&coll)
+        .lock_options(provider.options().clone())
+        .build()
+        .unwrap();
+    assert_eq!(shared.expiry(), Duration::from_secs(12));
+    assert_eq!(shared.holder().app_name.as_deref(), Some("shared"));
+    let names: Vec<String> = t.db.list_collection_names().await.unwrap();
+    assert!(!names.contains(&"never_used".to_owned()));
+}
