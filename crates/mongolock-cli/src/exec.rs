@@ -333,10 +333,12 @@ pub async fn supervise(
             () = lost.wait(), if !lost_seen => {
                 lost_seen = true;
                 // `lost` also completes on release, but the guard is held here: this is a loss.
+                let reason = lost
+                    .reason()
+                    .unwrap_or_else(|| "the lease could not be renewed in time".to_string());
                 eprintln!(
                     "mongolock: lost {what} {:?} (fencing token {}) while the command was \
-                     running: the lease could not be renewed in time or was taken over; stopping \
-                     the command (SIGTERM, then SIGKILL after {})",
+                     running: {reason}; stopping the command (SIGTERM, then SIGKILL after {})",
                     guard.name(),
                     guard.fencing_token(),
                     display(grace)
