@@ -52,22 +52,10 @@ impl OpType {
 pub struct Event {
     /// Position in the log (strictly increasing).
     pub seq: u64,
-    /// Cluster time of the write.
-    pub cluster_time: Timestamp,
     /// Wall-clock time of the write.
     pub wall_time: DateTime,
-    /// Database.
-    pub db: String,
-    /// Collection (empty for dropDatabase).
-    pub coll: String,
-    /// Kind.
-    pub op: OpType,
-    /// `{_id: …}` of the document.
-    pub document_key: Option<Document>,
-    /// The inserted or replacing document.
-    pub full_document: Option<Document>,
-    /// `updateDescription` of an update.
-    pub update_description: Option<Document>,
+    /// What changed.
+    pub change: NewEvent,
 }
 
 /// The bounded event log.
@@ -92,7 +80,8 @@ impl Default for EventLog {
     }
 }
 
-/// Everything an event needs besides its position.
+/// Everything an event needs besides its position (and wall-clock time).
+#[derive(Debug, Clone)]
 pub struct NewEvent {
     /// Cluster time of the write.
     pub cluster_time: Timestamp,
@@ -120,14 +109,8 @@ impl EventLog {
         }
         self.events.push_back(Event {
             seq,
-            cluster_time: e.cluster_time,
             wall_time: DateTime::now(),
-            db: e.db,
-            coll: e.coll,
-            op: e.op,
-            document_key: e.document_key,
-            full_document: e.full_document,
-            update_description: e.update_description,
+            change: e,
         });
         self.tx.send_replace(seq);
     }
@@ -402,7 +385,7 @@ impl StreamCursor {
             }
             if t.kind != KIND_HIGH_WATER {
                 match log.get(t.seq) {
-                    Some(e) if e.cluster_time == t.ts => {}
+                    Some(e) if e.change.cluster_time == t.ts => {}
                     _ => return Err(not_found()),
                 }
             }
@@ -412,14 +395,14 @@ impl StreamCursor {
             // First event at or after ts.
             let first_kept = log.events.front();
             if let Some(front) = first_kept {
-                if front.seq > 1 && ts_cmp(ts, front.cluster_time).is_lt() {
+                if front.seq > 1 && ts_cmp(ts, front.change.cluster_time).is_lt() {
                     return Err(history_lost());
                 }
             }
             cursor.position = log
                 .events
                 .iter()
-                .find(|e| ts_cmp(e.cluster_time, ts).is_ge())
+                .find(|e| ts_cmp(e.change.cluster_time, ts).is_ge())
                 .map(|e| e.seq)
                 .unwrap_or(log.next_seq);
             cursor.last_ts = ts;
@@ -429,16 +412,18 @@ impl StreamCursor {
 
     fn matches_scope(&self, e: &Event) -> bool {
         match &self.scope {
-            Scope::Collection(db, coll) => e.db == *db && e.coll == *coll,
-            Scope::Database(db) => e.db == *db,
+            Scope::Collection(db, coll) => e.change.db == *db && e.change.coll == *coll,
+            Scope::Database(db) => e.change.db == *db,
             Scope::Cluster => true,
         }
     }
 
     fn invalidated_by(&self, e: &Event) -> bool {
         match &self.scope {
-            Scope::Collection(db, coll) => e.op == OpType::Drop && e.db == *db && e.coll == *coll,
-            Scope::Database(db) => e.op == OpType::DropDatabase && e.db == *db,
+            Scope::Collection(db, coll) => {
+                e.change.op == OpType::Drop && e.change.db == *db && e.change.coll == *coll
+            }
+            Scope::Database(db) => e.change.op == OpType::DropDatabase && e.change.db == *db,
             Scope::Cluster => false,
         }
     }
@@ -473,7 +458,7 @@ impl StreamCursor {
                 break;
             }
             scanned_to = e.seq + 1;
-            self.last_ts = e.cluster_time;
+            self.last_ts = e.change.cluster_time;
             if !self.matches_scope(e) {
                 continue;
             }
@@ -482,10 +467,10 @@ impl StreamCursor {
             }
             if self.invalidated_by(e) {
                 if out.len() < max {
-                    out.push(self.invalidate_doc(e.seq, e.cluster_time));
+                    out.push(self.invalidate_doc(e.seq, e.change.cluster_time));
                     self.closed = true;
                 } else {
-                    self.pending_invalidate = Some((e.seq, e.cluster_time));
+                    self.pending_invalidate = Some((e.seq, e.change.cluster_time));
                 }
                 scanned_to = e.seq + 1;
                 break;
@@ -511,26 +496,27 @@ impl StreamCursor {
     }
 
     fn event_doc(&self, e: &Event, store: &Store, vars: &Vars) -> CommandResult<Option<Document>> {
-        let token = make_token(self.epoch, e.cluster_time, e.seq, KIND_EVENT);
+        let token = make_token(self.epoch, e.change.cluster_time, e.seq, KIND_EVENT);
         let mut d = doc! {
             "_id": token.clone(),
-            "operationType": e.op.name(),
-            "clusterTime": e.cluster_time,
+            "operationType": e.change.op.name(),
+            "clusterTime": e.change.cluster_time,
             "wallTime": e.wall_time,
         };
-        match e.op {
+        match e.change.op {
             OpType::Insert | OpType::Replace => {
-                if let Some(full) = &e.full_document {
+                if let Some(full) = &e.change.full_document {
                     d.insert("fullDocument", full.clone());
                 }
             }
             OpType::Update if self.update_lookup => {
                 let current = e
+                    .change
                     .document_key
                     .as_ref()
                     .and_then(|k| k.get("_id"))
                     .and_then(|id| {
-                        let coll = store.coll(&e.db, &e.coll)?;
+                        let coll = store.coll(&e.change.db, &e.change.coll)?;
                         let rid = coll.find_id(id)?;
                         coll.get(rid).cloned()
                     });
@@ -541,15 +527,18 @@ impl StreamCursor {
             }
             _ => {}
         }
-        if e.op == OpType::DropDatabase {
-            d.insert("ns", doc! {"db": e.db.clone()});
+        if e.change.op == OpType::DropDatabase {
+            d.insert("ns", doc! {"db": e.change.db.clone()});
         } else {
-            d.insert("ns", doc! {"db": e.db.clone(), "coll": e.coll.clone()});
+            d.insert(
+                "ns",
+                doc! {"db": e.change.db.clone(), "coll": e.change.coll.clone()},
+            );
         }
-        if let Some(k) = &e.document_key {
+        if let Some(k) = &e.change.document_key {
             d.insert("documentKey", k.clone());
         }
-        if let Some(u) = &e.update_description {
+        if let Some(u) = &e.change.update_description {
             d.insert("updateDescription", u.clone());
         }
         if self.stages.is_empty() {

@@ -224,6 +224,24 @@ mod fast {
     }
 
     fn document(r: &mut Reader<'_>) -> Option<Document> {
+        let mut doc = Document::new();
+        // Duplicate keys: let the bson crate decide.
+        elements(r, |key, v| doc.insert(key, v).is_none().then_some(()))?;
+        Some(doc)
+    }
+
+    fn array(r: &mut Reader<'_>) -> Option<Vec<Bson>> {
+        let mut out = Vec::new();
+        elements(r, |_, v| {
+            out.push(v);
+            Some(())
+        })?;
+        Some(out)
+    }
+
+    /// Reads a length-prefixed list of elements (a document's or an array's), giving each key
+    /// and value to `each`; `None` when the bytes are malformed or `each` refuses an element.
+    fn elements(r: &mut Reader<'_>, mut each: impl FnMut(&str, Bson) -> Option<()>) -> Option<()> {
         let start = r.pos;
         let len = r.i32()?;
         if len < 5 {
@@ -233,7 +251,6 @@ mod fast {
         if end > r.bytes.len() || r.bytes[end - 1] != 0 {
             return None;
         }
-        let mut doc = Document::new();
         loop {
             let tag = r.u8()?;
             if tag == 0 {
@@ -241,40 +258,12 @@ mod fast {
             }
             let key = r.cstr()?;
             let v = value(r, tag)?;
-            if doc.insert(key, v).is_some() {
-                // Duplicate keys: let the bson crate decide.
-                return None;
-            }
+            each(key, v)?;
             if r.pos >= end {
                 return None;
             }
         }
-        (r.pos == end).then_some(doc)
-    }
-
-    fn array(r: &mut Reader<'_>) -> Option<Vec<Bson>> {
-        let start = r.pos;
-        let len = r.i32()?;
-        if len < 5 {
-            return None;
-        }
-        let end = start.checked_add(len as usize)?;
-        if end > r.bytes.len() || r.bytes[end - 1] != 0 {
-            return None;
-        }
-        let mut out = Vec::new();
-        loop {
-            let tag = r.u8()?;
-            if tag == 0 {
-                break;
-            }
-            r.cstr()?;
-            out.push(value(r, tag)?);
-            if r.pos >= end {
-                return None;
-            }
-        }
-        (r.pos == end).then_some(out)
+        (r.pos == end).then_some(())
     }
 
     fn value(r: &mut Reader<'_>, tag: u8) -> Option<Bson> {

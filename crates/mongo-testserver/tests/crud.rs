@@ -373,7 +373,7 @@ async fn indexes_list_and_conflicts() {
     let c = client(&server).await;
     let db = c.database("db");
     let coll = db.collection::<Document>("idx");
-    coll.create_index(
+    let ttl_index = || {
         IndexModel::builder()
             .keys(doc! {"expiresAt": 1})
             .options(
@@ -381,31 +381,12 @@ async fn indexes_list_and_conflicts() {
                     .expire_after(std::time::Duration::from_secs(0))
                     .build(),
             )
-            .build(),
-    )
-    .await
-    .unwrap();
+            .build()
+    };
+    coll.create_index(ttl_index()).await.unwrap();
     // Same index again: no-op.
-    coll.create_index(
-        IndexModel::builder()
-            .keys(doc! {"expiresAt": 1})
-            .options(
-                IndexOptions::builder()
-                    .expire_after(std::time::Duration::from_secs(0))
-                    .build(),
-            )
-            .build(),
-    )
-    .await
-    .unwrap();
-    let specs: Vec<IndexModel> = coll
-        .list_indexes()
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    assert_eq!(specs.len(), 2);
+    coll.create_index(ttl_index()).await.unwrap();
+    assert_eq!(index_count(&coll).await, 2);
     let raw = db
         .run_command(doc! {"listIndexes": "idx", "cursor": {}})
         .await
@@ -431,6 +412,11 @@ async fn indexes_list_and_conflicts() {
         .unwrap_err();
     assert_eq!(code(&err), Some(86));
     coll.drop_index("expiresAt_1").await.unwrap();
+    assert_eq!(index_count(&coll).await, 1);
+    server.shutdown().await;
+}
+
+async fn index_count(coll: &mongodb::Collection<Document>) -> usize {
     let specs: Vec<IndexModel> = coll
         .list_indexes()
         .await
@@ -438,8 +424,7 @@ async fn indexes_list_and_conflicts() {
         .try_collect()
         .await
         .unwrap();
-    assert_eq!(specs.len(), 1);
-    server.shutdown().await;
+    specs.len()
 }
 
 fn args_i64(v: Option<&Bson>) -> Option<i64> {
@@ -595,7 +580,10 @@ async fn upsert_with_expr_in_filter_is_refused_as_mongod_does() {
         .unwrap_err();
     assert_eq!(code(&err), Some(224), "{err}");
     // Without upsert, $expr is fine.
-    let r = coll.update_one(filter, doc! {"$set": {"m": 2}}).await.unwrap();
+    let r = coll
+        .update_one(filter, doc! {"$set": {"m": 2}})
+        .await
+        .unwrap();
     assert_eq!(r.modified_count, 1);
     server.shutdown().await;
 }

@@ -199,7 +199,11 @@ async fn block_connection_delays_the_command() {
         .unwrap();
     // The fail point fired once: the next ping is not blocked (a generous bound, far below the
     // 3 s block, for a shared and noisy machine).
-    assert!(t.elapsed() < Duration::from_millis(2500), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        t.elapsed()
+    );
     server.shutdown().await;
 }
 

@@ -244,6 +244,13 @@ pub struct ExecArgs {
     #[arg(value_name = "NAME")]
     pub name: String,
 
+    #[command(flatten)]
+    pub child: ChildCommand,
+}
+
+/// The command `exec` and `elect` run (the last positional arguments).
+#[derive(Debug, Args)]
+pub struct ChildCommand {
     /// The command and its arguments (after `--`).
     #[arg(
         value_name = "CMD",
@@ -274,15 +281,8 @@ pub struct ElectArgs {
     #[arg(value_name = "NAME")]
     pub name: String,
 
-    /// The command and its arguments (after `--`).
-    #[arg(
-        value_name = "CMD",
-        required = true,
-        num_args = 1..,
-        trailing_var_arg = true,
-        allow_hyphen_values = true
-    )]
-    pub command: Vec<OsString>,
+    #[command(flatten)]
+    pub child: ChildCommand,
 }
 
 #[derive(Debug, Args)]
@@ -379,7 +379,7 @@ mod tests {
         };
         assert_eq!(args.name, "job");
         assert_eq!(args.wait, Wait::For(Duration::ZERO));
-        assert_eq!(args.command, ["ls", "-l", "--wait"]);
+        assert_eq!(args.child.command, ["ls", "-l", "--wait"]);
         assert_eq!(cli.global.db, "x");
     }
 

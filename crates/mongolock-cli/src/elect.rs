@@ -10,10 +10,10 @@ use std::time::Duration;
 use mongolock::election::{Election, Leadership};
 
 use crate::cli::{ElectArgs, GlobalArgs};
-use crate::connect::{connect, Connection};
+use crate::connect::Connection;
 use crate::duration::human;
 use crate::exec::{
-    default_app_name, describe_holder, describe_status, lost_before_finish, spawn, supervise,
+    connect_supervisor, describe_holder, describe_status, lost_before_finish, spawn, supervise,
     Outcome,
 };
 use crate::exit::{self, CliError};
@@ -26,15 +26,19 @@ const RECAMPAIGN_PAUSE: Duration = Duration::from_millis(200);
 /// `mongolock elect`.
 pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> {
     let mut signals = Signals::install()?;
-    let conn = tokio::select! {
-        c = connect(global) => c?,
-        sig = signals.recv() => return Ok(exit::for_signal(sig)),
+    let (conn, provider) = match connect_supervisor(
+        global,
+        &mut signals,
+        "elect",
+        args.ttl,
+        args.app_name.clone(),
+        &args.child.command,
+    )
+    .await?
+    {
+        Ok(connected) => connected,
+        Err(status) => return Ok(status),
     };
-    let app = args
-        .app_name
-        .clone()
-        .unwrap_or_else(|| default_app_name("elect", &args.command));
-    let provider = conn.provider(Some(args.ttl), Some(app))?;
     let election = Election::new(&provider, args.name.clone())
         .and_then(|e| e.with_expiry(args.ttl))
         .map_err(|e| conn.error("cannot use this role name", &e))?;
@@ -68,7 +72,7 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
             leadership.term(),
             human(started.elapsed())
         );
-        let child = match spawn(&args.command, leadership.guard()) {
+        let child = match spawn(&args.child.command, leadership.guard()) {
             Ok(child) => child,
             Err(e) => {
                 if let Err(re) = leadership.resign().await {

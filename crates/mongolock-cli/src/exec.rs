@@ -25,15 +25,19 @@ pub const ENV_FENCING_TOKEN: &str = "MONGOLOCK_FENCING_TOKEN";
 /// `mongolock exec`.
 pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
     let mut signals = Signals::install()?;
-    let conn = tokio::select! {
-        c = connect(global) => c?,
-        sig = signals.recv() => return Ok(exit::for_signal(sig)),
+    let (conn, provider) = match connect_supervisor(
+        global,
+        &mut signals,
+        "exec",
+        args.ttl,
+        args.app_name.clone(),
+        &args.child.command,
+    )
+    .await?
+    {
+        Ok(connected) => connected,
+        Err(status) => return Ok(status),
     };
-    let app = args
-        .app_name
-        .clone()
-        .unwrap_or_else(|| default_app_name("exec", &args.command));
-    let provider = conn.provider(Some(args.ttl), Some(app))?;
     let lock = provider
         .lock(args.name.clone())
         .map_err(|e| conn.error("cannot use this lock name", &e))?;
@@ -76,7 +80,7 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         "lock acquired; starting the command"
     );
 
-    let child = match spawn(&args.command, &guard) {
+    let child = match spawn(&args.child.command, &guard) {
         Ok(child) => child,
         Err(e) => {
             release_quietly(guard, &conn).await;
@@ -85,6 +89,26 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
     };
     let outcome = supervise(&guard, child, &mut signals, args.grace, "the lock").await?;
     finish(guard, outcome, &conn, "the lock").await
+}
+
+/// The start `exec` and `elect` share: connects, and opens a provider whose leases last `ttl`
+/// and name the holder `app_name` (by default `mongolock SUBCOMMAND CMD`). `Err` holds the exit
+/// status when a signal arrives before the connection is made.
+pub async fn connect_supervisor(
+    global: &GlobalArgs,
+    signals: &mut Signals,
+    subcommand: &str,
+    ttl: Duration,
+    app_name: Option<String>,
+    command: &[OsString],
+) -> Result<Result<(Connection, LockProvider), i32>, CliError> {
+    let conn = tokio::select! {
+        c = connect(global) => c?,
+        sig = signals.recv() => return Ok(Err(exit::for_signal(sig))),
+    };
+    let app = app_name.unwrap_or_else(|| default_app_name(subcommand, command));
+    let provider = conn.provider(Some(ttl), Some(app))?;
+    Ok(Ok((conn, provider)))
 }
 
 /// What became of a supervised command.

@@ -328,24 +328,19 @@ async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     assert!(text(&out.stderr).contains("SIGKILL"), "{}", describe(&out));
 }
 
+/// `mongolock exec --wait WAIT busy -- sh -c SCRIPT`.
+async fn exec_busy(env: &Env, wait: &str, script: &str) -> Output {
+    env.run(&["exec", "--wait", wait, "busy", "--", "sh", "-c", script])
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn wait_zero_on_a_held_lock_exits_75_without_running_the_command() {
     let env = Env::new("wait0").await;
     let holder = env.spawn(&["exec", "busy", "--", "sh", "-c", &hold_until("a", "stop")]);
     wait_for("the holder to start", LONG, || env.path("a").exists()).await;
 
-    let out = env
-        .run(&[
-            "exec",
-            "--wait",
-            "0",
-            "busy",
-            "--",
-            "sh",
-            "-c",
-            "touch \"$D/ran\"",
-        ])
-        .await;
+    let out = exec_busy(&env, "0", "touch \"$D/ran\"").await;
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("is held by"), "{}", describe(&out));
@@ -353,18 +348,7 @@ async fn wait_zero_on_a_held_lock_exits_75_without_running_the_command() {
     assert_eq!(stderr.trim().lines().count(), 1, "{}", describe(&out));
 
     let started = Instant::now();
-    let out = env
-        .run(&[
-            "exec",
-            "--wait",
-            "1s",
-            "busy",
-            "--",
-            "sh",
-            "-c",
-            "touch \"$D/ran\"",
-        ])
-        .await;
+    let out = exec_busy(&env, "1s", "touch \"$D/ran\"").await;
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
     assert!(started.elapsed() >= Duration::from_millis(900));
     assert!(!env.path("ran").exists(), "the command must not run");
@@ -374,18 +358,7 @@ async fn wait_zero_on_a_held_lock_exits_75_without_running_the_command() {
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
 
     // Free now: one attempt suffices, and the command's status is passed through.
-    let out = env
-        .run(&[
-            "exec",
-            "--wait",
-            "0",
-            "busy",
-            "--",
-            "sh",
-            "-c",
-            "touch \"$D/ran\"; exit 3",
-        ])
-        .await;
+    let out = exec_busy(&env, "0", "touch \"$D/ran\"; exit 3").await;
     assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
     assert!(env.path("ran").exists());
 }

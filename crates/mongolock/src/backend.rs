@@ -17,7 +17,23 @@
 //!   of stored state.
 //! * **Ownership.** [`extend`](LockBackend::extend) acts only on the caller's unexpired lease;
 //!   [`release`](LockBackend::release) only on the caller's lease.
+//!
+//! # Change notifications (optional)
+//! A backend that learns of changes as they happen (MongoDB through one change stream per
+//! backend, the memory backend directly) can offer three things; all have defaults that poll:
+//!
+//! * [`change_waiter`](LockBackend::change_waiter): an acquirer registers, *before* each
+//!   attempt, for the next change of the name, and waits on it after a busy attempt. One waiting
+//!   acquirer per name and process is woken per change (no stampede). While the waiter
+//!   [is live](ChangeWaiter::is_live), the core sleeps until the holder's reported expiry instead
+//!   of the wait strategy's delay.
+//! * [`wait_for_change`](LockBackend::wait_for_change): every caller is woken on a change (for
+//!   observers that only read).
+//! * [`lease_gone`](LockBackend::lease_gone): a holder learns, unasked, that its lease was taken
+//!   over or ended by someone else.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -115,6 +131,70 @@ pub struct LockInfo {
     pub observed_at: SystemTime,
 }
 
+/// One acquirer's registration for the next change of a lock name, obtained from
+/// [`LockBackend::change_waiter`] *before* an attempt so that a change during the attempt is not
+/// missed.
+///
+/// Backends wake one registered waiter per name per change; a woken waiter that does not get to
+/// act on the change (its attempt failed) hands it on with [`pass_on`](Self::pass_on). Dropping
+/// a waiter that was woken but not yet awaited hands the wake-up on as well.
+#[must_use = "a waiter does nothing unless awaited"]
+pub struct ChangeWaiter {
+    changed: Pin<Box<dyn Future<Output = ()> + Send + 'static>>,
+    pass_on: Option<Box<dyn FnOnce() + Send + 'static>>,
+    live: bool,
+}
+
+impl std::fmt::Debug for ChangeWaiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeWaiter")
+            .field("live", &self.live)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChangeWaiter {
+    /// A waiter that completes when `changed` does. The registration must already be in place
+    /// when this is called (not on the future's first poll). `live` says whether the backend
+    /// currently delivers every change (then the core may sleep until the holder's expiry).
+    pub fn new(changed: impl Future<Output = ()> + Send + 'static, live: bool) -> Self {
+        ChangeWaiter {
+            changed: Box::pin(changed),
+            pass_on: None,
+            live,
+        }
+    }
+
+    /// Sets what [`pass_on`](Self::pass_on) does: wake another waiter of the same name.
+    pub fn with_pass_on(mut self, pass_on: impl FnOnce() + Send + 'static) -> Self {
+        self.pass_on = Some(Box::new(pass_on));
+        self
+    }
+
+    /// Whether the backend delivered every change at registration time. When false, the core
+    /// waits for the wait strategy's delay (a change still ends the wait early).
+    pub fn is_live(&self) -> bool {
+        self.live
+    }
+
+    /// Waits for the change or `max_wait`, whichever is first; true when a change ended it.
+    pub async fn wait(mut self, max_wait: Duration) -> bool {
+        tokio::time::timeout(max_wait, &mut self.changed)
+            .await
+            .is_ok()
+    }
+
+    /// Gives up this registration and wakes another waiter of the same name, if any: called by
+    /// a waiter that was woken by a change but whose attempt failed, so the change is not lost.
+    pub fn pass_on(mut self) {
+        let pass_on = self.pass_on.take();
+        drop(self);
+        if let Some(f) = pass_on {
+            f();
+        }
+    }
+}
+
 /// A storage backend for locks. Object safe: the provider keeps an `Arc<dyn LockBackend>`.
 ///
 /// Implementations make single atomic attempts; see the [module docs](self) for the contract.
@@ -149,10 +229,28 @@ pub trait LockBackend: Send + Sync + 'static {
     async fn force_release(&self, name: &str) -> Result<bool>;
 
     /// Waits until something about `name` may have changed, or `max_wait` passed, whichever is
-    /// first. Spurious early returns are allowed. The default sleeps for `max_wait`.
+    /// first. Every caller waiting on `name` is woken by a change (for observers that read the
+    /// lock; acquirers use [`change_waiter`](Self::change_waiter)). Spurious early returns are
+    /// allowed. The default sleeps for `max_wait`.
     async fn wait_for_change(&self, name: &str, max_wait: Duration) {
         let _ = name;
         tokio::time::sleep(max_wait).await;
+    }
+
+    /// Whether the backend currently learns of every change as it happens (a healthy change
+    /// stream; always for the memory backend). Informational: the acquire loop asks each
+    /// [`ChangeWaiter`] instead. The default is false.
+    fn live_notifications(&self) -> bool {
+        false
+    }
+
+    /// Registers an acquirer's interest in the next change of `name`, effective at once (before
+    /// the caller's attempt). Per name and process, each change wakes one registered waiter (the
+    /// longest waiting). `None` (the default) means the backend has no notifications: the core
+    /// then sleeps with [`wait_for_change`](Self::wait_for_change) and the wait strategy.
+    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
+        let _ = name;
+        None
     }
 
     /// Completes when the backend learns, without being asked, that `lease_id` no longer holds

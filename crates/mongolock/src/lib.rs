@@ -79,7 +79,7 @@ mod options;
 mod provider;
 mod wait;
 
-pub use backend::{AcquireRequest, Attempt, Lease, LeaseId, LockBackend, LockInfo};
+pub use backend::{AcquireRequest, Attempt, ChangeWaiter, Lease, LeaseId, LockBackend, LockInfo};
 pub use backends::memory::MemoryBackend;
 #[cfg(feature = "mongodb")]
 pub use backends::mongo::{MongoBackend, MongoBackendBuilder};

@@ -7,9 +7,27 @@
 //! dropped the acquire future (the receiver is gone) or drops the value unread, the guard's `Drop`
 //! releases the lease in the background. The release is therefore always sent *after* the grant
 //! arrived, never racing ahead of an in-flight acquire on another connection.
+//!
+//! # Waiting while the lock is busy
+//! Before each attempt the loop registers for the next change of the name
+//! ([`LockBackend::change_waiter`](crate::LockBackend::change_waiter)), so a release that happens
+//! while the attempt is in flight is not missed. After a busy attempt:
+//!
+//! * **Live notifications** (a healthy MongoDB change stream, the memory backend): wait for the
+//!   next change, or until the holder's reported expiry plus [`EXPIRY_MARGIN`] when nothing is
+//!   written (a crashed holder), capped at [`LIVE_WAIT_CAP`]. Per process one waiter per name is
+//!   woken per change; if its attempt then fails with an error it passes the wake-up on.
+//! * **No notifications** (standalone server, polling fallback, custom backends): sleep for the
+//!   wait strategy's delay, ended early by
+//!   [`wait_for_change`](crate::LockBackend::wait_for_change).
+//!
+//! The expiry is server time and is compared with this machine's clock only to decide *when to
+//! try again*; who holds the lock is always decided by the server. With this clock ahead of the
+//! server's, an expiry that looks past falls back to the strategy's delay; with it behind, a
+//! takeover after a crash comes late by the difference (at most [`LIVE_WAIT_CAP`] per wait).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -23,6 +41,24 @@ use crate::wait::Backoff;
 
 /// How long the last attempt of a finite acquire may take past the deadline.
 const LAST_ATTEMPT_GRACE: Duration = Duration::from_millis(500);
+
+/// Added to the holder's reported expiry before retrying, so the retry reaches the server after
+/// the lease ran out there (expiry has millisecond resolution).
+const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
+
+/// Longest single wait while notifications are live: a safety net against a lost wake-up or a
+/// clock jump (the backend wakes every waiter whenever notifications stop or restart).
+const LIVE_WAIT_CAP: Duration = Duration::from_secs(60);
+
+/// How long a waiter with live notifications sleeps when nothing is written: until the holder's
+/// expiry (by this machine's clock, which only decides when to retry) plus a margin; the
+/// strategy's `fallback` when the expiry is unknown or already past here.
+fn live_wait(holder_expires_at: Option<SystemTime>, fallback: Duration) -> Duration {
+    match holder_expires_at.and_then(|e| e.duration_since(SystemTime::now()).ok()) {
+        Some(left) if !left.is_zero() => (left + EXPIRY_MARGIN).min(LIVE_WAIT_CAP),
+        _ => fallback,
+    }
+}
 
 /// How long an acquisition may wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -74,7 +110,9 @@ impl std::fmt::Debug for Lock {
 /// What one spawned attempt produced.
 enum Outcome {
     Acquired(LockGuard),
-    Busy,
+    Busy {
+        holder_expires_at: Option<SystemTime>,
+    },
 }
 
 impl Lock {
@@ -151,8 +189,18 @@ impl Lock {
         // whose reply was lost is taken over by the retry instead of staying orphaned.
         let lease_id = LeaseId::random();
         let mut attempts: u64 = 0;
+        // Whether the last wait was ended by a change notification (this waiter was the one
+        // woken for it).
+        let mut woken = false;
         loop {
             attempts += 1;
+            // Registered before the attempt: a change while it is in flight ends the wait at once.
+            let waiter = match timeout {
+                Timeout::Zero => None,
+                Timeout::After(_) | Timeout::Forever => {
+                    self.provider.backend.change_waiter(&self.name)
+                }
+            };
             let result = match timeout {
                 // A finite budget also bounds a hung attempt (blocked connection, unreachable
                 // server): stop waiting at the deadline, with a little grace for the last try.
@@ -185,28 +233,39 @@ impl Lock {
                     );
                     return Ok(Some(guard));
                 }
-                Ok(Outcome::Busy) => {
+                Ok(Outcome::Busy { holder_expires_at }) => {
                     let delay = waits.next_delay();
-                    match remaining {
-                        Some(r) if r.is_zero() => {
-                            tracing::debug!(lock = %self.name, attempts, "lock busy; giving up");
-                            return Ok(None);
-                        }
-                        Some(r) => {
-                            self.provider
-                                .backend
-                                .wait_for_change(&self.name, delay.min(r))
-                                .await
-                        }
+                    if remaining.is_some_and(|r| r.is_zero()) {
+                        tracing::debug!(lock = %self.name, attempts, "lock busy; giving up");
+                        return Ok(None);
+                    }
+                    let wait = match &waiter {
+                        Some(w) if w.is_live() => live_wait(holder_expires_at, delay),
+                        _ => delay,
+                    };
+                    let wait = remaining.map_or(wait, |r| wait.min(r));
+                    woken = match waiter {
+                        Some(w) => w.wait(wait).await,
                         None => {
                             self.provider
                                 .backend
-                                .wait_for_change(&self.name, delay)
-                                .await
+                                .wait_for_change(&self.name, wait)
+                                .await;
+                            false
+                        }
+                    };
+                }
+                Err(e) => {
+                    // A waiter woken for a change whose attempt failed hands the change on, so
+                    // another waiter of this process retries too.
+                    if std::mem::take(&mut woken) {
+                        if let Some(w) = waiter {
+                            w.pass_on();
                         }
                     }
-                }
-                Err(e) if e.is_transient() => {
+                    if !e.is_transient() {
+                        return Err(e);
+                    }
                     if remaining.is_some_and(|r| r.is_zero()) {
                         return Err(e);
                     }
@@ -219,7 +278,6 @@ impl Lock {
                     );
                     tokio::time::sleep(remaining.map_or(delay, |r| delay.min(r))).await;
                 }
-                Err(e) => return Err(e),
             }
         }
     }
@@ -249,7 +307,7 @@ impl Lock {
                     lease,
                     sent_at,
                 ))),
-                Ok(Attempt::Busy { .. }) => Ok(Outcome::Busy),
+                Ok(Attempt::Busy { holder_expires_at }) => Ok(Outcome::Busy { holder_expires_at }),
                 Err(e) => Err(e),
             };
             // If the caller is gone the value comes back here and is dropped: a guard in it

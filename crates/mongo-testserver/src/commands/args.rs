@@ -4,6 +4,7 @@
 use bson::{doc, Bson, Document};
 
 use super::Ctx;
+use crate::engine::compare::type_name;
 use crate::error::{CommandError, CommandResult};
 
 /// Fields every command accepts (drivers add them).
@@ -61,26 +62,6 @@ pub fn as_i64(v: &Bson) -> Option<i64> {
         Bson::Double(f) if f.fract() == 0.0 && f.is_finite() => Some(*f as i64),
         Bson::Decimal128(d) => d.to_string().parse().ok(),
         _ => None,
-    }
-}
-
-fn type_name(v: &Bson) -> &'static str {
-    match v {
-        Bson::Double(_) => "double",
-        Bson::String(_) => "string",
-        Bson::Document(_) => "object",
-        Bson::Array(_) => "array",
-        Bson::Binary(_) => "binData",
-        Bson::ObjectId(_) => "objectId",
-        Bson::Boolean(_) => "bool",
-        Bson::DateTime(_) => "date",
-        Bson::Null => "null",
-        Bson::RegularExpression(_) => "regex",
-        Bson::Int32(_) => "int",
-        Bson::Timestamp(_) => "timestamp",
-        Bson::Int64(_) => "long",
-        Bson::Decimal128(_) => "decimal",
-        _ => "other",
     }
 }
 
@@ -295,6 +276,14 @@ pub fn check_generic(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult
         }
     }
     Ok(())
+}
+
+/// `reply` with the `writeConcernError` of [`write_concern_error`] added when there is one.
+pub fn with_write_concern_error(ctx: &Ctx<'_>, cmd: &Document, mut reply: Document) -> Document {
+    if let Some(wce) = write_concern_error(ctx, cmd) {
+        reply.insert("writeConcernError", wce);
+    }
+    reply
 }
 
 /// The `writeConcernError` a single-node replica set answers for a `w` it cannot satisfy.

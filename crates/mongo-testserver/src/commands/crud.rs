@@ -30,7 +30,7 @@ fn retryable(
     let txn = cmd.get("txnNumber").and_then(args::as_i64);
     let lsid = cmd.get_document("lsid").ok();
     let mut st = ctx.shared.lock();
-    let mut reply = match (txn, lsid) {
+    let reply = match (txn, lsid) {
         (Some(txn), Some(lsid)) => {
             let key = session_key(lsid);
             if let Some(stored) = st.sessions.check(&key, txn)? {
@@ -43,10 +43,7 @@ fn retryable(
         _ => run(&mut st)?,
     };
     drop(st);
-    if let Some(wce) = args::write_concern_error(ctx, cmd) {
-        reply.insert("writeConcernError", wce);
-    }
-    Ok(reply)
+    Ok(args::with_write_concern_error(ctx, cmd, reply))
 }
 
 fn check_batch(len: usize) -> CommandResult<()> {

@@ -72,11 +72,7 @@ pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         .insert(coll.to_owned(), Collection::new(ctx.db, coll, options));
     st.clock.tick();
     std::mem::drop(st);
-    let mut reply = Document::new();
-    if let Some(wce) = args::write_concern_error(ctx, cmd) {
-        reply.insert("writeConcernError", wce);
-    }
-    Ok(reply)
+    Ok(args::with_write_concern_error(ctx, cmd, Document::new()))
 }
 
 /// `drop`.
@@ -86,14 +82,11 @@ pub fn drop(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     let ns = format!("{}.{}", ctx.db, coll);
     let dropped = ctx.shared.lock().drop_collection(ctx.db, coll);
     // MongoDB 7.0: dropping a collection that does not exist succeeds.
-    let mut reply = match dropped {
+    let reply = match dropped {
         Some(n) => doc! {"nIndexesWas": n as i32, "ns": ns},
         None => Document::new(),
     };
-    if let Some(wce) = args::write_concern_error(ctx, cmd) {
-        reply.insert("writeConcernError", wce);
-    }
-    Ok(reply)
+    Ok(args::with_write_concern_error(ctx, cmd, reply))
 }
 
 /// `dropDatabase`.
@@ -107,11 +100,7 @@ pub fn drop_database(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         ));
     }
     ctx.shared.lock().drop_database(ctx.db);
-    let mut reply = Document::new();
-    if let Some(wce) = args::write_concern_error(ctx, cmd) {
-        reply.insert("writeConcernError", wce);
-    }
-    Ok(reply)
+    Ok(args::with_write_concern_error(ctx, cmd, Document::new()))
 }
 
 /// `listCollections`.
@@ -497,10 +486,26 @@ pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
     if added == 0 {
         reply.insert("note", "all indexes already exist");
     }
-    if let Some(wce) = args::write_concern_error(ctx, cmd) {
-        reply.insert("writeConcernError", wce);
+    Ok(args::with_write_concern_error(ctx, cmd, reply))
+}
+
+fn index_not_found(what: String) -> CommandError {
+    CommandError::new(27, "IndexNotFound", what)
+}
+
+fn cannot_drop_id_index() -> CommandError {
+    CommandError::new(72, "InvalidOptions", "cannot drop _id index")
+}
+
+/// The position of the index `name` that `dropIndexes` may drop (not `_id_`).
+fn droppable_index_named(indexes: &[Index], name: &str) -> CommandResult<usize> {
+    if name == "_id_" {
+        return Err(cannot_drop_id_index());
     }
-    Ok(reply)
+    indexes
+        .iter()
+        .position(|i| i.name == name)
+        .ok_or_else(|| index_not_found(format!("index not found with name [{name}]")))
 }
 
 /// `dropIndexes`.
@@ -516,21 +521,12 @@ pub fn drop_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         )
     })?;
     let was = c.indexes.len() as i32;
-    let not_found = |what: String| CommandError::new(27, "IndexNotFound", what);
-    let cannot_drop_id = || CommandError::new(72, "InvalidOptions", "cannot drop _id index");
     match cmd.get("index") {
         Some(Bson::String(s)) if s == "*" => {
             c.indexes.truncate(1);
         }
         Some(Bson::String(name)) => {
-            if name == "_id_" {
-                return Err(cannot_drop_id());
-            }
-            let i = c
-                .indexes
-                .iter()
-                .position(|i| &i.name == name)
-                .ok_or_else(|| not_found(format!("index not found with name [{name}]")))?;
+            let i = droppable_index_named(&c.indexes, name)?;
             c.remove_index(i);
         }
         Some(Bson::Array(names)) => {
@@ -539,15 +535,7 @@ pub fn drop_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
                 let Bson::String(name) = n else {
                     return Err(CommandError::type_mismatch("index names must be strings"));
                 };
-                if name == "_id_" {
-                    return Err(cannot_drop_id());
-                }
-                let i = c
-                    .indexes
-                    .iter()
-                    .position(|i| &i.name == name)
-                    .ok_or_else(|| not_found(format!("index not found with name [{name}]")))?;
-                positions.push(i);
+                positions.push(droppable_index_named(&c.indexes, name)?);
             }
             positions.sort_unstable();
             positions.dedup();
@@ -561,13 +549,13 @@ pub fn drop_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
                 .iter()
                 .position(|i| &i.key == key)
                 .ok_or_else(|| {
-                    not_found(format!(
+                    index_not_found(format!(
                         "can't find index with key: {}",
                         crate::keys::render_doc(key)
                     ))
                 })?;
             if i == 0 {
-                return Err(cannot_drop_id());
+                return Err(cannot_drop_id_index());
             }
             c.remove_index(i);
         }
@@ -581,9 +569,9 @@ pub fn drop_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     }
     st.clock.tick();
     std::mem::drop(st);
-    let mut reply = doc! {"nIndexesWas": was};
-    if let Some(wce) = args::write_concern_error(ctx, cmd) {
-        reply.insert("writeConcernError", wce);
-    }
-    Ok(reply)
+    Ok(args::with_write_concern_error(
+        ctx,
+        cmd,
+        doc! {"nIndexesWas": was},
+    ))
 }

@@ -255,8 +255,11 @@ impl Ctx<'_> {
         ))
     }
 
-    pub(super) fn min_max(&mut self, op: &str, arg: &Bson) -> R {
-        let values: Vec<Bson> = match arg {
+    /// The values `$min`, `$max`, `$sum` and `$avg` work on in an expression: each operand's
+    /// value when there are several, the elements of the single operand's array otherwise
+    /// (missing values are left out).
+    fn accumulator_operands(&mut self, arg: &Bson) -> CommandResult<Vec<Bson>> {
+        Ok(match arg {
             Bson::Array(a) if a.len() != 1 => {
                 let mut out = Vec::new();
                 for e in a {
@@ -277,7 +280,11 @@ impl Ctx<'_> {
                     None => vec![],
                 }
             }
-        };
+        })
+    }
+
+    pub(super) fn min_max(&mut self, op: &str, arg: &Bson) -> R {
+        let values = self.accumulator_operands(arg)?;
         let mut best: Option<Bson> = None;
         for v in values {
             if matches!(v, Bson::Null | Bson::Undefined) {
@@ -302,28 +309,7 @@ impl Ctx<'_> {
     }
 
     pub(super) fn sum_avg(&mut self, op: &str, arg: &Bson) -> R {
-        let values: Vec<Bson> = match arg {
-            Bson::Array(a) if a.len() != 1 => {
-                let mut out = Vec::new();
-                for e in a {
-                    if let Some(v) = self.eval(e)? {
-                        out.push(v);
-                    }
-                }
-                out
-            }
-            other => {
-                let single = match other {
-                    Bson::Array(a) => &a[0],
-                    x => x,
-                };
-                match self.eval(single)? {
-                    Some(Bson::Array(a)) => a,
-                    Some(v) => vec![v],
-                    None => vec![],
-                }
-            }
-        };
+        let values = self.accumulator_operands(arg)?;
         let nums: Vec<Num> = values.iter().filter_map(Num::from_bson).collect();
         if op == "$sum" {
             let s = nums.into_iter().fold(Num::I32(0), num::add);

@@ -49,6 +49,21 @@ enum Container<'a> {
 
 const MAX_PAD: usize = 1_500_000;
 
+/// `value`, not a container, stands at `parts` element `p`: with `create` the path is not viable
+/// (the next part cannot be created in it), without it the path does not exist.
+fn blocked<T>(parts: &[String], p: &str, value: &Bson, create: bool) -> CommandResult<Option<T>> {
+    if create {
+        let next = parts
+            .iter()
+            .skip_while(|x| x.as_str() != p)
+            .nth(1)
+            .map(String::as_str)
+            .unwrap_or("");
+        return Err(path_not_viable(next, p, value));
+    }
+    Ok(None)
+}
+
 /// Finds the slot of `parts`; with `create`, missing intermediate documents are created (and
 /// arrays padded with nulls), and a non-container in the way is an error (PathNotViable);
 /// without it, `None` when the path cannot exist.
@@ -74,18 +89,7 @@ pub(super) fn slot<'a>(
                 match d.get_mut(p) {
                     Some(Bson::Document(sub)) => Container::Doc(sub),
                     Some(Bson::Array(a)) => Container::Arr(a),
-                    Some(other) => {
-                        if create {
-                            let next = parts
-                                .iter()
-                                .skip_while(|x| *x != p)
-                                .nth(1)
-                                .map(String::as_str)
-                                .unwrap_or("");
-                            return Err(path_not_viable(next, p, other));
-                        }
-                        return Ok(None);
-                    }
+                    Some(other) => return blocked(parts, p, other, create),
                     None => return Ok(None),
                 }
             }
@@ -113,18 +117,7 @@ pub(super) fn slot<'a>(
                 match &mut a[idx] {
                     Bson::Document(sub) => Container::Doc(sub),
                     Bson::Array(inner) => Container::Arr(inner),
-                    other => {
-                        if create {
-                            let next = parts
-                                .iter()
-                                .skip_while(|x| *x != p)
-                                .nth(1)
-                                .map(String::as_str)
-                                .unwrap_or("");
-                            return Err(path_not_viable(next, p, other));
-                        }
-                        return Ok(None);
-                    }
+                    other => return blocked(parts, p, other, create),
                 }
             }
         };

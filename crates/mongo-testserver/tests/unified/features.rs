@@ -312,12 +312,7 @@ pub fn outside_issue(test: &Document, entities: &[Bson], client_ids: &[String]) 
             }
         }
     }
-    for op in test
-        .get_array("operations")
-        .into_iter()
-        .flatten()
-        .filter_map(Bson::as_document)
-    {
+    for op in operations(test) {
         let name = op.get_str("name").unwrap_or_default();
         if let Some(reason) = operation_skip(name) {
             return Some(format!("operation {name}: {reason}"));
@@ -335,15 +330,18 @@ pub fn outside_issue(test: &Document, entities: &[Bson], client_ids: &[String]) 
     None
 }
 
-/// Why `test` cannot run through the `mongodb` crate because of a known defect of the driver
-/// (not of any server); such tests are skipped against every deployment, with this reason.
-pub fn driver_defect(test: &Document) -> Option<String> {
-    for op in test
-        .get_array("operations")
+/// The operations of a test (none when it has no `operations` array).
+fn operations(test: &Document) -> impl Iterator<Item = &Document> {
+    test.get_array("operations")
         .into_iter()
         .flatten()
         .filter_map(Bson::as_document)
-    {
+}
+
+/// Why `test` cannot run through the `mongodb` crate because of a known defect of the driver
+/// (not of any server); such tests are skipped against every deployment, with this reason.
+pub fn driver_defect(test: &Document) -> Option<String> {
+    for op in operations(test) {
         let name = op.get_str("name").unwrap_or_default();
         let has_comment = op
             .get_document("arguments")

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
 use mongodb::bson::{doc, Bson, Document};
+use mongodb::change_stream::ChangeStream;
 use mongodb::options::{
     AggregateOptions, ChangeStreamOptions, Collation, CountOptions, CursorType, DeleteOptions,
     DistinctOptions, EstimatedDocumentCountOptions, FindOneAndDeleteOptions,
@@ -49,6 +50,24 @@ impl OpOutput {
             root_documents: true,
             entity: None,
         }
+    }
+    /// A list of names (databases, collections, indexes) as an array of strings.
+    fn names(names: Vec<String>) -> Self {
+        OpOutput::value(names.into_iter().map(Bson::String).collect::<Vec<_>>())
+    }
+    /// A driver object (no value) for `saveResultAsEntity`.
+    fn entity(entity: Entity) -> Self {
+        OpOutput {
+            value: None,
+            root_documents: false,
+            entity: Some(entity),
+        }
+    }
+    fn change_stream(stream: ChangeStream<Document>, client: &str) -> Self {
+        OpOutput::entity(Entity::ChangeStream {
+            stream: Box::new(stream),
+            client: client.to_string(),
+        })
     }
 }
 
@@ -398,6 +417,14 @@ async fn cursor_op(
     }
 }
 
+/// The pipeline and options of a `createChangeStream` (every argument must be one of them).
+fn change_stream_args(mut args: Args) -> Result<(Vec<Document>, ChangeStreamOptions), OpError> {
+    let pipeline = args.docs("pipeline")?.unwrap_or_default();
+    let opts = change_stream_options(&mut args)?;
+    args.finish()?;
+    Ok((pipeline, opts))
+}
+
 fn change_stream_options(args: &mut Args) -> Result<ChangeStreamOptions, OpError> {
     let mut o = ChangeStreamOptions::default();
     o.batch_size = args.u32("batchSize")?;
@@ -450,23 +477,14 @@ async fn client_op(
 ) -> Result<OpOutput, OpError> {
     match name {
         "createChangeStream" => {
-            let pipeline = args.docs("pipeline")?.unwrap_or_default();
-            let opts = change_stream_options(&mut args)?;
-            args.finish()?;
+            let (pipeline, opts) = change_stream_args(args)?;
             let stream = client
                 .watch()
                 .pipeline(pipeline)
                 .with_options(opts)
                 .await?
                 .with_type::<Document>();
-            Ok(OpOutput {
-                value: None,
-                root_documents: false,
-                entity: Some(Entity::ChangeStream {
-                    stream: Box::new(stream),
-                    client: object.to_string(),
-                }),
-            })
+            Ok(OpOutput::change_stream(stream, object))
         }
         "listDatabases" | "listDatabaseNames" => {
             let filter = args.doc("filter")?;
@@ -482,9 +500,7 @@ async fn client_op(
                     action = action.authorized_databases(a);
                 }
                 let names = action.await?;
-                return Ok(OpOutput::value(
-                    names.into_iter().map(Bson::String).collect::<Vec<_>>(),
-                ));
+                return Ok(OpOutput::names(names));
             }
             // The driver's listDatabases returns typed specifications; the raw command reply
             // carries the same documents.
@@ -534,30 +550,19 @@ async fn database_op(
             Ok(OpOutput::value(action.await?))
         }
         "aggregate" => {
-            let pipeline = args.req_docs("pipeline")?;
-            let opts = aggregate_options(&mut args)?;
-            args.finish()?;
+            let (pipeline, opts) = aggregate_args(args)?;
             let cursor = db.aggregate(pipeline).with_options(opts).await?;
             Ok(OpOutput::documents(collect(cursor).await?))
         }
         "createChangeStream" => {
-            let pipeline = args.docs("pipeline")?.unwrap_or_default();
-            let opts = change_stream_options(&mut args)?;
-            args.finish()?;
+            let (pipeline, opts) = change_stream_args(args)?;
             let stream = db
                 .watch()
                 .pipeline(pipeline)
                 .with_options(opts)
                 .await?
                 .with_type::<Document>();
-            Ok(OpOutput {
-                value: None,
-                root_documents: false,
-                entity: Some(Entity::ChangeStream {
-                    stream: Box::new(stream),
-                    client: client_id.to_string(),
-                }),
-            })
+            Ok(OpOutput::change_stream(stream, client_id))
         }
         "createCollection" => {
             let coll = args.req_str("collection")?;
@@ -581,9 +586,7 @@ async fn database_op(
                     action = action.filter(f);
                 }
                 let names = action.await?;
-                return Ok(OpOutput::value(
-                    names.into_iter().map(Bson::String).collect::<Vec<_>>(),
-                ));
+                return Ok(OpOutput::names(names));
             }
             let mut action = db.list_collections();
             if let Some(f) = filter {
@@ -604,6 +607,14 @@ async fn database_op(
             "database operation {other} is not implemented by this runner"
         ))),
     }
+}
+
+/// The pipeline and options of an `aggregate` (every argument must be one of them).
+fn aggregate_args(mut args: Args) -> Result<(Vec<Document>, AggregateOptions), OpError> {
+    let pipeline = args.req_docs("pipeline")?;
+    let opts = aggregate_options(&mut args)?;
+    args.finish()?;
+    Ok((pipeline, opts))
 }
 
 fn aggregate_options(args: &mut Args) -> Result<AggregateOptions, OpError> {
@@ -810,14 +821,10 @@ async fn collection_op(
             if name == "find" {
                 Ok(OpOutput::documents(collect(cursor).await?))
             } else {
-                Ok(OpOutput {
-                    value: None,
-                    root_documents: false,
-                    entity: Some(Entity::Cursor {
-                        cursor: Box::new(cursor),
-                        client: client_id.to_string(),
-                    }),
-                })
+                Ok(OpOutput::entity(Entity::Cursor {
+                    cursor: Box::new(cursor),
+                    client: client_id.to_string(),
+                }))
             }
         }
         "findOne" => {
@@ -934,30 +941,19 @@ async fn collection_op(
             Ok(OpOutput::value(values))
         }
         "aggregate" => {
-            let pipeline = args.req_docs("pipeline")?;
-            let opts = aggregate_options(&mut args)?;
-            args.finish()?;
+            let (pipeline, opts) = aggregate_args(args)?;
             let cursor = coll.aggregate(pipeline).with_options(opts).await?;
             Ok(OpOutput::documents(collect(cursor).await?))
         }
         "createChangeStream" => {
-            let pipeline = args.docs("pipeline")?.unwrap_or_default();
-            let opts = change_stream_options(&mut args)?;
-            args.finish()?;
+            let (pipeline, opts) = change_stream_args(args)?;
             let stream = coll
                 .watch()
                 .pipeline(pipeline)
                 .with_options(opts)
                 .await?
                 .with_type::<Document>();
-            Ok(OpOutput {
-                value: None,
-                root_documents: false,
-                entity: Some(Entity::ChangeStream {
-                    stream: Box::new(stream),
-                    client: client_id.to_string(),
-                }),
-            })
+            Ok(OpOutput::change_stream(stream, client_id))
         }
         "createIndex" => {
             let keys = args.req_doc("keys")?;
@@ -1006,9 +1002,7 @@ async fn collection_op(
         "listIndexNames" => {
             args.finish()?;
             let names = coll.list_index_names().await?;
-            Ok(OpOutput::value(
-                names.into_iter().map(Bson::String).collect::<Vec<_>>(),
-            ))
+            Ok(OpOutput::names(names))
         }
         "drop" => {
             args.finish()?;

@@ -4,7 +4,14 @@
 //! reference implementation of the contract. State lives in a `Mutex<HashMap>` shared by all
 //! clones of a [`MemoryBackend`]. "Server time" is the backend's own clock: the wall-clock time
 //! at creation advanced by a monotonic clock, so it never jumps backwards. Entries are never
-//! removed, so fencing tokens never restart. Waiters are woken on every change.
+//! removed, so fencing tokens never restart.
+//!
+//! # Notifications
+//! Every grant, release and force-release of a name is delivered at once through the same
+//! per-name wake-ups the MongoDB backend uses for its change stream (`backends/wakeups.rs`):
+//! one waiting acquirer per change, every observer, and
+//! [`lease_gone`](crate::LockBackend::lease_gone) for holders, which checks the state directly.
+//! Notifications are always live, so waiters sleep until the holder's expiry.
 //!
 //! # Acquire path
 //! [`MemoryBackend::try_acquire`](crate::LockBackend::try_acquire): under the mutex, the name is
@@ -16,10 +23,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::{AcquireRequest, Attempt, Lease, LeaseId, LockBackend, LockInfo};
+use super::wakeups::{Change, Hub, Status};
+use crate::backend::{
+    AcquireRequest, Attempt, ChangeWaiter, Lease, LeaseId, LockBackend, LockInfo,
+};
 use crate::error::Result;
 use crate::holder::HolderInfo;
 
@@ -39,7 +48,7 @@ struct Inner {
     entries: Mutex<HashMap<String, Entry>>,
     origin_wall: SystemTime,
     origin_mono: Instant,
-    changes: watch::Sender<u64>,
+    hub: Arc<Hub>,
 }
 
 #[derive(Clone)]
@@ -73,7 +82,7 @@ impl MemoryBackend {
                 entries: Mutex::new(HashMap::new()),
                 origin_wall: SystemTime::now(),
                 origin_mono: Instant::now(),
-                changes: watch::channel(0).0,
+                hub: Hub::new(Status::Live),
             }),
         }
     }
@@ -88,8 +97,21 @@ impl MemoryBackend {
         self.inner.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn changed(&self) {
-        self.inner.changes.send_modify(|v| *v = v.wrapping_add(1));
+    fn changed(&self, name: &str, lease_id: Option<&LeaseId>) {
+        self.inner.hub.dispatch(
+            name,
+            Change::Lease {
+                lease_id: lease_id.map(|l| l.as_str().to_owned()),
+                token: None,
+            },
+        );
+    }
+
+    /// Whether `lease_id` is the current lease of `name` (expired or not).
+    fn holds(&self, name: &str, lease_id: &LeaseId) -> bool {
+        self.entries()
+            .get(name)
+            .is_some_and(|e| e.lease_id.as_ref() == Some(lease_id))
     }
 
     fn info(name: &str, e: &Entry, now: SystemTime) -> LockInfo {
@@ -139,7 +161,9 @@ impl LockBackend for MemoryBackend {
                 expires_at: entry.expires_at,
             })
         };
-        self.changed();
+        if matches!(attempt, Attempt::Acquired(_)) {
+            self.changed(&req.name, Some(&req.lease_id));
+        }
         Ok(attempt)
     }
 
@@ -174,7 +198,7 @@ impl LockBackend for MemoryBackend {
             }
         };
         if released {
-            self.changed();
+            self.changed(name, None);
         }
         Ok(released)
     }
@@ -210,13 +234,35 @@ impl LockBackend for MemoryBackend {
             }
         };
         if ended {
-            self.changed();
+            self.changed(name, None);
         }
         Ok(ended)
     }
 
-    async fn wait_for_change(&self, _name: &str, max_wait: Duration) {
-        let mut rx = self.inner.changes.subscribe();
-        let _ = tokio::time::timeout(max_wait, rx.changed()).await;
+    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+        self.inner.hub.wait_for_change(name, max_wait).await;
+    }
+
+    fn live_notifications(&self) -> bool {
+        true
+    }
+
+    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
+        Some(self.inner.hub.change_waiter(name))
+    }
+
+    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+        let entry = self.inner.hub.name(name);
+        // Subscribed before the check, so a change right after it is not missed.
+        let mut changes = entry.state().subscribe();
+        loop {
+            if !self.holds(name, lease_id) {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                // The sender lives in the entry we hold: unreachable, but never busy-loop.
+                std::future::pending::<()>().await;
+            }
+        }
     }
 }

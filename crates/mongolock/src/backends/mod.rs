@@ -6,3 +6,4 @@
 pub mod memory;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
+pub(crate) mod wakeups;

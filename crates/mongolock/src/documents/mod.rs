@@ -118,7 +118,9 @@
 //!   <new lock>}`. MongoDB applies it to one matching document atomically (a concurrent change
 //!   makes the server re-check the query), so two workers never claim the same document.
 //!   `$expr` is allowed in the query because a claim never upserts. An index on your filter
-//!   fields (and sort) keeps claims fast.
+//!   fields (and sort) keeps claims fast. On a sharded collection, MongoDB before 7.1 requires
+//!   `findAndModify` filters to contain the shard key: include it in your claim filter (and
+//!   shard by `_id` to lock by `_id`).
 //! * The new lock is `{leaseId: <random 128 bits>, fencingToken: <previous token> + 1,
 //!   acquiredAt: $$NOW, expiresAt: $$NOW + expiry, holder}`.
 //! * **Extend**: `findAndModify` `{_id, "_lock.leaseId": ours, $expr: {$gt:

@@ -92,20 +92,27 @@ pub(super) async fn try_acquire(
     }
 }
 
+/// The smallest token of the document lifetime that took epoch `epoch` (the counter starts at 1,
+/// so the very first lifetime of a collection starts at token 1): `(epoch - 1) · 2³² + 1`.
+fn token_floor(epoch: i64) -> Option<i64> {
+    epoch
+        .checked_sub(1)
+        .filter(|e| *e >= 0)
+        .and_then(|e| e.checked_mul(EPOCH_SPAN))
+        .and_then(|f| f.checked_add(1))
+}
+
 /// The first grant of a document's lifetime: take a new epoch, then stamp our (unexpired) lease
-/// with `max(token + 1, epoch · 2³² + 1)`.
+/// with `max(token + 1, (epoch - 1) · 2³² + 1)`.
 async fn stamp_token(coll: &Collection<Document>, req: &AcquireRequest) -> Result<Attempt> {
     let epoch = next_epoch(coll).await?;
-    let floor = epoch
-        .checked_mul(EPOCH_SPAN)
-        .and_then(|f| f.checked_add(1))
-        .ok_or_else(|| {
-            Error::backend(
-                format!("the fencing epoch counter reached {epoch}"),
-                "the lock collection has created more than 2^31 lock documents; use a new \
+    let floor = token_floor(epoch).ok_or_else(|| {
+        Error::backend(
+            format!("the fencing epoch counter reached {epoch}"),
+            "the lock collection has created more than 2^31 lock documents; use a new \
                  collection",
-            )
-        })?;
+        )
+    })?;
     let stamped = coll
         .find_one_and_update(
             doc! {
@@ -179,5 +186,24 @@ async fn next_epoch(coll: &Collection<Document>) -> Result<i64> {
             }
             Err(e) => return Err(classify(e, "acquire (fencing epoch)")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_floor;
+
+    #[test]
+    fn the_first_lifetime_starts_at_one_and_lifetimes_do_not_overlap() {
+        assert_eq!(token_floor(1), Some(1));
+        assert_eq!(token_floor(2), Some((1 << 32) + 1));
+        // Every token of lifetime e (below floor(e) + 2^32) is below floor(e + 1).
+        for e in [1_i64, 2, 1000, 1 << 30] {
+            let (this, next) = (token_floor(e).unwrap(), token_floor(e + 1).unwrap());
+            assert_eq!(next - this, 1 << 32);
+        }
+        assert_eq!(token_floor(0), None);
+        assert!(token_floor(1 << 31).is_some());
+        assert_eq!(token_floor(i64::MAX), None);
     }
 }

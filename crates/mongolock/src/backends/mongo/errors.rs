@@ -50,9 +50,9 @@ fn hint_for(code: Option<i32>) -> &'static str {
     }
 }
 
-/// Converts a driver error from operation `op`.
-pub(super) fn classify(e: mongodb::error::Error, op: &str) -> Error {
-    let code = code(&e);
+/// Whether the error may go away by itself: network errors, server selection timeouts, pool
+/// clears, the retryable error labels and the transient codes.
+pub(super) fn is_transient(e: &mongodb::error::Error) -> bool {
     let transient_kind = matches!(
         e.kind.as_ref(),
         ErrorKind::Io(_)
@@ -62,14 +62,114 @@ pub(super) fn classify(e: mongodb::error::Error, op: &str) -> Error {
     let transient_label = e.contains_label("RetryableWriteError")
         || e.contains_label("TransientTransactionError")
         || e.contains_label("RetryableError");
-    let transient_code = code.is_some_and(|c| TRANSIENT_CODES.contains(&c));
-    let message = format!("{op}: {e}");
-    if transient_kind || transient_label || transient_code {
+    transient_kind || transient_label || code(e).is_some_and(|c| TRANSIENT_CODES.contains(&c))
+}
+
+/// The longest part of a driver message we repeat (server selection errors list the whole
+/// topology).
+const MAX_DETAIL: usize = 300;
+
+/// `text` on one line, shortened to [`MAX_DETAIL`] characters.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_DETAIL + 3));
+    let mut last_space = false;
+    for c in text.chars() {
+        let c = if c.is_whitespace() { ' ' } else { c };
+        if c == ' ' && last_space {
+            continue;
+        }
+        last_space = c == ' ';
+        if out.chars().count() >= MAX_DETAIL {
+            out.push_str("...");
+            break;
+        }
+        out.push(c);
+    }
+    out.trim().to_owned()
+}
+
+/// `server error 13 (Unauthorized): not authorized on app to execute command …`
+fn server_error(what: &str, code: i32, code_name: Option<&str>, message: &str) -> String {
+    match code_name.filter(|n| !n.is_empty()) {
+        Some(name) => format!("{what} {code} ({name}): {}", one_line(message)),
+        None => format!("{what} {code}: {}", one_line(message)),
+    }
+}
+
+/// A one-line description of a driver error built from its kind, code, code name and the
+/// server's message — not the driver's `Display`, which adds labels, sources and raw replies.
+pub(super) fn describe(e: &mongodb::error::Error) -> String {
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => {
+            server_error("server error", c.code, Some(&c.code_name), &c.message)
+        }
+        ErrorKind::Write(WriteFailure::WriteError(w)) => {
+            server_error("write error", w.code, w.code_name.as_deref(), &w.message)
+        }
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => server_error(
+            "write concern error",
+            w.code,
+            Some(&w.code_name),
+            &w.message,
+        ),
+        ErrorKind::Io(io) => format!("network error: {}", one_line(&io.to_string())),
+        ErrorKind::ServerSelection { message, .. } => {
+            format!(
+                "no suitable MongoDB server was found: {}",
+                one_line(message)
+            )
+        }
+        ErrorKind::ConnectionPoolCleared { message, .. } => {
+            format!("the connection pool was cleared: {}", one_line(message))
+        }
+        ErrorKind::Authentication { message, .. } => {
+            format!("authentication failed: {}", one_line(message))
+        }
+        ErrorKind::DnsResolve { message, .. } => {
+            format!("DNS resolution failed: {}", one_line(message))
+        }
+        ErrorKind::InvalidArgument { message, .. } => {
+            format!("invalid argument: {}", one_line(message))
+        }
+        ErrorKind::InvalidResponse { message, .. } => {
+            format!("invalid reply from the server: {}", one_line(message))
+        }
+        ErrorKind::IncompatibleServer { message, .. } => {
+            format!("incompatible server: {}", one_line(message))
+        }
+        ErrorKind::BsonDeserialization(d) => {
+            format!(
+                "unexpected document from the server: {}",
+                one_line(&d.to_string())
+            )
+        }
+        ErrorKind::Shutdown => "the MongoDB client was shut down".to_owned(),
+        other => one_line(&other.to_string()),
+    }
+}
+
+/// What to do about a transient error (appended to its message).
+fn transient_hint(e: &mongodb::error::Error) -> &'static str {
+    match e.kind.as_ref() {
+        ErrorKind::Io(_)
+        | ErrorKind::ServerSelection { .. }
+        | ErrorKind::ConnectionPoolCleared { .. } => {
+            "check that MongoDB is running and reachable from this host"
+        }
+        _ => "usually a failover or shutdown in progress; it is retried",
+    }
+}
+
+/// Converts a driver error from operation `op`.
+pub(super) fn classify(e: mongodb::error::Error, op: &str) -> Error {
+    let code = code(&e);
+    if is_transient(&e) {
         return Error::Unavailable {
-            message,
+            message: format!("{op}: {}; {}", describe(&e), transient_hint(&e)),
             source: Some(Box::new(e)),
         };
     }
+    let message = format!("{op}: {}", describe(&e));
     let hint = match e.kind.as_ref() {
         ErrorKind::Authentication { .. } => {
             "authentication failed; check the credentials in the connection string"
@@ -80,6 +180,9 @@ pub(super) fn classify(e: mongodb::error::Error, op: &str) -> Error {
              collection for locks"
         }
         ErrorKind::Shutdown => "the MongoDB client was shut down; create a new client",
+        ErrorKind::InvalidArgument { .. } => {
+            "the driver refused the request; check the client options and the lock name"
+        }
         _ => hint_for(code),
     };
     Error::Backend {
@@ -87,5 +190,27 @@ pub(super) fn classify(e: mongodb::error::Error, op: &str) -> Error {
         code,
         hint: hint.to_owned(),
         source: Some(Box::new(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_one_short_line() {
+        let long = format!("first line\nsecond\tline {}", "x".repeat(1000));
+        let m = one_line(&long);
+        assert!(!m.contains('\n') && !m.contains('\t'));
+        assert!(m.starts_with("first line second line x"));
+        assert!(m.ends_with("...") && m.chars().count() <= MAX_DETAIL + 3);
+        assert_eq!(
+            server_error("server error", 13, Some("Unauthorized"), "not authorized"),
+            "server error 13 (Unauthorized): not authorized"
+        );
+        assert_eq!(
+            server_error("write error", 11000, None, "dup"),
+            "write error 11000: dup"
+        );
     }
 }

@@ -28,16 +28,19 @@
 //! monitor deletes documents (after `expiresAt + cleanup_after`). A document created by the
 //! upsert has no token yet (`$add` of a missing field gives null), and neither does any grant
 //! until the first one that *stamps* it: the acquirer then increments the per-collection epoch
-//! counter (`$inc`, upsert) and sets `fencingToken = max(fencingToken + 1, epoch · 2³² + 1)` on
-//! its own unexpired lease. This costs two extra round trips on the first acquisition of a name
-//! (and after each TTL cleanup) only.
+//! counter (`$inc`, upsert; the first increment creates it with epoch 1) and sets
+//! `fencingToken = max(fencingToken + 1, (epoch - 1) · 2³² + 1)` on its own unexpired lease. So
+//! the first name ever locked in a collection gets token 1, and each later document lifetime
+//! starts in a fresh range of 2³² tokens. This costs two extra round trips on the first
+//! acquisition of a name (and after each TTL cleanup) only.
 //!
 //! Why tokens keep growing: the epoch is incremented *after* the document was created, and every
 //! earlier lifetime of the name obtained its epoch before its document was deleted, which was
-//! before this document was created. So the new epoch `e` is larger than every earlier lifetime's
-//! epoch `e'`, and earlier tokens are below `(e' + 1) · 2³² <= e · 2³²`. Bound: fewer than 2³²
-//! (4 billion) acquisitions per lifetime of a document, and fewer than 2³¹ document creations per
-//! collection.
+//! before this document was created. So the new epoch `e` is larger than every earlier
+//! lifetime's epoch `e'`, i.e. `e' <= e - 1`. The lifetime with epoch `e'` issued tokens from
+//! `(e' - 1) · 2³² + 1` upwards, fewer than 2³² of them, so all below `e' · 2³² <= (e - 1) · 2³²`,
+//! which is below the new floor `(e - 1) · 2³² + 1`. Bound: fewer than 2³² (4 billion)
+//! acquisitions per lifetime of a document, and at most 2³¹ document creations per collection.
 //!
 //! # Extend and release
 //! * Extend: `findAndModify` with filter `{_id, leaseId: ours, $expr: {$gt: ["$expiresAt",
@@ -69,7 +72,9 @@ mod document;
 mod errors;
 mod index;
 mod ops;
+mod watch;
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -77,7 +82,7 @@ use mongodb::bson::Document;
 use mongodb::options::{CollectionOptions, WriteConcern};
 use mongodb::{Collection, Database};
 
-use crate::backend::{AcquireRequest, Attempt, LeaseId, LockBackend, LockInfo};
+use crate::backend::{AcquireRequest, Attempt, ChangeWaiter, LeaseId, LockBackend, LockInfo};
 use crate::error::{Error, Result};
 
 /// Default lock collection, as DistributedLock.MongoDB.
@@ -107,6 +112,8 @@ pub struct MongoBackend {
     reads: Collection<Document>,
     cleanup_after: Duration,
     create_ttl_index: bool,
+    /// The change stream shared by all clones (see `watch.rs`).
+    watch: Arc<watch::Watcher>,
 }
 
 /// Builds a [`MongoBackend`]; see [`MongoBackend::builder`].
@@ -165,9 +172,11 @@ impl MongoBackendBuilder {
         let options = CollectionOptions::builder()
             .write_concern(self.write_concern)
             .build();
+        let reads = self.db.collection(&self.collection);
         Ok(MongoBackend {
             coll: self.db.collection_with_options(&self.collection, options),
-            reads: self.db.collection(&self.collection),
+            watch: Arc::new(watch::Watcher::new(reads.clone())),
+            reads,
             cleanup_after: self.cleanup_after,
             create_ttl_index: self.create_ttl_index,
         })
@@ -241,6 +250,13 @@ impl MongoBackend {
     pub async fn ensure_indexes(&self) -> Result<()> {
         index::create_ttl_index(&self.coll, self.cleanup_after).await
     }
+
+    /// How many lock names currently have an entry in the change-stream registry (names this
+    /// backend's waiters wait on or its guards hold). For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn watched_names(&self) -> usize {
+        self.watch.watched_names()
+    }
 }
 
 #[async_trait]
@@ -249,7 +265,12 @@ impl LockBackend for MongoBackend {
         if self.create_ttl_index {
             index::ensure_in_background(&self.coll, self.cleanup_after);
         }
-        acquire::try_acquire(&self.coll, req).await
+        let attempt = acquire::try_acquire(&self.coll, req).await?;
+        if let Attempt::Acquired(lease) = &attempt {
+            self.watch
+                .granted(&req.name, &req.lease_id, lease.fencing_token);
+        }
+        Ok(attempt)
     }
 
     async fn extend(
@@ -262,7 +283,10 @@ impl LockBackend for MongoBackend {
     }
 
     async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
-        ops::release(&self.coll, name, lease_id).await
+        let released = ops::release(&self.coll, name, lease_id).await;
+        // Released, or given up on (the lease then expires): no more loss detection for it.
+        self.watch.released(lease_id);
+        released
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
@@ -275,6 +299,23 @@ impl LockBackend for MongoBackend {
 
     async fn force_release(&self, name: &str) -> Result<bool> {
         ops::force_release(&self.coll, name).await
+    }
+
+    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+        self.watch.wait_for_change(name, max_wait).await;
+    }
+
+    /// True while the change stream delivers every change; starts it if it is not running.
+    fn live_notifications(&self) -> bool {
+        self.watch.is_live()
+    }
+
+    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
+        self.watch.change_waiter(name)
+    }
+
+    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+        self.watch.lease_gone(name, lease_id).await;
     }
 }
 

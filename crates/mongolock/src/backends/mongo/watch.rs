@@ -1,0 +1,595 @@
+//! Change-stream wake-ups and early loss detection: **one change stream per [`MongoBackend`]**
+//! (shared by all its clones, every waiter and every holder), started on first need.
+//!
+//! # The stream
+//! A background task watches the lock collection with
+//!
+//! ```text
+//! $match: operationType in [insert, replace, delete, drop, dropDatabase, rename, invalidate]
+//!         or (operationType = update and updateDescription.updatedFields.leaseId exists)
+//! $project: operationType, ns, documentKey, updatedFields.{leaseId, fencingToken},
+//!           fullDocument.{leaseId, fencingToken}
+//! ```
+//!
+//! so it sees grants, releases, takeovers and deletions, but not extensions (they change only
+//! `expiresAt`) and no busy attempts (they write nothing). No `fullDocument: "updateLookup"`
+//! is needed: an update event carries the new `leaseId` (and the new token on a grant) as of the
+//! event. Each event is dispatched to the name's entry in a registry (`backends/wakeups.rs`),
+//! which holds only names that somebody in this process waits on or holds; the task ends when the
+//! last clone of the backend is dropped.
+//!
+//! # Wake-ups, without a stampede
+//! An acquirer registers for the name's next change before each attempt; an event wakes the
+//! longest-waiting registered acquirer of the name in this process (one per event), which
+//! retries at once. With the stream healthy, a busy acquirer otherwise sleeps until the holder's
+//! reported expiry (a crashed holder writes nothing). Observers
+//! ([`wait_for_change`](crate::LockBackend::wait_for_change)) are all woken.
+//!
+//! # Early loss detection
+//! [`lease_gone`](crate::LockBackend::lease_gone) completes when an event shows the name with
+//! another lease id or none. Events can arrive late (an old release delivered after our grant),
+//! so a change that names a *token* is judged by it: below our token it is old news, at or
+//! above it the lease is gone. Changes without a token (a release, a delete, an insert of a new
+//! document) are checked with one read of the lock document. The backend remembers the token of
+//! every lease it granted until the lease is released.
+//!
+//! # Fallback and resume
+//! * Opening the stream fails with a non-resumable error (a standalone server answers 40573, a
+//!   missing `changeStream`/`find` privilege 13, old versions 40324/115, ...): the backend polls
+//!   with the configured wait strategy from then on, logs it once (`tracing`), and `lease_gone`
+//!   stays pending (loss is detected by extension and the local deadline).
+//! * A resumable error (network, failover, `ResumableChangeStreamError`): the driver resumes once
+//!   by itself; beyond that the task reopens the stream from its resume token (after a short
+//!   backoff if it keeps failing), so no event is lost. While it cannot, waiters are woken and
+//!   poll with the wait strategy.
+//! * The resume token is refused (history lost, 286) or the stream fails otherwise, or the
+//!   collection was dropped (invalidate): the stream is reopened from now, and **every waiter is
+//!   woken to re-check** once it is open, since changes in between are unknown.
+//! * After every fresh open every waiter is woken once too: a release between the first
+//!   registration and the open could otherwise slip by.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::change_stream::event::ResumeToken;
+use mongodb::change_stream::ChangeStream;
+use mongodb::Collection;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::document::{self, LEASE_ID, TOKEN};
+use super::errors;
+use crate::backend::{ChangeWaiter, LeaseId};
+use crate::backends::wakeups::{Change, Hub, NameRef, Status};
+use crate::wait::WaitStrategy;
+
+/// Leases remembered for loss detection; beyond this (leaked guards), new grants are not
+/// remembered and their changes are checked with a read instead.
+const MAX_REMEMBERED_LEASES: usize = 1 << 20;
+
+/// A stream that broke sooner than this after opening is reopened after a backoff.
+const HEALTHY_AFTER: Duration = Duration::from_secs(1);
+
+/// A lease granted by this backend, remembered until it is released.
+struct Held {
+    /// Keeps the name's entry (and so its latest change) while the lease is held.
+    entry: NameRef,
+    token: u64,
+    /// The last change judged for this lease.
+    seen: u64,
+}
+
+/// The shared change stream of one backend; see the [module docs](self).
+pub(super) struct Watcher {
+    hub: Arc<Hub>,
+    coll: Collection<Document>,
+    /// Dropping the sender (with the backend) stops the task.
+    task: Mutex<Option<oneshot::Sender<()>>>,
+    held: Mutex<HashMap<LeaseId, Held>>,
+}
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher")
+            .field("status", &self.hub.status())
+            .field("watched_names", &self.hub.watched_names())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a change means for a holder.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Still ours (or old news).
+    Held,
+    /// Another lease id, or none, at or after our grant.
+    Gone,
+    /// Cannot tell from the event: read the document.
+    Check,
+}
+
+fn judge(change: &Change, ours: &LeaseId, our_token: Option<u64>) -> Verdict {
+    match change {
+        Change::Nothing => Verdict::Held,
+        Change::Unknown => Verdict::Check,
+        Change::Lease {
+            lease_id: Some(l), ..
+        } if l == ours.as_str() => Verdict::Held,
+        Change::Lease { token: Some(t), .. } => match our_token {
+            // A change from before our grant, delivered late.
+            Some(mine) if *t < mine => Verdict::Held,
+            Some(_) => Verdict::Gone,
+            None => Verdict::Check,
+        },
+        Change::Lease { token: None, .. } => Verdict::Check,
+    }
+}
+
+impl Watcher {
+    pub(super) fn new(coll: Collection<Document>) -> Watcher {
+        Watcher {
+            hub: Hub::new(Status::Idle),
+            coll,
+            task: Mutex::new(None),
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<LeaseId, Held>> {
+        // Single inserts/removes/assignments: a poisoned map is consistent.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the stream task unless it runs (or notifications are unavailable). Needs a Tokio
+    /// runtime; without one nothing starts and callers poll.
+    pub(super) fn ensure_started(&self) {
+        if self.hub.status() != Status::Idle {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.hub.transition(Status::Idle, Status::Opening) {
+            return;
+        }
+        let (stop, stopped) = oneshot::channel();
+        // Replacing an earlier sender stops an earlier task, should one still run.
+        *task = Some(stop);
+        runtime.spawn(run(self.hub.clone(), self.coll.clone(), stopped));
+    }
+
+    /// Whether every change is delivered; starts the stream if needed.
+    pub(super) fn is_live(&self) -> bool {
+        self.ensure_started();
+        self.hub.is_live()
+    }
+
+    pub(super) fn watched_names(&self) -> usize {
+        self.hub.watched_names()
+    }
+
+    pub(super) fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
+        self.ensure_started();
+        if self.hub.status() == Status::Unavailable {
+            return None;
+        }
+        Some(self.hub.change_waiter(name))
+    }
+
+    pub(super) async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+        self.ensure_started();
+        if self.hub.status() == Status::Unavailable {
+            tokio::time::sleep(max_wait).await;
+        } else {
+            self.hub.wait_for_change(name, max_wait).await;
+        }
+    }
+
+    /// Remembers a lease this backend granted (its token, and which changes are news to it).
+    pub(super) fn granted(&self, name: &str, lease_id: &LeaseId, token: u64) {
+        let entry = self.hub.name(name);
+        let seen = self.hub.seq();
+        let mut held = self.held();
+        if held.len() < MAX_REMEMBERED_LEASES || held.contains_key(lease_id) {
+            held.insert(lease_id.clone(), Held { entry, token, seen });
+        }
+    }
+
+    /// Forgets a lease (released).
+    pub(super) fn released(&self, lease_id: &LeaseId) {
+        let removed = self.held().remove(lease_id);
+        // The entry handle is dropped outside the map lock.
+        drop(removed);
+    }
+
+    pub(super) async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+        self.ensure_started();
+        let entry = self.hub.name(name);
+        let mut changes = entry.state().subscribe();
+        let remembered = self
+            .held()
+            .get(lease_id)
+            .filter(|h| &*h.entry.name() == name)
+            .map(|h| (h.token, h.seen));
+        let (token, mut seen) = match remembered {
+            Some((token, seen)) => (Some(token), seen),
+            // Not granted here: only later changes are news.
+            None => (None, changes.borrow().0),
+        };
+        loop {
+            if self.hub.status() == Status::Unavailable {
+                // No more events will come: loss is detected by extension.
+                return std::future::pending().await;
+            }
+            let (seq, change) = changes.borrow_and_update().clone();
+            if seq > seen {
+                let gone = match judge(&change, lease_id, token) {
+                    Verdict::Held => false,
+                    Verdict::Gone => true,
+                    Verdict::Check => !self.still_holds(name, lease_id).await,
+                };
+                if gone {
+                    tracing::debug!(lock = %name, "the change stream shows the lease gone");
+                    return;
+                }
+                seen = seq;
+                if let Some(h) = self.held().get_mut(lease_id) {
+                    h.seen = h.seen.max(seq);
+                }
+            }
+            if changes.changed().await.is_err() {
+                // The sender lives in the entry we hold; never busy-loop.
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// One read: whether `lease_id` is still the lease of `name`. A failed read counts as
+    /// "still held" (the next extension decides).
+    async fn still_holds(&self, name: &str, lease_id: &LeaseId) -> bool {
+        match self
+            .coll
+            .find_one(doc! { "_id": name })
+            .projection(doc! { LEASE_ID: 1 })
+            .await
+        {
+            Ok(Some(d)) => document::lease_id(&d) == Some(lease_id.as_str()),
+            Ok(None) => false,
+            Err(e) => {
+                tracing::debug!(lock = %name, error = %errors::describe(&e), "could not check the lease after a change; the next extension will");
+                true
+            }
+        }
+    }
+}
+
+/// The stream's pipeline; see the [module docs](self).
+fn pipeline() -> Vec<Document> {
+    let updated = |f: &str| format!("updateDescription.updatedFields.{f}");
+    let full = |f: &str| format!("fullDocument.{f}");
+    vec![
+        doc! { "$match": { "$or": [
+            { "operationType": { "$in": [
+                "insert", "replace", "delete", "drop", "dropDatabase", "rename", "invalidate",
+            ] } },
+            { "operationType": "update", updated(LEASE_ID): { "$exists": true } },
+        ] } },
+        doc! { "$project": {
+            "operationType": 1,
+            "ns": 1,
+            "documentKey": 1,
+            updated(LEASE_ID): 1,
+            updated(TOKEN): 1,
+            full(LEASE_ID): 1,
+            full(TOKEN): 1,
+        } },
+    ]
+}
+
+/// The lease fields of a (partial) document: `leaseId` (string or null) and `fencingToken`.
+fn lease_change(fields: Option<&Document>) -> Change {
+    let Some(d) = fields else {
+        return Change::Unknown;
+    };
+    let lease_id = match d.get(LEASE_ID) {
+        Some(Bson::String(s)) => Some(s.clone()),
+        Some(Bson::Null) => None,
+        _ => return Change::Unknown,
+    };
+    let token = match d.get(TOKEN) {
+        Some(Bson::Int64(t)) => u64::try_from(*t).ok(),
+        Some(Bson::Int32(t)) => u64::try_from(*t).ok(),
+        _ => None,
+    };
+    Change::Lease { lease_id, token }
+}
+
+/// What one event means.
+#[derive(Debug, PartialEq, Eq)]
+enum Event<'a> {
+    /// A change of one lock.
+    Name(&'a str, Change),
+    /// Every lock may have changed (the collection was dropped or renamed).
+    All,
+    /// Not about a lock (the epoch counter, unknown event types).
+    Ignore,
+}
+
+fn interpret(ev: &Document) -> Event<'_> {
+    let op = ev.get_str("operationType").unwrap_or("");
+    let name = || {
+        ev.get_document("documentKey")
+            .ok()
+            .and_then(|k| k.get_str("_id").ok())
+    };
+    match op {
+        "insert" | "replace" | "update" | "delete" => {
+            // Lock names are strings; the epoch counter's _id is not.
+            let Some(name) = name() else {
+                return Event::Ignore;
+            };
+            let change = match op {
+                "update" => lease_change(
+                    ev.get_document("updateDescription")
+                        .ok()
+                        .and_then(|u| u.get_document("updatedFields").ok()),
+                ),
+                "delete" => Change::Unknown,
+                _ => lease_change(ev.get_document("fullDocument").ok()),
+            };
+            Event::Name(name, change)
+        }
+        "drop" | "dropDatabase" | "rename" | "invalidate" => Event::All,
+        _ => Event::Ignore,
+    }
+}
+
+fn dispatch(hub: &Hub, ev: &Document) {
+    match interpret(ev) {
+        Event::Name(name, change) => hub.dispatch(name, change),
+        Event::All => hub.wake_all(true),
+        Event::Ignore => {}
+    }
+}
+
+/// Whether reopening from the resume token can work: network errors, failovers, the
+/// `ResumableChangeStreamError` label, a lost cursor.
+fn is_resumable(e: &mongodb::error::Error) -> bool {
+    const CURSOR_NOT_FOUND: i32 = 43;
+    e.contains_label("ResumableChangeStreamError")
+        || errors::is_transient(e)
+        || errors::code(e) == Some(CURSOR_NOT_FOUND)
+}
+
+async fn open(
+    coll: &Collection<Document>,
+    resume: Option<ResumeToken>,
+) -> mongodb::error::Result<ChangeStream<Document>> {
+    let stream = coll
+        .watch()
+        .pipeline(pipeline())
+        .resume_after(resume)
+        .await?;
+    Ok(stream.with_type::<Document>())
+}
+
+/// Marks the task gone when it ends for any reason (also when its runtime shuts down), so the
+/// next use starts a new one, and wakes every waiter so nobody waits for events that will not
+/// come.
+struct Running(Arc<Hub>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.status() != Status::Unavailable {
+            self.0.set_status(Status::Idle);
+        }
+        self.0.wake_all(false);
+    }
+}
+
+/// Sleeps for `d` unless stopped first; false when stopped.
+async fn pause(d: Duration, stopped: &mut oneshot::Receiver<()>) -> bool {
+    tokio::select! {
+        _ = stopped => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+fn retry_backoff() -> crate::wait::Backoff {
+    WaitStrategy::ExponentialBackoff {
+        initial: Duration::from_millis(50),
+        max: Duration::from_secs(5),
+        multiplier: 2.0,
+        jitter: 0.25,
+    }
+    .start()
+}
+
+/// The stream task; see the [module docs](self).
+async fn run(hub: Arc<Hub>, coll: Collection<Document>, mut stopped: oneshot::Receiver<()>) {
+    let _running = Running(hub.clone());
+    let ns = coll.namespace().to_string();
+    let mut resume: Option<ResumeToken> = None;
+    let mut retry = retry_backoff();
+    let mut warned = false;
+    loop {
+        let opened = tokio::select! {
+            _ = &mut stopped => return,
+            r = open(&coll, resume.clone()) => r,
+        };
+        let mut stream = match opened {
+            Ok(s) => s,
+            Err(e) if !is_resumable(&e) => {
+                if resume.take().is_some() {
+                    tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream cannot resume from its resume token; reopening it from now and waking every waiter to re-check");
+                    hub.set_status(Status::Opening);
+                    hub.wake_all(false);
+                    continue;
+                }
+                log_unavailable(&ns, &e);
+                hub.set_status(Status::Unavailable);
+                hub.wake_all(false);
+                return;
+            }
+            Err(e) => {
+                if !warned {
+                    warned = true;
+                    tracing::warn!(namespace = %ns, error = %errors::describe(&e), "cannot open the lock change stream; waiters poll until it is back");
+                } else {
+                    tracing::debug!(namespace = %ns, error = %errors::describe(&e), "cannot open the lock change stream yet");
+                }
+                // Waiters sleeping until an expiry switch to polling while the stream is down
+                // (the resume later replays what they missed).
+                if hub.status() != Status::Opening {
+                    hub.set_status(Status::Opening);
+                    hub.wake_all(false);
+                }
+                if !pause(retry.next_delay(), &mut stopped).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let opened_at = Instant::now();
+        let fresh = resume.is_none();
+        hub.set_status(Status::Live);
+        if warned {
+            tracing::info!(namespace = %ns, "the lock change stream is back");
+            warned = false;
+        }
+        if fresh {
+            tracing::debug!(namespace = %ns, "lock change stream open");
+            // Whatever happened before the stream opened is unknown: everyone re-checks once.
+            hub.wake_all(false);
+        } else {
+            tracing::debug!(namespace = %ns, "lock change stream resumed");
+        }
+        let broke = loop {
+            let next = tokio::select! {
+                _ = &mut stopped => return,
+                n = stream.next() => n,
+            };
+            match next {
+                Some(Ok(ev)) => dispatch(&hub, &ev),
+                Some(Err(e)) => break Some(e),
+                None => break None,
+            }
+        };
+        let quick = opened_at.elapsed() < HEALTHY_AFTER;
+        if !quick {
+            retry = retry_backoff();
+        }
+        match broke {
+            Some(e) if is_resumable(&e) => {
+                tracing::debug!(namespace = %ns, error = %errors::describe(&e), "lock change stream interrupted; resuming it from its resume token");
+                resume = stream.resume_token();
+                hub.set_status(if resume.is_some() {
+                    Status::Resuming
+                } else {
+                    Status::Opening
+                });
+                if resume.is_none() {
+                    hub.wake_all(false);
+                }
+            }
+            Some(e) => {
+                tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream failed; reopening it from now and waking every waiter to re-check");
+                resume = None;
+                hub.set_status(Status::Opening);
+                hub.wake_all(false);
+            }
+            None => {
+                tracing::debug!(namespace = %ns, "the lock change stream was invalidated (collection dropped or renamed); reopening it");
+                resume = None;
+                hub.set_status(Status::Opening);
+                hub.wake_all(true);
+            }
+        }
+        drop(stream);
+        if quick && !pause(retry.next_delay(), &mut stopped).await {
+            return;
+        }
+    }
+}
+
+/// Logs, once per backend (the task ends after it), why notifications are unavailable.
+fn log_unavailable(ns: &str, e: &mongodb::error::Error) {
+    const NOT_A_REPLICA_SET: i32 = 40573;
+    let error = errors::describe(e);
+    if errors::code(e) == Some(NOT_A_REPLICA_SET) {
+        tracing::info!(namespace = %ns, %error, "change streams need a replica set; lock waiters poll with the configured wait strategy and loss is detected by extension");
+    } else {
+        tracing::warn!(namespace = %ns, %error, "cannot open a change stream on the lock collection (it needs a replica set, MongoDB 4.4+ and the changeStream and find privileges); lock waiters poll with the configured wait strategy and loss is detected by extension");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(id: Option<&str>, token: Option<u64>) -> Change {
+        Change::Lease {
+            lease_id: id.map(str::to_owned),
+            token,
+        }
+    }
+
+    #[test]
+    fn holders_judge_changes_by_lease_id_and_token() {
+        let ours = LeaseId::from_string("ours");
+        // Our own grant or a re-grant after a lost reply.
+        assert_eq!(judge(&lease(Some("ours"), Some(7)), &ours, Some(7)), Verdict::Held);
+        // Someone else's grant from before ours, delivered late.
+        assert_eq!(judge(&lease(Some("old"), Some(6)), &ours, Some(7)), Verdict::Held);
+        // A takeover.
+        assert_eq!(judge(&lease(Some("new"), Some(8)), &ours, Some(7)), Verdict::Gone);
+        // A full document showing our token without our lease: released or forced.
+        assert_eq!(judge(&lease(None, Some(7)), &ours, Some(7)), Verdict::Gone);
+        // A release (no token in the update): whose? Read.
+        assert_eq!(judge(&lease(None, None), &ours, Some(7)), Verdict::Check);
+        assert_eq!(judge(&lease(Some("x"), Some(9)), &ours, None), Verdict::Check);
+        assert_eq!(judge(&Change::Unknown, &ours, Some(7)), Verdict::Check);
+        assert_eq!(judge(&Change::Nothing, &ours, Some(7)), Verdict::Held);
+    }
+
+    #[test]
+    fn events_are_interpreted() {
+        let update = doc! {
+            "operationType": "update",
+            "documentKey": { "_id": "a" },
+            "updateDescription": { "updatedFields": { "leaseId": "L", "fencingToken": 5_i64 } },
+        };
+        assert_eq!(interpret(&update), Event::Name("a", lease(Some("L"), Some(5))));
+        let release = doc! {
+            "operationType": "update",
+            "documentKey": { "_id": "a" },
+            "updateDescription": { "updatedFields": { "leaseId": Bson::Null } },
+        };
+        assert_eq!(interpret(&release), Event::Name("a", lease(None, None)));
+        let insert = doc! {
+            "operationType": "insert",
+            "documentKey": { "_id": "b" },
+            "fullDocument": { "leaseId": "M", "fencingToken": Bson::Null },
+        };
+        assert_eq!(interpret(&insert), Event::Name("b", lease(Some("M"), None)));
+        let delete = doc! { "operationType": "delete", "documentKey": { "_id": "c" } };
+        assert_eq!(interpret(&delete), Event::Name("c", Change::Unknown));
+        let epoch = doc! {
+            "operationType": "update",
+            "documentKey": { "_id": { "mongolock": "fencing-epoch" } },
+        };
+        assert_eq!(interpret(&epoch), Event::Ignore);
+        assert_eq!(interpret(&doc! { "operationType": "drop" }), Event::All);
+        assert_eq!(interpret(&doc! { "operationType": "invalidate" }), Event::All);
+        let odd = doc! {
+            "operationType": "replace",
+            "documentKey": { "_id": "d" },
+            "fullDocument": { "other": 1 },
+        };
+        assert_eq!(interpret(&odd), Event::Name("d", Change::Unknown));
+    }
+}

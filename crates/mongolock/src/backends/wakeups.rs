@@ -1,0 +1,348 @@
+//! Per-name wake-ups for backends that learn of changes as they happen (the memory backend from
+//! its own writes, MongoDB from its change stream).
+//!
+//! A [`Hub`] keeps a registry `name → NameState` holding, for one lock name:
+//!
+//! * `turn`: a [`Notify`] for acquirers. Each change calls `notify_one`, which wakes the
+//!   longest-waiting registered acquirer (or, when none is registered, stores one permit for the
+//!   next). Acquirers register *before* their attempt ([`Hub::change_waiter`]), so a change that
+//!   happens during the attempt wakes them as soon as they wait. This is the no-stampede rule:
+//!   per process, one acquirer retries per change; a woken acquirer whose attempt fails passes
+//!   the wake-up on, and one that is dropped after being woken passes it on as well (tokio's
+//!   `Notify` forwards an unconsumed `notify_one`).
+//! * `all`: a [`Notify`] for observers ([`Hub::wait_for_change`]); every one is woken.
+//! * `changes`: a [`watch`] of the latest change (with a hub-wide sequence number), for holders
+//!   that want to know whether their lease is gone. Coalescing is safe: once a lease id has
+//!   lost a name it never gets it back, so the latest change decides.
+//!
+//! Entries are reference counted by [`NameRef`] handles and removed when the last one is
+//! dropped, so the registry holds only names somebody in this process waits on or holds (it
+//! scales to thousands of names). Dispatching a change to a name nobody watches is one hash
+//! lookup.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+
+use crate::backend::ChangeWaiter;
+
+/// What one change tells about a name's lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Nothing observed yet.
+    Nothing,
+    /// After the change the name is held by `lease_id` (`None`: no lease), with `token` when the
+    /// change reported it.
+    Lease {
+        lease_id: Option<String>,
+        token: Option<u64>,
+    },
+    /// Something happened that the event does not describe (a delete, a dropped collection):
+    /// whoever cares must read the lock again.
+    Unknown,
+}
+
+/// Notification state of a hub (one per backend).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Status {
+    /// No change stream yet; started on first need.
+    Idle = 0,
+    /// Opening (or re-opening from scratch): changes are not delivered yet.
+    Opening = 1,
+    /// Every change is delivered.
+    Live = 2,
+    /// The stream broke and is being resumed from its resume token: changes meanwhile are
+    /// delivered once it resumes.
+    Resuming = 3,
+    /// Notifications are not available (standalone server, permissions, old version): poll.
+    Unavailable = 4,
+}
+
+impl Status {
+    fn from_u8(v: u8) -> Status {
+        match v {
+            1 => Status::Opening,
+            2 => Status::Live,
+            3 => Status::Resuming,
+            4 => Status::Unavailable,
+            _ => Status::Idle,
+        }
+    }
+}
+
+/// The registry of watched names; see the [module docs](self).
+pub(crate) struct Hub {
+    names: Mutex<Names>,
+    status: AtomicU8,
+}
+
+#[derive(Default)]
+struct Names {
+    map: HashMap<Arc<str>, Arc<NameState>>,
+    /// Sequence number of the last dispatched change (hub-wide, so that it stays comparable
+    /// when a name's entry is removed and created again).
+    seq: u64,
+}
+
+pub(crate) struct NameState {
+    turn: Arc<Notify>,
+    all: Notify,
+    changes: watch::Sender<(u64, Change)>,
+}
+
+impl NameState {
+    /// Receives every later change of the name (the current one counts as seen).
+    pub(crate) fn subscribe(&self) -> watch::Receiver<(u64, Change)> {
+        self.changes.subscribe()
+    }
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("status", &self.status())
+            .field("names", &self.watched_names())
+            .finish()
+    }
+}
+
+impl Hub {
+    pub(crate) fn new(status: Status) -> Arc<Hub> {
+        Arc::new(Hub {
+            names: Mutex::new(Names::default()),
+            status: AtomicU8::new(status as u8),
+        })
+    }
+
+    fn names(&self) -> MutexGuard<'_, Names> {
+        // Every mutation is a single insert/remove or counter bump; a poisoned map is consistent.
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn status(&self) -> Status {
+        Status::from_u8(self.status.load(Ordering::SeqCst))
+    }
+
+    pub(crate) fn set_status(&self, status: Status) {
+        self.status.store(status as u8, Ordering::SeqCst);
+    }
+
+    /// Sets `to` only if the status is `from`; returns whether it did.
+    pub(crate) fn transition(&self, from: Status, to: Status) -> bool {
+        self.status
+            .compare_exchange(from as u8, to as u8, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// Whether every change is delivered (or will be, after a resume).
+    pub(crate) fn is_live(&self) -> bool {
+        matches!(self.status(), Status::Live | Status::Resuming)
+    }
+
+    /// How many names have an entry (somebody waits on or holds them).
+    pub(crate) fn watched_names(&self) -> usize {
+        self.names().map.len()
+    }
+
+    /// The sequence number of the last dispatched change.
+    pub(crate) fn seq(&self) -> u64 {
+        self.names().seq
+    }
+
+    /// A handle on `name`'s entry, creating it if needed.
+    pub(crate) fn name(self: &Arc<Self>, name: &str) -> NameRef {
+        let mut names = self.names();
+        let (key, state) = match names.map.get_key_value(name) {
+            Some((k, v)) => (k.clone(), v.clone()),
+            None => {
+                let key: Arc<str> = Arc::from(name);
+                let state = Arc::new(NameState {
+                    turn: Arc::new(Notify::new()),
+                    all: Notify::new(),
+                    changes: watch::channel((0, Change::Nothing)).0,
+                });
+                names.map.insert(key.clone(), state.clone());
+                (key, state)
+            }
+        };
+        NameRef {
+            hub: self.clone(),
+            name: key,
+            state: Some(state),
+        }
+    }
+
+    /// Delivers a change of `name`: one acquirer, every observer, the holders.
+    pub(crate) fn dispatch(&self, name: &str, change: Change) {
+        let mut names = self.names();
+        names.seq += 1;
+        let seq = names.seq;
+        if let Some(st) = names.map.get(name) {
+            st.turn.notify_one();
+            st.all.notify_waiters();
+            st.changes.send_replace((seq, change));
+        }
+    }
+
+    /// Wakes every waiting acquirer and observer of every name so that they check again (after
+    /// the stream was opened from scratch, or when notifications stopped). Holders are told
+    /// only when `holders_check` (something happened to every document, e.g. a dropped
+    /// collection).
+    pub(crate) fn wake_all(&self, holders_check: bool) {
+        let mut names = self.names();
+        names.seq += 1;
+        let seq = names.seq;
+        for st in names.map.values() {
+            st.turn.notify_waiters();
+            st.all.notify_waiters();
+            if holders_check {
+                st.changes.send_replace((seq, Change::Unknown));
+            }
+        }
+    }
+
+    /// An acquirer's registration for the next change of `name`, in place when this returns.
+    pub(crate) fn change_waiter(self: &Arc<Self>, name: &str) -> ChangeWaiter {
+        let entry = self.name(name);
+        let turn = entry.state().turn.clone();
+        let mut notified = Box::pin(turn.clone().notified_owned());
+        // Registered now, so that notify_one during the caller's attempt reaches it.
+        notified.as_mut().enable();
+        let live = self.is_live();
+        ChangeWaiter::new(
+            async move {
+                notified.await;
+                drop(entry);
+            },
+            live,
+        )
+        .with_pass_on(move || turn.notify_one())
+    }
+
+    /// Waits until `name` changes or `max_wait` passed; every waiter is woken.
+    pub(crate) async fn wait_for_change(self: &Arc<Self>, name: &str, max_wait: Duration) {
+        let entry = self.name(name);
+        let notified = entry.state().all.notified();
+        let _ = tokio::time::timeout(max_wait, notified).await;
+    }
+}
+
+/// A counted handle on one name's entry; the entry is removed with the last handle.
+pub(crate) struct NameRef {
+    hub: Arc<Hub>,
+    name: Arc<str>,
+    state: Option<Arc<NameState>>,
+}
+
+impl NameRef {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn state(&self) -> &NameState {
+        // Invariant: `state` is `Some` until `drop`.
+        match &self.state {
+            Some(s) => s,
+            None => unreachable!("NameRef used after drop"),
+        }
+    }
+}
+
+impl Drop for NameRef {
+    fn drop(&mut self) {
+        let mut names = self.hub.names();
+        // Dropped under the registry lock, where every clone is made, so the count is exact.
+        drop(self.state.take());
+        let unused = names
+            .map
+            .get(&self.name)
+            .is_some_and(|s| Arc::strong_count(s) == 1);
+        if unused {
+            names.map.remove(&self.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_acquirer_per_change_and_entries_vanish() {
+        let hub = Hub::new(Status::Live);
+        let a = hub.change_waiter("x");
+        let b = hub.change_waiter("x");
+        assert_eq!(hub.watched_names(), 1);
+        hub.dispatch("x", Change::Unknown);
+        let (ta, tb) = tokio::join!(
+            a.wait(Duration::from_millis(200)),
+            b.wait(Duration::from_millis(200))
+        );
+        assert!(ta ^ tb, "exactly one acquirer is woken: {ta} {tb}");
+        assert_eq!(hub.watched_names(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_change_during_the_attempt_is_not_missed() {
+        let hub = Hub::new(Status::Live);
+        let w = hub.change_waiter("x");
+        // ... the attempt runs; meanwhile:
+        hub.dispatch("x", Change::Unknown);
+        assert!(w.wait(Duration::from_secs(5)).await);
+    }
+
+    #[tokio::test]
+    async fn pass_on_and_drop_forward_the_wake_up() {
+        let hub = Hub::new(Status::Live);
+        let first = hub.change_waiter("x");
+        let second = hub.change_waiter("x");
+        hub.dispatch("x", Change::Unknown);
+        // `first` was woken but is dropped unconsumed: `second` gets the wake-up.
+        drop(first);
+        assert!(second.wait(Duration::from_secs(5)).await);
+        let third = hub.change_waiter("x");
+        let fourth = hub.change_waiter("x");
+        third.pass_on();
+        assert!(fourth.wait(Duration::from_secs(5)).await);
+    }
+
+    #[tokio::test]
+    async fn wake_all_reaches_everyone_and_observers_all_wake() {
+        let hub = Hub::new(Status::Live);
+        let waiters: Vec<_> = (0..5).map(|_| hub.change_waiter("x")).collect();
+        let observers = async {
+            tokio::join!(
+                hub.wait_for_change("x", Duration::from_secs(5)),
+                hub.wait_for_change("x", Duration::from_secs(5))
+            )
+        };
+        let wake = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            hub.dispatch("x", Change::Unknown);
+            hub.wake_all(false);
+        };
+        let started = tokio::time::Instant::now();
+        tokio::join!(observers, wake);
+        assert!(started.elapsed() < Duration::from_secs(4));
+        for w in waiters {
+            assert!(w.wait(Duration::from_secs(5)).await);
+        }
+        assert_eq!(hub.watched_names(), 0);
+    }
+
+    #[test]
+    fn status_round_trips() {
+        let hub = Hub::new(Status::Idle);
+        assert!(!hub.is_live());
+        assert!(hub.transition(Status::Idle, Status::Opening));
+        assert!(!hub.transition(Status::Idle, Status::Live));
+        hub.set_status(Status::Resuming);
+        assert!(hub.is_live());
+        hub.set_status(Status::Unavailable);
+        assert_eq!(hub.status(), Status::Unavailable);
+    }
+}
