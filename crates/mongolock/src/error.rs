@@ -78,6 +78,19 @@ pub enum Error {
         name: String,
     },
 
+    /// A document lock named a document that does not exist (document locks never insert).
+    #[error(
+        "document {{_id: {id}}} not found in {namespace}: document locks never create documents; \
+         insert the document before locking it, or use DocumentLocks::claim to lock any one \
+         existing document matching a filter"
+    )]
+    DocumentNotFound {
+        /// The collection's namespace (`db.collection`).
+        namespace: String,
+        /// The `_id` that was asked for, as extended JSON.
+        id: String,
+    },
+
     /// A lock operation was started outside a Tokio runtime.
     #[error(
         "mongolock needs a Tokio runtime (it spawns the acquire attempt and the renewal task); \

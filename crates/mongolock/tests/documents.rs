@@ -67,7 +67,7 @@ fn locks_on<T: serde::de::DeserializeOwned + Send + Sync>(
 }
 
 fn is_not_found(e: &Error) -> bool {
-    matches!(e, Error::Backend { .. }) && e.to_string().contains("not found")
+    matches!(e, Error::DocumentNotFound { .. }) && e.to_string().contains("not found")
 }
 
 async fn raw(coll: &Collection<Document>, id: impl Into<Bson>) -> Option<RawDocumentBuf> {

@@ -223,14 +223,10 @@ fn classify(e: mongodb::error::Error, op: &str, field: &str) -> Error {
 
 /// The error for a lock by `_id` on a document that does not exist.
 fn not_found(inner: &Inner, id: &Bson) -> Error {
-    Error::backend(
-        format!(
-            "document {{_id: {id}}} not found in {} (document locks never create documents)",
-            inner.coll.namespace()
-        ),
-        "insert the document before locking it, or use DocumentLocks::claim to lock any one \
-         existing document matching a filter",
-    )
+    Error::DocumentNotFound {
+        namespace: inner.coll.namespace().to_string(),
+        id: id.to_string(),
+    }
 }
 
 pub(crate) struct Inner {
