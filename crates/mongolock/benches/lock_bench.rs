@@ -7,7 +7,9 @@
 //!
 //! * uncontended acquire + release latency (p50, p99) and commands sent per acquisition,
 //!   counted with the driver's command monitoring;
-//! * handoff latency with 8 waiters (release → next waiter holds) for each polling strategy.
+//! * handoff latency with 8 waiters (release → next waiter holds): with change-stream wake-ups
+//!   (the default) versus polling only (`MongoBackend::builder(..).change_streams(false)`), for
+//!   each wait strategy.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -100,6 +102,13 @@ async fn handoff(
     strategy: WaitStrategy,
     handoffs: usize,
 ) {
+    // Let the change stream open first (a no-op for polling backends).
+    for _ in 0..200 {
+        if backend.live_notifications() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     const WAITERS: usize = 8;
     let provider = LockProvider::builder_shared(backend)
         .wait_strategy(strategy)
@@ -172,11 +181,21 @@ async fn main() {
     let sink = counts.clone();
     options.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
         if let CommandEvent::Started(s) = ev {
-            // Monitoring and session housekeeping are not lock commands.
-            if !matches!(
-                s.command_name.as_str(),
-                "hello" | "isMaster" | "ping" | "endSessions"
-            ) {
+            // Monitoring, session housekeeping and the backend's one change stream are not
+            // lock commands.
+            let change_stream = s.command_name == "aggregate"
+                && s.command
+                    .get_array("pipeline")
+                    .ok()
+                    .and_then(|p| p.first())
+                    .and_then(|st| st.as_document())
+                    .is_some_and(|st| st.contains_key("$changeStream"));
+            if !change_stream
+                && !matches!(
+                    s.command_name.as_str(),
+                    "hello" | "isMaster" | "ping" | "endSessions" | "getMore" | "killCursors"
+                )
+            {
                 *sink.lock().unwrap().entry(s.command_name).or_default() += 1;
             }
         }
@@ -189,6 +208,13 @@ async fn main() {
             .build()
             .unwrap(),
     );
+    let polling: Arc<dyn LockBackend> = Arc::new(
+        MongoBackend::builder(&db)
+            .collection("distributed.locks")
+            .change_streams(false)
+            .build()
+            .unwrap(),
+    );
     let memory: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
 
     uncontended("mongodb", mongo.clone(), iters, Some(&counts)).await;
@@ -196,21 +222,35 @@ async fn main() {
 
     println!("\nhandoff latency, 8 waiters (release -> next waiter holds)");
     handoff(
-        "mongodb, random 10-800 ms",
+        "mongodb, change streams (fallback random 10-800 ms)",
         mongo.clone(),
         WaitStrategy::default(),
         handoffs,
     )
     .await;
     handoff(
-        "mongodb, exponential 100 ms-5 s",
+        "mongodb, change streams (fallback exponential 100 ms-5 s)",
         mongo.clone(),
         WaitStrategy::exponential(),
         handoffs,
     )
     .await;
     handoff(
-        "memory, random 10-800 ms (wakes on change)",
+        "mongodb, polling only, random 10-800 ms",
+        polling.clone(),
+        WaitStrategy::default(),
+        handoffs,
+    )
+    .await;
+    handoff(
+        "mongodb, polling only, exponential 100 ms-5 s",
+        polling.clone(),
+        WaitStrategy::exponential(),
+        handoffs,
+    )
+    .await;
+    handoff(
+        "memory (live notifications)",
         memory.clone(),
         WaitStrategy::default(),
         handoffs,

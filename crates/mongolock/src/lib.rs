@@ -64,6 +64,9 @@
 //! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the
 //!   acquire path is in `backends/mongo/acquire.rs`).
+//! * Change notifications: the MongoDB change stream (`backends/mongo/watch.rs`: one per
+//!   backend, fallback, resume, loss detection) and the per-name wake-ups it shares with the
+//!   memory backend (`backends/wakeups.rs`: one waiter per change, no stampede).
 //!
 //! Requires a Tokio runtime with the time driver enabled (`#[tokio::main]` has it).
 

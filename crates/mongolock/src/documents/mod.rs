@@ -156,11 +156,7 @@ mod control;
 mod state;
 
 // The MongoDB backend's classification of driver errors (transient vs permanent), reused as is.
-// `backends::mongo::errors` is private to the backend, so the file is compiled here a second
-// time; the constants and functions this module does not use stay unused.
-#[allow(dead_code, clippy::duplicate_mod)]
-#[path = "../backends/mongo/errors.rs"]
-mod driver_errors;
+use crate::backends::mongo::errors as driver_errors;
 
 use std::marker::PhantomData;
 use std::sync::Arc;

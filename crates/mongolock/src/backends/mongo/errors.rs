@@ -98,7 +98,7 @@ fn server_error(what: &str, code: i32, code_name: Option<&str>, message: &str) -
 
 /// A one-line description of a driver error built from its kind, code, code name and the
 /// server's message — not the driver's `Display`, which adds labels, sources and raw replies.
-pub(super) fn describe(e: &mongodb::error::Error) -> String {
+pub(crate) fn describe(e: &mongodb::error::Error) -> String {
     match e.kind.as_ref() {
         ErrorKind::Command(c) => {
             server_error("server error", c.code, Some(&c.code_name), &c.message)
@@ -161,7 +161,7 @@ fn transient_hint(e: &mongodb::error::Error) -> &'static str {
 }
 
 /// Converts a driver error from operation `op`.
-pub(super) fn classify(e: mongodb::error::Error, op: &str) -> Error {
+pub(crate) fn classify(e: mongodb::error::Error, op: &str) -> Error {
     let code = code(&e);
     if is_transient(&e) {
         return Error::Unavailable {

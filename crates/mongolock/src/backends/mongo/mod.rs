@@ -60,16 +60,27 @@
 //! logged with `tracing` and never fatal: correctness never depends on the index.
 //! [`MongoBackend::ensure_indexes`] creates it explicitly and reports errors.
 //!
+//! # Change-stream wake-ups (`watch.rs`)
+//! One change stream per backend (shared by its clones) wakes one waiting acquirer per name and
+//! process within milliseconds of a release or takeover, lets busy waiters sleep until the
+//! holder's expiry otherwise, and tells holders at once when their lease was taken. It falls back
+//! to polling where change streams are unavailable (standalone servers, code 40573; missing
+//! privileges; [`MongoBackendBuilder::change_streams`]`(false)`), resumes from its resume token
+//! after network errors and wakes every waiter to re-check whenever it had to start afresh. See
+//! `watch.rs` for the details.
+//!
 //! # Errors
 //! Network errors, server selection timeouts, pool clears, the retryable error labels and the
 //! not-primary / shutdown / interrupted codes are [`Error::Unavailable`](crate::Error) (the core
 //! retries them within the caller's wait budget); anything else, such as `Unauthorized` (13) or
 //! `InvalidNamespace` (73), is [`Error::Backend`](crate::Error) with the server's message and a
-//! hint.
+//! hint. Messages are one line built from the error kind, code, code name and the server's
+//! message (not the driver's `Display`, which adds labels, sources and raw replies), and say
+//! what to do.
 
 mod acquire;
 mod document;
-mod errors;
+pub(crate) mod errors;
 mod index;
 mod ops;
 mod watch;
@@ -125,6 +136,7 @@ pub struct MongoBackendBuilder {
     write_concern: WriteConcern,
     cleanup_after: Duration,
     create_ttl_index: bool,
+    change_streams: bool,
 }
 
 impl MongoBackendBuilder {
@@ -155,6 +167,15 @@ impl MongoBackendBuilder {
         self
     }
 
+    /// Whether to watch the lock collection with a change stream (default true): waiters are
+    /// then woken within milliseconds of a release and holders learn of a takeover at once (see
+    /// the [module docs](self)). Without it, or where change streams are unavailable (a
+    /// standalone server), waiters poll with the provider's wait strategy.
+    pub fn change_streams(mut self, enabled: bool) -> Self {
+        self.change_streams = enabled;
+        self
+    }
+
     /// Validates the collection name as MongoDB would and builds the backend. Sends nothing.
     pub fn build(self) -> Result<MongoBackend> {
         validate_collection_name(self.db.name(), &self.collection)?;
@@ -175,7 +196,7 @@ impl MongoBackendBuilder {
         let reads = self.db.collection(&self.collection);
         Ok(MongoBackend {
             coll: self.db.collection_with_options(&self.collection, options),
-            watch: Arc::new(watch::Watcher::new(reads.clone())),
+            watch: Arc::new(watch::Watcher::new(reads.clone(), self.change_streams)),
             reads,
             cleanup_after: self.cleanup_after,
             create_ttl_index: self.create_ttl_index,
@@ -232,6 +253,7 @@ impl MongoBackend {
             write_concern: WriteConcern::majority(),
             cleanup_after: DEFAULT_CLEANUP_AFTER,
             create_ttl_index: true,
+            change_streams: true,
         }
     }
 

@@ -1,5 +1,6 @@
-//! Change-stream wake-ups and early loss detection: **one change stream per [`MongoBackend`]**
-//! (shared by all its clones, every waiter and every holder), started on first need.
+//! Change-stream wake-ups and early loss detection: **one change stream per
+//! [`MongoBackend`](super::MongoBackend)** (shared by all its clones, every waiter and every
+//! holder), started on first need.
 //!
 //! # The stream
 //! A background task watches the lock collection with
@@ -49,10 +50,10 @@
 //!   registration and the open could otherwise slip by.
 
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::change_stream::ChangeStream;
@@ -72,6 +73,16 @@ const MAX_REMEMBERED_LEASES: usize = 1 << 20;
 
 /// A stream that broke sooner than this after opening is reopened after a backoff.
 const HEALTHY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long the server holds an empty `getMore` open (`maxAwaitTimeMS`).
+const MAX_AWAIT: Duration = Duration::from_secs(1);
+
+/// A `getMore` that has not answered after this long is taken for a dead connection (no socket
+/// timeout would end it): the stream is resumed from its resume token on a new one.
+const STALL_LIMIT: Duration = Duration::from_secs(20);
+
+/// How long a stopped task keeps its cursor before dropping it (see [`retire`]).
+const RETIRE_AFTER: Duration = Duration::from_millis(200);
 
 /// A lease granted by this backend, remembered until it is released.
 struct Held {
@@ -129,9 +140,14 @@ fn judge(change: &Change, ours: &LeaseId, our_token: Option<u64>) -> Verdict {
 }
 
 impl Watcher {
-    pub(super) fn new(coll: Collection<Document>) -> Watcher {
+    /// A watcher whose stream starts on first need; `enabled: false` means never (poll).
+    pub(super) fn new(coll: Collection<Document>, enabled: bool) -> Watcher {
         Watcher {
-            hub: Hub::new(Status::Idle),
+            hub: Hub::new(if enabled {
+                Status::Idle
+            } else {
+                Status::Unavailable
+            }),
             coll,
             task: Mutex::new(None),
             held: Mutex::new(HashMap::new()),
@@ -191,6 +207,9 @@ impl Watcher {
 
     /// Remembers a lease this backend granted (its token, and which changes are news to it).
     pub(super) fn granted(&self, name: &str, lease_id: &LeaseId, token: u64) {
+        if self.hub.status() == Status::Unavailable {
+            return;
+        }
         let entry = self.hub.name(name);
         let seen = self.hub.seq();
         let mut held = self.held();
@@ -213,7 +232,7 @@ impl Watcher {
         let remembered = self
             .held()
             .get(lease_id)
-            .filter(|h| &*h.entry.name() == name)
+            .filter(|h| h.entry.name() == name)
             .map(|h| (h.token, h.seen));
         let (token, mut seen) = match remembered {
             Some((token, seen)) => (Some(token), seen),
@@ -373,6 +392,7 @@ async fn open(
         .watch()
         .pipeline(pipeline())
         .resume_after(resume)
+        .max_await_time(MAX_AWAIT)
         .await?;
     Ok(stream.with_type::<Document>())
 }
@@ -409,6 +429,34 @@ fn retry_backoff() -> crate::wait::Backoff {
     .start()
 }
 
+/// Drops a stream whose backend is gone, a little later.
+///
+/// Dropping a driver cursor spawns a `killCursors` task; if the runtime is shutting down at that
+/// moment, the driver (3.9) can panic in that task (its connection pool worker is already gone).
+/// Backends are often dropped right before their runtime ends, so the cursor is dropped only
+/// after a short pause: if the runtime shuts down meanwhile, this task is cancelled and the
+/// cursor is left for the server to time out instead. Streams of tasks cancelled by a runtime
+/// shutdown are never dropped for the same reason (they are `ManuallyDrop`).
+async fn retire(stream: ManuallyDrop<ChangeStream<Document>>) {
+    tokio::time::sleep(RETIRE_AFTER).await;
+    drop(ManuallyDrop::into_inner(stream));
+}
+
+/// What ended a wait on the stream.
+enum Next {
+    Stopped,
+    /// One `getMore` answered (`Ok(None)`: an empty batch), or it stalled (`Err`).
+    Batch(Result<mongodb::error::Result<Option<Document>>, tokio::time::error::Elapsed>),
+}
+
+/// Why a stream stopped delivering.
+enum Broke {
+    Error(mongodb::error::Error),
+    Stalled,
+    /// Closed by the server after an invalidate (collection dropped or renamed).
+    Ended,
+}
+
 /// The stream task; see the [module docs](self).
 async fn run(hub: Arc<Hub>, coll: Collection<Document>, mut stopped: oneshot::Receiver<()>) {
     let _running = Running(hub.clone());
@@ -421,8 +469,9 @@ async fn run(hub: Arc<Hub>, coll: Collection<Document>, mut stopped: oneshot::Re
             _ = &mut stopped => return,
             r = open(&coll, resume.clone()) => r,
         };
+        // Never dropped by a cancellation (see `retire`).
         let mut stream = match opened {
-            Ok(s) => s,
+            Ok(s) => ManuallyDrop::new(s),
             Err(e) if !is_resumable(&e) => {
                 if resume.take().is_some() {
                     tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream cannot resume from its resume token; reopening it from now and waking every waiter to re-check");
@@ -470,13 +519,19 @@ async fn run(hub: Arc<Hub>, coll: Collection<Document>, mut stopped: oneshot::Re
         }
         let broke = loop {
             let next = tokio::select! {
-                _ = &mut stopped => return,
-                n = stream.next() => n,
+                _ = &mut stopped => Next::Stopped,
+                n = tokio::time::timeout(STALL_LIMIT, stream.next_if_any()) => Next::Batch(n),
             };
             match next {
-                Some(Ok(ev)) => dispatch(&hub, &ev),
-                Some(Err(e)) => break Some(e),
-                None => break None,
+                Next::Stopped => return retire(stream).await,
+                Next::Batch(Ok(Ok(Some(ev)))) => dispatch(&hub, &ev),
+                Next::Batch(Ok(Ok(None))) => {
+                    if !stream.is_alive() {
+                        break Broke::Ended;
+                    }
+                }
+                Next::Batch(Ok(Err(e))) => break Broke::Error(e),
+                Next::Batch(Err(_)) => break Broke::Stalled,
             }
         };
         let quick = opened_at.elapsed() < HEALTHY_AFTER;
@@ -484,32 +539,35 @@ async fn run(hub: Arc<Hub>, coll: Collection<Document>, mut stopped: oneshot::Re
             retry = retry_backoff();
         }
         match broke {
-            Some(e) if is_resumable(&e) => {
-                tracing::debug!(namespace = %ns, error = %errors::describe(&e), "lock change stream interrupted; resuming it from its resume token");
-                resume = stream.resume_token();
-                hub.set_status(if resume.is_some() {
-                    Status::Resuming
-                } else {
-                    Status::Opening
-                });
-                if resume.is_none() {
-                    hub.wake_all(false);
-                }
-            }
-            Some(e) => {
+            Broke::Error(e) if !is_resumable(&e) => {
                 tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream failed; reopening it from now and waking every waiter to re-check");
                 resume = None;
                 hub.set_status(Status::Opening);
                 hub.wake_all(false);
             }
-            None => {
+            Broke::Ended => {
                 tracing::debug!(namespace = %ns, "the lock change stream was invalidated (collection dropped or renamed); reopening it");
                 resume = None;
                 hub.set_status(Status::Opening);
                 hub.wake_all(true);
             }
+            Broke::Error(_) | Broke::Stalled => {
+                if let Broke::Error(e) = &broke {
+                    tracing::debug!(namespace = %ns, error = %errors::describe(e), "lock change stream interrupted; resuming it from its resume token");
+                } else {
+                    tracing::warn!(namespace = %ns, "the lock change stream's getMore did not answer for {STALL_LIMIT:?}; resuming it on a new connection");
+                }
+                resume = stream.resume_token();
+                if resume.is_some() {
+                    // Changes meanwhile are replayed by the resumed stream.
+                    hub.set_status(Status::Resuming);
+                } else {
+                    hub.set_status(Status::Opening);
+                    hub.wake_all(false);
+                }
+            }
         }
-        drop(stream);
+        drop(ManuallyDrop::into_inner(stream));
         if quick && !pause(retry.next_delay(), &mut stopped).await {
             return;
         }
@@ -542,16 +600,28 @@ mod tests {
     fn holders_judge_changes_by_lease_id_and_token() {
         let ours = LeaseId::from_string("ours");
         // Our own grant or a re-grant after a lost reply.
-        assert_eq!(judge(&lease(Some("ours"), Some(7)), &ours, Some(7)), Verdict::Held);
+        assert_eq!(
+            judge(&lease(Some("ours"), Some(7)), &ours, Some(7)),
+            Verdict::Held
+        );
         // Someone else's grant from before ours, delivered late.
-        assert_eq!(judge(&lease(Some("old"), Some(6)), &ours, Some(7)), Verdict::Held);
+        assert_eq!(
+            judge(&lease(Some("old"), Some(6)), &ours, Some(7)),
+            Verdict::Held
+        );
         // A takeover.
-        assert_eq!(judge(&lease(Some("new"), Some(8)), &ours, Some(7)), Verdict::Gone);
+        assert_eq!(
+            judge(&lease(Some("new"), Some(8)), &ours, Some(7)),
+            Verdict::Gone
+        );
         // A full document showing our token without our lease: released or forced.
         assert_eq!(judge(&lease(None, Some(7)), &ours, Some(7)), Verdict::Gone);
         // A release (no token in the update): whose? Read.
         assert_eq!(judge(&lease(None, None), &ours, Some(7)), Verdict::Check);
-        assert_eq!(judge(&lease(Some("x"), Some(9)), &ours, None), Verdict::Check);
+        assert_eq!(
+            judge(&lease(Some("x"), Some(9)), &ours, None),
+            Verdict::Check
+        );
         assert_eq!(judge(&Change::Unknown, &ours, Some(7)), Verdict::Check);
         assert_eq!(judge(&Change::Nothing, &ours, Some(7)), Verdict::Held);
     }
@@ -563,7 +633,10 @@ mod tests {
             "documentKey": { "_id": "a" },
             "updateDescription": { "updatedFields": { "leaseId": "L", "fencingToken": 5_i64 } },
         };
-        assert_eq!(interpret(&update), Event::Name("a", lease(Some("L"), Some(5))));
+        assert_eq!(
+            interpret(&update),
+            Event::Name("a", lease(Some("L"), Some(5)))
+        );
         let release = doc! {
             "operationType": "update",
             "documentKey": { "_id": "a" },
@@ -584,7 +657,10 @@ mod tests {
         };
         assert_eq!(interpret(&epoch), Event::Ignore);
         assert_eq!(interpret(&doc! { "operationType": "drop" }), Event::All);
-        assert_eq!(interpret(&doc! { "operationType": "invalidate" }), Event::All);
+        assert_eq!(
+            interpret(&doc! { "operationType": "invalidate" }),
+            Event::All
+        );
         let odd = doc! {
             "operationType": "replace",
             "documentKey": { "_id": "d" },

@@ -1,0 +1,703 @@
+//! Change-stream wake-ups and early loss detection: prompt handoffs without a stampede, one
+//! stream per backend for thousands of names, no release missed while the stream reconnects,
+//! loss signalled on takeover before the next extension, and the polling fallback on a
+//! standalone server. The memory backend runs the same handoff and loss tests.
+//!
+//! Runs against the embedded mongo-testserver, or against `MONGODB_URI` when set (a replica
+//! set; the fault-injection test needs `MONGODB_FAILPOINTS=1`, the standalone test needs the
+//! embedded server).
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{test_database, test_database_with, unique};
+use futures_util::StreamExt;
+use mongo_testserver::TestServer;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::event::command::CommandEvent;
+use mongodb::event::EventHandler;
+use mongodb::options::ClientOptions;
+use mongodb::Client;
+use mongolock::{LockBackend, LockProvider, MemoryBackend, MongoBackend, WaitStrategy};
+use tokio::time::Instant;
+
+/// A wait strategy whose shortest sleep is far above a change-stream handoff: a prompt handoff
+/// can only come from a wake-up.
+fn slow_polling() -> WaitStrategy {
+    WaitStrategy::random_sleep(Duration::from_millis(300), Duration::from_millis(600))
+}
+
+async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if f().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the backend's change notifications are live (the stream is open).
+async fn until_live(backend: &dyn LockBackend) {
+    let live = eventually(Duration::from_secs(20), || async {
+        backend.live_notifications()
+    })
+    .await;
+    assert!(live, "change notifications did not become live");
+}
+
+fn is_change_stream_open(name: &str, body: &Document) -> bool {
+    name == "aggregate"
+        && body
+            .get_array("pipeline")
+            .ok()
+            .and_then(|p| p.first())
+            .and_then(Bson::as_document)
+            .is_some_and(|s| s.contains_key("$changeStream"))
+}
+
+/// Counts of what a client sent.
+#[derive(Default)]
+struct Sent {
+    stream_opens: AtomicUsize,
+    find_and_modify: AtomicUsize,
+    get_more: AtomicUsize,
+    kill_cursors: AtomicUsize,
+    /// Failed getMore/aggregate commands (injected faults that hit the stream).
+    stream_failures: AtomicUsize,
+}
+
+/// A client (optionally with an application name, to aim fail points) that counts commands.
+async fn counting_client(uri: &str, app: Option<&str>) -> (Client, Arc<Sent>) {
+    let sent = Arc::new(Sent::default());
+    let mut options = ClientOptions::parse(uri).await.unwrap();
+    options.app_name = app.map(str::to_owned);
+    options.server_selection_timeout = Some(Duration::from_secs(10));
+    let sink = sent.clone();
+    options.command_event_handler =
+        Some(EventHandler::callback(move |ev: CommandEvent| match ev {
+            CommandEvent::Started(s) => {
+                if is_change_stream_open(&s.command_name, &s.command) {
+                    sink.stream_opens.fetch_add(1, Ordering::SeqCst);
+                }
+                let counter = match s.command_name.as_str() {
+                    "findAndModify" => Some(&sink.find_and_modify),
+                    "getMore" => Some(&sink.get_more),
+                    "killCursors" => Some(&sink.kill_cursors),
+                    _ => None,
+                };
+                if let Some(c) = counter {
+                    c.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            CommandEvent::Failed(f) => {
+                if matches!(f.command_name.as_str(), "getMore" | "aggregate") {
+                    sink.stream_failures.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            _ => {}
+        }));
+    (Client::with_options(options).unwrap(), sent)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Nine tasks (one holder, eight waiters) hand one lock around `handoffs` times. Checks that
+/// there are never two holders, that tokens grow in acquisition order and that no holder is
+/// wrongly told its lease is gone; returns the handoff latencies (release → next holder).
+async fn handoffs(provider: &LockProvider, handoffs: usize) -> Vec<Duration> {
+    const WAITERS: usize = 8;
+    let name = unique("handoff");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    // Bumped by every acquisition: a task that released sits out until someone else holds the
+    // lock, so every release is a handoff to one of the waiters.
+    let generation = Arc::new(tokio::sync::watch::channel(0_u64).0);
+    let mut tasks = Vec::new();
+    for _ in 0..=WAITERS {
+        let lock = provider.lock(name.clone()).unwrap();
+        let (inside, tokens, released_at, samples, generation) = (
+            inside.clone(),
+            tokens.clone(),
+            released_at.clone(),
+            samples.clone(),
+            generation.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut rx = generation.subscribe();
+            loop {
+                let g = lock.acquire().await.unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokens.lock().unwrap().push(g.fencing_token());
+                generation.send_modify(|g| *g += 1);
+                let mine = *generation.borrow();
+                if let Some(r) = released_at.lock().unwrap().take() {
+                    samples.lock().unwrap().push(r.elapsed());
+                }
+                let done = samples.lock().unwrap().len() >= handoffs;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                assert!(!g.is_lost(), "a holder was told its lease is gone");
+                inside.fetch_sub(1, Ordering::SeqCst);
+                if !done {
+                    *released_at.lock().unwrap() = Some(Instant::now());
+                }
+                g.release().await.unwrap();
+                if done {
+                    return;
+                }
+                let _ = rx.wait_for(|g| *g > mine).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let tokens = tokens.lock().unwrap();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must grow in acquisition order: {tokens:?}"
+    );
+    let samples = samples.lock().unwrap().clone();
+    assert!(samples.len() >= handoffs);
+    samples
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handoffs_are_prompt_and_do_not_stampede() {
+    const HANDOFFS: usize = 60;
+    let t = test_database().await;
+    let (client, sent) = counting_client(&t.uri, None).await;
+    let backend = MongoBackend::builder(&client.database(t.db.name()))
+        .collection(unique("locks"))
+        .build()
+        .unwrap();
+    until_live(&backend).await;
+    let provider = LockProvider::builder(backend.clone())
+        .wait_strategy(slow_polling())
+        .build()
+        .unwrap();
+    let before = sent.find_and_modify.load(Ordering::SeqCst);
+    let samples = handoffs(&provider, HANDOFFS).await;
+    let attempts = sent.find_and_modify.load(Ordering::SeqCst) - before;
+    let m = median(samples.clone());
+    eprintln!(
+        "mongodb handoff median {m:?}, max {:?}; {:.1} findAndModify per handoff",
+        samples.iter().max().unwrap(),
+        attempts as f64 / HANDOFFS as f64
+    );
+    // Polling alone sleeps at least 300 ms; a loose bound, not a benchmark.
+    assert!(m < Duration::from_millis(150), "median handoff {m:?}");
+    // A stampede would be >= 8 attempts per release; wake-ups cost about three (the woken
+    // waiter, one waiter re-reading the new expiry, the releaser's next try). The first use of
+    // the name adds two.
+    assert!(
+        attempts < HANDOFFS * 6,
+        "{attempts} findAndModify for {HANDOFFS} handoffs"
+    );
+    assert_eq!(sent.stream_opens.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_handoffs_are_prompt() {
+    let provider = LockProvider::builder(MemoryBackend::new())
+        .wait_strategy(slow_polling())
+        .build()
+        .unwrap();
+    let samples = handoffs(&provider, 100).await;
+    let m = median(samples);
+    assert!(m < Duration::from_millis(150), "median handoff {m:?}");
+}
+
+/// Waiters in two backends (two "processes"): each backend's stream wakes its own waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_in_several_backends_all_get_turns() {
+    let t = test_database().await;
+    let coll = unique("locks");
+    let providers: Vec<LockProvider> = (0..2)
+        .map(|_| {
+            let backend = MongoBackend::builder(&t.db)
+                .collection(coll.clone())
+                .build()
+                .unwrap();
+            LockProvider::builder(backend)
+                .wait_strategy(slow_polling())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for p in &providers {
+        until_live(p.backend().as_ref()).await;
+    }
+    let name = unique("shared");
+    let held_by = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, p) in providers.iter().enumerate() {
+        for _ in 0..3 {
+            let lock = p.lock(name.clone()).unwrap();
+            let held_by = held_by.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let g = lock.acquire().await.unwrap();
+                    held_by.lock().unwrap().push((i, g.fencing_token()));
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    let started = Instant::now();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let held_by = held_by.lock().unwrap();
+    assert_eq!(held_by.len(), 30);
+    assert!(held_by.windows(2).all(|w| w[0].1 < w[1].1));
+    let backends: HashSet<usize> = held_by.iter().map(|(i, _)| *i).collect();
+    assert_eq!(backends.len(), 2);
+    // 30 acquisitions; polling alone would need at least 300 ms for most of them.
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// A holder learns of a takeover from the notification, long before its next extension.
+async fn takeover_is_signalled_at_once(a: Arc<dyn LockBackend>, b: Arc<dyn LockBackend>) {
+    until_live(a.as_ref()).await;
+    let holder = LockProvider::builder_shared(a)
+        .expiry(Duration::from_secs(60))
+        .extension_cadence(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let other = LockProvider::builder_shared(b).build().unwrap();
+    let name = unique("takeover");
+    let g = holder.lock(name.clone()).unwrap().acquire().await.unwrap();
+    // Other traffic on the name that is not a loss: our own extensions.
+    for _ in 0..3 {
+        assert!(g.extend(Duration::from_secs(60)).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!g.is_lost(), "extensions are not a loss");
+
+    let started = Instant::now();
+    assert!(other.force_release(&name).await.unwrap());
+    let taker = other
+        .lock(name.clone())
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after force-release");
+    tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("the lost signal fires on the takeover, not at the next extension (20 s)");
+    assert!(g.is_lost());
+    eprintln!(
+        "loss signalled {:?} after the takeover began",
+        started.elapsed()
+    );
+    assert!(taker.fencing_token() > g.fencing_token());
+    assert!(!taker.is_lost());
+    taker.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mongodb_takeover_is_signalled_at_once() {
+    let t = test_database().await;
+    let coll = unique("locks");
+    let backend = |db: &mongodb::Database| -> Arc<dyn LockBackend> {
+        Arc::new(
+            MongoBackend::builder(db)
+                .collection(coll.clone())
+                .build()
+                .unwrap(),
+        )
+    };
+    takeover_is_signalled_at_once(backend(&t.db), backend(&t.db)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_takeover_is_signalled_at_once() {
+    let b: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
+    takeover_is_signalled_at_once(b.clone(), b).await;
+}
+
+/// `lease_gone` judged directly: a late event from before the grant is not a loss; a
+/// takeover is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_gone_ignores_old_news_and_sees_takeovers() {
+    let t = test_database().await;
+    let coll = unique("locks");
+    let a = MongoBackend::builder(&t.db)
+        .collection(coll.clone())
+        .build()
+        .unwrap();
+    let b = MongoBackend::builder(&t.db)
+        .collection(coll)
+        .build()
+        .unwrap();
+    until_live(&a).await;
+    let pa = LockProvider::builder(a.clone()).build().unwrap();
+    let pb = LockProvider::builder(b).build().unwrap();
+    let name = unique("judge");
+    // Many quick handoffs between the two backends, then a holder in A: the events of the
+    // earlier holders arrive around A's grant and must not count as a loss.
+    for _ in 0..10 {
+        pb.lock(name.clone())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let g = pa.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let gone = tokio::time::timeout(
+        Duration::from_millis(700),
+        a.lease_gone(&name, g.lease_id()),
+    )
+    .await;
+    assert!(gone.is_err(), "old events were taken for a loss");
+    let id = g.lease_id().clone();
+    let waiting = {
+        let a = a.clone();
+        let name = name.clone();
+        tokio::spawn(async move { a.lease_gone(&name, &id).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(pb.force_release(&name).await.unwrap());
+    let next = pb.lock(name.clone()).unwrap().acquire().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("lease_gone completes on the takeover")
+        .unwrap();
+    next.release().await.unwrap();
+    drop(g);
+}
+
+/// Thousands of names in one process share the backend's one change stream, and the registry
+/// empties when they are no longer used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousands_of_names_share_one_stream() {
+    const NAMES: usize = 2000;
+    const CONTENDED: usize = 100;
+    let t = test_database().await;
+    let (client, sent) = counting_client(&t.uri, None).await;
+    let backend = MongoBackend::builder(&client.database(t.db.name()))
+        .collection(unique("locks"))
+        .create_ttl_index(false)
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend.clone())
+        .wait_strategy(slow_polling())
+        .build()
+        .unwrap();
+    let names: Vec<String> = (0..NAMES).map(|i| format!("job-{i:05}")).collect();
+    let guards: Vec<_> = futures_util::stream::iter(names.iter().cloned())
+        .map(|n| {
+            let p = provider.clone();
+            async move { p.lock(n).unwrap().acquire().await.unwrap() }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    assert_eq!(guards.len(), NAMES);
+    until_live(&backend).await;
+    // Waiters on some of the names, in the same process.
+    let waiters: Vec<_> = names[..CONTENDED]
+        .iter()
+        .map(|n| {
+            let lock = provider.lock(n.clone()).unwrap();
+            tokio::spawn(async move { lock.acquire().await.unwrap() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(backend.watched_names() >= NAMES);
+    let released = Instant::now();
+    futures_util::stream::iter(guards)
+        .for_each_concurrent(64, |g| async move { g.release().await.unwrap() })
+        .await;
+    for w in waiters {
+        w.await.unwrap().release().await.unwrap();
+    }
+    eprintln!(
+        "{NAMES} releases and {CONTENDED} handoffs took {:?}",
+        released.elapsed()
+    );
+    assert_eq!(
+        sent.stream_opens.load(Ordering::SeqCst),
+        1,
+        "one change stream for the backend"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            backend.watched_names() == 0
+        })
+        .await,
+        "{} names still registered after every guard and waiter finished",
+        backend.watched_names()
+    );
+}
+
+/// The stream task ends with the last clone of its backend: its cursor is killed and no more
+/// getMores are sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_ends_with_the_backend() {
+    let t = test_database().await;
+    let (client, sent) = counting_client(&t.uri, None).await;
+    let backend = MongoBackend::builder(&client.database(t.db.name()))
+        .collection(unique("locks"))
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend.clone()).build().unwrap();
+    let clone = backend.clone();
+    until_live(&clone).await;
+    provider
+        .lock("x")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    drop((backend, provider));
+    // A clone keeps it alive: getMores continue (the server answers an idle one after 1 s).
+    let before = sent.get_more.load(Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            sent.get_more.load(Ordering::SeqCst) > before
+        })
+        .await
+    );
+    drop(clone);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            sent.kill_cursors.load(Ordering::SeqCst) >= 1
+        })
+        .await,
+        "the cursor is killed when the backend is gone"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = sent.get_more.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        sent.get_more.load(Ordering::SeqCst),
+        after,
+        "no getMore after the backend was dropped"
+    );
+}
+
+/// A release that happens while the waiter's stream is broken and reconnecting (resumed by
+/// the driver, resumed by mongolock from its resume token, or rebuilt from scratch) still wakes
+/// the waiter, long before its polling delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_release_is_missed_while_the_stream_reconnects() {
+    let t = test_database().await;
+    if !common::fail_points_available(&t) {
+        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+        return;
+    }
+    let app = unique("reconnect");
+    let (client, sent) = counting_client(&t.uri, Some(&app)).await;
+    let coll = unique("locks");
+    let waiting_backend = MongoBackend::builder(&client.database(t.db.name()))
+        .collection(coll.clone())
+        .build()
+        .unwrap();
+    let waiters = LockProvider::builder(waiting_backend.clone())
+        // Polling alone would take at least 20 s.
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_secs(20),
+            Duration::from_secs(30),
+        ))
+        .build()
+        .unwrap();
+    let holders = LockProvider::builder(
+        MongoBackend::builder(&t.db)
+            .collection(coll)
+            .build()
+            .unwrap(),
+    )
+    .build()
+    .unwrap();
+    until_live(&waiting_backend).await;
+    let faults = [
+        // The driver resumes by itself after each closed getMore.
+        (
+            doc! { "times": 3 },
+            doc! { "failCommands": ["getMore"], "closeConnection": true },
+        ),
+        // The driver's own resume fails too: mongolock resumes from the resume token.
+        (
+            doc! { "times": 4 },
+            doc! { "failCommands": ["getMore", "aggregate"], "closeConnection": true },
+        ),
+        // Not resumable: the stream is rebuilt and every waiter re-checks.
+        (
+            doc! { "times": 1 },
+            doc! { "failCommands": ["getMore"], "errorCode": 286 },
+        ),
+    ];
+    for round in 0..12 {
+        let (mode, fault) = faults[round % faults.len()].clone();
+        let name = format!("reconnect-{round}");
+        let held = holders.lock(name.clone()).unwrap().acquire().await.unwrap();
+        let waiter = {
+            let lock = waiters.lock(name.clone()).unwrap();
+            tokio::spawn(async move { lock.acquire().await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut data = fault;
+        data.insert("appName", app.as_str());
+        t.fail_point(mode.into(), data).await;
+        // A write elsewhere ends the stream's current getMore, so the fault hits the next one
+        // at once; the release then lands at some point of the reconnect.
+        holders
+            .lock(format!("poke-{round}"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let pause = [0, 5, 20, 50, 100, 200, 400][round % 7];
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let g = tokio::time::timeout(Duration::from_secs(15), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the waiter missed the release"))
+            .unwrap();
+        eprintln!("round {round}: waiter held after {:?}", released.elapsed());
+        t.fail_point_off().await;
+        g.release().await.unwrap();
+    }
+    eprintln!(
+        "{} failed getMore/aggregate commands, {} change stream opens",
+        sent.stream_failures.load(Ordering::SeqCst),
+        sent.stream_opens.load(Ordering::SeqCst)
+    );
+    assert!(
+        sent.stream_failures.load(Ordering::SeqCst) > 0,
+        "the injected faults never hit the change stream"
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            waiting_backend.live_notifications()
+        })
+        .await
+    );
+}
+
+/// A log sink for tracing events of this thread.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// On a standalone server (no change streams) waiters poll with the wait strategy, logged
+/// once per backend, and `lease_gone` stays pending.
+#[tokio::test(flavor = "current_thread")]
+async fn standalone_servers_fall_back_to_polling() {
+    if std::env::var("MONGODB_URI").is_ok_and(|u| !u.is_empty()) {
+        eprintln!("skipped: needs the embedded server in standalone mode");
+        return;
+    }
+    let logs = Logs::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    // The test runtime has one thread: the stream task logs here too.
+    let _logging = tracing::subscriber::set_default(subscriber);
+
+    let t = test_database_with(TestServer::builder().standalone(true)).await;
+    let backend = MongoBackend::builder(&t.db)
+        .collection(unique("locks"))
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend.clone())
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ))
+        .build()
+        .unwrap();
+    let name = unique("standalone");
+    for _ in 0..3 {
+        let held = provider
+            .lock(name.clone())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        let waiter = {
+            let lock = provider.lock(name.clone()).unwrap();
+            tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(10)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release().await.unwrap();
+        let g = waiter
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the waiter polls its way to the lock");
+        g.release().await.unwrap();
+    }
+    assert!(!backend.live_notifications());
+    assert!(
+        backend.change_waiter(&name).is_none(),
+        "no waiter registrations without notifications"
+    );
+    // Loss detection falls back to extension: lease_gone stays pending even on a takeover.
+    let g = provider
+        .lock(name.clone())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    assert!(provider.force_release(&name).await.unwrap());
+    assert!(tokio::time::timeout(
+        Duration::from_millis(300),
+        backend.lease_gone(&name, g.lease_id())
+    )
+    .await
+    .is_err());
+    drop(g);
+    // A clone shares the (failed) stream: still one message.
+    let clone = backend.clone();
+    assert!(!clone.live_notifications());
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let fallbacks = text.matches("change streams need a replica set").count();
+    assert_eq!(fallbacks, 1, "logged once per backend:\n{text}");
+}
