@@ -13,8 +13,9 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{test_database, unique, TestDb};
+use common::{test_database, test_database_with, unique, TestDb};
 use futures_util::TryStreamExt;
+use mongo_testserver::TestServer;
 use mongodb::bson::{
     doc, oid::ObjectId, spec::BinarySubtype, Binary, Bson, DateTime, Document, RawDocumentBuf,
     Regex, Timestamp,
@@ -640,7 +641,135 @@ async fn the_lost_signal_fires_when_the_lease_is_taken() {
         .expect("the lost signal fired");
     assert!(started.elapsed() < Duration::from_secs(2));
     let reason = held.guard.lost_reason().unwrap();
-    assert!(reason.contains("server"), "{reason}");
+    // Whichever comes first: the failed extension ("the server reports ...") or the change
+    // stream ("the store reports ...").
+    assert!(
+        reason.contains("server") || reason.contains("store"),
+        "{reason}"
+    );
+}
+
+/// Early loss detection through the collection's change stream: a cleared lease or a deleted
+/// document is noticed long before the next extension (every 20 s); our own extensions (of
+/// this guard, and of a frequently extended one) are not a loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_change_stream_reports_a_loss_before_the_next_extension() {
+    let t = test_database().await;
+    let name = unique("early");
+    let coll = t.db.collection::<Plain>(&name);
+    for id in ["slow", "busy"] {
+        coll.insert_one(Plain {
+            id: id.into(),
+            value: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let raw_coll = t.db.collection::<Document>(&name);
+    raw_coll
+        .insert_one(doc! { "_id": 7_i64, "value": 0_i64 })
+        .await
+        .unwrap();
+    let slow = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_secs(60))
+        .extension_cadence(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let busy = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_secs(2))
+        .extension_cadence(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let slow_raw = DocumentLocks::builder(&raw_coll)
+        .expiry(Duration::from_secs(60))
+        .extension_cadence(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let g = slow.try_lock("slow").await.unwrap().unwrap();
+    let b = busy.try_lock("busy").await.unwrap().unwrap();
+    let n = slow_raw.try_lock(7_i64).await.unwrap().unwrap();
+    for _ in 0..3 {
+        assert!(g.guard.extend(Duration::from_secs(60)).await.unwrap());
+    }
+    // Meanwhile the streams open and `busy` is extended a dozen times.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!g.guard.is_lost(), "extensions are not a loss");
+    assert!(!b.guard.is_lost(), "extensions are not a loss");
+    assert!(!n.guard.is_lost());
+
+    // Someone clears the lease (an operator's force release).
+    let started = Instant::now();
+    coll.clone_with_type::<Document>()
+        .update_one(
+            doc! { "_id": "slow" },
+            doc! { "$set": { "_lock.leaseId": Bson::Null } },
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), g.guard.lost())
+        .await
+        .expect("the lost signal fires on the change, not at the next extension (20 s)");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let reason = g.guard.lost_reason().expect("a reason");
+    assert!(reason.contains("store"), "{reason}");
+    // The document is free: the next holder is not told its own grant is a loss.
+    let next = slow.try_lock("slow").await.unwrap().expect("free");
+    assert_eq!(next.guard.fencing_token(), g.guard.fencing_token() + 1);
+
+    // A document with a numeric `_id`, deleted under its holder.
+    let started = Instant::now();
+    raw_coll.delete_one(doc! { "_id": 7_i64 }).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), n.guard.lost())
+        .await
+        .expect("the lost signal fires on the delete");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(n.guard.lost_reason().is_some());
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!b.guard.is_lost());
+    assert!(!next.guard.is_lost());
+    b.guard.release().await.unwrap();
+    next.guard.release().await.unwrap();
+}
+
+/// On a standalone server (no change streams) document guards detect loss by extension only,
+/// as before: a cleared lease goes unnoticed until the next extension.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_servers_detect_document_loss_by_extension() {
+    if std::env::var("MONGODB_URI").is_ok_and(|u| !u.is_empty()) {
+        eprintln!("skipped: needs the embedded server in standalone mode");
+        return;
+    }
+    let t = test_database_with(TestServer::builder().standalone(true)).await;
+    let coll = t.db.collection::<Plain>(&unique("plain"));
+    coll.insert_one(Plain {
+        id: "a".into(),
+        value: 0,
+    })
+    .await
+    .unwrap();
+    let locks = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_secs(60))
+        .extension_cadence(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let g = locks.try_lock("a").await.unwrap().unwrap();
+    // Let the stream attempt fail (40573).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    coll.clone_with_type::<Document>()
+        .update_one(
+            doc! { "_id": "a" },
+            doc! { "$set": { "_lock.leaseId": Bson::Null } },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !g.guard.is_lost(),
+        "no change stream on a standalone server"
+    );
+    assert!(!g.guard.extend(Duration::from_secs(60)).await.unwrap());
+    assert!(g.guard.is_lost());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,8 @@ use crate::guard::LeaseControl;
 pub(super) struct DocumentLease {
     pub(super) inner: Arc<Inner>,
     pub(super) id: Bson,
+    /// The change-stream registry key of `id`.
+    pub(super) key: String,
     pub(super) name: String,
     pub(super) lease_id: LeaseId,
 }
@@ -90,9 +92,22 @@ impl LeaseControl for DocumentLease {
         Ok(r.matched_count == 1)
     }
 
+    /// Completes when the collection's change stream shows `<field>.leaseId` changed away from
+    /// ours (at or after our grant, judged by the fencing token) or the document deleted;
+    /// pending forever when change streams are unavailable (loss is then detected by
+    /// extension and the local deadline).
     async fn gone(&self) {
-        // Loss is detected by extension and the local deadline (no change stream yet).
-        std::future::pending::<()>().await
+        self.inner
+            .watch
+            .lease_gone_at(&self.key, &self.id, &self.lease_id)
+            .await;
+    }
+}
+
+impl Drop for DocumentLease {
+    fn drop(&mut self) {
+        // Released, lost or abandoned: its token is no longer needed to judge changes.
+        self.inner.watch.released(&self.lease_id);
     }
 }
 

@@ -9,6 +9,12 @@
 //!
 //! The guard is the same [`LockGuard`] as for named locks: fencing token, automatic extension,
 //! lost signal, [`release`](LockGuard::release), and release in the background on drop.
+//! Like named locks, a guard learns of a loss early from a change stream on your collection
+//! (one per `DocumentLocks`, shared by its clones, started with the first guard): when the
+//! document's `<field>.leaseId` changes away from its lease (a takeover, a forced clear) or the
+//! document is deleted, the lost signal fires at once rather than at the next extension. Where
+//! change streams are unavailable (a standalone server, missing `changeStream` privilege) loss
+//! is detected by extension, as before.
 //!
 //! ```
 //! use std::time::Duration;
@@ -171,6 +177,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{LeaseId, LockInfo};
+use crate::backends::mongo::watch::{document_key, Target as WatchTarget, Watcher};
 use crate::error::{Error, Result};
 use crate::guard::{GrantedLease, LockGuard};
 use crate::holder::HolderInfo;
@@ -233,6 +240,10 @@ pub(crate) struct Inner {
     pub(crate) field: String,
     pub(crate) options: LockOptions,
     pub(crate) holder: HolderInfo,
+    /// The change stream on the collection for early loss detection, shared by all clones and
+    /// guards, started by the first guard and stopped with the last of them (see
+    /// `backends/mongo/watch.rs`).
+    pub(crate) watch: Watcher,
 }
 
 /// Locks documents of one collection in place; see the [module docs](self). Cheap to clone
@@ -359,11 +370,19 @@ impl<T> DocumentLocksBuilder<T> {
             .read_concern(self.coll.read_concern().cloned())
             .build();
         let holder = HolderInfo::current(self.options.app_name.clone());
+        let reads = db.collection_with_options(&ns.coll, reads);
         Ok(DocumentLocks {
             expiry: self.options.expiry,
             inner: Arc::new(Inner {
                 coll: db.collection_with_options(&ns.coll, writes),
-                reads: db.collection_with_options(&ns.coll, reads),
+                reads: reads.clone(),
+                watch: Watcher::new(
+                    reads,
+                    true,
+                    WatchTarget::Documents {
+                        field: self.field.clone(),
+                    },
+                ),
                 field: self.field,
                 options: self.options,
                 holder,
@@ -660,9 +679,12 @@ where
                 Ok(Attempted::Acquired(granted)) => {
                     let claim::Granted { doc, id, lease } = *granted;
                     let name = claim::lease_name(&inner, &id);
+                    let key = document_key(&id);
+                    inner.watch.granted(&key, &lease_id, lease.fencing_token);
                     let control = DocumentLease {
                         inner: inner.clone(),
                         id: id.clone(),
+                        key,
                         name: name.clone(),
                         lease_id: lease_id.clone(),
                     };

@@ -83,7 +83,7 @@ mod document;
 pub(crate) mod errors;
 mod index;
 mod ops;
-mod watch;
+pub(crate) mod watch;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -196,7 +196,11 @@ impl MongoBackendBuilder {
         let reads = self.db.collection(&self.collection);
         Ok(MongoBackend {
             coll: self.db.collection_with_options(&self.collection, options),
-            watch: Arc::new(watch::Watcher::new(reads.clone(), self.change_streams)),
+            watch: Arc::new(watch::Watcher::new(
+                reads.clone(),
+                self.change_streams,
+                watch::Target::Names,
+            )),
             reads,
             cleanup_after: self.cleanup_after,
             create_ttl_index: self.create_ttl_index,

@@ -34,6 +34,15 @@
 //! document) are checked with one read of the lock document. The backend remembers the token of
 //! every lease it granted until the lease is released.
 //!
+//! # Document locks
+//! The same machinery serves [`DocumentLocks`](crate::documents::DocumentLocks) ([`Target`]):
+//! one stream per `DocumentLocks` (shared by its clones and guards) on the user's collection,
+//! keyed by [`document_key`] of any `_id`, judging `<field>.leaseId` / `<field>.fencingToken`.
+//! Update events report those either as the whole sub-document or as dotted paths; the
+//! pipeline picks out both with `$objectToArray` (and `<field>` among `removedFields`), so
+//! extensions (`<field>.expiresAt` only) and writes of the user's own fields do not pass. Only
+//! holders use it (document acquirers poll with their wait strategy).
+//!
 //! # Fallback and resume
 //! * Opening the stream fails with a non-resumable error (a standalone server answers 40573, a
 //!   missing `changeStream`/`find` privilege 13, old versions 40324/115, ...): the backend polls
@@ -49,6 +58,7 @@
 //! * After every fresh open every waiter is woken once too: a release between the first
 //!   registration and the open could otherwise slip by.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -93,10 +103,38 @@ struct Held {
     seen: u64,
 }
 
-/// The shared change stream of one backend; see the [module docs](self).
-pub(super) struct Watcher {
+/// What a stream watches: which documents are locks, how they are keyed in the registry and
+/// where their lease fields live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// The lock collection of a [`MongoBackend`](super::MongoBackend): `_id` is the lock name
+    /// (a string; other `_id`s, like the epoch counter's, are ignored), `leaseId` and
+    /// `fencingToken` are top-level fields.
+    Names,
+    /// A collection of the user's documents locked in place
+    /// ([`DocumentLocks`](crate::documents::DocumentLocks)): any `_id` (keyed by
+    /// [`document_key`]), the lease fields under the top-level sub-document `field`.
+    Documents { field: String },
+}
+
+/// The registry key of a document `_id` (relaxed extended JSON, so `1_i32` and `1_i64`, equal
+/// for MongoDB, share a key).
+pub(crate) fn document_key(id: &Bson) -> String {
+    id.clone().into_relaxed_extjson().to_string()
+}
+
+/// Computed by document-lock pipelines: the lease fields among `updatedFields`
+/// (`<field>`, `<field>.leaseId`, `<field>.fencingToken`, whichever the server reported).
+const DOC_UPDATED: &str = "__mongolockLease";
+/// Computed by document-lock pipelines: `<field>` or `<field>.leaseId` among `removedFields`.
+const DOC_REMOVED: &str = "__mongolockRemoved";
+
+/// The shared change stream of one backend (or one set of document locks); see the
+/// [module docs](self).
+pub(crate) struct Watcher {
     hub: Arc<Hub>,
     coll: Collection<Document>,
+    target: Arc<Target>,
     /// Dropping the sender (with the backend) stops the task.
     task: Mutex<Option<oneshot::Sender<()>>>,
     held: Mutex<HashMap<LeaseId, Held>>,
@@ -141,7 +179,7 @@ fn judge(change: &Change, ours: &LeaseId, our_token: Option<u64>) -> Verdict {
 
 impl Watcher {
     /// A watcher whose stream starts on first need; `enabled: false` means never (poll).
-    pub(super) fn new(coll: Collection<Document>, enabled: bool) -> Watcher {
+    pub(crate) fn new(coll: Collection<Document>, enabled: bool, target: Target) -> Watcher {
         Watcher {
             hub: Hub::new(if enabled {
                 Status::Idle
@@ -149,6 +187,7 @@ impl Watcher {
                 Status::Unavailable
             }),
             coll,
+            target: Arc::new(target),
             task: Mutex::new(None),
             held: Mutex::new(HashMap::new()),
         }
@@ -161,7 +200,7 @@ impl Watcher {
 
     /// Starts the stream task unless it runs (or notifications are unavailable). Needs a Tokio
     /// runtime; without one nothing starts and callers poll.
-    pub(super) fn ensure_started(&self) {
+    pub(crate) fn ensure_started(&self) {
         if self.hub.status() != Status::Idle {
             return;
         }
@@ -175,7 +214,12 @@ impl Watcher {
         let (stop, stopped) = oneshot::channel();
         // Replacing an earlier sender stops an earlier task, should one still run.
         *task = Some(stop);
-        runtime.spawn(run(self.hub.clone(), self.coll.clone(), stopped));
+        runtime.spawn(run(
+            self.hub.clone(),
+            self.coll.clone(),
+            self.target.clone(),
+            stopped,
+        ));
     }
 
     /// Whether every change is delivered; starts the stream if needed.
@@ -206,7 +250,8 @@ impl Watcher {
     }
 
     /// Remembers a lease this backend granted (its token, and which changes are news to it).
-    pub(super) fn granted(&self, name: &str, lease_id: &LeaseId, token: u64) {
+    /// `name` is the registry key (a lock name, or [`document_key`]).
+    pub(crate) fn granted(&self, name: &str, lease_id: &LeaseId, token: u64) {
         if self.hub.status() == Status::Unavailable {
             return;
         }
@@ -219,13 +264,20 @@ impl Watcher {
     }
 
     /// Forgets a lease (released).
-    pub(super) fn released(&self, lease_id: &LeaseId) {
+    pub(crate) fn released(&self, lease_id: &LeaseId) {
         let removed = self.held().remove(lease_id);
         // The entry handle is dropped outside the map lock.
         drop(removed);
     }
 
     pub(super) async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+        self.lease_gone_at(name, &Bson::String(name.to_owned()), lease_id)
+            .await;
+    }
+
+    /// Completes when the lease `lease_id` of the document with `_id` `id` (registry key `name`)
+    /// is gone; pending forever when notifications are unavailable.
+    pub(crate) async fn lease_gone_at(&self, name: &str, id: &Bson, lease_id: &LeaseId) {
         self.ensure_started();
         let entry = self.hub.name(name);
         let mut changes = entry.state().subscribe();
@@ -249,7 +301,7 @@ impl Watcher {
                 let gone = match judge(&change, lease_id, token) {
                     Verdict::Held => false,
                     Verdict::Gone => true,
-                    Verdict::Check => !self.still_holds(name, lease_id).await,
+                    Verdict::Check => !self.still_holds(name, id, lease_id).await,
                 };
                 if gone {
                     tracing::debug!(lock = %name, "the change stream shows the lease gone");
@@ -269,14 +321,24 @@ impl Watcher {
 
     /// One read: whether `lease_id` is still the lease of `name`. A failed read counts as
     /// "still held" (the next extension decides).
-    async fn still_holds(&self, name: &str, lease_id: &LeaseId) -> bool {
+    async fn still_holds(&self, name: &str, id: &Bson, lease_id: &LeaseId) -> bool {
+        let (path, field) = match &*self.target {
+            Target::Names => (LEASE_ID.to_owned(), None),
+            Target::Documents { field } => (format!("{field}.{LEASE_ID}"), Some(field.as_str())),
+        };
         match self
             .coll
-            .find_one(doc! { "_id": name })
-            .projection(doc! { LEASE_ID: 1 })
+            .find_one(doc! { "_id": id.clone() })
+            .projection(doc! { path: 1 })
             .await
         {
-            Ok(Some(d)) => document::lease_id(&d) == Some(lease_id.as_str()),
+            Ok(Some(d)) => {
+                let lease = match field {
+                    None => Some(&d),
+                    Some(f) => d.get_document(f).ok(),
+                };
+                lease.and_then(document::lease_id) == Some(lease_id.as_str())
+            }
             Ok(None) => false,
             Err(e) => {
                 tracing::debug!(lock = %name, error = %errors::describe(&e), "could not check the lease after a change; the next extension will");
@@ -287,7 +349,15 @@ impl Watcher {
 }
 
 /// The stream's pipeline; see the [module docs](self).
-fn pipeline() -> Vec<Document> {
+fn pipeline(target: &Target) -> Vec<Document> {
+    match target {
+        Target::Names => names_pipeline(),
+        Target::Documents { field } => documents_pipeline(field),
+    }
+}
+
+/// The pipeline of the lock collection.
+fn names_pipeline() -> Vec<Document> {
     let updated = |f: &str| format!("updateDescription.updatedFields.{f}");
     let full = |f: &str| format!("fullDocument.{f}");
     vec![
@@ -307,6 +377,82 @@ fn pipeline() -> Vec<Document> {
             full(TOKEN): 1,
         } },
     ]
+}
+
+/// The pipeline of document locks under `field`. Update events report changed sub-fields
+/// either as the whole sub-document (`<field>: {...}`) or as dotted paths (`"<field>.leaseId"`),
+/// which `$match`/`$project` cannot address: both are picked out with `$objectToArray` into
+/// [`DOC_UPDATED`]. Extensions (only `<field>.expiresAt`) and writes of other fields do not
+/// pass.
+fn documents_pipeline(field: &str) -> Vec<Document> {
+    let lease_path = format!("{field}.{LEASE_ID}");
+    let token_path = format!("{field}.{TOKEN}");
+    vec![
+        doc! { "$addFields": {
+            DOC_UPDATED: { "$arrayToObject": [{ "$filter": {
+                "input": { "$objectToArray": {
+                    "$ifNull": ["$updateDescription.updatedFields", {}]
+                } },
+                "cond": { "$in": ["$$this.k", [field, lease_path.as_str(), token_path.as_str()]] },
+            } }] },
+            DOC_REMOVED: { "$filter": {
+                "input": { "$ifNull": ["$updateDescription.removedFields", []] },
+                "cond": { "$in": ["$$this", [field, lease_path.as_str()]] },
+            } },
+        } },
+        doc! { "$match": { "$or": [
+            { "operationType": { "$in": [
+                "insert", "replace", "delete", "drop", "dropDatabase", "rename", "invalidate",
+            ] } },
+            { "operationType": "update", DOC_UPDATED: { "$ne": {} } },
+            { "operationType": "update", DOC_REMOVED: { "$ne": [] } },
+        ] } },
+        doc! { "$project": {
+            "operationType": 1,
+            "ns": 1,
+            "documentKey": 1,
+            DOC_UPDATED: 1,
+            DOC_REMOVED: 1,
+            format!("fullDocument.{lease_path}"): 1,
+            format!("fullDocument.{token_path}"): 1,
+        } },
+    ]
+}
+
+/// The lease change of a document-lock update event (see [`documents_pipeline`]).
+fn document_update(ev: &Document, field: &str) -> Change {
+    let removed = ev.get_array(DOC_REMOVED).is_ok_and(|r| !r.is_empty());
+    if removed {
+        // The lease field was removed: no lease, token unknown.
+        return Change::Lease {
+            lease_id: None,
+            token: None,
+        };
+    }
+    let Ok(updated) = ev.get_document(DOC_UPDATED) else {
+        return Change::Unknown;
+    };
+    match updated.get(field) {
+        Some(Bson::Document(whole)) => return lease_change(Some(whole)),
+        Some(_) => {
+            // The sub-document was overwritten by something else (null, a scalar): no lease.
+            return Change::Lease {
+                lease_id: None,
+                token: None,
+            };
+        }
+        None => {}
+    }
+    let mut fields = Document::new();
+    for (path, name) in [
+        (format!("{field}.{LEASE_ID}"), LEASE_ID),
+        (format!("{field}.{TOKEN}"), TOKEN),
+    ] {
+        if let Some(v) = updated.get(&path) {
+            fields.insert(name, v.clone());
+        }
+    }
+    lease_change(Some(&fields))
 }
 
 /// The lease fields of a (partial) document: `leaseId` (string or null) and `fencingToken`.
@@ -330,25 +476,40 @@ fn lease_change(fields: Option<&Document>) -> Change {
 /// What one event means.
 #[derive(Debug, PartialEq, Eq)]
 enum Event<'a> {
-    /// A change of one lock.
-    Name(&'a str, Change),
+    /// A change of one lock (by registry key).
+    Name(Cow<'a, str>, Change),
     /// Every lock may have changed (the collection was dropped or renamed).
     All,
     /// Not about a lock (the epoch counter, unknown event types).
     Ignore,
 }
 
-fn interpret(ev: &Document) -> Event<'_> {
+fn interpret<'a>(ev: &'a Document, target: &Target) -> Event<'a> {
     let op = ev.get_str("operationType").unwrap_or("");
-    let name = || {
+    let id = || {
         ev.get_document("documentKey")
             .ok()
-            .and_then(|k| k.get_str("_id").ok())
+            .and_then(|k| k.get("_id"))
     };
     match op {
         "insert" | "replace" | "update" | "delete" => {
+            let Some(id) = id() else {
+                return Event::Ignore;
+            };
+            if let Target::Documents { field } = target {
+                let change = match op {
+                    "update" => document_update(ev, field),
+                    "delete" => Change::Unknown,
+                    _ => lease_change(
+                        ev.get_document("fullDocument")
+                            .ok()
+                            .and_then(|d| d.get_document(field).ok()),
+                    ),
+                };
+                return Event::Name(Cow::Owned(document_key(id)), change);
+            }
             // Lock names are strings; the epoch counter's _id is not.
-            let Some(name) = name() else {
+            let Bson::String(name) = id else {
                 return Event::Ignore;
             };
             let change = match op {
@@ -360,16 +521,16 @@ fn interpret(ev: &Document) -> Event<'_> {
                 "delete" => Change::Unknown,
                 _ => lease_change(ev.get_document("fullDocument").ok()),
             };
-            Event::Name(name, change)
+            Event::Name(Cow::Borrowed(name.as_str()), change)
         }
         "drop" | "dropDatabase" | "rename" | "invalidate" => Event::All,
         _ => Event::Ignore,
     }
 }
 
-fn dispatch(hub: &Hub, ev: &Document) {
-    match interpret(ev) {
-        Event::Name(name, change) => hub.dispatch(name, change),
+fn dispatch(hub: &Hub, ev: &Document, target: &Target) {
+    match interpret(ev, target) {
+        Event::Name(name, change) => hub.dispatch(&name, change),
         Event::All => hub.wake_all(true),
         Event::Ignore => {}
     }
@@ -386,11 +547,12 @@ fn is_resumable(e: &mongodb::error::Error) -> bool {
 
 async fn open(
     coll: &Collection<Document>,
+    target: &Target,
     resume: Option<ResumeToken>,
 ) -> mongodb::error::Result<ChangeStream<Document>> {
     let stream = coll
         .watch()
-        .pipeline(pipeline())
+        .pipeline(pipeline(target))
         .resume_after(resume)
         .max_await_time(MAX_AWAIT)
         .await?;
@@ -458,7 +620,12 @@ enum Broke {
 }
 
 /// The stream task; see the [module docs](self).
-async fn run(hub: Arc<Hub>, coll: Collection<Document>, mut stopped: oneshot::Receiver<()>) {
+async fn run(
+    hub: Arc<Hub>,
+    coll: Collection<Document>,
+    target: Arc<Target>,
+    mut stopped: oneshot::Receiver<()>,
+) {
     let _running = Running(hub.clone());
     let ns = coll.namespace().to_string();
     let mut resume: Option<ResumeToken> = None;
@@ -467,7 +634,7 @@ async fn run(hub: Arc<Hub>, coll: Collection<Document>, mut stopped: oneshot::Re
     loop {
         let opened = tokio::select! {
             _ = &mut stopped => return,
-            r = open(&coll, resume.clone()) => r,
+            r = open(&coll, &target, resume.clone()) => r,
         };
         // Never dropped by a cancellation (see `retire`).
         let mut stream = match opened {
@@ -524,7 +691,7 @@ async fn run(hub: Arc<Hub>, coll: Collection<Document>, mut stopped: oneshot::Re
             };
             match next {
                 Next::Stopped => return retire(stream).await,
-                Next::Batch(Ok(Ok(Some(ev)))) => dispatch(&hub, &ev),
+                Next::Batch(Ok(Ok(Some(ev)))) => dispatch(&hub, &ev, &target),
                 Next::Batch(Ok(Ok(None))) => {
                     if !stream.is_alive() {
                         break Broke::Ended;
@@ -589,6 +756,10 @@ fn log_unavailable(ns: &str, e: &mongodb::error::Error) {
 mod tests {
     use super::*;
 
+    fn interpret_names(ev: &Document) -> Event<'_> {
+        interpret(ev, &Target::Names)
+    }
+
     fn lease(id: Option<&str>, token: Option<u64>) -> Change {
         Change::Lease {
             lease_id: id.map(str::to_owned),
@@ -627,6 +798,70 @@ mod tests {
     }
 
     #[test]
+    fn document_events_are_interpreted() {
+        let target = Target::Documents {
+            field: "_lock".into(),
+        };
+        let key = document_key(&Bson::Int64(7));
+        assert_eq!(key, document_key(&Bson::Int32(7)));
+        assert_ne!(key, document_key(&Bson::String("7".into())));
+        let ev = |extra: Document| {
+            let mut d = doc! { "operationType": "update", "documentKey": { "_id": 7_i64 } };
+            d.extend(extra);
+            d
+        };
+        // A takeover reported as the whole sub-document.
+        let whole = ev(
+            doc! { DOC_UPDATED: { "_lock": { "leaseId": "L", "fencingToken": 3_i64, "expiresAt": 1 } }, DOC_REMOVED: [] },
+        );
+        assert_eq!(
+            interpret(&whole, &target),
+            Event::Name(key.clone().into(), lease(Some("L"), Some(3)))
+        );
+        // Dotted paths: a grant, and a forced clear.
+        let dotted = ev(
+            doc! { DOC_UPDATED: { "_lock.leaseId": "M", "_lock.fencingToken": 4_i64 }, DOC_REMOVED: [] },
+        );
+        assert_eq!(
+            interpret(&dotted, &target),
+            Event::Name(key.clone().into(), lease(Some("M"), Some(4)))
+        );
+        let cleared = ev(doc! { DOC_UPDATED: { "_lock.leaseId": Bson::Null }, DOC_REMOVED: [] });
+        assert_eq!(
+            interpret(&cleared, &target),
+            Event::Name(key.clone().into(), lease(None, None))
+        );
+        let removed = ev(doc! { DOC_UPDATED: {}, DOC_REMOVED: ["_lock"] });
+        assert_eq!(
+            interpret(&removed, &target),
+            Event::Name(key.clone().into(), lease(None, None))
+        );
+        let insert = doc! {
+            "operationType": "insert",
+            "documentKey": { "_id": "s" },
+            "fullDocument": { "_lock": { "leaseId": "N", "fencingToken": 1_i64 } },
+        };
+        assert_eq!(
+            interpret(&insert, &target),
+            Event::Name(
+                document_key(&Bson::String("s".into())).into(),
+                lease(Some("N"), Some(1))
+            )
+        );
+        let plain =
+            doc! { "operationType": "insert", "documentKey": { "_id": 1 }, "fullDocument": {} };
+        assert!(matches!(
+            interpret(&plain, &target),
+            Event::Name(_, Change::Unknown)
+        ));
+        let delete = doc! { "operationType": "delete", "documentKey": { "_id": 7_i64 } };
+        assert_eq!(
+            interpret(&delete, &target),
+            Event::Name(key.into(), Change::Unknown)
+        );
+    }
+
+    #[test]
     fn events_are_interpreted() {
         let update = doc! {
             "operationType": "update",
@@ -634,31 +869,43 @@ mod tests {
             "updateDescription": { "updatedFields": { "leaseId": "L", "fencingToken": 5_i64 } },
         };
         assert_eq!(
-            interpret(&update),
-            Event::Name("a", lease(Some("L"), Some(5)))
+            interpret_names(&update),
+            Event::Name("a".into(), lease(Some("L"), Some(5)))
         );
         let release = doc! {
             "operationType": "update",
             "documentKey": { "_id": "a" },
             "updateDescription": { "updatedFields": { "leaseId": Bson::Null } },
         };
-        assert_eq!(interpret(&release), Event::Name("a", lease(None, None)));
+        assert_eq!(
+            interpret_names(&release),
+            Event::Name("a".into(), lease(None, None))
+        );
         let insert = doc! {
             "operationType": "insert",
             "documentKey": { "_id": "b" },
             "fullDocument": { "leaseId": "M", "fencingToken": Bson::Null },
         };
-        assert_eq!(interpret(&insert), Event::Name("b", lease(Some("M"), None)));
+        assert_eq!(
+            interpret_names(&insert),
+            Event::Name("b".into(), lease(Some("M"), None))
+        );
         let delete = doc! { "operationType": "delete", "documentKey": { "_id": "c" } };
-        assert_eq!(interpret(&delete), Event::Name("c", Change::Unknown));
+        assert_eq!(
+            interpret_names(&delete),
+            Event::Name("c".into(), Change::Unknown)
+        );
         let epoch = doc! {
             "operationType": "update",
             "documentKey": { "_id": { "mongolock": "fencing-epoch" } },
         };
-        assert_eq!(interpret(&epoch), Event::Ignore);
-        assert_eq!(interpret(&doc! { "operationType": "drop" }), Event::All);
+        assert_eq!(interpret_names(&epoch), Event::Ignore);
         assert_eq!(
-            interpret(&doc! { "operationType": "invalidate" }),
+            interpret_names(&doc! { "operationType": "drop" }),
+            Event::All
+        );
+        assert_eq!(
+            interpret_names(&doc! { "operationType": "invalidate" }),
             Event::All
         );
         let odd = doc! {
@@ -666,6 +913,9 @@ mod tests {
             "documentKey": { "_id": "d" },
             "fullDocument": { "other": 1 },
         };
-        assert_eq!(interpret(&odd), Event::Name("d", Change::Unknown));
+        assert_eq!(
+            interpret_names(&odd),
+            Event::Name("d".into(), Change::Unknown)
+        );
     }
 }
