@@ -6,4 +6,6 @@
 pub mod memory;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
+// Parts of the registry (stream status, transitions) serve only the MongoDB change-stream watcher.
+#[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
 pub(crate) mod wakeups;

@@ -3,14 +3,14 @@
 //! the [module docs](super) for why tokens keep growing across TTL cleanup.
 
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::options::ReturnDocument;
+use mongodb::options::{ReturnDocument, UpdateModifications};
 use mongodb::Collection;
 
 use super::document::{
-    self, holder_doc, ttl_millis, ACQUIRED_AT, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
+    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
 };
 use super::errors::{self, classify, DUPLICATE_KEY};
-use crate::backend::{AcquireRequest, Attempt, Lease};
+use crate::backend::{AcquireRequest, Attempt};
 use crate::error::{Error, Result};
 
 /// `_id` of the per-collection epoch counter document.
@@ -54,41 +54,59 @@ pub(super) async fn try_acquire(
     coll: &Collection<Document>,
     req: &AcquireRequest,
 ) -> Result<Attempt> {
+    let doc = upsert(
+        coll,
+        doc! { "_id": req.name.as_str() },
+        acquire_pipeline(req),
+        "acquire (findAndModify)",
+    )
+    .await?;
+    if document::lease_id(&doc) != Some(req.lease_id.as_str()) {
+        return Ok(Attempt::Busy {
+            holder_expires_at: document::date(&doc, EXPIRES_AT),
+        });
+    }
+    match document::token(&doc, LockSite::Named, &req.name)? {
+        Some(token) => Ok(Attempt::Acquired(document::lease(
+            &doc,
+            token,
+            LockSite::Named,
+            &req.name,
+        )?)),
+        None => stamp_token(coll, req).await,
+    }
+}
+
+/// One `findAndModify` upsert of `filter` that returns the post-image. Two clients that create the
+/// document at once race on its `_id`: the loser retries (up to five times) on the now existing
+/// document.
+async fn upsert(
+    coll: &Collection<Document>,
+    filter: Document,
+    update: impl Into<UpdateModifications>,
+    what: &str,
+) -> Result<Document> {
+    let update = update.into();
     let mut duplicate_keys = 0;
-    let doc = loop {
+    loop {
         let result = coll
-            .find_one_and_update(doc! { "_id": req.name.as_str() }, acquire_pipeline(req))
+            .find_one_and_update(filter.clone(), update.clone())
             .upsert(true)
             .return_document(ReturnDocument::After)
             .await;
         match result {
-            Ok(Some(doc)) => break doc,
+            Ok(Some(doc)) => return Ok(doc),
             Ok(None) => {
                 return Err(Error::backend(
                     "findAndModify with upsert and new: true returned no document",
                     "the server does not behave like MongoDB; check the deployment",
                 ))
             }
-            // Two clients created the document at once; the loser retries on the now existing
-            // document.
             Err(e) if errors::code(&e) == Some(DUPLICATE_KEY) && duplicate_keys < 5 => {
                 duplicate_keys += 1;
             }
-            Err(e) => return Err(classify(e, "acquire (findAndModify)")),
+            Err(e) => return Err(classify(e, what)),
         }
-    };
-    if document::lease_id(&doc) != Some(req.lease_id.as_str()) {
-        return Ok(Attempt::Busy {
-            holder_expires_at: document::date(&doc, EXPIRES_AT),
-        });
-    }
-    match document::token(&doc, &req.name)? {
-        Some(token) => Ok(Attempt::Acquired(Lease {
-            fencing_token: token,
-            acquired_at: document::require_date(&doc, ACQUIRED_AT, &req.name)?,
-            expires_at: document::require_date(&doc, EXPIRES_AT, &req.name)?,
-        })),
-        None => stamp_token(coll, req).await,
     }
 }
 
@@ -138,54 +156,37 @@ async fn stamp_token(coll: &Collection<Document>, req: &AcquireRequest) -> Resul
             holder_expires_at: None,
         });
     };
-    let token = document::token(&doc, &req.name)?.ok_or_else(|| {
+    let token = document::token(&doc, LockSite::Named, &req.name)?.ok_or_else(|| {
         Error::backend(
             "the fencing token was not stamped",
             "the server does not behave like MongoDB; check the deployment",
         )
     })?;
-    Ok(Attempt::Acquired(Lease {
-        fencing_token: token,
-        acquired_at: document::require_date(&doc, ACQUIRED_AT, &req.name)?,
-        expires_at: document::require_date(&doc, EXPIRES_AT, &req.name)?,
-    }))
+    Ok(Attempt::Acquired(document::lease(
+        &doc,
+        token,
+        LockSite::Named,
+        &req.name,
+    )?))
 }
 
 /// Increments the collection's epoch counter and returns the new value.
 async fn next_epoch(coll: &Collection<Document>) -> Result<i64> {
-    let mut duplicate_keys = 0;
-    loop {
-        let result = coll
-            .find_one_and_update(
-                doc! { "_id": epoch_id() },
-                doc! { "$inc": { "epoch": 1_i64 } },
-            )
-            .upsert(true)
-            .return_document(ReturnDocument::After)
-            .await;
-        match result {
-            Ok(Some(doc)) => {
-                return match doc.get("epoch") {
-                    Some(Bson::Int64(e)) if *e > 0 => Ok(*e),
-                    Some(Bson::Int32(e)) if *e > 0 => Ok(i64::from(*e)),
-                    other => Err(Error::backend(
-                        format!("the fencing epoch document holds {other:?}"),
-                        "the lock collection holds documents mongolock did not write; use a \
-                         dedicated collection for locks",
-                    )),
-                }
-            }
-            Ok(None) => {
-                return Err(Error::backend(
-                    "findAndModify with upsert and new: true returned no document",
-                    "the server does not behave like MongoDB; check the deployment",
-                ))
-            }
-            Err(e) if errors::code(&e) == Some(DUPLICATE_KEY) && duplicate_keys < 5 => {
-                duplicate_keys += 1;
-            }
-            Err(e) => return Err(classify(e, "acquire (fencing epoch)")),
-        }
+    let doc = upsert(
+        coll,
+        doc! { "_id": epoch_id() },
+        doc! { "$inc": { "epoch": 1_i64 } },
+        "acquire (fencing epoch)",
+    )
+    .await?;
+    match doc.get("epoch") {
+        Some(Bson::Int64(e)) if *e > 0 => Ok(*e),
+        Some(Bson::Int32(e)) if *e > 0 => Ok(i64::from(*e)),
+        other => Err(Error::backend(
+            format!("the fencing epoch document holds {other:?}"),
+            "the lock collection holds documents mongolock did not write; use a dedicated \
+             collection for locks",
+        )),
     }
 }
 

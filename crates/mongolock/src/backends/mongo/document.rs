@@ -1,28 +1,66 @@
-//! Field names of the lock document and conversions from BSON.
+//! Field names of a lock-shaped document and conversions from BSON: shared by the named locks
+//! (one document per lock in the lock collection) and by [`documents`](crate::documents) (the
+//! lock sub-document embedded in a user's document), whose lock fields have the same shape:
+//!
+//! ```text
+//! { leaseId: <string|null>, fencingToken: <int64>, acquiredAt: <date>, expiresAt: <date>,
+//!   holder: { host: <string>, pid: <int64>, app: <string|null> } }
+//! ```
 
 use std::time::{Duration, SystemTime};
 
 use mongodb::bson::{doc, Bson, DateTime, Document};
 
-use crate::backend::{LeaseId, LockInfo};
+use crate::backend::{Lease, LeaseId, LockInfo};
 use crate::error::{Error, Result};
 use crate::holder::HolderInfo;
 
-pub(super) const LEASE_ID: &str = "leaseId";
-pub(super) const TOKEN: &str = "fencingToken";
-pub(super) const ACQUIRED_AT: &str = "acquiredAt";
-pub(super) const EXPIRES_AT: &str = "expiresAt";
-pub(super) const HOLDER: &str = "holder";
-/// Added by inspection queries: the server time of the read.
-pub(super) const OBSERVED_AT: &str = "__mongolockObservedAt";
+pub(crate) const LEASE_ID: &str = "leaseId";
+pub(crate) const TOKEN: &str = "fencingToken";
+pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
+pub(crate) const EXPIRES_AT: &str = "expiresAt";
+pub(crate) const HOLDER: &str = "holder";
+/// Added by inspection reads: the server time of the read. Never stored.
+pub(crate) const OBSERVED_AT: &str = "__mongolockObservedAt";
+
+/// Where a lock-shaped document lives, for error messages about documents mongolock did not
+/// write. Together with the lock's name (or the user document's id) it names the document.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LockSite<'a> {
+    /// A named lock's own document in the lock collection.
+    Named,
+    /// The lock sub-document under this field of a user's document.
+    Embedded(&'a str),
+}
+
+impl LockSite<'_> {
+    /// The error for the lock document of `id` (the lock's name, or the user document's id) that
+    /// has `what`.
+    pub(crate) fn bad(self, id: &str, what: &str) -> Error {
+        match self {
+            LockSite::Named => Error::backend(
+                format!("lock document {id:?} has {what}"),
+                "the lock collection holds documents that mongolock did not write; use a \
+                 dedicated collection for locks",
+            ),
+            LockSite::Embedded(field) => Error::backend(
+                format!("the lock field `{field}` of document {id} has {what}"),
+                format!(
+                    "the documents use `{field}` for something else; choose another lock field \
+                     with DocumentLocks::builder(..).field(..)"
+                ),
+            ),
+        }
+    }
+}
 
 /// A lease duration in whole milliseconds (rounded up, so a lease is never shorter than asked).
-pub(super) fn ttl_millis(ttl: Duration) -> i64 {
+pub(crate) fn ttl_millis(ttl: Duration) -> i64 {
     let ms = ttl.as_nanos().div_ceil(1_000_000);
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
-pub(super) fn holder_doc(h: &HolderInfo) -> Document {
+pub(crate) fn holder_doc(h: &HolderInfo) -> Document {
     doc! {
         "host": h.host.as_str(),
         "pid": i64::from(h.pid),
@@ -30,26 +68,18 @@ pub(super) fn holder_doc(h: &HolderInfo) -> Document {
     }
 }
 
-fn bad_document(name: &str, what: &str) -> Error {
-    Error::backend(
-        format!("lock document {name:?} has {what}"),
-        "the lock collection holds documents that mongolock did not write; use a dedicated \
-         collection for locks",
-    )
-}
-
-pub(super) fn lease_id(d: &Document) -> Option<&str> {
+pub(crate) fn lease_id(d: &Document) -> Option<&str> {
     d.get_str(LEASE_ID).ok()
 }
 
-pub(super) fn date(d: &Document, field: &str) -> Option<SystemTime> {
+pub(crate) fn date(d: &Document, field: &str) -> Option<SystemTime> {
     d.get_datetime(field)
         .ok()
         .map(|t: &DateTime| t.to_system_time())
 }
 
 /// The fencing token; `Ok(None)` when none was stamped yet (null or missing).
-pub(super) fn token(d: &Document, name: &str) -> Result<Option<u64>> {
+pub(crate) fn token(d: &Document, site: LockSite<'_>, id: &str) -> Result<Option<u64>> {
     match d.get(TOKEN) {
         None | Some(Bson::Null) => Ok(None),
         Some(Bson::Int64(t)) if *t >= 0 => Ok(Some(*t as u64)),
@@ -57,12 +87,31 @@ pub(super) fn token(d: &Document, name: &str) -> Result<Option<u64>> {
         Some(Bson::Double(t)) if *t >= 0.0 && t.fract() == 0.0 && *t < 9.0e15 => {
             Ok(Some(*t as u64))
         }
-        Some(other) => Err(bad_document(name, &format!("a fencingToken of {other}"))),
+        Some(other) => Err(site.bad(id, &format!("a fencingToken of {other}"))),
     }
 }
 
-pub(super) fn require_date(d: &Document, field: &str, name: &str) -> Result<SystemTime> {
-    date(d, field).ok_or_else(|| bad_document(name, &format!("no date in `{field}`")))
+pub(crate) fn require_date(
+    d: &Document,
+    field: &str,
+    site: LockSite<'_>,
+    id: &str,
+) -> Result<SystemTime> {
+    date(d, field).ok_or_else(|| site.bad(id, &format!("no date in `{field}`")))
+}
+
+/// The lease recorded in `d` with the fencing token `fencing_token` (read by the caller).
+pub(crate) fn lease(
+    d: &Document,
+    fencing_token: u64,
+    site: LockSite<'_>,
+    id: &str,
+) -> Result<Lease> {
+    Ok(Lease {
+        fencing_token,
+        acquired_at: require_date(d, ACQUIRED_AT, site, id)?,
+        expires_at: require_date(d, EXPIRES_AT, site, id)?,
+    })
 }
 
 fn holder(d: &Document) -> Option<HolderInfo> {
@@ -79,23 +128,34 @@ fn holder(d: &Document) -> Option<HolderInfo> {
     })
 }
 
-/// Converts a lock document read together with the server time (`OBSERVED_AT`).
-pub(super) fn lock_info(d: &Document) -> Result<LockInfo> {
-    let name = d
-        .get_str("_id")
-        .map_err(|_| bad_document("?", "a non-string _id"))?
-        .to_owned();
-    let observed_at = require_date(d, OBSERVED_AT, &name)?;
+/// The state of the lock-shaped document `d` as seen at server time `observed_at`, reported
+/// under `name` (which also names the document in errors).
+pub(crate) fn lock_state(
+    d: &Document,
+    observed_at: SystemTime,
+    site: LockSite<'_>,
+    name: String,
+) -> Result<LockInfo> {
     let expires_at = date(d, EXPIRES_AT);
     let lease = lease_id(d).map(LeaseId::from_string);
     Ok(LockInfo {
         held: lease.is_some() && expires_at.is_some_and(|e| e > observed_at),
         lease_id: lease,
-        fencing_token: token(d, &name)?.unwrap_or(0),
+        fencing_token: token(d, site, &name)?.unwrap_or(0),
         holder: holder(d),
         acquired_at: date(d, ACQUIRED_AT),
         expires_at,
         observed_at,
         name,
     })
+}
+
+/// Converts a named lock's document read together with the server time (`OBSERVED_AT`).
+pub(super) fn lock_info(d: &Document) -> Result<LockInfo> {
+    let name = d
+        .get_str("_id")
+        .map_err(|_| LockSite::Named.bad("?", "a non-string _id"))?
+        .to_owned();
+    let observed_at = require_date(d, OBSERVED_AT, LockSite::Named, &name)?;
+    lock_state(d, observed_at, LockSite::Named, name)
 }

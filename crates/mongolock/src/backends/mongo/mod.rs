@@ -79,7 +79,7 @@
 //! what to do.
 
 mod acquire;
-mod document;
+pub(crate) mod document;
 pub(crate) mod errors;
 mod index;
 mod ops;

@@ -43,7 +43,12 @@ pub(super) async fn extend(
         .map_err(|e| classify(e, "extend (findAndModify)"))?;
     match doc {
         None => Ok(None),
-        Some(d) => Ok(Some(document::require_date(&d, EXPIRES_AT, name)?)),
+        Some(d) => Ok(Some(document::require_date(
+            &d,
+            EXPIRES_AT,
+            document::LockSite::Named,
+            name,
+        )?)),
     }
 }
 
