@@ -452,8 +452,9 @@ async fn the_users_other_fields_are_byte_for_byte_unchanged_by_lock_traffic() {
         }
     };
 
+    // A lease long enough that a loaded machine never loses it here; extensions every 100 ms.
     let locks = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_millis(900))
+        .expiry(Duration::from_secs(5))
         .extension_cadence(Duration::from_millis(100))
         .wait_strategy(fast_waits())
         .build()
