@@ -8,6 +8,7 @@
 //! embedded server).
 
 mod common;
+mod poll;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,22 +32,7 @@ fn slow_polling() -> WaitStrategy {
     WaitStrategy::random_sleep(Duration::from_millis(300), Duration::from_millis(600))
 }
 
-async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if f().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use poll::eventually;
 
 /// Waits until the backend's change notifications are live (the stream is open).
 async fn until_live(backend: &dyn LockBackend) {

@@ -1,6 +1,7 @@
 //! Leader-election scenarios against the in-memory backend.
 
 mod election_scenarios;
+mod poll;
 
 use std::sync::Arc;
 

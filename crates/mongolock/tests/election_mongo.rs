@@ -4,6 +4,7 @@
 
 mod common;
 mod election_scenarios;
+mod poll;
 
 use std::collections::HashSet;
 use std::process::Stdio;

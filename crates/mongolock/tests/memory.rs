@@ -1,6 +1,7 @@
 //! The contract suite against the in-memory backend.
 
 mod contract;
+mod poll;
 
 use std::sync::Arc;
 

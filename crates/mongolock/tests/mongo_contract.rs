@@ -2,6 +2,7 @@
 
 mod common;
 mod contract;
+mod poll;
 
 use contract::Env;
 

@@ -79,23 +79,7 @@ pub fn provider(backend: &Arc<dyn LockBackend>) -> LockProvider {
     builder(backend).build().expect("valid options")
 }
 
-/// Polls `f` every 20 ms until it returns true or `within` passed.
-pub async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if f().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+pub use crate::poll::eventually;
 
 async fn is_held(backend: &Arc<dyn LockBackend>, name: &str) -> bool {
     backend

@@ -17,7 +17,6 @@ use mongolock::election::{
 };
 use mongolock::{Error, LockBackend, LockProvider, WaitStrategy};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::time::Instant;
 
 /// Builds a provider on the backend under test. Called inside whatever runtime will use the
 /// provider (the crash scenario gives each candidate its own runtime), so a backend with
@@ -86,23 +85,7 @@ pub fn unique_role(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand::random::<u32>())
 }
 
-/// Polls `f` every 20 ms until it returns true or `within` passed.
-pub async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if f().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+pub use crate::poll::eventually;
 
 /// Counts the leader functions running at once, and records every term they ran for.
 #[derive(Default)]
