@@ -2,9 +2,21 @@
 //!
 //! # Loss detection
 //! Every grant or extension records a *local deadline*: the monotonic instant taken **before**
-//! the request that produced it was sent, plus the lease duration, minus 1 % for clock-rate
-//! differences. The server cannot expire the lease before that instant, so trusting the lease
-//! until then is never late. A watchdog task per guard:
+//! the request that produced it was sent, plus the lease duration, minus the
+//! [drift margin](crate::DriftMargin) (default 1 % + 5 ms). The server cannot expire the lease
+//! before that instant (under the clock assumption stated there), so trusting the lease until
+//! then is never late.
+//!
+//! The deadline is enforced where it is read, not only by a background task:
+//! [`LockGuard::is_lost`], [`LostSignal::is_lost`] and every internal "still held?" check compare
+//! the monotonic clock with the deadline and mark the lease lost once it has passed, and
+//! [`LostSignal::wait`] sleeps until the deadline itself. So on a starved runtime (a task that
+//! blocks its worker thread, an overloaded host) or in a process that was paused (SIGSTOP, a
+//! stop-the-world pause), the first check after user code runs again already says "lost" — no
+//! watchdog needs to have run. An extension whose reply arrives after the deadline does not
+//! revive the lease: loss is final.
+//!
+//! A watchdog task per guard:
 //!
 //! * extends the lease every extension cadence (when automatic extension is on), retrying
 //!   transient errors with a short backoff;
@@ -13,8 +25,16 @@
 //! * signals loss at once when the backend says the lease is gone, and at the deadline when no
 //!   extension succeeded in time.
 //!
-//! Loss is final: once signalled, [`LockGuard::extend`] returns `false` without contacting the
-//! server. Dropping the guard stops the watchdog and releases the lease in the background.
+//! Once loss is signalled, [`LockGuard::extend`] returns `false` without contacting the server.
+//!
+//! # Release
+//! [`LockGuard::release`], the release when a guard is dropped, and the clean-up release of an
+//! acquire attempt whose outcome is unknown all run in their own task and are bounded by the
+//! [release timeout](crate::LockProviderBuilder::release_timeout) (default 5 s): a connection
+//! that stops answering cannot hold a caller longer than that. A release that did not complete
+//! is given up; the lease then expires by itself. Backends make release idempotent for the
+//! owner (a retry after a lost reply reports success), so [`Error::LeaseLost`] means someone
+//! else really ended or took the lease.
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -29,13 +49,19 @@ use async_trait::async_trait;
 
 use crate::backend::{Lease, LeaseId, LockBackend};
 use crate::error::{Error, Result};
+use crate::options::{DriftMargin, GuardPolicy};
 use crate::provider::{check_ttl, ProviderInner};
 use crate::wait::Backoff;
 
 /// The local deadline of a lease granted or extended by a request sent at `sent_at`.
-fn local_deadline(sent_at: Instant, ttl: Duration) -> Instant {
-    sent_at + ttl.saturating_sub(ttl / 100)
+fn local_deadline(sent_at: Instant, ttl: Duration, drift: DriftMargin) -> Instant {
+    sent_at + ttl.saturating_sub(drift.margin(ttl))
 }
+
+/// Why a lease is lost when its local deadline passes.
+const DEADLINE_PASSED: &str =
+    "the lease's local deadline passed before an extension succeeded (the server was slow or \
+     unreachable, or this process did not run in time)";
 
 #[derive(Clone, Debug)]
 enum Status {
@@ -97,8 +123,7 @@ pub(crate) struct GrantedLease {
     pub ttl: Duration,
     /// Monotonic instant taken before the granting request was sent.
     pub sent_at: Instant,
-    pub auto_extend: bool,
-    pub extension_cadence: Option<Duration>,
+    pub policy: GuardPolicy,
 }
 
 struct LeaseState {
@@ -114,8 +139,7 @@ struct Shared {
     lease_id: LeaseId,
     fencing_token: u64,
     acquired_at: SystemTime,
-    auto_extend: bool,
-    explicit_cadence: Option<Duration>,
+    policy: GuardPolicy,
     state: Mutex<LeaseState>,
     /// Serialises extensions so that the recorded deadline matches the last applied write.
     extend_lock: tokio::sync::Mutex<()>,
@@ -131,16 +155,34 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn status(&self) -> Status {
-        self.status.borrow().clone()
+    fn is_lost(&self) -> bool {
+        // Checks the deadline first, so that a passed deadline reads as lost.
+        !self.is_held() && matches!(*self.status.borrow(), Status::Lost(_))
     }
 
+    fn lost_reason(&self) -> Option<String> {
+        self.is_held();
+        match &*self.status.borrow() {
+            Status::Lost(reason) => Some(reason.to_string()),
+            _ => None,
+        }
+    }
+
+    /// Whether the lease is still trusted: not ended or lost, and its local deadline not
+    /// passed. Marks it lost when the deadline has passed (whoever notices first).
     fn is_held(&self) -> bool {
-        self.status.borrow().is_held()
+        if !self.status.borrow().is_held() {
+            return false;
+        }
+        if Instant::now() >= self.state().deadline {
+            self.mark_lost(DEADLINE_PASSED);
+            return false;
+        }
+        true
     }
 
     fn cadence_for(&self, ttl: Duration) -> Duration {
-        match self.explicit_cadence {
+        match self.policy.extension_cadence {
             Some(c) if c < ttl => c,
             _ => ttl / 3,
         }
@@ -186,7 +228,7 @@ impl Shared {
                 {
                     let mut st = self.state();
                     st.expires_at = expires_at;
-                    st.deadline = local_deadline(sent_at, ttl);
+                    st.deadline = local_deadline(sent_at, ttl, self.policy.drift);
                     st.ttl = ttl;
                     st.last_extend_sent = sent_at;
                 }
@@ -219,10 +261,10 @@ async fn watchdog(shared: Arc<Shared>) {
             )
         };
         if Instant::now() >= deadline {
-            shared.mark_lost("no extension succeeded before the lease's local deadline");
+            shared.mark_lost(DEADLINE_PASSED);
             return;
         }
-        let wake = if shared.auto_extend {
+        let wake = if shared.policy.auto_extend {
             next_renewal.min(deadline)
         } else {
             deadline
@@ -314,8 +356,7 @@ impl LockGuard {
                 lease,
                 ttl,
                 sent_at,
-                auto_extend: provider.options.auto_extend,
-                extension_cadence: provider.options.extension_cadence,
+                policy: provider.options.guard_policy(),
             },
         )
     }
@@ -330,11 +371,10 @@ impl LockGuard {
             lease_id: grant.lease_id,
             fencing_token: grant.lease.fencing_token,
             acquired_at: grant.lease.acquired_at,
-            auto_extend: grant.auto_extend,
-            explicit_cadence: grant.extension_cadence,
+            policy: grant.policy,
             state: Mutex::new(LeaseState {
                 expires_at: grant.lease.expires_at,
-                deadline: local_deadline(grant.sent_at, grant.ttl),
+                deadline: local_deadline(grant.sent_at, grant.ttl, grant.policy.drift),
                 ttl: grant.ttl,
                 last_extend_sent: grant.sent_at,
             }),
@@ -384,26 +424,27 @@ impl LockGuard {
         self.shared.state().deadline
     }
 
-    /// A signal that completes when the lease is lost (or the guard is released or dropped).
-    /// Cloneable and cancel-safe; await it directly or use it in `tokio::select!`.
+    /// A signal that completes when the lease is lost (or the guard is released or dropped),
+    /// at the lease's local deadline at the latest. Cloneable and cancel-safe; await it
+    /// directly or use it in `tokio::select!`.
     pub fn lost(&self) -> LostSignal {
         LostSignal {
-            rx: self.shared.status.subscribe(),
+            shared: self.shared.clone(),
         }
     }
 
-    /// Whether the lease has been lost (non-blocking).
+    /// Whether the lease has been lost (non-blocking). True as soon as the local deadline has
+    /// passed without a successful extension, even if no background task has run since (a
+    /// starved runtime, a paused process): call it right before each step that relies on the
+    /// lease.
     pub fn is_lost(&self) -> bool {
-        matches!(self.shared.status(), Status::Lost(_))
+        self.shared.is_lost()
     }
 
     /// Why the lease was lost, once it is (e.g. "the server reports the lease expired, was
     /// released or taken over"); `None` while held or after a normal release.
     pub fn lost_reason(&self) -> Option<String> {
-        match self.shared.status() {
-            Status::Lost(reason) => Some(reason.to_string()),
-            _ => None,
-        }
+        self.shared.lost_reason()
     }
 
     /// Sets the lease's expiry to server now + `ttl` (not added to the remaining time).
@@ -446,26 +487,33 @@ impl LockGuard {
         }
     }
 
-    /// Releases the lease. Fails with [`Error::LeaseLost`] when the lease had already expired and
-    /// been taken over or force-released (work done under it may have overlapped another
-    /// holder). Transient errors are retried until the lease's local deadline; after that the
-    /// lease expires by itself and the last error is returned.
+    /// Releases the lease.
+    ///
+    /// # Errors
+    /// * [`Error::LeaseLost`] when someone else ended or took the lease before the release (it
+    ///   expired and was taken over, or was force-released): work done under it may have
+    ///   overlapped another holder's. A release retried after a lost reply is recognised by the
+    ///   backend and reports success.
+    /// * A transient error when the backend could not be reached within the
+    ///   [release timeout](crate::LockProviderBuilder::release_timeout) (retried until then,
+    ///   never past the lease's local deadline); the lease then expires by itself.
+    ///
+    /// # Cancel safety
+    /// The release runs in its own task: dropping this future half-way (a timeout, a
+    /// `select!`) still ends the lease, within the release timeout.
     pub async fn release(mut self) -> Result<()> {
         self.finished = true;
         self.watchdog.abort();
         let shared = self.shared.clone();
-        // The release runs in its own task: dropping this future half-way (a timeout, a
-        // `select!`) must still end the lease instead of leaving it held until it expires.
         let task = self.runtime.spawn(async move {
-            let result = release_with_retries(&shared).await;
-            match result {
+            match bounded_release(&shared).await {
                 Ok(true) => {
                     shared.mark_ended();
                     tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released");
                     Ok(())
                 }
                 Ok(false) => {
-                    shared.mark_lost("the lease was gone at release");
+                    shared.mark_lost("the lease was ended or taken by someone else before its release");
                     Err(Error::LeaseLost {
                         name: shared.name.to_string(),
                     })
@@ -478,11 +526,28 @@ impl LockGuard {
         });
         match task.await {
             Ok(result) => result,
-            Err(join_error) => Err(Error::unavailable(format!(
-                "the release of lock {:?} did not complete ({join_error}); the lease expires by itself",
-                self.shared.name
-            ))),
+            Err(join_error) => {
+                self.shared.mark_ended();
+                Err(Error::unavailable(format!(
+                    "the release of lock {:?} did not complete ({join_error}); the lease expires by itself",
+                    self.shared.name
+                )))
+            }
         }
+    }
+}
+
+/// Releases with retries of transient errors, bounded by the release timeout (and, for the
+/// retries, by the lease's local deadline). `Ok(false)`: someone else ended or took the lease.
+async fn bounded_release(shared: &Shared) -> Result<bool> {
+    let timeout = shared.policy.release_timeout;
+    match tokio::time::timeout(timeout, release_with_retries(shared)).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::unavailable(format!(
+            "the release of lock {:?} did not complete within {timeout:?} (the release \
+             timeout); the lease expires by itself",
+            shared.name
+        ))),
     }
 }
 
@@ -515,7 +580,7 @@ impl Drop for LockGuard {
         // Spawning onto a runtime that has shut down drops the task without running it: the
         // lease then expires by itself.
         self.runtime.spawn(async move {
-            match release_with_retries(&shared).await {
+            match bounded_release(&shared).await {
                 Ok(true) => {
                     tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released on drop")
                 }
@@ -541,30 +606,49 @@ impl Drop for LockGuard {
 /// }
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LostSignal {
-    rx: watch::Receiver<Status>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("lock", &self.shared.name)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
 }
 
 impl LostSignal {
-    /// Whether the lease has been lost (false while held and after a normal release).
+    /// Whether the lease has been lost (false while held and after a normal release). Like
+    /// [`LockGuard::is_lost`], true as soon as the local deadline has passed.
     pub fn is_lost(&self) -> bool {
-        matches!(*self.rx.borrow(), Status::Lost(_))
+        self.shared.is_lost()
     }
 
     /// Why the lease was lost, once it is; `None` while held or after a normal release.
     pub fn reason(&self) -> Option<String> {
-        match &*self.rx.borrow() {
-            Status::Lost(reason) => Some(reason.to_string()),
-            _ => None,
-        }
+        self.shared.lost_reason()
     }
 
-    /// Waits until the lease is lost, released or its guard dropped.
+    /// Waits until the lease is lost, released or its guard dropped; at the local deadline at
+    /// the latest, whether or not the guard's watchdog ran. Cancel-safe.
     pub async fn wait(&self) {
-        let mut rx = self.rx.clone();
-        // An error means the guard and its tasks are gone: the lease is no longer held either.
-        let _ = rx.wait_for(|s| !s.is_held()).await;
+        let mut rx = self.shared.status.subscribe();
+        while self.shared.is_held() {
+            let deadline = self.shared.state().deadline;
+            tokio::select! {
+                changed = rx.changed() => {
+                    // The sender lives in `shared`, which we hold: it cannot be gone.
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                // The deadline may have moved meanwhile; `is_held` checks the current one.
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
     }
 }
 

@@ -72,6 +72,7 @@
 
 #![warn(missing_docs)]
 
+mod acquire_loop;
 pub mod backend;
 pub mod backends;
 mod error;
@@ -90,7 +91,9 @@ pub use error::{BoxError, Error, Result};
 pub use guard::{LockGuard, LostSignal};
 pub use holder::HolderInfo;
 pub use lock::{Lock, Timeout};
-pub use options::{LockOptions, DEFAULT_EXPIRY, MAX_EXPIRY, MAX_NAME_LEN};
+pub use options::{
+    DriftMargin, LockOptions, DEFAULT_EXPIRY, DEFAULT_RELEASE_TIMEOUT, MAX_EXPIRY, MAX_NAME_LEN,
+};
 pub use provider::{LockProvider, LockProviderBuilder};
 pub use wait::WaitStrategy;
 

@@ -1,64 +1,20 @@
-//! [`Lock`]: a named lock and the acquire loop (waiting, backoff, transient retries,
-//! cancellation safety).
-//!
-//! # Cancellation safety
-//! Each attempt runs in its own spawned task that owns its result. If the attempt grants a lease,
-//! the task wraps it in a [`LockGuard`] and sends it through a oneshot channel; if the caller has
-//! dropped the acquire future (the receiver is gone) or drops the value unread, the guard's `Drop`
-//! releases the lease in the background. The release is therefore always sent *after* the grant
-//! arrived, never racing ahead of an in-flight acquire on another connection.
-//!
-//! # Waiting while the lock is busy
-//! Before each attempt the loop registers for the next change of the name
-//! ([`LockBackend::change_waiter`](crate::LockBackend::change_waiter)), so a release that happens
-//! while the attempt is in flight is not missed. After a busy attempt:
-//!
-//! * **Live notifications** (a healthy MongoDB change stream, the memory backend): wait for the
-//!   next change, or until the holder's reported expiry plus [`EXPIRY_MARGIN`] when nothing is
-//!   written (a crashed holder), capped at [`LIVE_WAIT_CAP`]. Per process one waiter per name is
-//!   woken per change; if its attempt then fails with an error it passes the wake-up on.
-//! * **No notifications** (standalone server, polling fallback, custom backends): sleep for the
-//!   wait strategy's delay, ended early by
-//!   [`wait_for_change`](crate::LockBackend::wait_for_change).
-//!
-//! The expiry is server time and is compared with this machine's clock only to decide *when to
-//! try again*; who holds the lock is always decided by the server. With this clock ahead of the
-//! server's, an expiry that looks past falls back to the strategy's delay; with it behind, a
-//! takeover after a crash comes late by the difference (at most [`LIVE_WAIT_CAP`] per wait).
+//! [`Lock`]: a named lock. Its acquire forms run the shared acquire loop
+//! (`acquire_loop.rs`: waiting, backoff, transient retries, cancellation safety, clean-up of
+//! attempts with an unknown outcome) with one attempt = one [`LockBackend::try_acquire`].
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use tokio::sync::oneshot;
+use async_trait::async_trait;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{AcquireRequest, Attempt, LeaseId, LockInfo};
+use crate::acquire_loop::{self, spawn_attempt, Attempts, Step};
+use crate::backend::{AcquireRequest, Attempt, ChangeWaiter, LeaseId, LockBackend, LockInfo};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::provider::{check_ttl, ProviderInner};
-use crate::wait::Backoff;
-
-/// How long the last attempt of a finite acquire may take past the deadline.
-const LAST_ATTEMPT_GRACE: Duration = Duration::from_millis(500);
-
-/// Added to the holder's reported expiry before retrying, so the retry reaches the server after
-/// the lease ran out there (expiry has millisecond resolution).
-const EXPIRY_MARGIN: Duration = Duration::from_millis(5);
-
-/// Longest single wait while notifications are live: a safety net against a lost wake-up or a
-/// clock jump (the backend wakes every waiter whenever notifications stop or restart).
-const LIVE_WAIT_CAP: Duration = Duration::from_secs(60);
-
-/// How long a waiter with live notifications sleeps when nothing is written: until the holder's
-/// expiry (by this machine's clock, which only decides when to retry) plus a margin; the
-/// strategy's `fallback` when the expiry is unknown or already past here.
-fn live_wait(holder_expires_at: Option<SystemTime>, fallback: Duration) -> Duration {
-    match holder_expires_at.and_then(|e| e.duration_since(SystemTime::now()).ok()) {
-        Some(left) if !left.is_zero() => (left + EXPIRY_MARGIN).min(LIVE_WAIT_CAP),
-        _ => fallback,
-    }
-}
+use crate::wait::WaitStrategy;
 
 /// How long an acquisition may wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -105,14 +61,6 @@ impl std::fmt::Debug for Lock {
             .field("expiry", &self.expiry)
             .finish_non_exhaustive()
     }
-}
-
-/// What one spawned attempt produced.
-enum Outcome {
-    Acquired(LockGuard),
-    Busy {
-        holder_expires_at: Option<SystemTime>,
-    },
 }
 
 impl Lock {
@@ -173,118 +121,20 @@ impl Lock {
             return Err(Error::NoRuntime);
         }
         let span = tracing::debug_span!("mongolock.acquire", lock = %self.name, ?timeout);
-        self.acquire_loop(timeout).instrument(span).await
+        acquire_loop::run(self, timeout).instrument(span).await
     }
 
-    async fn acquire_loop(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
-        let started = Instant::now();
-        let deadline = match timeout {
-            Timeout::Zero => Some(started),
-            Timeout::After(d) => started.checked_add(d),
-            Timeout::Forever => None,
-        };
-        let mut waits = self.provider.options.wait.start();
-        let mut error_waits = Backoff::for_errors();
-        // One lease id per acquire call: a retry after a transient error reuses it, so a grant
-        // whose reply was lost is taken over by the retry instead of staying orphaned.
-        let lease_id = LeaseId::random();
-        let mut attempts: u64 = 0;
-        // Whether the last wait was ended by a change notification (this waiter was the one
-        // woken for it).
-        let mut woken = false;
-        loop {
-            attempts += 1;
-            // Registered before the attempt: a change while it is in flight ends the wait at once.
-            let waiter = match timeout {
-                Timeout::Zero => None,
-                Timeout::After(_) | Timeout::Forever => {
-                    self.provider.backend.change_waiter(&self.name)
-                }
-            };
-            let result = match timeout {
-                // A finite budget also bounds a hung attempt (blocked connection, unreachable
-                // server): stop waiting at the deadline, with a little grace for the last try.
-                // The attempt task owns its result, so abandoning it is safe.
-                Timeout::After(_) => {
-                    let limit = deadline.map(|d| d.max(Instant::now() + LAST_ATTEMPT_GRACE));
-                    match limit {
-                        Some(limit) => tokio::select! {
-                            r = self.attempt(&lease_id) => r,
-                            _ = tokio::time::sleep_until(limit) => Err(Error::unavailable(format!(
-                                "the backend did not answer an acquire attempt on {:?} before the \
-                                 timeout",
-                                self.name
-                            ))),
-                        },
-                        None => self.attempt(&lease_id).await,
-                    }
-                }
-                Timeout::Zero | Timeout::Forever => self.attempt(&lease_id).await,
-            };
-            let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            match result {
-                Ok(Outcome::Acquired(guard)) => {
-                    tracing::debug!(
-                        lock = %self.name,
-                        token = guard.fencing_token(),
-                        attempts,
-                        waited_ms = started.elapsed().as_millis() as u64,
-                        "lock acquired"
-                    );
-                    return Ok(Some(guard));
-                }
-                Ok(Outcome::Busy { holder_expires_at }) => {
-                    let delay = waits.next_delay();
-                    if remaining.is_some_and(|r| r.is_zero()) {
-                        tracing::debug!(lock = %self.name, attempts, "lock busy; giving up");
-                        return Ok(None);
-                    }
-                    let wait = match &waiter {
-                        Some(w) if w.is_live() => live_wait(holder_expires_at, delay),
-                        _ => delay,
-                    };
-                    let wait = remaining.map_or(wait, |r| wait.min(r));
-                    woken = match waiter {
-                        Some(w) => w.wait(wait).await,
-                        None => {
-                            self.provider
-                                .backend
-                                .wait_for_change(&self.name, wait)
-                                .await;
-                            false
-                        }
-                    };
-                }
-                Err(e) => {
-                    // A waiter woken for a change whose attempt failed hands the change on, so
-                    // another waiter of this process retries too.
-                    if std::mem::take(&mut woken) {
-                        if let Some(w) = waiter {
-                            w.pass_on();
-                        }
-                    }
-                    if !e.is_transient() {
-                        return Err(e);
-                    }
-                    if remaining.is_some_and(|r| r.is_zero()) {
-                        return Err(e);
-                    }
-                    let delay = error_waits.next_delay();
-                    tracing::warn!(
-                        lock = %self.name,
-                        error = %e,
-                        retry_in_ms = delay.as_millis() as u64,
-                        "transient error while acquiring; retrying"
-                    );
-                    tokio::time::sleep(remaining.map_or(delay, |r| delay.min(r))).await;
-                }
-            }
-        }
+    /// Reads the current state of this lock; `None` when the backend has no record of it.
+    pub async fn inspect(&self) -> Result<Option<LockInfo>> {
+        self.provider.backend.inspect(&self.name).await
     }
+}
 
-    /// One attempt, run in its own task so that a granted lease is never orphaned by the caller
-    /// dropping this future (see the module docs).
-    async fn attempt(&self, lease_id: &LeaseId) -> Result<Outcome> {
+#[async_trait]
+impl Attempts for Lock {
+    type Granted = LockGuard;
+
+    async fn attempt(&self, lease_id: &LeaseId) -> Result<Step<LockGuard>> {
         let provider = self.provider.clone();
         let req = AcquireRequest {
             name: self.name.to_string(),
@@ -293,38 +143,57 @@ impl Lock {
             holder: provider.holder.clone(),
         };
         let name = self.name.clone();
-        let (tx, rx) = oneshot::channel::<Result<Outcome>>();
-        tokio::spawn(async move {
+        spawn_attempt(async move {
             // Taken before the request is sent: the lease cannot expire on the server before
             // `sent_at + ttl` (server and local clocks advance at about the same rate).
             let sent_at = Instant::now();
-            let outcome = match provider.backend.try_acquire(&req).await {
-                Ok(Attempt::Acquired(lease)) => Ok(Outcome::Acquired(LockGuard::start(
+            Ok(match provider.backend.try_acquire(&req).await? {
+                Attempt::Acquired(lease) => Step::Acquired(LockGuard::start(
                     &provider,
                     name,
                     req.lease_id,
                     req.ttl,
                     lease,
                     sent_at,
-                ))),
-                Ok(Attempt::Busy { holder_expires_at }) => Ok(Outcome::Busy { holder_expires_at }),
-                Err(e) => Err(e),
-            };
-            // If the caller is gone the value comes back here and is dropped: a guard in it
-            // releases its lease in the background.
-            drop(tx.send(outcome));
-        });
-        rx.await.map_err(|_| {
-            Error::backend(
-                "the acquire attempt task ended without a result (the backend panicked or the \
-                 runtime is shutting down)",
-                "check the logs for a panic in the lock backend",
-            )
-        })?
+                )),
+                Attempt::Busy { holder_expires_at } => Step::Busy { holder_expires_at },
+            })
+        })
+        .await
     }
 
-    /// Reads the current state of this lock; `None` when the backend has no record of it.
-    pub async fn inspect(&self) -> Result<Option<LockInfo>> {
-        self.provider.backend.inspect(&self.name).await
+    fn change_waiter(&self) -> Option<ChangeWaiter> {
+        self.provider.backend.change_waiter(&self.name)
+    }
+
+    async fn wait_for_change(&self, max_wait: Duration) {
+        self.provider
+            .backend
+            .wait_for_change(&self.name, max_wait)
+            .await;
+    }
+
+    fn abandon(&self, lease_id: LeaseId) {
+        let backend: Arc<dyn LockBackend> = self.provider.backend.clone();
+        let name = self.name.clone();
+        let limit = self.provider.options.release_timeout;
+        // Without a runtime (a future dropped during shutdown) the lease expires by itself.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                match tokio::time::timeout(limit, backend.release(&name, &lease_id)).await {
+                    Ok(Ok(released)) => tracing::debug!(lock = %name, %lease_id, released, "released the lease id of an abandoned acquire"),
+                    Ok(Err(e)) => tracing::warn!(lock = %name, %lease_id, error = %e, "could not release the lease id of an abandoned acquire; if it was granted, it expires by itself"),
+                    Err(_) => tracing::warn!(lock = %name, %lease_id, "the release of an abandoned acquire did not complete within the release timeout; if it was granted, it expires by itself"),
+                }
+            });
+        }
+    }
+
+    fn wait_strategy(&self) -> &WaitStrategy {
+        &self.provider.options.wait
+    }
+
+    fn describe(&self) -> String {
+        format!("lock {:?}", self.name)
     }
 }

@@ -14,6 +14,82 @@ pub const MAX_EXPIRY: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Longest accepted lock name, in bytes (1 KiB).
 pub const MAX_NAME_LEN: usize = 1024;
 
+/// Default limit on how long a release (explicit, on drop, or of an abandoned attempt) may take:
+/// 5 s. See [`LockProviderBuilder::release_timeout`](crate::LockProviderBuilder::release_timeout).
+pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How much earlier than the lease's nominal end a guard stops trusting it, to absorb
+/// differences between clocks: `lease × ratio + fixed`.
+///
+/// A guard trusts its lease until the monotonic instant taken *before* the granting (or
+/// extending) request was sent, plus the lease duration, minus this margin. That instant is
+/// before the server's expiry as long as
+///
+/// * the clocks that evaluate `$$NOW` for the lease's writes and reads (one `mongod`; on a
+///   sharded cluster the routing `mongos` instances; after a failover, the new primary) disagree
+///   by less than `fixed` plus their share of the ratio, and
+/// * this machine's monotonic clock runs no more than `ratio` slower than server time over one
+///   lease.
+///
+/// The default, 1 % of the lease plus 5 ms, covers NTP-disciplined clocks (drift well under
+/// 0.01 %, skew of a few ms). If the assumption fails, mutual exclusion by lease can fail for the
+/// difference; the fencing token still lets the protected resource refuse the older holder.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DriftMargin {
+    ratio: f64,
+    fixed: Duration,
+}
+
+impl Default for DriftMargin {
+    fn default() -> Self {
+        DriftMargin {
+            ratio: 0.01,
+            fixed: Duration::from_millis(5),
+        }
+    }
+}
+
+impl DriftMargin {
+    /// A margin of `lease × ratio + fixed`. `ratio` must be finite, at least 0 and below 0.5;
+    /// anything else is [`Error::InvalidOption`].
+    pub fn new(ratio: f64, fixed: Duration) -> Result<Self> {
+        if !ratio.is_finite() || !(0.0..0.5).contains(&ratio) {
+            return Err(Error::invalid_option(
+                "drift_margin",
+                format!(
+                    "the drift ratio {ratio} is outside [0, 0.5); use a small fraction such as \
+                     0.01 (1 % of the lease)"
+                ),
+            ));
+        }
+        Ok(DriftMargin { ratio, fixed })
+    }
+
+    /// The fraction of the lease subtracted.
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
+    /// The fixed part subtracted.
+    pub fn fixed(&self) -> Duration {
+        self.fixed
+    }
+
+    /// The margin for a lease of `ttl` (at most `ttl`).
+    pub fn margin(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.ratio).saturating_add(self.fixed).min(ttl)
+    }
+}
+
+/// What a guard needs of the options: copied into every guard.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GuardPolicy {
+    pub auto_extend: bool,
+    pub extension_cadence: Option<Duration>,
+    pub drift: DriftMargin,
+    pub release_timeout: Duration,
+}
+
 /// Options shared by every lock a [`LockProvider`](crate::LockProvider) creates. Built and
 /// validated by [`LockProviderBuilder`](crate::LockProviderBuilder).
 #[derive(Clone, Debug)]
@@ -23,6 +99,8 @@ pub struct LockOptions {
     pub(crate) auto_extend: bool,
     pub(crate) wait: WaitStrategy,
     pub(crate) app_name: Option<String>,
+    pub(crate) drift: DriftMargin,
+    pub(crate) release_timeout: Duration,
 }
 
 impl Default for LockOptions {
@@ -33,6 +111,8 @@ impl Default for LockOptions {
             auto_extend: true,
             wait: WaitStrategy::default(),
             app_name: None,
+            drift: DriftMargin::default(),
+            release_timeout: DEFAULT_RELEASE_TIMEOUT,
         }
     }
 }
@@ -62,6 +142,25 @@ impl LockOptions {
     /// Application name stored with every lease.
     pub fn app_name(&self) -> Option<&str> {
         self.app_name.as_deref()
+    }
+
+    /// How much earlier than its nominal end a guard stops trusting a lease.
+    pub fn drift_margin(&self) -> DriftMargin {
+        self.drift
+    }
+
+    /// The longest a release may take before it is given up (the lease then expires by itself).
+    pub fn release_timeout(&self) -> Duration {
+        self.release_timeout
+    }
+
+    pub(crate) fn guard_policy(&self) -> GuardPolicy {
+        GuardPolicy {
+            auto_extend: self.auto_extend,
+            extension_cadence: self.extension_cadence,
+            drift: self.drift,
+            release_timeout: self.release_timeout,
+        }
     }
 
     /// The extension cadence used for a lease of duration `ttl`.
@@ -95,6 +194,13 @@ impl LockOptions {
             }
         }
         self.wait.validate()?;
+        if self.release_timeout.is_zero() {
+            return Err(Error::invalid_option(
+                "release_timeout",
+                "the release timeout is zero, so no release could ever complete; choose a \
+                 positive duration (default 5 s)",
+            ));
+        }
         if let Some(app) = &self.app_name {
             if app.len() > MAX_NAME_LEN {
                 return Err(Error::invalid_option(

@@ -89,6 +89,22 @@ impl LockProviderBuilder {
         self
     }
 
+    /// How much earlier than its nominal end a guard stops trusting its lease (default 1 % of
+    /// the lease plus 5 ms); see [`DriftMargin`](crate::DriftMargin) for the clock assumption it
+    /// encodes.
+    pub fn drift_margin(mut self, margin: crate::DriftMargin) -> Self {
+        self.options.drift = margin;
+        self
+    }
+
+    /// The longest a release may take — [`LockGuard::release`], the release when a guard is
+    /// dropped, and the clean-up of an acquire attempt whose outcome is unknown (default 5 s).
+    /// A release that did not complete in time is given up; the lease then expires by itself.
+    pub fn release_timeout(mut self, timeout: Duration) -> Self {
+        self.options.release_timeout = timeout;
+        self
+    }
+
     /// Validates the options and builds the provider. Nothing is sent to the backend.
     pub fn build(self) -> Result<LockProvider> {
         self.options.validate()?;

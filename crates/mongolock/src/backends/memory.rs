@@ -18,7 +18,7 @@
 //! free when it has no lease, its lease expired, or the lease already belongs to the request's
 //! lease id; then the token is incremented and the lease stored.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -58,7 +58,13 @@ struct Entry {
     acquired_at: SystemTime,
     expires_at: SystemTime,
     holder: Option<HolderInfo>,
+    /// The last [`RELEASED_KEPT`] lease ids released by their own holders: a repeated release
+    /// of one of them reports success (as the MongoDB backend does for a retried release).
+    released: VecDeque<LeaseId>,
 }
+
+/// How many released lease ids an entry keeps.
+const RELEASED_KEPT: usize = 8;
 
 impl Default for MemoryBackend {
     fn default() -> Self {
@@ -140,6 +146,7 @@ impl LockBackend for MemoryBackend {
                 acquired_at: now,
                 expires_at: now,
                 holder: None,
+                released: VecDeque::new(),
             });
             let free = match &entry.lease_id {
                 None => true,
@@ -192,8 +199,13 @@ impl LockBackend for MemoryBackend {
                 Some(e) if e.lease_id.as_ref() == Some(lease_id) => {
                     e.lease_id = None;
                     e.expires_at = e.expires_at.min(now);
+                    if e.released.len() == RELEASED_KEPT {
+                        e.released.pop_front();
+                    }
+                    e.released.push_back(lease_id.clone());
                     true
                 }
+                Some(e) if e.released.contains(lease_id) => return Ok(true),
                 _ => false,
             }
         };

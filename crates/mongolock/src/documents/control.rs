@@ -12,6 +12,7 @@ use mongodb::options::ReturnDocument;
 use super::state::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT};
 use super::{classify, Inner};
 use crate::backend::{LeaseId, LockInfo};
+use crate::backends::mongo::document::release_update;
 use crate::error::Result;
 use crate::guard::LeaseControl;
 
@@ -66,30 +67,10 @@ impl LeaseControl for DocumentLease {
         }
     }
 
-    /// `{_id, <field>.leaseId: ours}` → `leaseId: null`, `expiresAt: min(expiresAt, $$NOW)`;
-    /// the fencing token stays for the next holder.
+    /// The idempotent release of `release_update`: ends the lease while it is ours, and
+    /// reports success again when a retry finds our lease id among the released ones.
     async fn release(&self) -> Result<bool> {
-        let field = self.inner.field.as_str();
-        let expires_path = format!("{field}.{EXPIRES_AT}");
-        let r = self
-            .inner
-            .coll
-            .update_one(
-                doc! {
-                    "_id": self.id.clone(),
-                    format!("{field}.{LEASE_ID}"): self.lease_id.as_str(),
-                },
-                vec![doc! {
-                    "$set": {
-                        format!("{field}.{LEASE_ID}"): Bson::Null,
-                        expires_path.as_str(): { "$min": [format!("${expires_path}"), "$$NOW"] },
-                    }
-                }],
-            )
-            .upsert(false)
-            .await
-            .map_err(|e| classify(e, "release document lock (update)", field))?;
-        Ok(r.matched_count == 1)
+        release(&self.inner, Some(&self.id), &self.lease_id).await
     }
 
     /// Completes when the collection's change stream shows `<field>.leaseId` changed away from
@@ -109,6 +90,44 @@ impl Drop for DocumentLease {
         // Released, lost or abandoned: its token is no longer needed to judge changes.
         self.inner.watch.released(&self.lease_id);
     }
+}
+
+/// Releases `lease_id` in the document with `_id` `id` (any document of the collection when
+/// `None`: a claim whose outcome is unknown). `false` when the lease id holds no lock and was
+/// not released by its holder.
+async fn release(inner: &Inner, id: Option<&Bson>, lease_id: &LeaseId) -> Result<bool> {
+    let field = inner.field.as_str();
+    let (mut filter, pipeline) = release_update(&format!("{field}."), lease_id.as_str());
+    if let Some(id) = id {
+        filter.insert("_id", id.clone());
+    }
+    let r = inner
+        .coll
+        .update_one(filter, pipeline)
+        .upsert(false)
+        .await
+        .map_err(|e| classify(e, "release document lock (update)", field))?;
+    Ok(r.matched_count == 1)
+}
+
+/// Releases, in the background and within the release timeout, the lease id of a lock or
+/// claim call that ended after an attempt whose outcome it does not know (`id`: the document it
+/// tried to lock; `None` for a claim, which may have locked any matching document).
+pub(super) fn abandon(inner: Arc<Inner>, id: Option<Bson>, lease_id: LeaseId) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime (a future dropped during shutdown): a granted lease expires by itself.
+        return;
+    };
+    runtime.spawn(async move {
+        let limit = inner.options.release_timeout;
+        let outcome = tokio::time::timeout(limit, release(&inner, id.as_ref(), &lease_id)).await;
+        match outcome {
+            Ok(Ok(released)) => tracing::debug!(%lease_id, released, "released the lease id of an abandoned document lock attempt"),
+            Ok(Err(e)) => tracing::warn!(%lease_id, error = %e, "could not release the lease id of an abandoned document lock attempt; if it was granted, it expires by itself"),
+            Err(_) => tracing::warn!(%lease_id, "the release of an abandoned document lock attempt did not complete within the release timeout; if it was granted, it expires by itself"),
+        }
+        inner.watch.released(&lease_id);
+    });
 }
 
 /// Reads the lock state of document `id` together with the server time; `None` when no document

@@ -168,13 +168,15 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use mongodb::bson::{Bson, Document};
-use mongodb::options::{CollectionOptions, ReadPreference, SelectionCriteria, WriteConcern};
+use mongodb::options::{CollectionOptions, WriteConcern};
 use mongodb::Collection;
 use serde::de::DeserializeOwned;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
+
+use crate::acquire_loop::{self, spawn_attempt, Attempts, Step};
 
 use crate::backend::{LeaseId, LockInfo};
 use crate::backends::mongo::watch::{document_key, Target as WatchTarget, Watcher};
@@ -183,7 +185,7 @@ use crate::guard::{GrantedLease, LockGuard};
 use crate::holder::HolderInfo;
 use crate::lock::Timeout;
 use crate::options::{validate_ttl, LockOptions};
-use crate::wait::{Backoff, WaitStrategy};
+use crate::wait::WaitStrategy;
 
 use claim::{Attempted, Target};
 use control::DocumentLease;
@@ -192,9 +194,6 @@ pub use state::{EmbeddedHolder, EmbeddedLock};
 
 /// Default name of the field that holds the lock sub-document.
 pub const DEFAULT_LOCK_FIELD: &str = "_lock";
-
-/// How long the last attempt of a finite acquire may take past the deadline.
-const LAST_ATTEMPT_GRACE: Duration = Duration::from_millis(500);
 
 /// Converts a driver error, with hints that speak of documents rather than a lock collection.
 fn classify(e: mongodb::error::Error, op: &str, field: &str) -> Error {
@@ -306,7 +305,8 @@ impl<T> DocumentLocksBuilder<T> {
     }
 
     /// Takes every option a [`LockProviderBuilder`](crate::LockProviderBuilder) sets (expiry,
-    /// extension cadence, automatic extension, wait strategy, application name), for example
+    /// extension cadence, automatic extension, wait strategy, application name, drift margin,
+    /// release timeout), for example
     /// `provider.options().clone()`, so that document locks behave like the named locks.
     pub fn lock_options(mut self, options: LockOptions) -> Self {
         self.options = options;
@@ -365,10 +365,7 @@ impl<T> DocumentLocksBuilder<T> {
             .write_concern(self.write_concern)
             .read_concern(self.coll.read_concern().cloned())
             .build();
-        let reads = CollectionOptions::builder()
-            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
-            .read_concern(self.coll.read_concern().cloned())
-            .build();
+        let reads = crate::backends::mongo::decision_reads();
         let holder = HolderInfo::current(self.options.app_name.clone());
         let reads = db.collection_with_options(&ns.coll, reads);
         Ok(DocumentLocks {
@@ -416,10 +413,89 @@ struct Acquired {
 }
 
 /// What one spawned attempt produced.
-enum Outcome {
-    Acquired(Box<Acquired>),
-    Busy,
-    NotFound,
+/// One document lock or claim, as the shared acquire loop sees it.
+struct DocumentAttempts<'a> {
+    inner: &'a Arc<Inner>,
+    target: &'a Target,
+    ttl: Duration,
+}
+
+#[async_trait]
+impl Attempts for DocumentAttempts<'_> {
+    type Granted = Box<Acquired>;
+
+    async fn attempt(&self, lease_id: &LeaseId) -> Result<Step<Box<Acquired>>> {
+        let inner = self.inner.clone();
+        let target = self.target.clone();
+        let lease_id = lease_id.clone();
+        let ttl = self.ttl;
+        spawn_attempt(async move {
+            // Taken before the request is sent: the lease cannot expire on the server before
+            // `sent_at + ttl`.
+            let sent_at = Instant::now();
+            Ok(
+                match claim::attempt(&inner, &target, &lease_id, ttl).await? {
+                    Attempted::Acquired(granted) => {
+                        let claim::Granted { doc, id, lease } = *granted;
+                        let name = claim::lease_name(&inner, &id);
+                        let key = document_key(&id);
+                        inner.watch.granted(&key, &lease_id, lease.fencing_token);
+                        let control = DocumentLease {
+                            inner: inner.clone(),
+                            id: id.clone(),
+                            key,
+                            name: name.clone(),
+                            lease_id: lease_id.clone(),
+                        };
+                        let guard = LockGuard::from_control(
+                            Box::new(control),
+                            GrantedLease {
+                                name: name.into(),
+                                lease_id,
+                                lease,
+                                ttl,
+                                sent_at,
+                                policy: inner.options.guard_policy(),
+                            },
+                        );
+                        Step::Acquired(Box::new(Acquired { guard, doc, id }))
+                    }
+                    Attempted::Busy => Step::Busy {
+                        holder_expires_at: None,
+                    },
+                    Attempted::NotFound => match &target {
+                        Target::Id(id) => Step::GiveUp(Some(not_found(&inner, id))),
+                        // Only a lock by id reports a missing document.
+                        Target::Claim { .. } => Step::GiveUp(None),
+                    },
+                },
+            )
+        })
+        .await
+    }
+
+    fn abandon(&self, lease_id: LeaseId) {
+        let id = match self.target {
+            Target::Id(id) => Some(id.clone()),
+            // A claim may have locked any matching document: release wherever this lease id
+            // holds a lock.
+            Target::Claim { .. } => None,
+        };
+        control::abandon(self.inner.clone(), id, lease_id);
+    }
+
+    fn wait_strategy(&self) -> &WaitStrategy {
+        &self.inner.options.wait
+    }
+
+    fn describe(&self) -> String {
+        match self.target {
+            Target::Id(id) => format!("document {id} of {}", self.inner.coll.name()),
+            Target::Claim { filter, .. } => {
+                format!("a document of {} matching {filter}", self.inner.coll.name())
+            }
+        }
+    }
 }
 
 impl<T> DocumentLocks<T>
@@ -588,135 +664,18 @@ where
         target: &Target,
         timeout: Timeout,
     ) -> Result<Option<LockedDocument<T>>> {
-        let started = Instant::now();
-        let deadline = match timeout {
-            Timeout::Zero => Some(started),
-            Timeout::After(d) => started.checked_add(d),
-            Timeout::Forever => None,
+        let attempts = DocumentAttempts {
+            inner: &self.inner,
+            target,
+            ttl: self.expiry,
         };
-        let mut waits = self.inner.options.wait.start();
-        let mut error_waits = Backoff::for_errors();
-        // One lease id per call: a retry after a transient error reuses it, so a grant whose
-        // reply was lost is taken over by the retry (by id) instead of staying orphaned.
-        let lease_id = LeaseId::random();
-        loop {
-            let result = match timeout {
-                // A finite budget also bounds a hung attempt; the attempt task owns its result,
-                // so abandoning it is safe.
-                Timeout::After(_) => {
-                    let limit = deadline.map(|d| d.max(Instant::now() + LAST_ATTEMPT_GRACE));
-                    match limit {
-                        Some(limit) => tokio::select! {
-                            r = self.attempt(target, &lease_id) => r,
-                            _ = tokio::time::sleep_until(limit) => Err(Error::unavailable(
-                                "the server did not answer a document lock attempt before the \
-                                 timeout",
-                            )),
-                        },
-                        None => self.attempt(target, &lease_id).await,
-                    }
-                }
-                Timeout::Zero | Timeout::Forever => self.attempt(target, &lease_id).await,
-            };
-            let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            match result {
-                Ok(Outcome::Acquired(acquired)) => {
-                    let Acquired { guard, doc, id } = *acquired;
-                    tracing::debug!(
-                        lock = %guard.name(),
-                        token = guard.fencing_token(),
-                        waited_ms = started.elapsed().as_millis() as u64,
-                        "document locked"
-                    );
-                    return self.typed(doc, id, guard).map(Some);
-                }
-                Ok(Outcome::NotFound) => {
-                    let Target::Id(id) = target else {
-                        // Only a lock by id reports a missing document.
-                        return Ok(None);
-                    };
-                    return Err(not_found(&self.inner, id));
-                }
-                Ok(Outcome::Busy) => {
-                    let delay = waits.next_delay();
-                    match remaining {
-                        Some(r) if r.is_zero() => return Ok(None),
-                        Some(r) => tokio::time::sleep(delay.min(r)).await,
-                        None => tokio::time::sleep(delay).await,
-                    }
-                }
-                Err(e) if e.is_transient() => {
-                    if remaining.is_some_and(|r| r.is_zero()) {
-                        return Err(e);
-                    }
-                    let delay = error_waits.next_delay();
-                    tracing::warn!(
-                        error = %e,
-                        retry_in_ms = delay.as_millis() as u64,
-                        "transient error while locking a document; retrying"
-                    );
-                    tokio::time::sleep(remaining.map_or(delay, |r| delay.min(r))).await;
-                }
-                Err(e) => return Err(e),
+        match acquire_loop::run(&attempts, timeout).await? {
+            Some(acquired) => {
+                let Acquired { guard, doc, id } = *acquired;
+                self.typed(doc, id, guard).map(Some)
             }
+            None => Ok(None),
         }
-    }
-
-    /// One attempt, run in its own task so that a granted lease is never orphaned by the caller
-    /// dropping this future: the task wraps the grant in a guard, and a guard nobody receives
-    /// releases its lease on drop.
-    async fn attempt(&self, target: &Target, lease_id: &LeaseId) -> Result<Outcome> {
-        let inner = self.inner.clone();
-        let target = target.clone();
-        let lease_id = lease_id.clone();
-        let ttl = self.expiry;
-        let (tx, rx) = oneshot::channel::<Result<Outcome>>();
-        tokio::spawn(async move {
-            // Taken before the request is sent: the lease cannot expire on the server before
-            // `sent_at + ttl`.
-            let sent_at = Instant::now();
-            let outcome = match claim::attempt(&inner, &target, &lease_id, ttl).await {
-                Ok(Attempted::Acquired(granted)) => {
-                    let claim::Granted { doc, id, lease } = *granted;
-                    let name = claim::lease_name(&inner, &id);
-                    let key = document_key(&id);
-                    inner.watch.granted(&key, &lease_id, lease.fencing_token);
-                    let control = DocumentLease {
-                        inner: inner.clone(),
-                        id: id.clone(),
-                        key,
-                        name: name.clone(),
-                        lease_id: lease_id.clone(),
-                    };
-                    let guard = LockGuard::from_control(
-                        Box::new(control),
-                        GrantedLease {
-                            name: name.into(),
-                            lease_id,
-                            lease,
-                            ttl,
-                            sent_at,
-                            auto_extend: inner.options.auto_extend,
-                            extension_cadence: inner.options.extension_cadence,
-                        },
-                    );
-                    Ok(Outcome::Acquired(Box::new(Acquired { guard, doc, id })))
-                }
-                Ok(Attempted::Busy) => Ok(Outcome::Busy),
-                Ok(Attempted::NotFound) => Ok(Outcome::NotFound),
-                Err(e) => Err(e),
-            };
-            // If the caller is gone the value comes back here and is dropped: a guard in it
-            // releases its lease in the background.
-            drop(tx.send(outcome));
-        });
-        rx.await.map_err(|_| {
-            Error::backend(
-                "the document lock attempt task ended without a result (it panicked or the \
-                 runtime is shutting down)",
-                "check the logs for a panic",
-            )
-        })?
     }
 
     /// Deserializes the granted document; on failure the guard is dropped, which releases the

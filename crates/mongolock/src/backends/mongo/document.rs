@@ -20,6 +20,10 @@ pub(crate) const TOKEN: &str = "fencingToken";
 pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
 pub(crate) const EXPIRES_AT: &str = "expiresAt";
 pub(crate) const HOLDER: &str = "holder";
+/// The lease ids of the last [`RELEASED_KEPT`] leases that their own holders released.
+pub(crate) const RELEASED: &str = "released";
+/// How many released lease ids a lock keeps (see [`release`]).
+pub(crate) const RELEASED_KEPT: i32 = 8;
 /// Added by inspection reads: the server time of the read. Never stored.
 pub(crate) const OBSERVED_AT: &str = "__mongolockObservedAt";
 
@@ -58,6 +62,56 @@ impl LockSite<'_> {
 pub(crate) fn ttl_millis(ttl: Duration) -> i64 {
     let ms = ttl.as_nanos().div_ceil(1_000_000);
     i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// An idempotent release of `lease_id` for lock fields under `prefix` (`""` for a named lock's
+/// document, `"<field>."` for a lock embedded in a user's document): the filter to add to the
+/// document's `_id` and the update pipeline.
+///
+/// The pipeline ends the lease only while `leaseId` is ours — `leaseId: null`,
+/// `expiresAt: min(expiresAt, $$NOW)`, the fencing token kept — and appends our lease id to
+/// `released` (the last [`RELEASED_KEPT`]). The filter also matches a document whose
+/// `released` holds our lease id, without changing it: so a release whose first try was
+/// applied but whose reply was lost matches again when retried and reports success, while a
+/// lease that someone else ended (expiry and takeover, force-release) matches nothing, because
+/// only the holder's own release ever writes its id into `released`. A retry reports a
+/// spurious loss only if more than [`RELEASED_KEPT`] other leases were released in between (or
+/// the document was removed by TTL cleanup): the safe direction.
+pub(crate) fn release_update(prefix: &str, lease_id: &str) -> (Document, Vec<Document>) {
+    let lease_path = format!("{prefix}{LEASE_ID}");
+    let expires_path = format!("{prefix}{EXPIRES_AT}");
+    let released_path = format!("{prefix}{RELEASED}");
+    let ours = doc! { "$literal": lease_id };
+    let mine = doc! { "$eq": [format!("${lease_path}"), ours.clone()] };
+    let keep = |path: &str| Bson::String(format!("${path}"));
+    let filter = doc! {
+        "$or": [
+            { lease_path.as_str(): lease_id },
+            { released_path.as_str(): lease_id },
+        ]
+    };
+    let pipeline = vec![doc! {
+        "$set": {
+            lease_path.as_str(): { "$cond": [mine.clone(), Bson::Null, keep(&lease_path)] },
+            expires_path.as_str(): { "$cond": [
+                mine.clone(),
+                { "$min": [keep(&expires_path), "$$NOW"] },
+                keep(&expires_path),
+            ] },
+            released_path.as_str(): { "$cond": [
+                mine,
+                { "$slice": [
+                    { "$concatArrays": [
+                        { "$ifNull": [keep(&released_path), []] },
+                        [ours],
+                    ] },
+                    -RELEASED_KEPT,
+                ] },
+                keep(&released_path),
+            ] },
+        }
+    }];
+    (filter, pipeline)
 }
 
 pub(crate) fn holder_doc(h: &HolderInfo) -> Document {

@@ -69,6 +69,20 @@
 //! after network errors and wakes every waiter to re-check whenever it had to start afresh. See
 //! `watch.rs` for the details.
 //!
+//! # Reads
+//! Every read that decides something — [`inspect`](crate::LockBackend::inspect) and
+//! [`list`](crate::LockBackend::list) (and so `Election::leader` and `watch_leader`), the
+//! change stream, and the check a holder makes when an event may concern its lease — goes to
+//! the primary with majority read concern, whatever read preference and read concern the
+//! database handle carries: a secondary can lag and show a lease already released or taken.
+//!
+//! # Release is idempotent for the holder
+//! A release whose reply was lost (and whose driver retry failed too) is retried by the core.
+//! Release therefore records the released lease id in `released` (the last 8) in the same
+//! write, and a retry that finds its id there reports success; a lease that someone else ended
+//! never appears there, so [`Error::LeaseLost`](crate::Error::LeaseLost) means just that. The
+//! filter and pipeline are in `document.rs` (`release_update`), shared with document locks.
+//!
 //! # Errors
 //! Network errors, server selection timeouts, pool clears, the retryable error labels and the
 //! not-primary / shutdown / interrupted codes are [`Error::Unavailable`](crate::Error) (the core
@@ -90,7 +104,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use mongodb::bson::Document;
-use mongodb::options::{CollectionOptions, WriteConcern};
+use mongodb::options::{
+    CollectionOptions, ReadConcern, ReadPreference, SelectionCriteria, WriteConcern,
+};
 use mongodb::{Collection, Database};
 
 use crate::backend::{AcquireRequest, Attempt, ChangeWaiter, LeaseId, LockBackend, LockInfo};
@@ -119,7 +135,8 @@ pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(3600);
 pub struct MongoBackend {
     /// Lock writes: carries the configured write concern.
     coll: Collection<Document>,
-    /// Inspection reads: no write concern of ours (read commands take none).
+    /// Reads that decide something (inspection, the change stream, loss checks): from the
+    /// primary with majority read concern, whatever the database handle's read preference.
     reads: Collection<Document>,
     cleanup_after: Duration,
     create_ttl_index: bool,
@@ -193,7 +210,9 @@ impl MongoBackendBuilder {
         let options = CollectionOptions::builder()
             .write_concern(self.write_concern)
             .build();
-        let reads = self.db.collection(&self.collection);
+        let reads = self
+            .db
+            .collection_with_options(&self.collection, decision_reads());
         Ok(MongoBackend {
             coll: self.db.collection_with_options(&self.collection, options),
             watch: Arc::new(watch::Watcher::new(
@@ -206,6 +225,18 @@ impl MongoBackendBuilder {
             create_ttl_index: self.create_ttl_index,
         })
     }
+}
+
+/// Options of the reads that decide something — whether a lease is still held, who leads, what
+/// `list`/`inspect` report: the primary (a secondary may lag behind and show a lease that was
+/// already released or taken, or miss a new one) and majority read concern (nothing a failover
+/// can roll back). Set explicitly, so the database handle's own read preference
+/// (`secondaryPreferred`, …) and read concern never apply to them.
+pub(crate) fn decision_reads() -> CollectionOptions {
+    CollectionOptions::builder()
+        .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+        .read_concern(ReadConcern::majority())
+        .build()
 }
 
 /// Checks a collection name the way the server would, so that a bad name is reported before

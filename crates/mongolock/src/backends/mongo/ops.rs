@@ -57,11 +57,10 @@ pub(super) async fn release(
     name: &str,
     lease_id: &LeaseId,
 ) -> Result<bool> {
+    let (mut filter, pipeline) = document::release_update("", lease_id.as_str());
+    filter.insert("_id", name);
     let r = coll
-        .update_one(
-            doc! { "_id": name, LEASE_ID: lease_id.as_str() },
-            end_lease(),
-        )
+        .update_one(filter, pipeline)
         .await
         .map_err(|e| classify(e, "release (update)"))?;
     Ok(r.matched_count == 1)
