@@ -16,7 +16,7 @@
 //!   ever returned for the name, across release, expiry, takeover, force-release and any cleanup
 //!   of stored state.
 //! * **Ownership.** [`extend`](LockBackend::extend) acts only on the caller's unexpired lease;
-//!   [`release`](LockBackend::release) only on the caller's lease.
+//!   [`release`](LockBackend::release) only on the caller's lease, and is idempotent for it.
 //!
 //! # Change notifications (optional)
 //! A backend that learns of changes as they happen (MongoDB through one change stream per
@@ -214,8 +214,13 @@ pub trait LockBackend: Send + Sync + 'static {
         ttl: Duration,
     ) -> Result<Option<SystemTime>>;
 
-    /// Ends the caller's lease, keeping the fencing token for the next holder. Returns `false`
-    /// when the lease id no longer holds the name (it was taken over or force-released).
+    /// Ends the caller's lease, keeping the fencing token for the next holder.
+    ///
+    /// Idempotent for the owner: returns `true` when this call ended the lease *and* when the
+    /// lease id had already been released by its owner (a retry after a lost reply; the MongoDB
+    /// and memory backends remember the last 8 released lease ids per name). Returns `false`
+    /// only when someone else ended or took the lease (expiry and takeover, force-release) or
+    /// the backend has no record of it. Never affects another lease id.
     async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool>;
 
     /// Reads one lock; `None` when the backend has no record of the name.

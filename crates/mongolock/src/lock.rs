@@ -92,6 +92,15 @@ impl Lock {
     /// Waits until the lock is held. Transient backend errors are retried (logged with
     /// `tracing`) for as long as it takes; permanent ones are returned. Drop the future to give
     /// up (for a deadline, see [`acquire_timeout`](Self::acquire_timeout)).
+    ///
+    /// # Errors
+    /// A permanent backend error ([`Error::Backend`], e.g. not authorized), or
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future never leaves a lease held. A grant that arrives after
+    /// the drop is released by its attempt task, and a grant whose reply was lost is released
+    /// in the background (within the release timeout).
     pub async fn acquire(&self) -> Result<LockGuard> {
         loop {
             // With `Forever` the loop only returns `None` if the wait logic is broken; keep
@@ -103,7 +112,14 @@ impl Lock {
     }
 
     /// Exactly one attempt: `Some` if the lock was free, `None` if it is held by someone else.
-    /// Errors, transient or not, are returned without retry.
+    ///
+    /// # Errors
+    /// Any backend error, transient or not, without retry. If the error may have followed a
+    /// grant (a lost reply), that lease id is released in the background, so nothing stays
+    /// held. [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
         self.acquire_with(Timeout::Zero).await
     }
@@ -111,11 +127,22 @@ impl Lock {
     /// Keeps trying for `timeout`; `None` when it elapsed with the lock still held by someone
     /// else. The last attempt is made at the deadline. If the backend stayed unreachable (or did
     /// not answer) until the deadline, the transient error is returned instead of `None`.
+    ///
+    /// # Errors
+    /// A permanent backend error; the last transient error when the backend stayed unavailable
+    /// until the deadline (any grant it may have left is released in the background);
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         self.acquire_with(Timeout::from(timeout)).await
     }
 
-    /// Acquire with any [`Timeout`].
+    /// Acquire with any [`Timeout`]: [`Timeout::Zero`] is [`try_acquire`](Self::try_acquire),
+    /// [`Timeout::After`] is [`acquire_timeout`](Self::acquire_timeout), [`Timeout::Forever`]
+    /// waits like [`acquire`](Self::acquire) (returning `Some`). Errors and cancel safety as
+    /// there.
     pub async fn acquire_with(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);

@@ -46,6 +46,8 @@ macro_rules! contract_suite {
             dropping_a_guard_releases,
             dropping_a_release_future_still_releases,
             seed_001_try_acquire_form,
+            release_is_idempotent_for_the_owner,
+            a_lost_grant_is_released_when_the_call_gives_up,
         );
     };
     (@cases $setup:path; $($case:ident),* $(,)?) => {
@@ -302,7 +304,6 @@ pub async fn release_checks_ownership(backend: Arc<dyn LockBackend>) {
         .await
         .unwrap());
     g.release().await.unwrap();
-    // A second release of the same lease id finds nothing.
     let info = backend.inspect(&name).await.unwrap().unwrap();
     assert!(!info.held);
     assert_eq!(info.lease_id, None);
@@ -808,4 +809,148 @@ pub async fn seed_001_try_acquire_form(backend: Arc<dyn LockBackend>) {
         .unwrap()
         .expect("free again");
     again.release().await.unwrap();
+}
+
+/// A repeated release by the owner (a retry after a lost reply) reports success; a lease that
+/// someone else ended (force-release, expiry and takeover) reports false.
+pub async fn release_is_idempotent_for_the_owner(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("idempotent");
+    let request = |lease_id: &LeaseId, ttl: Duration| AcquireRequest {
+        name: name.clone(),
+        lease_id: lease_id.clone(),
+        ttl,
+        holder: mongolock::HolderInfo::current(None),
+    };
+    let granted = |a: Attempt| matches!(a, Attempt::Acquired(_));
+    let long = Duration::from_secs(60);
+
+    let first = LeaseId::random();
+    assert!(granted(
+        backend.try_acquire(&request(&first, long)).await.unwrap()
+    ));
+    assert!(backend.release(&name, &first).await.unwrap());
+    assert!(
+        backend.release(&name, &first).await.unwrap(),
+        "a repeated release by the owner reports success"
+    );
+    assert!(!backend.inspect(&name).await.unwrap().unwrap().held);
+
+    // Still recognised after another holder took and released the name...
+    let second = LeaseId::random();
+    assert!(granted(
+        backend.try_acquire(&request(&second, long)).await.unwrap()
+    ));
+    assert!(backend.release(&name, &second).await.unwrap());
+    assert!(backend.release(&name, &first).await.unwrap());
+    // ...and a repeated release never touches the current holder's lease.
+    let third = LeaseId::random();
+    assert!(granted(
+        backend.try_acquire(&request(&third, long)).await.unwrap()
+    ));
+    assert!(backend.release(&name, &first).await.unwrap());
+    let info = backend.inspect(&name).await.unwrap().unwrap();
+    assert!(
+        info.held && info.lease_id.as_ref() == Some(&third),
+        "{info:?}"
+    );
+
+    // Force-released: someone else ended it.
+    assert!(backend.force_release(&name).await.unwrap());
+    assert!(!backend.release(&name, &third).await.unwrap());
+
+    // Expired and taken over: someone else took it.
+    let short = LeaseId::random();
+    assert!(granted(
+        backend
+            .try_acquire(&request(&short, Duration::from_millis(200)))
+            .await
+            .unwrap()
+    ));
+    let taker = LeaseId::random();
+    let took = crate::poll::eventually(Duration::from_secs(30), || async {
+        granted(backend.try_acquire(&request(&taker, long)).await.unwrap())
+    })
+    .await;
+    assert!(took, "the expired lease of {name} was never taken over");
+    assert!(!backend.release(&name, &short).await.unwrap());
+    assert!(backend.release(&name, &taker).await.unwrap());
+}
+
+/// A backend whose grants are applied but whose replies are lost while `lose` is set.
+struct LosesReplies {
+    inner: Arc<dyn LockBackend>,
+    lose: AtomicBool,
+}
+
+#[async_trait]
+impl LockBackend for LosesReplies {
+    async fn try_acquire(&self, req: &AcquireRequest) -> mongolock::Result<Attempt> {
+        let attempt = self.inner.try_acquire(req).await?;
+        if self.lose.load(Ordering::SeqCst) {
+            return Err(Error::unavailable("injected: the reply was lost"));
+        }
+        Ok(attempt)
+    }
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> mongolock::Result<Option<SystemTime>> {
+        self.inner.extend(name, lease_id, ttl).await
+    }
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> mongolock::Result<bool> {
+        self.inner.release(name, lease_id).await
+    }
+    async fn inspect(&self, name: &str) -> mongolock::Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+    async fn list(&self) -> mongolock::Result<Vec<LockInfo>> {
+        self.inner.list().await
+    }
+    async fn force_release(&self, name: &str) -> mongolock::Result<bool> {
+        self.inner.force_release(name).await
+    }
+}
+
+/// An acquire call that ends without a lease after an attempt whose reply was lost — by
+/// returning the error, by its timeout, or by being dropped — releases the grant it may have
+/// left, so the name is free again long before the lease could expire.
+pub async fn a_lost_grant_is_released_when_the_call_gives_up(backend: Arc<dyn LockBackend>) {
+    let lossy = Arc::new(LosesReplies {
+        inner: backend.clone(),
+        lose: AtomicBool::new(true),
+    });
+    let p = LockProvider::builder_shared(lossy)
+        .expiry(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    for form in ["try_acquire", "acquire_timeout", "dropped"] {
+        let name = unique_name(form);
+        let lock = p.lock(name.clone()).unwrap();
+        match form {
+            "try_acquire" => {
+                let err = lock.try_acquire().await.unwrap_err();
+                assert!(err.is_transient(), "{err}");
+            }
+            "acquire_timeout" => {
+                let err = lock
+                    .acquire_timeout(Duration::from_millis(300))
+                    .await
+                    .unwrap_err();
+                assert!(err.is_transient(), "{err}");
+            }
+            _ => {
+                // Dropped while retrying.
+                let r = tokio::time::timeout(Duration::from_millis(300), lock.acquire()).await;
+                assert!(r.is_err(), "acquire cannot succeed while replies are lost");
+            }
+        }
+        let info = backend.inspect(&name).await.unwrap();
+        let freed = crate::poll::eventually(Duration::from_secs(30), || async {
+            !backend.inspect(&name).await.unwrap().unwrap().held
+        })
+        .await;
+        assert!(freed, "{form}: {name} still held (first read {info:?})");
+    }
 }
