@@ -50,16 +50,21 @@
 //! 3. **Fencing tokens only grow**, across release, expiry, takeover, force-release and TTL
 //!    cleanup of the lock document.
 //! 4. **Ownership is checked**: extend and release act only on the caller's own lease.
-//! 5. **Loss is signalled** by [`LockGuard::lost`] / [`LockGuard::is_lost`].
+//! 5. **Loss is signalled** by [`LockGuard::lost`] / [`LockGuard::is_lost`], at the lease's
+//!    local deadline at the latest — checked when read, so a starved runtime or a paused
+//!    process cannot see a lease as held past it.
 //! 6. **Crash safety**: a crashed holder's lock is free once its lease expires.
 //! 7. **Durability**: MongoDB writes use `w: "majority"` by default.
-//! 8. **Cancellation safety**: dropping an acquire future never leaves a lease held; dropping a
-//!    guard releases it in the background.
+//! 8. **Cancellation safety**: dropping an acquire future never leaves a lease held (a grant whose
+//!    reply was lost included); dropping a guard releases it in the background, within the
+//!    release timeout.
 //!
 //! ## Where things are
 //! * [`LockProvider`] / [`LockProviderBuilder`] (`provider.rs`): options, creating locks,
 //!   inspection.
-//! * [`Lock`] (`lock.rs`): the acquire loop (waiting, backoff, retries, cancellation safety).
+//! * [`Lock`] (`lock.rs`): a named lock's acquire forms, on the one acquire loop
+//!   (`acquire_loop.rs`: waiting, backoff, retries, cancellation safety, clean-up of attempts
+//!   with an unknown outcome) that document locks use too.
 //! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release.
 //! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the

@@ -176,10 +176,16 @@ impl Leadership {
     }
 
     /// Gives leadership up at once, so that a waiting candidate can take over. Emits
-    /// [`ElectionEvent::Resigned`] (or [`ElectionEvent::Lost`] if the lease turned out to be
-    /// gone already, in which case this returns [`Error::LeaseLost`]).
+    /// [`ElectionEvent::Resigned`] (or [`ElectionEvent::Lost`] if someone else had already
+    /// ended or taken the lease, in which case this returns [`Error::LeaseLost`]).
     ///
+    /// # Errors
+    /// [`Error::LeaseLost`] as above; a transient error when the release did not complete
+    /// within the provider's release timeout (default 5 s; the lease then expires by itself).
+    ///
+    /// # Cancel safety
     /// Cancel-safe: the release runs in its own task, so dropping this future does not stop it.
+    /// Bounded by the release timeout either way.
     pub async fn resign(self) -> Result<()> {
         let Leadership { guard, end } = self;
         let release = tokio::spawn(guard.release());
