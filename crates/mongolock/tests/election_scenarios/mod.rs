@@ -489,7 +489,16 @@ pub async fn crashed_leader_is_replaced_once_after_expiry(env: &Env) {
         }
     }
     assert_eq!(tracker.current(), 0);
-    assert!(observer.leader().await.unwrap().is_none());
+    // A waiting candidate stopped after the leader resigned may have had an attempt in flight
+    // that won the role; its grant is released in the background.
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            observer.leader().await.unwrap().is_none()
+        })
+        .await,
+        "the role is still held after every candidate stopped: {:?}",
+        observer.leader().await
+    );
 }
 
 /// The lease is force-released under the leader: the lost signal fires at the next extension,
