@@ -253,7 +253,7 @@ async fn a_lost_lock_stops_the_command_and_exits_76() {
                     echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; mv \"$D/a.tmp\" \"$D/a\"; \
                     while [ -d \"$D\" ]; do sleep 0.05; done";
     let a = env.spawn(&[
-        "exec", "--ttl", "3s", "--grace", "20s", "stolen", "--", "sh", "-c", a_script,
+        "exec", "--ttl", "6s", "--grace", "2s", "stolen", "--", "sh", "-c", a_script,
     ]);
     wait_for("the holder to start", LONG, || env.path("a").exists()).await;
     let a_token = read_token(&env.path("a"));
@@ -318,7 +318,7 @@ async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     let a_script = "trap '' TERM; echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; \
                     mv \"$D/a.tmp\" \"$D/a\"; while [ -d \"$D\" ]; do sleep 0.05; done";
     let a = env.spawn(&[
-        "exec", "--ttl", "2s", "--grace", "1s", "stubborn", "--", "sh", "-c", a_script,
+        "exec", "--ttl", "3s", "--grace", "1s", "stubborn", "--", "sh", "-c", a_script,
     ]);
     wait_for("the holder to start", LONG, || env.path("a").exists()).await;
     let out = env.run(&["release", "--force", "stubborn"]).await;
