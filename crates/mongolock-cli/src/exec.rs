@@ -369,9 +369,8 @@ pub async fn spawn(
         return Err(CliError::with_code(exit::FAILURE, "no command given"));
     };
     let terminal = in_terminal_foreground();
-    let cannot = |e: std::io::Error| {
-        CliError::failure(format!("cannot start the supervisor process: {e}"))
-    };
+    let cannot =
+        |e: std::io::Error| CliError::failure(format!("cannot start the supervisor process: {e}"));
     // Both ends are close-on-exec; only the supervisor's end is made inheritable, in its child.
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(cannot)?;
     let fd = theirs.as_raw_fd();

@@ -50,9 +50,19 @@ impl Env {
     /// `mongolock --uri .. --db .. ARGS`, in its own process group (never the terminal's
     /// foreground), with `D` = the test directory in its environment.
     pub fn cmd(&self, args: &[&str]) -> Command {
+        self.cmd_with_uri(&self.uri, args)
+    }
+
+    /// [`Env::cmd`] connecting with the driver's application name `app`, which fail points can
+    /// single out.
+    pub fn cmd_as(&self, app: &str, args: &[&str]) -> Command {
+        self.cmd_with_uri(&with_app_name(&self.uri, app), args)
+    }
+
+    fn cmd_with_uri(&self, uri: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.arg("--uri")
-            .arg(&self.uri)
+            .arg(uri)
             .arg("--db")
             .arg(&self.db)
             .args(args)
@@ -169,3 +179,16 @@ pub fn hold_until(started: &str, stop: &str) -> String {
     )
 }
 
+/// `uri` with `appName=app` added to its options.
+pub fn with_app_name(uri: &str, app: &str) -> String {
+    if uri.contains('?') {
+        format!("{uri}&appName={app}")
+    } else if uri
+        .split_once("://")
+        .is_some_and(|(_, rest)| rest.contains('/'))
+    {
+        format!("{uri}?appName={app}")
+    } else {
+        format!("{uri}/?appName={app}")
+    }
+}
