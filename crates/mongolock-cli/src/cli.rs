@@ -117,11 +117,19 @@ pub enum Command {
                       CMD's environment has MONGOLOCK_NAME (the lock name) and \
                       MONGOLOCK_FENCING_TOKEN (a number larger than every earlier holder's: pass \
                       it to the resource you protect so that it can refuse stale writers).\n\n\
-                      If the lock is lost while CMD runs (the lease could not be renewed in time, \
-                      or was force-released and taken by someone else), CMD gets SIGTERM, then \
-                      SIGKILL after --grace, and mongolock exits with status 76. If --wait runs \
-                      out, CMD is not run and the status is 75. SIGINT, SIGTERM, SIGHUP and \
-                      SIGQUIT sent to mongolock are passed on to CMD; the lock is released once CMD \
+                      CMD is dead before its lease can expire. While renewals fail (database \
+                      unreachable), CMD gets SIGTERM when --grace of trusted lease time is left \
+                      and SIGKILL by the lease's local deadline; a successful renewal moves both. \
+                      If the lock is lost while time is left (force-released, taken over), CMD \
+                      gets SIGTERM at once and SIGKILL after --grace at the latest (--grace 0: \
+                      SIGKILL at once). Either way mongolock exits with status 76. If --wait runs \
+                      out, CMD is not run and the status is 75.\n\n\
+                      CMD runs under a small supervisor process that enforces these deadlines on \
+                      its own, so they hold even if mongolock is stopped or starved; if mongolock \
+                      dies (kill -9, OOM killer), the supervisor SIGKILLs CMD at once. On Linux CMD \
+                      also dies with the supervisor (parent-death signal); other platforms have no \
+                      parent-death signal.\n\n\
+                      SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to mongolock are passed on to CMD; the lock is released once CMD \
                       has exited.\n\n\
                       Outside an interactive terminal, CMD runs in its own process group and \
                       signals go to the whole group (everything CMD started). In a terminal's \
@@ -147,8 +155,11 @@ Examples:
     #[command(
         override_usage = "mongolock [GLOBAL OPTIONS] elect [OPTIONS] <NAME> -- <CMD> [ARGS]...",
         long_about = "Campaign for the role NAME (a lock that is waited for forever), run CMD while \
-                      leader, and renew the lease in the background. If leadership is lost, CMD \
-                      is stopped (SIGTERM, SIGKILL after --grace) and mongolock campaigns again. \
+                      leader, and renew the lease in the background. CMD is supervised as under \
+                      `exec`: it is dead before the term's lease can expire (SIGTERM when --grace \
+                      of trusted lease time is left without a renewal, SIGKILL by the deadline; \
+                      on a reported loss SIGTERM at once, SIGKILL after --grace at the latest), \
+                      and it dies with mongolock. After a loss mongolock campaigns again. \
                       mongolock exits when CMD exits on its own, with CMD's status, after \
                       resigning (releasing the role).\n\n\
                       CMD's environment has MONGOLOCK_NAME and MONGOLOCK_FENCING_TOKEN (larger \
