@@ -263,6 +263,22 @@ fn check_grace(explicit: Option<Duration>, ttl: Duration) -> Result<(), String> 
     ))
 }
 
+impl Command {
+    /// The subcommand's name as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Exec(_) => "exec",
+            Command::Elect(_) => "elect",
+            Command::List(_) => "list",
+            Command::Inspect(_) => "inspect",
+            Command::Release(_) => "release",
+            Command::Demo(_) => "demo",
+            Command::DemoWorker(_) => "demo-worker",
+            Command::Supervise(_) => crate::supervisor::SUBCOMMAND,
+        }
+    }
+}
+
 impl Cli {
     /// Checks that go beyond single options; an error is a usage error (exit status 2).
     pub fn check(&self) -> Result<(), String> {

@@ -25,7 +25,12 @@ fn main() {
     // Help and usage errors are printed by clap, which exits 0 or 2.
     let cli = Cli::parse();
     if let Err(message) = cli.check() {
-        Cli::command()
+        // Reported with the subcommand's usage line, like clap's own errors.
+        let mut command = Cli::command();
+        let sub = cli.command.name();
+        let usage = command.find_subcommand_mut(sub).cloned();
+        usage
+            .unwrap_or(command)
             .error(clap::error::ErrorKind::ArgumentConflict, message)
             .exit();
     }

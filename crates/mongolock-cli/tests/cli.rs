@@ -66,7 +66,7 @@ async fn a_killed_holder_is_replaced_after_the_ttl_not_before() {
     a.start_kill().expect("SIGKILL the holder");
     let killed_at = Instant::now();
     let _ = a.wait().await;
-    // Its command lives on in its own process group; it no longer holds anything.
+    // Its supervisor kills the command; this only tidies up should it still run.
     kill_group_from_pidfile(&env.path("a.pid"));
 
     let b_script = "echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/b.tmp\"; mv \"$D/b.tmp\" \"$D/b\"";

@@ -375,3 +375,18 @@ async fn the_default_grace_fits_a_short_ttl() {
         .await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
 }
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn the_command_inherits_no_control_channel() {
+    let env = Env::new("fds").await;
+    let script = "for f in /proc/$$/fd/*; do echo \"$f $(readlink \"$f\")\"; done > \"$D/fds\"";
+    let out = env.run(&["exec", "fds", "--", "sh", "-c", script]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let fds = read_lines(&env.path("fds"));
+    assert!(!fds.is_empty());
+    assert!(
+        fds.iter().all(|l| !l.contains("socket:")),
+        "the command inherited a socket: {fds:#?}"
+    );
+}
