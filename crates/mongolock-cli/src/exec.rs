@@ -372,7 +372,12 @@ pub async fn spawn(
     let cannot =
         |e: std::io::Error| CliError::failure(format!("cannot start the supervisor process: {e}"));
     // Both ends are close-on-exec; only the supervisor's end is made inheritable, in its child.
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(cannot)?;
+    let (ours, first) = std::os::unix::net::UnixStream::pair().map_err(cannot)?;
+    // `try_clone` duplicates onto a descriptor ≥ 3, so that the supervisor's end can never be
+    // taken for stdin, stdout or stderr (when mongolock was started with one of them closed).
+    // Only one copy may stay open here: the supervisor's exit must show as end-of-file.
+    let theirs = first.try_clone().map_err(cannot)?;
+    drop(first);
     let fd = theirs.as_raw_fd();
     let mut cmd = Command::new(self_exe().map_err(cannot)?);
     cmd.arg0("mongolock")

@@ -390,3 +390,15 @@ async fn the_command_inherits_no_control_channel() {
         "the command inherited a socket: {fds:#?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn renewals_keep_a_long_command_running() {
+    let env = Env::new("renewed").await;
+    // Runs 2.5 leases; without renewals moving the deadlines it would get SIGTERM after ~1.3 s.
+    let script = "trap 'echo term > \"$D/term\"' TERM; sleep 5";
+    let out = env
+        .run(&["exec", "--ttl", "2s", "renewed", "--", "sh", "-c", script])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(!env.path("term").exists(), "{}", describe(&out));
+}
