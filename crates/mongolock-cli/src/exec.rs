@@ -281,10 +281,12 @@ impl StopPolicy {
         deadline.checked_sub(self.margin).unwrap_or(deadline)
     }
 
-    /// The deadlines for a lease still being renewed: SIGTERM `grace` before SIGKILL.
+    /// The deadlines for a lease still being renewed: SIGTERM when `grace` of trusted lease
+    /// time is left, SIGKILL at [`kill_at`](Self::kill_at). With `grace` below the margin
+    /// (e.g. 0) SIGTERM would come after SIGKILL, and the supervisor sends only SIGKILL.
     fn renewing(&self, deadline: Instant) -> (Instant, Instant) {
-        let kill = self.kill_at(deadline);
-        (kill.checked_sub(self.grace).unwrap_or(kill), kill)
+        let term = deadline.checked_sub(self.grace).unwrap_or(deadline);
+        (term, self.kill_at(deadline))
     }
 }
 
@@ -514,7 +516,7 @@ pub async fn supervise(
                          was running: no renewal succeeded and only {} of the lease can still be \
                          trusted; sent SIGTERM to the command (SIGKILL in {} at the latest)",
                         display(policy.grace),
-                        display(policy.grace)
+                        display(policy.grace.saturating_sub(policy.margin))
                     );
                 }
                 Some(FromSupervisor::SentSigkill) if !stopping => {
