@@ -258,12 +258,15 @@ fn in_terminal_foreground() -> bool {
 /// When the command is stopped, derived from `--ttl` and `--grace`.
 #[derive(Clone, Copy, Debug)]
 pub struct StopPolicy {
-    /// SIGTERM comes this long before SIGKILL (zero: no SIGTERM).
+    /// While renewals fail, SIGTERM goes out when this much trusted lease time is left; after a
+    /// reported loss, SIGKILL follows SIGTERM after this long (zero: SIGKILL only).
     grace: Duration,
     /// SIGKILL comes this long before the lease's local deadline (1 % of the TTL), so that the
     /// command is dead, not merely signalled, by then.
     margin: Duration,
-    /// How often the guard's local deadline is checked for a successful renewal.
+    /// How often the guard's local deadline is checked for a successful renewal (the guard
+    /// offers no notification). A twentieth of the TTL: renewals happen every third of it, so a
+    /// new deadline reaches the supervisor long before the old one's SIGTERM.
     refresh: Duration,
 }
 
