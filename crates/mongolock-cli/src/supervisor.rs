@@ -223,7 +223,12 @@ impl<'a> Supervisor<'a> {
                     return 0;
                 }
                 Ok(None) => {}
-                Err(_) => return 1, // cannot happen for our own unreaped child
+                Err(_) => {
+                    // Cannot happen for our own unreaped child; never leave it unsupervised.
+                    self.signal(pid, libc::SIGKILL);
+                    let _ = child.wait();
+                    return 1;
+                }
             }
             self.enforce(pid);
             let timeout = self.next_timeout(exited.is_some());
