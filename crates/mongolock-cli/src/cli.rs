@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::duration::{parse_duration, parse_positive, parse_ttl, parse_wait, Wait};
+use crate::duration::{display, parse_duration, parse_positive, parse_ttl, parse_wait, Wait};
 
 /// Default connection string when neither `--uri` nor `MONGODB_URI` is given.
 pub const DEFAULT_URI: &str = "mongodb://localhost:27017";
@@ -117,11 +117,19 @@ pub enum Command {
                       CMD's environment has MONGOLOCK_NAME (the lock name) and \
                       MONGOLOCK_FENCING_TOKEN (a number larger than every earlier holder's: pass \
                       it to the resource you protect so that it can refuse stale writers).\n\n\
-                      If the lock is lost while CMD runs (the lease could not be renewed in time, \
-                      or was force-released and taken by someone else), CMD gets SIGTERM, then \
-                      SIGKILL after --grace, and mongolock exits with status 76. If --wait runs \
-                      out, CMD is not run and the status is 75. SIGINT, SIGTERM, SIGHUP and \
-                      SIGQUIT sent to mongolock are passed on to CMD; the lock is released once CMD \
+                      CMD is dead before its lease can expire. While renewals fail (database \
+                      unreachable), CMD gets SIGTERM when --grace of trusted lease time is left \
+                      and SIGKILL by the lease's local deadline; a successful renewal moves both. \
+                      If the lock is lost while time is left (force-released, taken over), CMD \
+                      gets SIGTERM at once and SIGKILL after --grace at the latest (--grace 0: \
+                      SIGKILL at once). Either way mongolock exits with status 76. If --wait runs \
+                      out, CMD is not run and the status is 75.\n\n\
+                      CMD runs under a small supervisor process that enforces these deadlines on \
+                      its own, so they hold even if mongolock is stopped or starved; if mongolock \
+                      dies (kill -9, OOM killer), the supervisor SIGKILLs CMD at once. On Linux CMD \
+                      also dies with the supervisor (parent-death signal); other platforms have no \
+                      parent-death signal.\n\n\
+                      SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to mongolock are passed on to CMD; the lock is released once CMD \
                       has exited.\n\n\
                       Outside an interactive terminal, CMD runs in its own process group and \
                       signals go to the whole group (everything CMD started). In a terminal's \
@@ -147,8 +155,11 @@ Examples:
     #[command(
         override_usage = "mongolock [GLOBAL OPTIONS] elect [OPTIONS] <NAME> -- <CMD> [ARGS]...",
         long_about = "Campaign for the role NAME (a lock that is waited for forever), run CMD while \
-                      leader, and renew the lease in the background. If leadership is lost, CMD \
-                      is stopped (SIGTERM, SIGKILL after --grace) and mongolock campaigns again. \
+                      leader, and renew the lease in the background. CMD is supervised as under \
+                      `exec`: it is dead before the term's lease can expire (SIGTERM when --grace \
+                      of trusted lease time is left without a renewal, SIGKILL by the deadline; \
+                      on a reported loss SIGTERM at once, SIGKILL after --grace at the latest), \
+                      and it dies with mongolock. After a loss mongolock campaigns again. \
                       mongolock exits when CMD exits on its own, with CMD's status, after \
                       resigning (releasing the role).\n\n\
                       CMD's environment has MONGOLOCK_NAME and MONGOLOCK_FENCING_TOKEN (larger \
@@ -213,12 +224,71 @@ Examples:
     /// One worker of `mongolock demo` (internal).
     #[command(hide = true)]
     DemoWorker(DemoWorkerArgs),
+
+    /// The process between `exec`/`elect` and their command (internal; see `supervisor.rs`).
+    #[command(name = crate::supervisor::SUBCOMMAND, hide = true)]
+    Supervise(SuperviseArgs),
 }
 
 /// Default lease duration for `exec` and `elect`.
 pub const DEFAULT_TTL: &str = "30s";
-/// Default grace period between SIGTERM and SIGKILL.
-pub const DEFAULT_GRACE: &str = "10s";
+/// The longest default grace period between SIGTERM and SIGKILL (the default is this or a third
+/// of `--ttl`, whichever is shorter).
+pub const MAX_DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// The grace period between SIGTERM and SIGKILL: `explicit`, or min(10 s, ttl/3).
+pub fn grace(explicit: Option<Duration>, ttl: Duration) -> Duration {
+    explicit.unwrap_or_else(|| MAX_DEFAULT_GRACE.min(ttl / 3))
+}
+
+/// `--grace` must fit in the last third of the lease: SIGTERM goes out when that much trusted
+/// lease time is left, and renewals happen every third of it.
+fn check_grace(explicit: Option<Duration>, ttl: Duration) -> Result<(), String> {
+    let Some(grace) = explicit else {
+        return Ok(());
+    };
+    let limit = ttl / 3;
+    if grace <= limit {
+        return Ok(());
+    }
+    Err(format!(
+        "--grace {} is longer than a third of --ttl {} ({}): the command must be stopped before \
+         its lease can expire, so SIGTERM is sent when --grace of trusted lease time is left. \
+         Use --grace {} or less, or --ttl {} or more",
+        display(grace),
+        display(ttl),
+        display(limit),
+        display(limit),
+        display(grace * 3)
+    ))
+}
+
+impl Command {
+    /// The subcommand's name as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Exec(_) => "exec",
+            Command::Elect(_) => "elect",
+            Command::List(_) => "list",
+            Command::Inspect(_) => "inspect",
+            Command::Release(_) => "release",
+            Command::Demo(_) => "demo",
+            Command::DemoWorker(_) => "demo-worker",
+            Command::Supervise(_) => crate::supervisor::SUBCOMMAND,
+        }
+    }
+}
+
+impl Cli {
+    /// Checks that go beyond single options; an error is a usage error (exit status 2).
+    pub fn check(&self) -> Result<(), String> {
+        match &self.command {
+            Command::Exec(a) => check_grace(a.grace, a.ttl),
+            Command::Elect(a) => check_grace(a.grace, a.ttl),
+            _ => Ok(()),
+        }
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
@@ -231,9 +301,12 @@ pub struct ExecArgs {
     #[arg(long, value_name = "DURATION", default_value = "forever", value_parser = parse_wait)]
     pub wait: Wait,
 
-    /// Time between SIGTERM and SIGKILL when CMD must be stopped after losing the lock.
-    #[arg(long, value_name = "DURATION", default_value = DEFAULT_GRACE, value_parser = parse_duration)]
-    pub grace: Duration,
+    /// How long before the lease's local deadline CMD gets SIGTERM when renewals are failing
+    /// (SIGKILL follows at the deadline), and the time between SIGTERM and SIGKILL after the lock
+    /// was lost. At most TTL/3; 0 means SIGKILL at once, no SIGTERM [default: 10s or TTL/3,
+    /// whichever is shorter].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub grace: Option<Duration>,
 
     /// Application name stored with the lease (shown by `list`/`inspect`) [default: "mongolock
     /// exec CMD"].
@@ -269,9 +342,12 @@ pub struct ElectArgs {
     #[arg(long, value_name = "DURATION", default_value = DEFAULT_TTL, value_parser = parse_ttl)]
     pub ttl: Duration,
 
-    /// Time between SIGTERM and SIGKILL when CMD must be stopped after losing leadership.
-    #[arg(long, value_name = "DURATION", default_value = DEFAULT_GRACE, value_parser = parse_duration)]
-    pub grace: Duration,
+    /// How long before the term's local deadline CMD gets SIGTERM when renewals are failing
+    /// (SIGKILL follows at the deadline), and the time between SIGTERM and SIGKILL after
+    /// leadership was lost. At most TTL/3; 0 means SIGKILL at once, no SIGTERM [default: 10s or
+    /// TTL/3, whichever is shorter].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub grace: Option<Duration>,
 
     /// Application name stored with the lease [default: "mongolock elect CMD"].
     #[arg(long, value_name = "NAME")]
@@ -280,6 +356,21 @@ pub struct ElectArgs {
     /// Role (lock) name.
     #[arg(value_name = "NAME")]
     pub name: String,
+
+    #[command(flatten)]
+    pub child: ChildCommand,
+}
+
+/// `mongolock __supervise`: see `supervisor.rs`.
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    /// The supervisor's end of the control socket.
+    #[arg(long)]
+    pub control_fd: i32,
+
+    /// CMD leads its own process group; signals go to the group.
+    #[arg(long)]
+    pub own_group: bool,
 
     #[command(flatten)]
     pub child: ChildCommand,

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use mongolock::election::{Election, Leadership};
 
-use crate::cli::{ElectArgs, GlobalArgs};
+use crate::cli::{self, ElectArgs, GlobalArgs};
 use crate::connect::Connection;
 use crate::duration::human;
 use crate::exec::{
     connect_supervisor, describe_holder, describe_status, lost_before_finish, spawn, supervise,
-    Outcome,
+    Outcome, StopPolicy,
 };
 use crate::exit::{self, CliError};
 use crate::signals::{self, Signals};
@@ -43,6 +43,7 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
         .and_then(|e| e.with_expiry(args.ttl))
         .map_err(|e| conn.error("cannot use this role name", &e))?;
     let name = &args.name;
+    let policy = StopPolicy::new(args.ttl, cli::grace(args.grace, args.ttl));
 
     let mut terms = 0u64;
     loop {
@@ -72,7 +73,7 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
             leadership.term(),
             human(started.elapsed())
         );
-        let child = match spawn(&args.child.command, leadership.guard()) {
+        let child = match spawn(&args.child.command, leadership.guard(), policy).await {
             Ok(child) => child,
             Err(e) => {
                 if let Err(re) = leadership.resign().await {
@@ -85,7 +86,7 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
             leadership.guard(),
             child,
             &mut signals,
-            args.grace,
+            policy,
             "leadership of",
         )
         .await?;

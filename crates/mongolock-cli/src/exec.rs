@@ -1,21 +1,26 @@
 //! `mongolock exec`: run a command while holding a lock. Also the child supervision shared with
-//! `elect`: spawning CMD with the lock in its environment, passing signals on, and stopping it
-//! (SIGTERM, then SIGKILL after the grace period) when the lock is lost.
+//! `elect`: starting CMD under a supervisor process (see `supervisor.rs`) with the lock in its
+//! environment, passing signals on, handing the supervisor the lease's deadlines after every
+//! renewal, and stopping CMD when the lock is lost.
 
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use mongolock::{LockGuard, LockProvider};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::cli::{ExecArgs, GlobalArgs};
+use crate::cli::{self, ExecArgs, GlobalArgs};
 use crate::connect::{connect, Connection};
 use crate::duration::{display, human, Wait};
 use crate::exit::{self, CliError};
 use crate::signals::{self, Signals};
+use crate::supervisor::{monotonic_now_ns, FromSupervisor, ToSupervisor, SUBCOMMAND};
 
 /// Environment variable holding the lock name in CMD's environment.
 pub const ENV_NAME: &str = "MONGOLOCK_NAME";
@@ -80,14 +85,15 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         "lock acquired; starting the command"
     );
 
-    let child = match spawn(&args.child.command, &guard) {
+    let policy = StopPolicy::new(args.ttl, cli::grace(args.grace, args.ttl));
+    let child = match spawn(&args.child.command, &guard, policy).await {
         Ok(child) => child,
         Err(e) => {
             release_quietly(guard, &conn).await;
             return Err(e);
         }
     };
-    let outcome = supervise(&guard, child, &mut signals, args.grace, "the lock").await?;
+    let outcome = supervise(&guard, child, &mut signals, policy, "the lock").await?;
     finish(guard, outcome, &conn, "the lock").await
 }
 
@@ -228,7 +234,6 @@ pub async fn describe_holder(provider: &LockProvider, name: &str) -> Option<Stri
 }
 
 pub fn describe_status(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
     if let Some(code) = status.code() {
         format!("exit status {code}")
     } else if let Some(sig) = status.signal() {
@@ -250,150 +255,336 @@ fn in_terminal_foreground() -> bool {
     fg >= 0 && fg == me
 }
 
-/// How signals reach the command.
+/// When the command is stopped, derived from `--ttl` and `--grace`.
 #[derive(Clone, Copy, Debug)]
-struct Target {
-    pid: i32,
-    /// The command leads its own process group: signal the group (`kill(-pid)`).
-    group: bool,
+pub struct StopPolicy {
+    /// While renewals fail, SIGTERM goes out when this much trusted lease time is left; after a
+    /// reported loss, SIGKILL follows SIGTERM after this long (zero: SIGKILL only).
+    grace: Duration,
+    /// SIGKILL comes this long before the lease's local deadline (1 % of the TTL), so that the
+    /// command is dead, not merely signalled, by then.
+    margin: Duration,
+    /// How often the guard's local deadline is checked for a successful renewal (the guard
+    /// offers no notification). A twentieth of the TTL: renewals happen every third of it, so a
+    /// new deadline reaches the supervisor long before the old one's SIGTERM.
+    refresh: Duration,
+}
+
+impl StopPolicy {
+    pub fn new(ttl: Duration, grace: Duration) -> Self {
+        StopPolicy {
+            grace,
+            margin: ttl / 100,
+            refresh: (ttl / 20).clamp(Duration::from_millis(10), Duration::from_millis(500)),
+        }
+    }
+
+    /// SIGKILL time for a lease trusted until `deadline`.
+    fn kill_at(&self, deadline: Instant) -> Instant {
+        deadline.checked_sub(self.margin).unwrap_or(deadline)
+    }
+
+    /// The deadlines for a lease still being renewed: SIGTERM when `grace` of trusted lease
+    /// time is left, SIGKILL at [`kill_at`](Self::kill_at). With `grace` below the margin
+    /// (e.g. 0) SIGTERM would come after SIGKILL, and the supervisor sends only SIGKILL.
+    fn renewing(&self, deadline: Instant) -> (Instant, Instant) {
+        let term = deadline.checked_sub(self.grace).unwrap_or(deadline);
+        (term, self.kill_at(deadline))
+    }
+}
+
+/// `at` on `CLOCK_MONOTONIC`, the supervisor's clock. Reading that clock before `Instant::now()`
+/// can only make the result early, never late.
+fn monotonic_ns(at: Instant) -> u64 {
+    let mono = monotonic_now_ns();
+    let now = Instant::now();
+    if at >= now {
+        mono.saturating_add(u64::try_from((at - now).as_nanos()).unwrap_or(u64::MAX))
+    } else {
+        mono.saturating_sub(u64::try_from((now - at).as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// mongolock's end of the control channel to the supervisor.
+struct Control {
+    lines: Lines<BufReader<OwnedReadHalf>>,
+    writer: OwnedWriteHalf,
+}
+
+impl Control {
+    /// Sends a message. A supervisor that is gone shows up as end-of-file on the reading side.
+    async fn send(&mut self, msg: ToSupervisor) {
+        if let Err(e) = self.writer.write_all(msg.encode().as_bytes()).await {
+            tracing::debug!(error = %e, "cannot write to the supervisor");
+        }
+    }
+
+    async fn deadlines(&mut self, term: Instant, kill: Instant) {
+        self.send(ToSupervisor::Deadlines {
+            term_ns: monotonic_ns(term),
+            kill_ns: monotonic_ns(kill),
+        })
+        .await;
+    }
+
+    /// The next message; `None` once the supervisor has closed its end (exited). Cancel-safe.
+    async fn next(&mut self) -> Option<FromSupervisor> {
+        loop {
+            match self.lines.next_line().await {
+                Ok(Some(line)) => match FromSupervisor::decode(&line) {
+                    Some(msg) => return Some(msg),
+                    None => tracing::debug!(line, "unknown message from the supervisor"),
+                },
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+}
+
+/// A command running under its supervisor process.
+pub struct Spawned {
+    supervisor: Child,
+    control: Control,
     /// SIGINT/SIGQUIT come from the terminal and reach the command directly: do not pass them
     /// on a second time.
     terminal: bool,
+    /// The guard deadline the supervisor's current deadlines were computed from.
+    sent_deadline: Instant,
 }
 
-impl Target {
-    fn send(self, signo: i32) {
-        let pid = if self.group { -self.pid } else { self.pid };
-        // SAFETY: kill has no memory-safety preconditions. The child has not been reaped yet
-        // (we only signal before `wait` returned), so its pid (and group id) cannot have been
-        // reused.
-        let rc = unsafe { libc::kill(pid, signo) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            tracing::debug!(pid, signo, error = %e, "could not signal the command");
-        }
+/// The path to re-execute this binary as the supervisor. On Linux `/proc/self/exe` works even
+/// when the installed binary was replaced or deleted since mongolock started.
+fn self_exe() -> std::io::Result<std::path::PathBuf> {
+    if cfg!(target_os = "linux") {
+        Ok("/proc/self/exe".into())
+    } else {
+        std::env::current_exe()
     }
 }
 
-/// A spawned command and how to signal it.
-pub struct Spawned {
-    child: Child,
-    target: Target,
-}
-
-/// Spawns CMD with the lock in its environment. Outside a terminal's foreground, CMD leads a
-/// new process group so that stopping it reaches everything it started.
-pub fn spawn(command: &[OsString], guard: &LockGuard) -> Result<Spawned, CliError> {
-    let Some((program, args)) = command.split_first() else {
+/// Starts CMD, with the lock in its environment, under a supervisor process (see
+/// `supervisor.rs`) that enforces the lease's deadlines. Outside a terminal's foreground, CMD
+/// leads a new process group so that stopping it reaches everything it started.
+pub async fn spawn(
+    command: &[OsString],
+    guard: &LockGuard,
+    policy: StopPolicy,
+) -> Result<Spawned, CliError> {
+    let Some(program) = command.first() else {
         return Err(CliError::with_code(exit::FAILURE, "no command given"));
     };
     let terminal = in_terminal_foreground();
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env(ENV_NAME, guard.name())
-        .env(ENV_FENCING_TOKEN, guard.fencing_token().to_string());
+    let cannot =
+        |e: std::io::Error| CliError::failure(format!("cannot start the supervisor process: {e}"));
+    // Both ends are close-on-exec; only the supervisor's end is made inheritable, in its child.
+    let (ours, first) = std::os::unix::net::UnixStream::pair().map_err(cannot)?;
+    // `try_clone` duplicates onto a descriptor ≥ 3, so that the supervisor's end can never be
+    // taken for stdin, stdout or stderr (when mongolock was started with one of them closed).
+    // Only one copy may stay open here: the supervisor's exit must show as end-of-file.
+    let theirs = first.try_clone().map_err(cannot)?;
+    drop(first);
+    let fd = theirs.as_raw_fd();
+    let mut cmd = Command::new(self_exe().map_err(cannot)?);
+    cmd.arg0("mongolock")
+        .arg(SUBCOMMAND)
+        .arg("--control-fd")
+        .arg(fd.to_string());
     if !terminal {
-        cmd.process_group(0);
+        cmd.arg("--own-group");
     }
-    let child = cmd.spawn().map_err(|e| {
-        let shown = program.to_string_lossy();
-        match e.kind() {
-            std::io::ErrorKind::NotFound => CliError::with_code(
-                exit::COMMAND_NOT_FOUND,
-                format!("command not found: {shown}"),
-            ),
-            std::io::ErrorKind::PermissionDenied => CliError::with_code(
-                exit::CANNOT_EXECUTE,
-                format!("cannot execute {shown}: permission denied"),
-            ),
-            _ => CliError::with_code(exit::CANNOT_EXECUTE, format!("cannot execute {shown}: {e}")),
-        }
-    })?;
-    let Some(pid) = child.id() else {
-        // A freshly spawned child has not been waited for, so it has an id; if not, there is
-        // nothing to supervise.
-        return Err(CliError::failure(
-            "the command exited before it could be supervised",
-        ));
-    };
-    let pid = i32::try_from(pid).map_err(|_| CliError::failure("process id out of range"))?;
-    tracing::debug!(pid, group = !terminal, "command started");
-    Ok(Spawned {
-        child,
-        target: Target {
-            pid,
-            group: !terminal,
-            terminal,
+    cmd.arg("--")
+        .args(command)
+        .env(ENV_NAME, guard.name())
+        .env(ENV_FENCING_TOKEN, guard.fencing_token().to_string())
+        .kill_on_drop(true);
+    // SAFETY: runs in the forked child before exec; fcntl is async-signal-safe and `fd` is open
+    // (`theirs` lives until after spawn returns).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let supervisor = cmd.spawn().map_err(cannot)?;
+    drop(theirs);
+    ours.set_nonblocking(true).map_err(cannot)?;
+    let (reader, writer) = tokio::net::UnixStream::from_std(ours)
+        .map_err(cannot)?
+        .into_split();
+    let mut spawned = Spawned {
+        supervisor,
+        control: Control {
+            lines: BufReader::new(reader).lines(),
+            writer,
         },
-    })
+        terminal,
+        sent_deadline: guard.local_deadline(),
+    };
+    let (term, kill) = policy.renewing(spawned.sent_deadline);
+    spawned.control.deadlines(term, kill).await;
+    match spawned.control.next().await {
+        Some(FromSupervisor::Started(pid)) => {
+            tracing::debug!(pid, group = !terminal, "command started");
+            Ok(spawned)
+        }
+        Some(FromSupervisor::SpawnFailed(errno)) => {
+            let _ = spawned.supervisor.wait().await;
+            Err(spawn_error(program, errno))
+        }
+        _ => Err(CliError::failure(
+            "the supervisor process ended before starting the command",
+        )),
+    }
+}
+
+/// The error for a command that could not be started (`errno` from exec).
+fn spawn_error(program: &OsString, errno: i32) -> CliError {
+    let shown = program.to_string_lossy();
+    match errno {
+        libc::ENOENT => CliError::with_code(
+            exit::COMMAND_NOT_FOUND,
+            format!("command not found: {shown}"),
+        ),
+        libc::EACCES => CliError::with_code(
+            exit::CANNOT_EXECUTE,
+            format!("cannot execute {shown}: permission denied"),
+        ),
+        _ => CliError::with_code(
+            exit::CANNOT_EXECUTE,
+            format!(
+                "cannot execute {shown}: {}",
+                std::io::Error::from_raw_os_error(errno)
+            ),
+        ),
+    }
 }
 
 /// Waits for the command to exit while watching the lock and the signals:
+/// * after every successful renewal the supervisor gets the new deadlines: SIGTERM when only
+///   `grace` of trusted lease time is left, SIGKILL by the local deadline. It enforces them
+///   itself, so they hold even when this process is stopped or starved;
+/// * when the lock is reported lost: SIGTERM now, SIGKILL after `grace` but never later than the
+///   local deadline (`grace` 0: SIGKILL now);
 /// * a signal to mongolock is passed on to the command (except terminal-generated
 ///   SIGINT/SIGQUIT in a terminal's foreground: the command got those itself);
-/// * when the lock is lost, the command gets SIGTERM, then SIGKILL after `grace`.
+/// * backup: if the supervisor has not reported the command's exit by the local deadline, the
+///   supervisor is SIGKILLed (the command then gets its parent-death signal on Linux).
 ///
-/// `what` names the lock in messages ("the lock", "leadership").
+/// Once the command was told to stop, the run counts as lost even if a renewal succeeds later.
+/// `what` names the lock in messages ("the lock", "leadership of").
 pub async fn supervise(
     guard: &LockGuard,
     spawned: Spawned,
     signals: &mut Signals,
-    grace: Duration,
+    policy: StopPolicy,
     what: &str,
 ) -> Result<Outcome, CliError> {
-    let Spawned { mut child, target } = spawned;
+    let Spawned {
+        mut supervisor,
+        mut control,
+        terminal,
+        mut sent_deadline,
+    } = spawned;
     let lost = guard.lost();
-    let mut lost_seen = false;
-    let mut kill_at: Option<Instant> = None;
+    let name = guard.name();
+    let token = guard.fencing_token();
+    // Whether the command was told to stop (the run then ends with LOCK_LOST).
+    let mut stopping = false;
+    let mut kill_at = policy.kill_at(sent_deadline);
+    let mut backup_done = false;
     loop {
-        let kill_deadline = kill_at;
-        tokio::select! {
-            status = child.wait() => {
-                let status = status.map_err(|e| {
-                    CliError::failure(format!("cannot wait for the command: {e}"))
-                })?;
-                return Ok(Outcome { status, lost: lost_seen });
+        if !stopping {
+            let deadline = guard.local_deadline();
+            if deadline != sent_deadline {
+                let (term, kill) = policy.renewing(deadline);
+                control.deadlines(term, kill).await;
+                sent_deadline = deadline;
+                kill_at = kill;
             }
-            () = lost.wait(), if !lost_seen => {
-                lost_seen = true;
+        }
+        let backup_at = kill_at + policy.margin;
+        tokio::select! {
+            biased;
+            msg = control.next() => match msg {
+                Some(FromSupervisor::Exited(raw)) => {
+                    let _ = supervisor.wait().await;
+                    return Ok(Outcome { status: ExitStatus::from_raw(raw), lost: stopping });
+                }
+                Some(FromSupervisor::SentSigterm) if !stopping => {
+                    stopping = true;
+                    eprintln!(
+                        "mongolock: lost {what} {name:?} (fencing token {token}) while the command \
+                         was running: no renewal succeeded and only {} of the lease can still be \
+                         trusted; sent SIGTERM to the command (SIGKILL in {} at the latest)",
+                        display(policy.grace),
+                        display(policy.grace.saturating_sub(policy.margin))
+                    );
+                }
+                Some(FromSupervisor::SentSigkill) if !stopping => {
+                    stopping = true;
+                    eprintln!(
+                        "mongolock: lost {what} {name:?} (fencing token {token}) while the command \
+                         was running: no renewal succeeded before the lease's deadline; sent \
+                         SIGKILL to the command"
+                    );
+                }
+                Some(FromSupervisor::SentSigkill) => {
+                    eprintln!("mongolock: the command had not exited; sent SIGKILL");
+                }
+                Some(other) => tracing::debug!(?other, "supervisor report"),
+                None => {
+                    let status = supervisor.wait().await.map_err(|e| {
+                        CliError::failure(format!("cannot wait for the supervisor process: {e}"))
+                    })?;
+                    eprintln!(
+                        "mongolock: the supervisor process ended ({}) without reporting the \
+                         command's exit; the command was killed with it",
+                        describe_status(status)
+                    );
+                    return Ok(Outcome { status, lost: stopping });
+                }
+            },
+            () = lost.wait(), if !stopping => {
+                stopping = true;
                 // `lost` also completes on release, but the guard is held here: this is a loss.
                 let reason = lost
                     .reason()
                     .unwrap_or_else(|| "the lease could not be renewed in time".to_string());
+                let now = Instant::now();
+                let kill = (now + policy.grace).min(policy.kill_at(guard.local_deadline())).max(now);
+                control.deadlines(now, kill).await;
+                kill_at = kill;
+                let how = if kill == now {
+                    "SIGKILL now".to_owned()
+                } else {
+                    format!("SIGTERM now, SIGKILL in {} at the latest", display(kill - now))
+                };
                 eprintln!(
-                    "mongolock: lost {what} {:?} (fencing token {}) while the command was \
-                     running: {reason}; stopping the command (SIGTERM, then SIGKILL after {})",
-                    guard.name(),
-                    guard.fencing_token(),
-                    display(grace)
+                    "mongolock: lost {what} {name:?} (fencing token {token}) while the command was \
+                     running: {reason}; stopping the command ({how})"
                 );
-                target.send(libc::SIGTERM);
-                kill_at = Some(Instant::now() + grace);
-            }
-            () = sleep_until_opt(kill_deadline), if kill_deadline.is_some() => {
-                eprintln!(
-                    "mongolock: the command did not exit within {} of SIGTERM; sending SIGKILL",
-                    display(grace)
-                );
-                target.send(libc::SIGKILL);
-                kill_at = None;
             }
             sig = signals.recv() => {
                 let from_terminal = matches!(sig, libc::SIGINT | libc::SIGQUIT);
-                if target.terminal && from_terminal {
+                if terminal && from_terminal {
                     tracing::info!(signal = %signals::name(sig), "terminal signal; the command received it directly");
                 } else {
                     tracing::info!(signal = %signals::name(sig), "passing the signal on to the command");
-                    target.send(sig);
+                    control.send(ToSupervisor::Signal(sig)).await;
                 }
             }
+            () = tokio::time::sleep(policy.refresh), if !stopping => {}
+            () = tokio::time::sleep_until(backup_at), if !backup_done => {
+                backup_done = true;
+                stopping = true;
+                eprintln!(
+                    "mongolock: the supervisor has not reported the command's exit by the lease's \
+                     deadline; killing the supervisor process (the command dies with it)"
+                );
+                let _ = supervisor.start_kill();
+            }
         }
-    }
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }

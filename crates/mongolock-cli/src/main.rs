@@ -12,18 +12,33 @@ mod inspect;
 mod list;
 mod release;
 mod signals;
+mod supervisor;
 mod uri;
 
 use std::io::{IsTerminal, Write};
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use crate::cli::{Cli, Command};
 
 fn main() {
     // Help and usage errors are printed by clap, which exits 0 or 2.
     let cli = Cli::parse();
+    if let Err(message) = cli.check() {
+        // Reported with the subcommand's usage line, like clap's own errors.
+        let mut command = Cli::command();
+        let sub = cli.command.name();
+        let usage = command.find_subcommand_mut(sub).cloned();
+        usage
+            .unwrap_or(command)
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
     install_panic_hook();
+    if let Command::Supervise(args) = &cli.command {
+        // Single-threaded, before any runtime exists: see the supervisor's module docs.
+        std::process::exit(supervisor::run(args));
+    }
     init_tracing(cli.global.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -80,6 +95,9 @@ async fn run(cli: Cli) -> Result<i32, exit::CliError> {
         Command::Release(args) => release::run(global, args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::DemoWorker(args) => demo::worker(global, args).await,
+        Command::Supervise(_) => Err(exit::CliError::failure(
+            "the supervisor runs without an async runtime",
+        )),
     }
 }
 
