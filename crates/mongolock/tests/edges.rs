@@ -479,3 +479,66 @@ async fn a_process_paused_past_its_lease_reads_lost_when_it_resumes() {
     );
     assert!(status.success(), "{status:?}; output {seen:?}");
 }
+
+/// Document locks share the acquire loop and the release scheme: a lost grant reply on a lock
+/// by id or on a claim leaves nothing locked, and a release retried after a lost reply succeeds.
+#[tokio::test]
+async fn document_locks_at_the_edges() {
+    use mongolock::documents::DocumentLocks;
+    let t = test_database().await;
+    if !common::fail_points_available(&t) {
+        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+        return;
+    }
+    let app = unique("doc-edges");
+    let coll_name = unique("jobs");
+    let coll = t.database_as(&app).await.collection::<Document>(&coll_name);
+    let plain = t.db.collection::<Document>(&coll_name);
+    plain
+        .insert_many(vec![doc! { "_id": 1, "n": 1 }, doc! { "_id": 2, "n": 2 }])
+        .await
+        .unwrap();
+    let locks = DocumentLocks::builder(&coll)
+        .expiry(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let observer = DocumentLocks::builder(&plain).build().unwrap();
+    let is_locked = |id: i32| {
+        let observer = observer.clone();
+        async move { observer.inspect(id).await.unwrap().unwrap().held }
+    };
+
+    // A lock by id whose grant reply is lost.
+    lose_replies(&t, &app, &["findAndModify"]).await;
+    let err = locks.try_lock(1).await.unwrap_err();
+    t.fail_point_off().await;
+    assert!(err.is_transient(), "{err}");
+    assert!(
+        poll::eventually(Duration::from_secs(20), || async { !is_locked(1).await }).await,
+        "document 1 still locked by an abandoned attempt: {:?}",
+        observer.inspect(1).await
+    );
+
+    // A claim whose grant reply is lost.
+    lose_replies(&t, &app, &["findAndModify"]).await;
+    let err = locks
+        .claim(doc! { "n": 2 }, None)
+        .await
+        .map(|d| d.map(|d| d.guard.fencing_token()))
+        .unwrap_err();
+    t.fail_point_off().await;
+    assert!(err.is_transient(), "{err}");
+    assert!(
+        poll::eventually(Duration::from_secs(20), || async { !is_locked(2).await }).await,
+        "document 2 still locked by an abandoned claim: {:?}",
+        observer.inspect(2).await
+    );
+
+    // A release whose reply is lost, retried.
+    let locked = locks.lock(1).await.unwrap();
+    lose_replies(&t, &app, &["update"]).await;
+    let result = locked.guard.release().await;
+    t.fail_point_off().await;
+    result.unwrap_or_else(|e| panic!("retried release of document 1: {e}"));
+    assert!(!is_locked(1).await);
+}
