@@ -498,8 +498,7 @@ async fn the_stream_ends_with_the_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_release_is_missed_while_the_stream_reconnects() {
     let t = test_database().await;
-    if !common::fail_points_available(&t) {
-        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    if common::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("reconnect");

@@ -162,8 +162,7 @@ async fn lose_replies(t: &TestDb, app: &str, commands: &[&str]) {
 #[tokio::test]
 async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
     let t = test_database().await;
-    if !common::fail_points_available(&t) {
-        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    if common::skip_without_fail_points(&t) {
         return;
     }
     let coll = unique("locks");
@@ -224,8 +223,7 @@ async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
 #[tokio::test]
 async fn a_retried_release_whose_first_try_was_applied_succeeds() {
     let t = test_database().await;
-    if !common::fail_points_available(&t) {
-        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    if common::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("releases");
@@ -263,8 +261,7 @@ async fn a_retried_release_whose_first_try_was_applied_succeeds() {
 #[tokio::test]
 async fn release_is_bounded_by_the_release_timeout() {
     let t = test_database().await;
-    if !common::fail_points_available(&t) {
-        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    if common::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("slow");
@@ -486,8 +483,7 @@ async fn a_process_paused_past_its_lease_reads_lost_when_it_resumes() {
 async fn document_locks_at_the_edges() {
     use mongolock::documents::DocumentLocks;
     let t = test_database().await;
-    if !common::fail_points_available(&t) {
-        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    if common::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("doc-edges");

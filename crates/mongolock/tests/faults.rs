@@ -34,8 +34,7 @@ async fn setup(t: &TestDb, app: &str) -> (LockProvider, String) {
 /// Acquires, turns the fault on, and checks that the lost signal fires by the deadline.
 async fn lost_by_the_deadline(fault: Document) {
     let t = test_database().await;
-    if !common::fail_points_available(&t) {
-        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    if common::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("faults");
@@ -117,8 +116,7 @@ async fn lost_fires_by_the_deadline_on_permanent_errors() {
 /// A short burst of failed extensions that ends before the deadline does not lose the lock.
 async fn survives(mode: mongodb::bson::Bson, fault: Document) {
     let t = test_database().await;
-    if !common::fail_points_available(&t) {
-        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    if common::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("outage");

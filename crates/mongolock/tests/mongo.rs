@@ -335,8 +335,7 @@ async fn the_default_provider_uses_distributed_locks() {
 #[tokio::test]
 async fn transient_errors_are_retried_within_the_budget() {
     let t = test_database().await;
-    if !common::fail_points_available(&t) {
-        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    if common::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("transient");
@@ -375,8 +374,7 @@ async fn transient_errors_are_retried_within_the_budget() {
 #[tokio::test]
 async fn permanent_errors_are_returned_at_once() {
     let t = test_database().await;
-    if !common::fail_points_available(&t) {
-        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    if common::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("denied");

@@ -94,6 +94,16 @@ pub fn fail_points_available(db: &TestDb) -> bool {
     db.server.is_some() || std::env::var("MONGODB_FAILPOINTS").is_ok_and(|v| v == "1")
 }
 
+/// True (after printing why) when the deployment cannot run fail-point tests: the caller
+/// returns, skipping the test. Never true for the embedded server.
+pub fn skip_without_fail_points(db: &TestDb) -> bool {
+    if fail_points_available(db) {
+        return false;
+    }
+    eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+    true
+}
+
 pub fn shared(b: MongoBackend) -> Arc<dyn LockBackend> {
     Arc::new(b)
 }
