@@ -7,6 +7,10 @@
 //! before that instant (under the clock assumption stated there), so trusting the lease until
 //! then is never late.
 //!
+//! The deadline is kept on the monotonic clock and, on Linux, on `CLOCK_BOOTTIME` too, which
+//! keeps counting while the machine is suspended (see `clock.rs`); it has passed when either
+//! clock says so.
+//!
 //! The deadline is enforced where it is read, not only by a background task:
 //! [`LockGuard::is_lost`], [`LostSignal::is_lost`] and every internal "still held?" check compare
 //! the monotonic clock with the deadline and mark the lease lost once it has passed, and
@@ -48,14 +52,17 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 
 use crate::backend::{Lease, LeaseId, LockBackend};
+use crate::clock::{self, Stamp};
 use crate::error::{Error, Result};
 use crate::options::{DriftMargin, GuardPolicy};
 use crate::provider::{check_ttl, ProviderInner};
 use crate::wait::Backoff;
 
-/// The local deadline of a lease granted or extended by a request sent at `sent_at`.
-fn local_deadline(sent_at: Instant, ttl: Duration, drift: DriftMargin) -> Instant {
-    sent_at + ttl.saturating_sub(drift.margin(ttl))
+/// The local deadline, on both clocks, of a lease granted or extended by a request sent at
+/// `sent_at`.
+fn local_deadline(sent_at: Stamp, ttl: Duration, drift: DriftMargin) -> (Instant, Duration) {
+    let trusted = ttl.saturating_sub(drift.margin(ttl));
+    (sent_at.mono + trusted, sent_at.boot + trusted)
 }
 
 /// Why a lease is lost when its local deadline passes.
@@ -121,14 +128,16 @@ pub(crate) struct GrantedLease {
     pub lease_id: LeaseId,
     pub lease: Lease,
     pub ttl: Duration,
-    /// Monotonic instant taken before the granting request was sent.
-    pub sent_at: Instant,
+    /// Taken before the granting request was sent.
+    pub sent_at: Stamp,
     pub policy: GuardPolicy,
 }
 
 struct LeaseState {
     expires_at: SystemTime,
     deadline: Instant,
+    /// The same deadline on the boot-time clock (see `clock.rs`).
+    deadline_boot: Duration,
     ttl: Duration,
     last_extend_sent: Instant,
 }
@@ -174,11 +183,17 @@ impl Shared {
         if !self.status.borrow().is_held() {
             return false;
         }
-        if Instant::now() >= self.state().deadline {
+        if self.deadline_passed() {
             self.mark_lost(DEADLINE_PASSED);
             return false;
         }
         true
+    }
+
+    /// Whether the local deadline has passed on either clock.
+    fn deadline_passed(&self) -> bool {
+        let st = self.state();
+        Instant::now() >= st.deadline || clock::boot_now() >= st.deadline_boot
     }
 
     fn cadence_for(&self, ttl: Duration) -> Duration {
@@ -219,7 +234,7 @@ impl Shared {
         if !self.is_held() {
             return Ok(false);
         }
-        let sent_at = Instant::now();
+        let sent_at = Stamp::now();
         match self.control.extend(ttl).await? {
             Some(expires_at) => {
                 if !self.is_held() {
@@ -228,9 +243,10 @@ impl Shared {
                 {
                     let mut st = self.state();
                     st.expires_at = expires_at;
-                    st.deadline = local_deadline(sent_at, ttl, self.policy.drift);
+                    (st.deadline, st.deadline_boot) =
+                        local_deadline(sent_at, ttl, self.policy.drift);
                     st.ttl = ttl;
-                    st.last_extend_sent = sent_at;
+                    st.last_extend_sent = sent_at.mono;
                 }
                 self.changed.notify_one();
                 tracing::trace!(lock = %self.name, token = self.fencing_token, "lease extended");
@@ -260,7 +276,7 @@ async fn watchdog(shared: Arc<Shared>) {
                 st.ttl,
             )
         };
-        if Instant::now() >= deadline {
+        if shared.deadline_passed() {
             shared.mark_lost(DEADLINE_PASSED);
             return;
         }
@@ -341,7 +357,7 @@ impl LockGuard {
         lease_id: LeaseId,
         ttl: Duration,
         lease: Lease,
-        sent_at: Instant,
+        sent_at: Stamp,
     ) -> LockGuard {
         let control = NamedLease {
             backend: provider.backend.clone(),
@@ -365,6 +381,8 @@ impl LockGuard {
     /// inside a Tokio runtime.
     pub(crate) fn from_control(control: Box<dyn LeaseControl>, grant: GrantedLease) -> LockGuard {
         let (status, _) = watch::channel(Status::Held);
+        let (deadline, deadline_boot) =
+            local_deadline(grant.sent_at, grant.ttl, grant.policy.drift);
         let shared = Arc::new(Shared {
             control,
             name: grant.name,
@@ -374,9 +392,10 @@ impl LockGuard {
             policy: grant.policy,
             state: Mutex::new(LeaseState {
                 expires_at: grant.lease.expires_at,
-                deadline: local_deadline(grant.sent_at, grant.ttl, grant.policy.drift),
+                deadline,
+                deadline_boot,
                 ttl: grant.ttl,
-                last_extend_sent: grant.sent_at,
+                last_extend_sent: grant.sent_at.mono,
             }),
             extend_lock: tokio::sync::Mutex::new(()),
             changed: Notify::new(),
@@ -465,7 +484,7 @@ impl LockGuard {
             let result = tokio::select! {
                 r = self.shared.extend_once(ttl) => r,
                 _ = tokio::time::sleep_until(deadline) => {
-                    if Instant::now() >= self.shared.state().deadline {
+                    if self.shared.deadline_passed() {
                         self.shared.mark_lost("extension did not complete before the lease's local deadline");
                         return Ok(false);
                     }

@@ -80,6 +80,7 @@
 mod acquire_loop;
 pub mod backend;
 pub mod backends;
+mod clock;
 mod error;
 mod guard;
 mod holder;

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::acquire_loop::{self, spawn_attempt, Attempts, Step};
 use crate::backend::{AcquireRequest, Attempt, ChangeWaiter, LeaseId, LockBackend, LockInfo};
+use crate::clock::Stamp;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::provider::{check_ttl, ProviderInner};
@@ -173,7 +173,7 @@ impl Attempts for Lock {
         spawn_attempt(async move {
             // Taken before the request is sent: the lease cannot expire on the server before
             // `sent_at + ttl` (server and local clocks advance at about the same rate).
-            let sent_at = Instant::now();
+            let sent_at = Stamp::now();
             Ok(match provider.backend.try_acquire(&req).await? {
                 Attempt::Acquired(lease) => Step::Acquired(LockGuard::start(
                     &provider,

@@ -173,10 +173,10 @@ use mongodb::bson::{Bson, Document};
 use mongodb::options::{CollectionOptions, WriteConcern};
 use mongodb::Collection;
 use serde::de::DeserializeOwned;
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::acquire_loop::{self, spawn_attempt, Attempts, Step};
+use crate::clock::Stamp;
 
 use crate::backend::{LeaseId, LockInfo};
 use crate::backends::mongo::watch::{document_key, Target as WatchTarget, Watcher};
@@ -432,7 +432,7 @@ impl Attempts for DocumentAttempts<'_> {
         spawn_attempt(async move {
             // Taken before the request is sent: the lease cannot expire on the server before
             // `sent_at + ttl`.
-            let sent_at = Instant::now();
+            let sent_at = Stamp::now();
             Ok(
                 match claim::attempt(&inner, &target, &lease_id, ttl).await? {
                     Attempted::Acquired(granted) => {
