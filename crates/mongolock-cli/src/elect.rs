@@ -49,17 +49,17 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
     loop {
         if terms == 0 {
             match describe_holder(&provider, name).await {
-                Some(leader) => eprintln!(
+                Some(leader) => say!(
                     "mongolock: campaigning for leadership of {name:?} (current leader: {leader})"
                 ),
-                None => eprintln!("mongolock: campaigning for leadership of {name:?}"),
+                None => say!("mongolock: campaigning for leadership of {name:?}"),
             }
         }
         let started = tokio::time::Instant::now();
         let leadership = tokio::select! {
             r = election.campaign() => r.map_err(|e| conn.error(&format!("cannot campaign for {name:?}"), &e))?,
             sig = signals.recv() => {
-                eprintln!(
+                say!(
                     "mongolock: {} received while campaigning for {name:?}; exiting",
                     signals::name(sig)
                 );
@@ -67,7 +67,7 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
             }
         };
         terms += 1;
-        eprintln!(
+        say!(
             "mongolock: elected leader of {name:?} (term / fencing token {}) after {}; starting \
              the command",
             leadership.term(),
@@ -92,7 +92,7 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
         .await?;
         if outcome.lost {
             drop(leadership);
-            eprintln!(
+            say!(
                 "mongolock: the command was stopped after losing leadership of {name:?}; \
                  campaigning again"
             );
@@ -119,21 +119,21 @@ async fn resign(
     if leadership.is_lost() {
         drop(leadership);
         let status = describe_status(outcome.status);
-        eprintln!("{}", lost_before_finish("leadership of", &name, &status));
+        say!("{}", lost_before_finish("leadership of", &name, &status));
         return Ok(exit::LOCK_LOST);
     }
     match leadership.resign().await {
         Ok(()) => {
-            eprintln!("mongolock: the command exited; resigned leadership of {name:?}");
+            say!("mongolock: the command exited; resigned leadership of {name:?}");
             Ok(exit::for_child(outcome.status))
         }
         Err(mongolock::Error::LeaseLost { .. }) => {
             let status = describe_status(outcome.status);
-            eprintln!("{}", lost_before_finish("leadership of", &name, &status));
+            say!("{}", lost_before_finish("leadership of", &name, &status));
             Ok(exit::LOCK_LOST)
         }
         Err(e) => {
-            eprintln!(
+            say!(
                 "mongolock: warning: {}; the lease expires by itself",
                 conn.error(&format!("could not resign leadership of {name:?}"), &e)
             );

@@ -54,7 +54,7 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
             r.map_err(|e| conn.error(&format!("cannot acquire lock {:?}", args.name), &e))?
         }
         sig = signals.recv() => {
-            eprintln!(
+            say!(
                 "mongolock: {} received while waiting for lock {:?}; command not run",
                 signals::name(sig),
                 args.name
@@ -70,7 +70,7 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         let held_by = describe_holder(&provider, &args.name)
             .await
             .unwrap_or_else(|| "another holder".to_owned());
-        eprintln!(
+        say!(
             "mongolock: lock {:?} is held by {held_by}; gave up {waited} (--wait {}); command \
              not run",
             args.name,
@@ -138,7 +138,7 @@ pub async fn finish(
     let status = describe_status(outcome.status);
     if outcome.lost {
         drop(guard);
-        eprintln!(
+        say!(
             "mongolock: the command was stopped ({status}) because {what} {name:?} was lost; \
              exiting with status {}",
             exit::LOCK_LOST
@@ -148,18 +148,18 @@ pub async fn finish(
     if guard.is_lost() {
         // Lost after the command's last check but before it exited: no release to attempt.
         drop(guard);
-        eprintln!("{}", lost_before_finish(what, &name, &status));
+        say!("{}", lost_before_finish(what, &name, &status));
         return Ok(exit::LOCK_LOST);
     }
     match guard.release().await {
         Ok(()) => Ok(exit::for_child(outcome.status)),
         Err(mongolock::Error::LeaseLost { .. }) => {
-            eprintln!("{}", lost_before_finish(what, &name, &status));
+            say!("{}", lost_before_finish(what, &name, &status));
             Ok(exit::LOCK_LOST)
         }
         Err(e) => {
             // The lease expires by itself within --ttl.
-            eprintln!(
+            say!(
                 "mongolock: warning: {}; it expires by itself at the end of its lease",
                 conn.error(&format!("could not release {what} {name:?}"), &e)
             );
@@ -514,7 +514,7 @@ pub async fn supervise(
                 }
                 Some(FromSupervisor::SentSigterm) if !stopping => {
                     stopping = true;
-                    eprintln!(
+                    say!(
                         "mongolock: lost {what} {name:?} (fencing token {token}) while the command \
                          was running: no renewal succeeded and only {} of the lease can still be \
                          trusted; sent SIGTERM to the command (SIGKILL in {} at the latest)",
@@ -524,21 +524,21 @@ pub async fn supervise(
                 }
                 Some(FromSupervisor::SentSigkill) if !stopping => {
                     stopping = true;
-                    eprintln!(
+                    say!(
                         "mongolock: lost {what} {name:?} (fencing token {token}) while the command \
                          was running: no renewal succeeded before the lease's deadline; sent \
                          SIGKILL to the command"
                     );
                 }
                 Some(FromSupervisor::SentSigkill) => {
-                    eprintln!("mongolock: the command had not exited; sent SIGKILL");
+                    say!("mongolock: the command had not exited; sent SIGKILL");
                 }
                 Some(other) => tracing::debug!(?other, "supervisor report"),
                 None => {
                     let status = supervisor.wait().await.map_err(|e| {
                         CliError::failure(format!("cannot wait for the supervisor process: {e}"))
                     })?;
-                    eprintln!(
+                    say!(
                         "mongolock: the supervisor process ended ({}) without reporting the \
                          command's exit; the command was killed with it",
                         describe_status(status)
@@ -561,7 +561,7 @@ pub async fn supervise(
                 } else {
                     format!("SIGTERM now, SIGKILL in {} at the latest", display(kill - now))
                 };
-                eprintln!(
+                say!(
                     "mongolock: lost {what} {name:?} (fencing token {token}) while the command was \
                      running: {reason}; stopping the command ({how})"
                 );
@@ -579,7 +579,7 @@ pub async fn supervise(
             () = tokio::time::sleep_until(backup_at), if !backup_done => {
                 backup_done = true;
                 stopping = true;
-                eprintln!(
+                say!(
                     "mongolock: the supervisor has not reported the command's exit by the lease's \
                      deadline; killing the supervisor process (the command dies with it)"
                 );

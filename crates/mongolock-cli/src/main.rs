@@ -1,6 +1,17 @@
 //! `mongolock`: distributed MongoDB locks from the shell. See `mongolock --help` and
 //! `crates/mongolock-cli/README.md`; exit statuses are documented in [`exit`].
 
+/// Prints one line on stderr with a single write, so that it is not interleaved with what the
+/// supervised command (which shares stderr) prints at the same moment.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }};
+}
+
 mod cli;
 mod connect;
 mod demo;
@@ -46,14 +57,14 @@ fn main() {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("mongolock: cannot start the async runtime: {e}");
+            say!("mongolock: cannot start the async runtime: {e}");
             std::process::exit(exit::FAILURE);
         }
     };
     let code = match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("mongolock: {e}");
+            say!("mongolock: {e}");
             e.code
         }
     };
@@ -78,7 +89,7 @@ fn install_panic_hook() {
             .map(|s| (*s).to_owned())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        eprintln!(
+        say!(
             "mongolock: internal error{location}: {} (set RUST_BACKTRACE=1 for details)",
             exit::one_line(&payload)
         );

@@ -154,7 +154,7 @@ pub fn run(args: &SuperviseArgs) -> i32 {
     // SAFETY: F_SETFD on an arbitrary number is harmless; it fails with EBADF when the fd is not
     // open, and then we stop before taking ownership of it.
     if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
-        eprintln!("mongolock: internal error: supervisor started without its control channel");
+        say!("mongolock: internal error: supervisor started without its control channel");
         return 1;
     }
     // SAFETY: mongolock passed us this descriptor (checked open above) for our exclusive use.
