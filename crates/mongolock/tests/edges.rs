@@ -198,6 +198,7 @@ async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
         };
         assert!(err.is_transient(), "{form}: {err}");
         // The grant was applied at the server; the call gave up, so it releases it.
+        let gave_up = Instant::now();
         let info = observer.inspect(&name).await.unwrap().unwrap();
         let released = poll::eventually(Duration::from_secs(20), || async {
             !observer.inspect(&name).await.unwrap().unwrap().held
@@ -206,6 +207,11 @@ async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
         assert!(
             released,
             "{form}: lock {name} still held by the abandoned grant (first read: {info:?})"
+        );
+        eprintln!(
+            "{form}: the abandoned grant of {name} was released within {:?} of the call \
+             returning (lease 60 s)",
+            gave_up.elapsed()
         );
         // And it is free for others at once, with a larger token.
         let next = observer
@@ -301,6 +307,7 @@ async fn release_is_bounded_by_the_release_timeout() {
     assert!(err.to_string().contains("release timeout"), "{err}");
     // Far below the 20 s block: the call returned because of its own limit.
     assert!(took < Duration::from_secs(10), "release took {took:?}");
+    eprintln!("release blocked for 20 s at the server returned after {took:?} (timeout 300 ms)");
 }
 
 /// A client whose database handle prefers secondaries and reads with `local` concern; every
@@ -475,6 +482,7 @@ async fn a_process_paused_past_its_lease_reads_lost_when_it_resumes() {
         "the first check after the pause must read lost: {verdict} (all output: {seen:?})"
     );
     assert!(status.success(), "{status:?}; output {seen:?}");
+    eprintln!("paused child: {verdict}");
 }
 
 /// Document locks share the acquire loop and the release scheme: a lost grant reply on a lock
