@@ -45,6 +45,8 @@ pub struct WorkerConfig {
     pub jobs: usize,
     /// Delay after expiry before the TTL index may delete a lock document (whole seconds).
     pub cleanup_after_secs: u64,
+    /// Whether the worker's lock backend polls instead of following the change stream.
+    pub polling: bool,
     /// Whether futures are dropped at random points.
     pub drop_futures: bool,
     /// The worker's log file.

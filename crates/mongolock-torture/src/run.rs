@@ -240,6 +240,7 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
         cold_names: args.cold_names,
         jobs: args.jobs,
         cleanup_after_secs: args.cleanup_after_secs,
+        polling: false,
         drop_futures: !args.no_dropped_futures,
         log: PathBuf::new(),
     };
@@ -250,6 +251,7 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
         Arc::new(move |id, inc, log| WorkerConfig {
             worker: format!("w{id}.{inc}"),
             seed: base.seed ^ ((id as u64) << 32) ^ (inc << 48) ^ 0x9e37_79b9,
+            polling: id % 2 == 1,
             log,
             ..base.clone()
         }),
@@ -408,6 +410,7 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             cold_names: args.cold_names,
             jobs: 0,
             cleanup_after_secs: 0,
+            polling: false,
             drop_futures: !args.no_dropped_futures,
             log: dir.join(format!("worker-{id}-0.jsonl")),
         };
