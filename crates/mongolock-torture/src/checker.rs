@@ -207,10 +207,8 @@ impl Checker {
     /// A write the resource accepted, in acceptance order per name. Checks (3).
     pub fn accepted_write(&mut self, write: AcceptedWrite) {
         self.accepted += 1;
-        self.accepted_ids.insert(
-            write.write_id.clone(),
-            (write.name.clone(), write.token),
-        );
+        self.accepted_ids
+            .insert(write.write_id.clone(), (write.name.clone(), write.token));
         if let Some((max, earlier)) = self.max_accepted.get(&write.name) {
             if write.token < *max {
                 let evidence = format!(
@@ -277,7 +275,9 @@ impl Checker {
         for (id, name, token) in unlogged {
             self.violate(
                 ViolationKind::UnloggedWrite,
-                format!("resource {name:?} accepted write {id} (token {token}) that no worker logged"),
+                format!(
+                    "resource {name:?} accepted write {id} (token {token}) that no worker logged"
+                ),
             );
         }
     }

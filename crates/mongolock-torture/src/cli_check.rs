@@ -145,7 +145,14 @@ async fn one_run(
 ) {
     let sleep = format!("{:.3}", rng.random_range(0.05..2.5_f64));
     let child = Command::new(&plan.bin)
-        .args(["--uri", &plan.uri, "--db", &plan.db, "--collection", "cli_locks"])
+        .args([
+            "--uri",
+            &plan.uri,
+            "--db",
+            &plan.db,
+            "--collection",
+            "cli_locks",
+        ])
         .args(["exec", "--ttl", "1s", "--grace", "300ms", "cli-lock", "--"])
         .args(["sh", "-c", SCRIPT])
         .env("D", shared)

@@ -300,7 +300,7 @@ mod tests {
 
     fn grant_doc(lease: &str, token: i64, acquired: i64, expires: i64) -> Document {
         doc! { "leaseId": lease, "fencingToken": token, "acquiredAt": at(acquired),
-               "expiresAt": at(expires), "holder": { "host": "h" }, "extra": 1 }
+        "expiresAt": at(expires), "holder": { "host": "h" }, "extra": 1 }
     }
 
     fn run(events: Vec<Change>) -> Checker {
@@ -341,7 +341,7 @@ mod tests {
             Change::Delete,
             // A fresh document after TTL cleanup: unstamped grant, then the stamp.
             Change::Full(doc! { "leaseId": "d", "fencingToken": Bson::Null,
-                                "acquiredAt": at(5000), "expiresAt": at(5100) }),
+            "acquiredAt": at(5000), "expiresAt": at(5100) }),
             Change::Update {
                 updated: doc! { "fencingToken": 4_294_967_297_i64 },
                 removed: vec![],
@@ -402,14 +402,19 @@ mod tests {
                 c.grant(g);
             }
         }
+        for g in h.finish() {
+            c.grant(g);
+        }
         assert_eq!(c.counts().get(&ViolationKind::Overlap), Some(&1));
     }
 
     #[test]
     fn resource_history_reports_each_accepted_write_once() {
         let mut r = ResourceHistory::new();
-        let w = |id: &str, token: i64| doc! { "_id": "n", "maxToken": token,
-            "last": { "token": token, "writeId": id, "worker": "w1", "at": at(5) } };
+        let w = |id: &str, token: i64| {
+            doc! { "_id": "n", "maxToken": token,
+            "last": { "token": token, "writeId": id, "worker": "w1", "at": at(5) } }
+        };
         assert!(r.apply("n", Change::Full(w("x1", 1))).is_some());
         // A no-op event (refused write) reports nothing.
         assert!(r

@@ -9,7 +9,10 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("TORTURE_LOG"))
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("mongolock-torture: cannot start the runtime: {e}");

@@ -101,7 +101,12 @@ pub async fn follow(
             };
             token = Some(event.id.clone());
             progress.events.fetch_add(1, Ordering::Relaxed);
-            let Some(id) = event.document_key.as_ref().and_then(|k| k.get("_id")).cloned() else {
+            let Some(id) = event
+                .document_key
+                .as_ref()
+                .and_then(|k| k.get("_id"))
+                .cloned()
+            else {
                 continue;
             };
             if is_marker(&id) {

@@ -17,9 +17,7 @@ use tokio::sync::watch;
 
 use crate::checker::Checker;
 use crate::cli_check::{self, CliPlan};
-use crate::config::{
-    WorkerConfig, JOBS_COLLECTION, JOBS_LOCK_FIELD, LOCK_COLLECTION,
-};
+use crate::config::{WorkerConfig, JOBS_COLLECTION, JOBS_LOCK_FIELD, LOCK_COLLECTION};
 use crate::faults::{self, FaultCounts, FaultKind, FaultPlan};
 use crate::history::{micros, LockHistory, ResourceHistory};
 use crate::options::{Backend, RunArgs};
@@ -80,10 +78,9 @@ impl Goal {
 fn run_dir(args: &RunArgs, seed: u64) -> Result<PathBuf, AnyError> {
     let dir = match &args.run_dir {
         Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!(
-            "mongolock-torture-{}-{seed}",
-            std::process::id()
-        )),
+        None => {
+            std::env::temp_dir().join(format!("mongolock-torture-{}-{seed}", std::process::id()))
+        }
     };
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
@@ -139,14 +136,17 @@ async fn client(uri: &str, app: &str) -> Result<Client, AnyError> {
     Ok(Client::with_options(options)?)
 }
 
+/// A lease found held after the end: name, lease id, expiry (µs).
+type Held = (String, String, i64);
+
 /// Finds leases still held (server time) in `coll` with lock fields under `prefix`.
 async fn still_held(
     db: &Database,
     coll: &str,
     prefix: &str,
     name_of: fn(&Bson) -> Option<String>,
-    checker: &mut Checker,
-) -> Result<(), AnyError> {
+) -> Result<Vec<Held>, AnyError> {
+    let mut held = Vec::new();
     let filter = doc! {
         format!("{prefix}leaseId"): { "$type": "string" },
         "$expr": { "$gt": [format!("${prefix}expiresAt"), "$$NOW"] },
@@ -160,9 +160,9 @@ async fn still_held(
             Some(Bson::String(s)) => s,
             _ => String::new(),
         };
-        checker.held_after_end(&name, &lease, micros(at("expiresAt").as_ref()).unwrap_or(0));
+        held.push((name, lease, micros(at("expiresAt").as_ref()).unwrap_or(0)));
     }
-    Ok(())
+    Ok(held)
 }
 
 async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
@@ -180,9 +180,7 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
     let fail_points_ok = server.is_some() || args.failpoints;
     let kinds: Vec<FaultKind> = kinds
         .into_iter()
-        .filter(|k| {
-            fail_points_ok || matches!(k, FaultKind::Sigkill | FaultKind::Sigstop)
-        })
+        .filter(|k| fail_points_ok || matches!(k, FaultKind::Sigkill | FaultKind::Sigstop))
         .collect();
     let dir = run_dir(&args, seed)?;
     let control = client(&uri, "torture-control").await?;
@@ -210,21 +208,31 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
                 name: recorder::job_id,
             },
         ),
-        (RESOURCE_COLLECTION, Followed::Resource(ResourceHistory::new())),
+        (
+            RESOURCE_COLLECTION,
+            Followed::Resource(ResourceHistory::new()),
+        ),
     ] {
         // Create the collection first: a change stream on a missing collection works on
         // MongoDB, but an explicit collection makes the start point unambiguous.
         let _ = db.create_collection(coll).await;
         followers.push(
-            recorder::follow(rdb.collection(coll), followed, checker.clone(), progress.clone())
-                .await?,
+            recorder::follow(
+                rdb.collection(coll),
+                followed,
+                checker.clone(),
+                progress.clone(),
+            )
+            .await?,
         );
     }
     let jobs: Vec<Document> = (0..args.jobs as i64)
         .map(|i| doc! { "_id": i, "job": true })
         .collect();
     if !jobs.is_empty() {
-        db.collection::<Document>(JOBS_COLLECTION).insert_many(jobs).await?;
+        db.collection::<Document>(JOBS_COLLECTION)
+            .insert_many(jobs)
+            .await?;
     }
 
     let started = Instant::now();
@@ -322,18 +330,16 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
     // (5): with the workers alive (a leaked lease would still be extended), wait until every
     // lease has had time to expire, then nothing may be held.
     tokio::time::sleep(args.lease * 2 + Duration::from_secs(1)).await;
-    {
-        let mut c = lock(&checker);
-        still_held(&db, LOCK_COLLECTION, "", recorder::string_id, &mut c).await?;
+    let mut held = still_held(&db, LOCK_COLLECTION, "", recorder::string_id).await?;
+    held.extend(
         still_held(
             &db,
             JOBS_COLLECTION,
             &format!("{JOBS_LOCK_FIELD}."),
             recorder::job_id,
-            &mut c,
         )
-        .await?;
-    }
+        .await?,
+    );
     supervisor.exit().await;
 
     // End markers, then the recorder finishes.
@@ -343,12 +349,19 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             .await?;
     }
     for f in followers {
-        if tokio::time::timeout(Duration::from_secs(120), f).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(120), f)
+            .await
+            .is_err()
+        {
             eprintln!("torture: the recorder did not reach the end marker within 120 s");
         }
     }
 
-    let mut c = lock(&checker);
+    // The recorder is done (or gave up): the checker is ours now.
+    let mut c = std::mem::take(&mut *lock(&checker));
+    for (name, lease, expires) in &held {
+        c.held_after_end(name, lease, *expires);
+    }
     let totals = read_logs(&dir, &mut c)?;
     let cli_text = match (&cli_report, &cli_skipped) {
         (Some(r), _) => {
@@ -380,7 +393,6 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
     summary.ttl_deletes = progress.deletes.load(Ordering::Relaxed);
     summary.restarts = supervisor.restarts();
     summary.cli = cli_text;
-    drop(c);
     let status = report(&summary, &args, &dir)?;
     if let Some(s) = server {
         s.shutdown().await;
@@ -426,7 +438,14 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             backend: backend.clone(),
             grants: grants.clone(),
         };
-        envs.push(Arc::new(Env::new(cfg, auto, manual, None, sink, stop_rx.clone())?));
+        envs.push(Arc::new(Env::new(
+            cfg,
+            auto,
+            manual,
+            None,
+            sink,
+            stop_rx.clone(),
+        )?));
     }
     let started = Instant::now();
     let loops: Vec<_> = envs
@@ -449,10 +468,7 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
     let mut checker = Checker::new();
     for info in provider.list().await? {
         if info.held {
-            let expires = info
-                .expires_at
-                .map(worker::system_us)
-                .unwrap_or_default();
+            let expires = info.expires_at.map(worker::system_us).unwrap_or_default();
             checker.held_after_end(&info.name, "?", expires);
         }
     }

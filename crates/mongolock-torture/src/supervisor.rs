@@ -103,7 +103,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
-fn spawn(exe: &Path, dir: &Path, cfg: &WorkerConfig, id: usize, inc: u64) -> std::io::Result<Child> {
+fn spawn(
+    exe: &Path,
+    dir: &Path,
+    cfg: &WorkerConfig,
+    id: usize,
+    inc: u64,
+) -> std::io::Result<Child> {
     let json = serde_json::to_string(cfg).map_err(std::io::Error::other)?;
     let stderr = std::fs::File::create(dir.join(format!("worker-{id}-{inc}.stderr")))?;
     Command::new(exe)

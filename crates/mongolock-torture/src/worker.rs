@@ -139,7 +139,13 @@ impl Env {
     }
 
     /// Checks `is_lost`, then makes one fenced write; returns false when the lease was lost.
-    async fn fenced(&self, name: &str, token: u64, lease: &str, is_lost: impl Fn() -> bool) -> bool {
+    async fn fenced(
+        &self,
+        name: &str,
+        token: u64,
+        lease: &str,
+        is_lost: impl Fn() -> bool,
+    ) -> bool {
         if is_lost() {
             self.log.write(&LogLine::Lost {
                 name: name.to_owned(),
@@ -312,7 +318,9 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
     let lease = lease_of(&env.cfg);
     if roll < 0.30 {
         let name = pick_hot(rng, &env.cfg);
-        let Ok(lock) = env.auto.lock(name) else { return };
+        let Ok(lock) = env.auto.lock(name) else {
+            return;
+        };
         let got = bounded(env, rng, async { lock.acquire().await.map(Some) }).await;
         if let Some(g) = got {
             hold_and_end(env, rng, g, "acquire", false).await;
@@ -325,21 +333,27 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
         }
     } else if roll < 0.55 {
         let name = pick_hot(rng, &env.cfg);
-        let Ok(lock) = env.auto.lock(name) else { return };
+        let Ok(lock) = env.auto.lock(name) else {
+            return;
+        };
         let wait = Duration::from_millis(rng.random_range(0..300));
         if let Some(g) = bounded(env, rng, lock.acquire_timeout(wait)).await {
             hold_and_end(env, rng, g, "acquire_timeout", false).await;
         }
     } else if roll < 0.75 {
         let name = pick_cold(rng, &env.cfg);
-        let Ok(lock) = env.auto.lock(name) else { return };
+        let Ok(lock) = env.auto.lock(name) else {
+            return;
+        };
         let wait = Duration::from_millis(rng.random_range(0..100));
         if let Some(g) = bounded(env, rng, lock.acquire_timeout(wait)).await {
             hold_and_end(env, rng, g, "acquire_timeout", false).await;
         }
     } else if roll < 0.755 {
         let name = pick_cold(rng, &env.cfg);
-        let Ok(lock) = env.manual.lock(name) else { return };
+        let Ok(lock) = env.manual.lock(name) else {
+            return;
+        };
         if let Some(g) = bounded(env, rng, lock.try_acquire()).await {
             hold_and_end(env, rng, g, "try_acquire(run out)", true).await;
         }
@@ -408,7 +422,10 @@ async fn lead(env: Arc<Env>, seed: u64) {
                     });
                     let writes = lock_rng(&rng).random_range(1..5);
                     for _ in 0..writes {
-                        if !env.fenced(ELECTION_ROLE, term, &lease, || ctx.is_lost()).await {
+                        if !env
+                            .fenced(ELECTION_ROLE, term, &lease, || ctx.is_lost())
+                            .await
+                        {
                             std::future::pending::<()>().await;
                         }
                         let pause = Duration::from_millis(lock_rng(&rng).random_range(1..30));
@@ -461,7 +478,8 @@ pub async fn run_loops(env: Arc<Env>) {
 /// its runtime alive so that a leaked lease would still be extended) and `exit` (or EOF) ends
 /// the process.
 pub async fn worker_main() -> Result<(), String> {
-    let raw = std::env::var(WORKER_CONFIG_ENV).map_err(|_| format!("{WORKER_CONFIG_ENV} is not set"))?;
+    let raw =
+        std::env::var(WORKER_CONFIG_ENV).map_err(|_| format!("{WORKER_CONFIG_ENV} is not set"))?;
     let cfg: WorkerConfig = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
     let mut options = mongodb::options::ClientOptions::parse(&cfg.uri)
         .await

@@ -68,15 +68,30 @@ fn short_mongo_run_with_every_fault_kind_has_no_violation() {
         "sigkill",
         "sigstop",
     ] {
-        assert!(count(&json, "faults", kind) >= 1, "no {kind} injected: {json:#}");
-        assert!(count(&json, "faults_fired", kind) >= 1, "no {kind} fired: {json:#}");
+        assert!(
+            count(&json, "faults", kind) >= 1,
+            "no {kind} injected: {json:#}"
+        );
+        assert!(
+            count(&json, "faults_fired", kind) >= 1,
+            "no {kind} fired: {json:#}"
+        );
     }
     for kind in ["dropped_acquire", "dropped_release"] {
         assert!(count(&json, "faults", kind) >= 1, "no {kind}: {json:#}");
     }
-    assert!(json["ttl_deletes"].as_u64().unwrap() >= 1, "no TTL deletion: {json:#}");
-    assert!(json["ran_out"].as_u64().unwrap() >= 1, "no lease ran out: {json:#}");
-    assert!(json["restarts"].as_u64().unwrap() >= 1, "no worker restarted: {json:#}");
+    assert!(
+        json["ttl_deletes"].as_u64().unwrap() >= 1,
+        "no TTL deletion: {json:#}"
+    );
+    assert!(
+        json["ran_out"].as_u64().unwrap() >= 1,
+        "no lease ran out: {json:#}"
+    );
+    assert!(
+        json["restarts"].as_u64().unwrap() >= 1,
+        "no worker restarted: {json:#}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
