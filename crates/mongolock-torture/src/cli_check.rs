@@ -3,10 +3,11 @@
 //! a failed `mkdir` is an overlap and is appended to a log. With `--cli-faults`, `mongolock`
 //! processes (not their commands) are SIGKILLed or SIGSTOPped for longer than the lease.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -16,14 +17,28 @@ use tokio::sync::watch;
 
 /// The command each `mongolock exec` runs. A TERM (mongolock stopping it after losing the lock)
 /// removes the directory if this command created it.
-const SCRIPT: &str = r#"trap 'if [ -n "$M" ]; then rmdir "$D"; fi; exit 143' TERM
+const SCRIPT: &str = r#"trap 'if [ -n "$M" ]; then rm -f "$D.owner"; rmdir "$D"; fi; exit 143' TERM
 if ! mkdir "$D" 2>/dev/null; then
-  echo "overlap: token $MONGOLOCK_FENCING_TOKEN found $D existing at $(date +%s.%N)" >> "$LOG"
-  exit 99
+  owner=$(cat "$D.owner" 2>/dev/null)
+  pid=${owner#* }
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN started while the command with token ${owner% *} (pid $pid) was still running" >> "$LOG"
+    exit 99
+  fi
+  if [ -z "$owner" ]; then
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN started while another command (owner not yet recorded) held $D" >> "$LOG"
+    exit 99
+  fi
+  # Left behind by a command killed with SIGKILL before it could clean up: not an overlap.
+  echo "stale: $owner" >> "$LOG.stale"
+  rm -f "$D.owner"; rmdir "$D" 2>/dev/null
+  mkdir "$D" || { echo "overlap: token $MONGOLOCK_FENCING_TOKEN lost a race for $D" >> "$LOG"; exit 99; }
 fi
 M=1
+echo "$MONGOLOCK_FENCING_TOKEN $$" > "$D.owner"
 sleep "$R" &
 wait $!
+rm -f "$D.owner"
 rmdir "$D"
 "#;
 
@@ -94,6 +109,21 @@ pub struct CliReport {
     pub stopped: u64,
     /// Overlap lines written by the commands.
     pub overlaps: Vec<String>,
+    /// Overlap episodes (distinct still-running commands that a new holder found), by the fault
+    /// that hit the old command's mongolock (`sigkill`, `sigstop`, or `none`).
+    pub episodes: BTreeMap<String, u64>,
+    /// Directories found left behind by a dead command (not overlaps).
+    pub stale: u64,
+}
+
+/// Commands run, mongolock processes killed, stopped; and (command pid, fault) pairs.
+type Counters = ([AtomicU64; 3], Mutex<Vec<(String, &'static str)>>);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 /// Lease of the CLI's locks.
@@ -102,9 +132,10 @@ const CLI_TTL: Duration = Duration::from_secs(1);
 /// Runs the loops until `stop`; returns what happened.
 pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     let shared = plan.dir.join("cli-mutex");
+    let _ = std::fs::remove_file(shared.with_extension("owner"));
     let _ = std::fs::remove_dir(&shared);
     let log = plan.dir.join("cli-overlaps.log");
-    let counters = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+    let counters: Arc<Counters> = Arc::new(Default::default());
     let mut loops = Vec::new();
     for i in 0..plan.loops {
         let plan = plan.clone();
@@ -125,24 +156,40 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     }
     // Let orphaned commands (whose mongolock was killed) finish before reading the log.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let overlaps = std::fs::read_to_string(&log)
+    let overlaps: Vec<String> = std::fs::read_to_string(&log)
         .map(|s| s.lines().map(str::to_owned).collect())
         .unwrap_or_default();
+    let mut owners: Vec<String> = overlaps
+        .iter()
+        .filter_map(|l: &String| l.split("(pid ").nth(1))
+        .filter_map(|r| r.split(')').next())
+        .map(str::to_owned)
+        .collect();
+    owners.sort();
+    owners.dedup();
+    let hit = lock(&counters.1).clone();
+    let mut episodes = BTreeMap::new();
+    for o in owners {
+        let kind = hit
+            .iter()
+            .find(|(p, _)| *p == o)
+            .map_or("none", |(_, k)| *k);
+        *episodes.entry(kind.to_owned()).or_default() += 1;
+    }
+    let stale = std::fs::read_to_string(plan.dir.join("cli-overlaps.log.stale"))
+        .map(|s| s.lines().count() as u64)
+        .unwrap_or(0);
     CliReport {
-        runs: counters[0].load(Ordering::Relaxed),
-        killed: counters[1].load(Ordering::Relaxed),
-        stopped: counters[2].load(Ordering::Relaxed),
+        episodes,
+        stale,
+        runs: counters.0[0].load(Ordering::Relaxed),
+        killed: counters.0[1].load(Ordering::Relaxed),
+        stopped: counters.0[2].load(Ordering::Relaxed),
         overlaps,
     }
 }
 
-async fn one_run(
-    plan: &CliPlan,
-    shared: &Path,
-    log: &Path,
-    rng: &mut StdRng,
-    counters: &[AtomicU64; 3],
-) {
+async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, counters: &Counters) {
     let sleep = format!("{:.3}", rng.random_range(0.05..2.5_f64));
     let child = Command::new(&plan.bin)
         .args([
@@ -171,7 +218,7 @@ async fn one_run(
             return;
         }
     };
-    counters[0].fetch_add(1, Ordering::Relaxed);
+    counters.0[0].fetch_add(1, Ordering::Relaxed);
     let fault: f64 = rng.random();
     if plan.faults && fault < 0.4 {
         let after = Duration::from_millis(rng.random_range(0..1500));
@@ -180,14 +227,19 @@ async fn one_run(
             _ = tokio::time::sleep(after) => {}
         }
         let Some(pid) = child.id() else { return };
+        // Remember which command (mongolock's child) each fault hit, to attribute overlaps.
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let kind = if fault < 0.2 { "sigkill" } else { "sigstop" };
+        lock(&counters.1).extend(children.split_whitespace().map(|c| (c.to_owned(), kind)));
         if fault < 0.2 {
             // SAFETY: kill(2) on our own child.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            counters[1].fetch_add(1, Ordering::Relaxed);
+            counters.0[1].fetch_add(1, Ordering::Relaxed);
         } else {
             // SAFETY: as above.
             unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-            counters[2].fetch_add(1, Ordering::Relaxed);
+            counters.0[2].fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(CLI_TTL.mul_f64(rng.random_range(1.5..3.0))).await;
             // SAFETY: as above.
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };

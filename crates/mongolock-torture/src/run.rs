@@ -369,11 +369,13 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
                 c.cli_overlap(o.clone());
             }
             format!(
-                "runs={},killed={},stopped={},overlaps={}",
+                "runs={},killed={},stopped={},overlaps={},overlap_episodes={:?},stale_dirs={}",
                 r.runs,
                 r.killed,
                 r.stopped,
-                r.overlaps.len()
+                r.overlaps.len(),
+                r.episodes,
+                r.stale
             )
         }
         (None, Some(why)) => format!("skipped: {why}"),
