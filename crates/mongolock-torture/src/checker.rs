@@ -28,6 +28,8 @@ pub struct Grant {
     pub end_us: i64,
     /// Whether the lease was ended by a release (otherwise it ran out or was taken over).
     pub released: bool,
+    /// Who held it (the lock document's `holder.app`: the worker id), if known.
+    pub holder: String,
 }
 
 /// A fenced write the resource accepted, in acceptance order per name.
@@ -170,15 +172,18 @@ impl Checker {
                 self.max_inversion_us = self.max_inversion_us.max(prev.end_us - grant.start_us);
             } else if grant.start_us < prev.end_us {
                 let evidence = format!(
-                    "name {:?}: lease {} (tokens {:?}) held [{}, {}) (never released) but lease \
-                     {} (tokens {:?}) was granted at {}, {} µs before the earlier lease expired",
+                    "name {:?}: lease {} (tokens {:?}, holder {:?}) held [{}, {}) (never released) \
+                     but lease {} (tokens {:?}, holder {:?}) was granted at {}, {} µs before the \
+                     earlier lease expired",
                     grant.name,
                     prev.lease,
                     prev.tokens,
+                    prev.holder,
                     fmt_time(prev.start_us),
                     fmt_time(prev.end_us),
                     grant.lease,
                     grant.tokens,
+                    grant.holder,
                     fmt_time(grant.start_us),
                     prev.end_us - grant.start_us
                 );
@@ -189,10 +194,11 @@ impl Checker {
             if let Some(&last) = self.last_token.get(&grant.name) {
                 if token <= last {
                     let evidence = format!(
-                        "name {:?}: lease {} granted at {} got token {token}, but token {last} \
-                         had already been issued for this name",
+                        "name {:?}: lease {} (holder {:?}) granted at {} got token {token}, but \
+                         token {last} had already been issued for this name",
                         grant.name,
                         grant.lease,
+                        grant.holder,
                         fmt_time(grant.start_us)
                     );
                     self.violate(ViolationKind::TokenNotIncreasing, evidence);
@@ -342,6 +348,7 @@ mod tests {
             start_us: start,
             end_us: end,
             released: true,
+            holder: "w0".into(),
         }
     }
 

@@ -101,6 +101,7 @@ pub fn uint(v: Option<&Bson>) -> Option<u64> {
 #[derive(Clone, Debug)]
 struct Open {
     lease: String,
+    holder: String,
     tokens: Vec<u64>,
     start_us: i64,
     end_us: i64,
@@ -115,6 +116,7 @@ impl Open {
             start_us: self.start_us,
             end_us: self.end_us,
             released,
+            holder: self.holder,
         }
     }
 }
@@ -206,8 +208,13 @@ impl LockHistory {
                     }
                     self.grants_opened += 1;
                     let start = acquired.unwrap_or(i64::MIN);
+                    let holder = match self.field(&state.doc, "holder.app") {
+                        Some(Bson::String(s)) => s.clone(),
+                        _ => String::new(),
+                    };
                     state.open = Some(Open {
                         lease,
+                        holder,
                         tokens: token.into_iter().collect(),
                         start_us: start,
                         end_us: expires.unwrap_or(start),

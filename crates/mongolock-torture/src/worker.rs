@@ -129,7 +129,10 @@ impl Env {
                 tokens: vec![guard.fencing_token()],
                 start_us: system_us(guard.acquired_at()),
                 end_us: end,
-                released: end_us.is_some(),
+                // `end` is a lower bound of the true end (taken before release was called),
+                // so the checker must compare it strictly, as for a lease that ran out.
+                released: false,
+                holder: self.cfg.worker.clone(),
             };
             match grants.lock() {
                 Ok(mut g) => g.push(grant),
