@@ -7,7 +7,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// Torture test of mongolock: worker processes lock a mix of names under random faults; an
 /// independent checker reads the lock and resource collections (through change streams) and the
-/// workers' logs and reports every violation. Exits 1 on any violation.
+/// workers' logs and reports every violation. Exit status: 0 no violation, 1 violations, 2 the
+/// run could not be set up, 3 the recorded history is incomplete (nothing is proven).
 #[derive(Debug, Parser)]
 #[command(name = "mongolock-torture", version)]
 pub struct Cli {

@@ -44,6 +44,8 @@ pub struct Progress {
     pub events: AtomicU64,
     /// Times a change stream had to be reopened.
     pub resumes: AtomicU64,
+    /// Times reopening failed (events may have been missed: the history is incomplete).
+    pub gaps: AtomicU64,
 }
 
 /// A lock name: the `_id` when it is a string.
@@ -94,7 +96,10 @@ pub async fn follow(
                     }
                     match w.await {
                         Ok(s) => stream = s,
-                        Err(e) => eprintln!("torture: recorder: cannot resume: {e}"),
+                        Err(e) => {
+                            progress.gaps.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("torture: recorder: cannot resume: {e}");
+                        }
                     }
                     continue;
                 }

@@ -51,6 +51,9 @@ pub struct Summary {
     /// Grants whose `acquiredAt` is earlier than the preceding release's time (not violations:
     /// see `Checker::release_stamp_inversions`), and the largest difference in µs.
     pub release_stamp_inversions: (u64, i64),
+    /// Change streams reopened by the recorder, and reopenings that failed (a non-zero value
+    /// means the history may be incomplete; the run then fails).
+    pub recorder_resumes: (u64, u64),
     /// CLI check: commands run, mongolock processes killed / stopped; or why it was skipped.
     pub cli: String,
     /// Duration in seconds.
@@ -107,6 +110,7 @@ impl Summary {
             violations_total: checker.total(),
             first_violations: checker.first().iter().map(|v| v.to_string()).collect(),
             release_stamp_inversions: checker.release_stamp_inversions(),
+            recorder_resumes: (0, 0),
             cli: "skipped".into(),
             duration_secs: secs,
             rate: if secs > 0.0 {
@@ -128,7 +132,7 @@ impl Summary {
         format!(
             "torture: backend={} seed={} workers={} acquisitions={} (workers logged {}) \
              writes accepted={} refused={} failed={} lost_seen={} ran_out={} ttl_deletes={} \
-             restarts={} stamp_inversions={}(max {}µs) faults[{}] fired[{}] cli[{}] violations={} [{}] duration={:.1}s \
+             restarts={} stamp_inversions={}(max {}µs) recorder_resumes={}(failed {}) faults[{}] fired[{}] cli[{}] violations={} [{}] duration={:.1}s \
              rate={:.0}/s",
             self.backend,
             self.seed,
@@ -144,6 +148,8 @@ impl Summary {
             self.restarts,
             self.release_stamp_inversions.0,
             self.release_stamp_inversions.1,
+            self.recorder_resumes.0,
+            self.recorder_resumes.1,
             join(&self.faults),
             join(&self.faults_fired),
             self.cli,
