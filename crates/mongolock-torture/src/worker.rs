@@ -405,8 +405,17 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
 /// The election run loop: while leader, fenced writes with the term as token; steps down
 /// after a few.
 async fn lead(env: Arc<Env>, seed: u64) {
-    let mut stop = env.stop.clone();
     let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(seed)));
+    // `run_until` returns on a permanent error (e.g. an injected WriteConflict): log it and run
+    // it again, until the worker stops.
+    while !env.stopped() {
+        lead_once(&env, &rng).await;
+    }
+}
+
+/// One `run_until` until it returns.
+async fn lead_once(env: &Arc<Env>, rng: &Arc<Mutex<StdRng>>) {
+    let mut stop = env.stop.clone();
     let result = env
         .election
         .run_until(
@@ -444,6 +453,7 @@ async fn lead(env: Arc<Env>, seed: u64) {
         .await;
     if let Err(e) = result {
         env.error("run_until", e);
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
