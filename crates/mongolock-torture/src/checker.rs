@@ -1,0 +1,456 @@
+//! The independent checker: it sees only what the recorder read from the database (grants of
+//! the lock collections, accepted writes of the resource collection), what the workers wrote in
+//! their logs, the final state of the lock collections and what the CLI's commands observed.
+//! It never asks the library anything.
+//!
+//! Every input arrives in the order it happened *per name* (the change stream of a collection
+//! delivers the writes of one document in write order), so each check needs only the previous
+//! record of the same name.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+
+/// One grant of a lock name, closed (its end is known): from the first grant write of a lease
+/// to its release, or its last known expiry when it was taken over, deleted or never released.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Lock name (document locks: `"<collection>:<_id>"`).
+    pub name: String,
+    /// The lease id stored in the lock document.
+    pub lease: String,
+    /// Fencing tokens this lease was given, in write order (a retried grant of the same lease
+    /// increments the token; a fresh document's first grant has none until it is stamped).
+    pub tokens: Vec<u64>,
+    /// Server time (µs since the epoch) of the grant (`acquiredAt`).
+    pub start_us: i64,
+    /// Server time (µs) at which the lease ended: `expiresAt` as set by its release, or the last
+    /// `expiresAt` written while it was held.
+    pub end_us: i64,
+    /// Whether the lease was ended by a release (otherwise it ran out or was taken over).
+    pub released: bool,
+    /// Who held it (the lock document's `holder.app`: the worker id), if known.
+    pub holder: String,
+}
+
+/// A fenced write the resource accepted, in acceptance order per name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcceptedWrite {
+    /// Resource name (the lock name).
+    pub name: String,
+    /// Fencing token presented with the write.
+    pub token: u64,
+    /// Unique id of the write (chosen by the worker, logged before the write was sent).
+    pub write_id: String,
+    /// Worker that sent it.
+    pub worker: String,
+    /// Server time (µs) of acceptance (`$$NOW`).
+    pub at_us: i64,
+}
+
+/// A line of a worker's log that the checker uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkerEvent {
+    /// The worker checked `is_lost()` before a fenced write and saw `true`.
+    Lost { name: String, token: u64 },
+    /// The worker is about to send a fenced write (logged before sending).
+    Intent {
+        name: String,
+        token: u64,
+        write_id: String,
+    },
+}
+
+/// What kind of rule was broken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ViolationKind {
+    /// Two distinct grants of one name overlap in server time.
+    Overlap,
+    /// A fencing token was not larger than every earlier token of its name.
+    TokenNotIncreasing,
+    /// The resource accepted a token smaller than one it had accepted before.
+    StaleWriteAccepted,
+    /// A worker sent a fenced write under a lease after it had seen that lease lost.
+    WriteAfterLost,
+    /// The resource accepted a write that no worker logged (the log is written before sending).
+    UnloggedWrite,
+    /// A lease was still held after the run ended and every lease had had time to expire.
+    HeldAfterEnd,
+    /// Two `mongolock exec` commands on one lock ran at the same time.
+    CliOverlap,
+}
+
+impl ViolationKind {
+    /// Every kind, in report order.
+    pub const ALL: [ViolationKind; 7] = [
+        ViolationKind::Overlap,
+        ViolationKind::TokenNotIncreasing,
+        ViolationKind::StaleWriteAccepted,
+        ViolationKind::WriteAfterLost,
+        ViolationKind::UnloggedWrite,
+        ViolationKind::HeldAfterEnd,
+        ViolationKind::CliOverlap,
+    ];
+
+    /// Short name used in the summary.
+    pub fn label(self) -> &'static str {
+        match self {
+            ViolationKind::Overlap => "overlap",
+            ViolationKind::TokenNotIncreasing => "token_not_increasing",
+            ViolationKind::StaleWriteAccepted => "stale_write_accepted",
+            ViolationKind::WriteAfterLost => "write_after_lost",
+            ViolationKind::UnloggedWrite => "unlogged_write",
+            ViolationKind::HeldAfterEnd => "held_after_end",
+            ViolationKind::CliOverlap => "cli_overlap",
+        }
+    }
+}
+
+/// One broken rule with its evidence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Which rule.
+    pub kind: ViolationKind,
+    /// Names, tokens, lease ids, server times, worker ids.
+    pub evidence: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.label(), self.evidence)
+    }
+}
+
+/// Formats server time in µs as RFC 3339 with microseconds.
+pub fn fmt_time(us: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_micros(us.max(0) as u64);
+    humantime::format_rfc3339_micros(t).to_string()
+}
+
+/// How many violations are kept with their evidence (all are counted).
+const KEEP: usize = 50;
+
+/// The checker's state: the last grant and the largest token per name, the largest accepted
+/// token per resource, the writes accepted, the violations.
+#[derive(Default)]
+pub struct Checker {
+    last_grant: HashMap<String, Grant>,
+    last_token: HashMap<String, u64>,
+    max_accepted: HashMap<String, (u64, AcceptedWrite)>,
+    accepted_ids: HashMap<String, (String, u64)>,
+    logged_ids: HashSet<String>,
+    counts: BTreeMap<ViolationKind, u64>,
+    kept: Vec<Violation>,
+    grants: u64,
+    accepted: u64,
+    inversions: u64,
+    max_inversion_us: i64,
+}
+
+impl Checker {
+    /// An empty checker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn violate(&mut self, kind: ViolationKind, evidence: String) {
+        *self.counts.entry(kind).or_default() += 1;
+        if self.kept.len() < KEEP {
+            self.kept.push(Violation { kind, evidence });
+        }
+    }
+
+    /// A closed grant, in grant order per name. Checks (1) no overlap with the previous grant of
+    /// the name and (2) every token larger than every earlier token of the name.
+    pub fn grant(&mut self, grant: Grant) {
+        self.grants += 1;
+        if let Some(prev) = self.last_grant.get(&grant.name) {
+            if prev.released && grant.start_us < prev.end_us {
+                // Not an overlap: the release came first in write order (the change stream
+                // shows it before this grant), but `$$NOW` is fixed when a command *starts*, so
+                // a grant that started before the release was applied carries an earlier time.
+                self.inversions += 1;
+                self.max_inversion_us = self.max_inversion_us.max(prev.end_us - grant.start_us);
+            } else if grant.start_us < prev.end_us {
+                let evidence = format!(
+                    "name {:?}: lease {} (tokens {:?}, holder {:?}) held [{}, {}) (never released) \
+                     but lease {} (tokens {:?}, holder {:?}) was granted at {}, {} µs before the \
+                     earlier lease expired",
+                    grant.name,
+                    prev.lease,
+                    prev.tokens,
+                    prev.holder,
+                    fmt_time(prev.start_us),
+                    fmt_time(prev.end_us),
+                    grant.lease,
+                    grant.tokens,
+                    grant.holder,
+                    fmt_time(grant.start_us),
+                    prev.end_us - grant.start_us
+                );
+                self.violate(ViolationKind::Overlap, evidence);
+            }
+        }
+        for &token in &grant.tokens {
+            if let Some(&last) = self.last_token.get(&grant.name) {
+                if token <= last {
+                    let evidence = format!(
+                        "name {:?}: lease {} (holder {:?}) granted at {} got token {token}, but \
+                         token {last} had already been issued for this name",
+                        grant.name,
+                        grant.lease,
+                        grant.holder,
+                        fmt_time(grant.start_us)
+                    );
+                    self.violate(ViolationKind::TokenNotIncreasing, evidence);
+                }
+            }
+            let entry = self.last_token.entry(grant.name.clone()).or_insert(token);
+            *entry = (*entry).max(token);
+        }
+        self.last_grant.insert(grant.name.clone(), grant);
+    }
+
+    /// A write the resource accepted, in acceptance order per name. Checks (3).
+    pub fn accepted_write(&mut self, write: AcceptedWrite) {
+        self.accepted += 1;
+        self.accepted_ids
+            .insert(write.write_id.clone(), (write.name.clone(), write.token));
+        if let Some((max, earlier)) = self.max_accepted.get(&write.name) {
+            if write.token < *max {
+                let evidence = format!(
+                    "resource {:?}: accepted write {} (token {}, worker {}) at {} after it had \
+                     accepted write {} (token {max}, worker {}) at {}",
+                    write.name,
+                    write.write_id,
+                    write.token,
+                    write.worker,
+                    fmt_time(write.at_us),
+                    earlier.write_id,
+                    earlier.worker,
+                    fmt_time(earlier.at_us)
+                );
+                self.violate(ViolationKind::StaleWriteAccepted, evidence);
+                return;
+            }
+        }
+        self.max_accepted
+            .insert(write.name.clone(), (write.token, write));
+    }
+
+    /// One worker's log, in the order it was written. Checks (4): no fenced write intended
+    /// under a lease after the worker saw that lease lost.
+    pub fn worker_log(&mut self, worker: &str, events: impl IntoIterator<Item = WorkerEvent>) {
+        let mut lost: HashSet<(String, u64)> = HashSet::new();
+        for event in events {
+            match event {
+                WorkerEvent::Lost { name, token } => {
+                    lost.insert((name, token));
+                }
+                WorkerEvent::Intent {
+                    name,
+                    token,
+                    write_id,
+                } => {
+                    if lost.contains(&(name.clone(), token)) {
+                        let accepted = if self.accepted_ids.contains_key(&write_id) {
+                            "accepted by the resource"
+                        } else {
+                            "not accepted"
+                        };
+                        let evidence = format!(
+                            "worker {worker}: fenced write {write_id} on {name:?} with token \
+                             {token} sent after the worker had seen that lease lost ({accepted})"
+                        );
+                        self.violate(ViolationKind::WriteAfterLost, evidence);
+                    }
+                    self.logged_ids.insert(write_id);
+                }
+            }
+        }
+    }
+
+    /// After every worker log was read: every accepted write must have been logged.
+    pub fn check_writes_logged(&mut self) {
+        let mut unlogged: Vec<(String, String, u64)> = self
+            .accepted_ids
+            .iter()
+            .filter(|(id, _)| !self.logged_ids.contains(*id))
+            .map(|(id, (name, token))| (id.clone(), name.clone(), *token))
+            .collect();
+        unlogged.sort();
+        for (id, name, token) in unlogged {
+            self.violate(
+                ViolationKind::UnloggedWrite,
+                format!(
+                    "resource {name:?} accepted write {id} (token {token}) that no worker logged"
+                ),
+            );
+        }
+    }
+
+    /// A lease still held when nothing may hold one (5).
+    pub fn held_after_end(&mut self, name: &str, lease: &str, expires_us: i64) {
+        self.violate(
+            ViolationKind::HeldAfterEnd,
+            format!(
+                "name {name:?}: lease {lease} still held after the run ended (expires at {})",
+                fmt_time(expires_us)
+            ),
+        );
+    }
+
+    /// Two CLI commands ran at the same time (6).
+    pub fn cli_overlap(&mut self, evidence: String) {
+        self.violate(ViolationKind::CliOverlap, evidence);
+    }
+
+    /// Violations by kind.
+    pub fn counts(&self) -> &BTreeMap<ViolationKind, u64> {
+        &self.counts
+    }
+
+    /// Total violations.
+    pub fn total(&self) -> u64 {
+        self.counts.values().sum()
+    }
+
+    /// The first violations, with their evidence.
+    pub fn first(&self) -> &[Violation] {
+        &self.kept
+    }
+
+    /// Closed grants checked.
+    pub fn grants_checked(&self) -> u64 {
+        self.grants
+    }
+
+    /// Grants stamped (`acquiredAt`) earlier than the preceding release of their name, which
+    /// the change stream shows *before* them; and the largest such difference in µs.
+    pub fn release_stamp_inversions(&self) -> (u64, i64) {
+        (self.inversions, self.max_inversion_us)
+    }
+
+    /// Accepted writes checked.
+    pub fn writes_checked(&self) -> u64 {
+        self.accepted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(name: &str, lease: &str, token: u64, start: i64, end: i64) -> Grant {
+        Grant {
+            name: name.into(),
+            lease: lease.into(),
+            tokens: vec![token],
+            start_us: start,
+            end_us: end,
+            released: true,
+            holder: "w0".into(),
+        }
+    }
+
+    fn write(name: &str, token: u64, id: &str) -> AcceptedWrite {
+        AcceptedWrite {
+            name: name.into(),
+            token,
+            write_id: id.into(),
+            worker: "w0".into(),
+            at_us: 0,
+        }
+    }
+
+    #[test]
+    fn a_clean_history_has_no_violation() {
+        let mut c = Checker::new();
+        c.grant(grant("a", "l1", 1, 0, 10));
+        c.grant(grant("a", "l2", 2, 10, 20));
+        c.grant(grant("b", "l3", 1, 5, 15));
+        c.accepted_write(write("a", 1, "x1"));
+        c.accepted_write(write("a", 1, "x2"));
+        c.accepted_write(write("a", 2, "x3"));
+        c.worker_log(
+            "w0",
+            ["x1", "x2", "x3"].map(|id| WorkerEvent::Intent {
+                name: "a".into(),
+                token: 1,
+                write_id: id.into(),
+            }),
+        );
+        c.check_writes_logged();
+        assert_eq!(c.total(), 0, "{:?}", c.first());
+    }
+
+    #[test]
+    fn a_grant_stamped_before_the_preceding_release_is_not_an_overlap() {
+        let mut c = Checker::new();
+        c.grant(grant("a", "l1", 1, 0, 10));
+        c.grant(grant("a", "l2", 2, 9, 20));
+        assert_eq!(c.total(), 0);
+        assert_eq!(c.release_stamp_inversions(), (1, 1));
+    }
+
+    #[test]
+    fn detects_a_planted_overlap() {
+        let mut c = Checker::new();
+        // l1 was never released: l2 took over 1 µs before l1's lease ran out.
+        c.grant(Grant {
+            released: false,
+            ..grant("a", "l1", 1, 0, 10)
+        });
+        c.grant(grant("a", "l2", 2, 9, 20));
+        assert_eq!(c.counts().get(&ViolationKind::Overlap), Some(&1));
+        assert!(c.first()[0].evidence.contains("l1"));
+        assert!(c.first()[0].evidence.contains("l2"));
+    }
+
+    #[test]
+    fn detects_a_planted_repeated_token_and_a_decrease() {
+        let mut c = Checker::new();
+        c.grant(grant("a", "l1", 5, 0, 10));
+        c.grant(grant("a", "l2", 5, 10, 20));
+        c.grant(grant("a", "l3", 3, 20, 30));
+        assert_eq!(c.counts().get(&ViolationKind::TokenNotIncreasing), Some(&2));
+    }
+
+    #[test]
+    fn detects_a_planted_stale_accepted_write() {
+        let mut c = Checker::new();
+        c.accepted_write(write("a", 7, "x1"));
+        c.accepted_write(write("a", 6, "x2"));
+        assert_eq!(c.counts().get(&ViolationKind::StaleWriteAccepted), Some(&1));
+        assert!(c.first()[0].evidence.contains("x2"));
+    }
+
+    #[test]
+    fn detects_a_planted_write_after_lost() {
+        let mut c = Checker::new();
+        c.accepted_write(write("a", 3, "x1"));
+        c.worker_log(
+            "w1",
+            [
+                WorkerEvent::Lost {
+                    name: "a".into(),
+                    token: 3,
+                },
+                WorkerEvent::Intent {
+                    name: "a".into(),
+                    token: 3,
+                    write_id: "x1".into(),
+                },
+            ],
+        );
+        assert_eq!(c.counts().get(&ViolationKind::WriteAfterLost), Some(&1));
+        assert!(c.first()[0].evidence.contains("accepted by the resource"));
+    }
+
+    #[test]
+    fn detects_an_unlogged_write() {
+        let mut c = Checker::new();
+        c.accepted_write(write("a", 3, "ghost"));
+        c.check_writes_logged();
+        assert_eq!(c.counts().get(&ViolationKind::UnloggedWrite), Some(&1));
+    }
+}

@@ -1,0 +1,249 @@
+//! Check (6): `mongolock exec` commands on one lock never overlap. Each command runs
+//! `mkdir D && sleep r && rmdir D` on a shared directory D that must not exist when it starts;
+//! a failed `mkdir` is an overlap and is appended to a log. With `--cli-faults`, `mongolock`
+//! processes (not their commands) are SIGKILLed or SIGSTOPped for longer than the lease.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::process::Command;
+use tokio::sync::watch;
+
+/// The command each `mongolock exec` runs. A TERM (mongolock stopping it after losing the lock)
+/// removes the directory if this command created it.
+const SCRIPT: &str = r#"trap 'if [ -n "$M" ]; then rm -f "$D.owner"; rmdir "$D"; fi; exit 143' TERM
+if ! mkdir "$D" 2>/dev/null; then
+  owner=$(cat "$D.owner" 2>/dev/null)
+  pid=${owner#* }
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN started while the command with token ${owner% *} (pid $pid) was still running" >> "$LOG"
+    exit 99
+  fi
+  if [ -z "$owner" ]; then
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN started while another command (owner not yet recorded) held $D" >> "$LOG"
+    exit 99
+  fi
+  # Left behind by a command killed with SIGKILL before it could clean up: not an overlap.
+  echo "stale: $owner" >> "$LOG.stale"
+  rm -f "$D.owner"; rmdir "$D" 2>/dev/null
+  mkdir "$D" || { echo "overlap: token $MONGOLOCK_FENCING_TOKEN lost a race for $D" >> "$LOG"; exit 99; }
+fi
+M=1
+echo "$MONGOLOCK_FENCING_TOKEN $$" > "$D.owner"
+sleep "$R" &
+wait $!
+rm -f "$D.owner"
+rmdir "$D"
+"#;
+
+/// Where to find the `mongolock` binary: `--mongolock-bin` / `MONGOLOCK_BIN`, else next to this
+/// program (`target/<profile>/mongolock`, built by `cargo build --workspace` / `cargo test
+/// --workspace`).
+pub fn find_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("{} does not exist", p.display()))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut candidates = Vec::new();
+    if let Some(dir) = exe.parent() {
+        candidates.push(dir.join("mongolock"));
+        if let Some(up) = dir.parent() {
+            // Test binaries live in target/<profile>/deps.
+            candidates.push(up.join("mongolock"));
+        }
+    }
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "no mongolock binary at {} (build it with `cargo build -p mongolock-cli`, or pass \
+                 --mongolock-bin / MONGOLOCK_BIN)",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )
+        })
+}
+
+/// Settings of the CLI check.
+#[derive(Clone, Debug)]
+pub struct CliPlan {
+    /// The `mongolock` binary.
+    pub bin: PathBuf,
+    /// MongoDB URI and database.
+    pub uri: String,
+    /// Database.
+    pub db: String,
+    /// Concurrent `mongolock exec` loops.
+    pub loops: usize,
+    /// SIGKILL / SIGSTOP mongolock processes.
+    pub faults: bool,
+    /// Run directory.
+    pub dir: PathBuf,
+    /// Seed.
+    pub seed: u64,
+}
+
+/// What the CLI check saw.
+#[derive(Debug, Default)]
+pub struct CliReport {
+    /// Commands started by mongolock.
+    pub runs: u64,
+    /// mongolock processes SIGKILLed.
+    pub killed: u64,
+    /// mongolock processes SIGSTOPped.
+    pub stopped: u64,
+    /// Overlap lines written by the commands.
+    pub overlaps: Vec<String>,
+    /// Overlap episodes (distinct still-running commands that a new holder found), by the fault
+    /// that hit the old command's mongolock (`sigkill`, `sigstop`, or `none`).
+    pub episodes: BTreeMap<String, u64>,
+    /// Directories found left behind by a dead command (not overlaps).
+    pub stale: u64,
+}
+
+/// Commands run, mongolock processes killed, stopped; and (command pid, fault) pairs.
+type Counters = ([AtomicU64; 3], Mutex<Vec<(String, &'static str)>>);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Lease of the CLI's locks.
+const CLI_TTL: Duration = Duration::from_secs(1);
+
+/// Runs the loops until `stop`; returns what happened.
+pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
+    let shared = plan.dir.join("cli-mutex");
+    let _ = std::fs::remove_file(shared.with_extension("owner"));
+    let _ = std::fs::remove_dir(&shared);
+    let log = plan.dir.join("cli-overlaps.log");
+    let counters: Arc<Counters> = Arc::new(Default::default());
+    let mut loops = Vec::new();
+    for i in 0..plan.loops {
+        let plan = plan.clone();
+        let (shared, log, counters) = (shared.clone(), log.clone(), counters.clone());
+        let mut stop = stop.clone();
+        loops.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(plan.seed.wrapping_add(i as u64));
+            while !*stop.borrow() {
+                tokio::select! {
+                    _ = one_run(&plan, &shared, &log, &mut rng, &counters) => {}
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+            }
+        }));
+    }
+    for l in loops {
+        let _ = l.await;
+    }
+    // Let orphaned commands (whose mongolock was killed) finish before reading the log.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let overlaps: Vec<String> = std::fs::read_to_string(&log)
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut owners: Vec<String> = overlaps
+        .iter()
+        .filter_map(|l: &String| l.split("(pid ").nth(1))
+        .filter_map(|r| r.split(')').next())
+        .map(str::to_owned)
+        .collect();
+    owners.sort();
+    owners.dedup();
+    let hit = lock(&counters.1).clone();
+    let mut episodes = BTreeMap::new();
+    for o in owners {
+        let kind = hit
+            .iter()
+            .find(|(p, _)| *p == o)
+            .map_or("none", |(_, k)| *k);
+        *episodes.entry(kind.to_owned()).or_default() += 1;
+    }
+    let stale = std::fs::read_to_string(plan.dir.join("cli-overlaps.log.stale"))
+        .map(|s| s.lines().count() as u64)
+        .unwrap_or(0);
+    CliReport {
+        episodes,
+        stale,
+        runs: counters.0[0].load(Ordering::Relaxed),
+        killed: counters.0[1].load(Ordering::Relaxed),
+        stopped: counters.0[2].load(Ordering::Relaxed),
+        overlaps,
+    }
+}
+
+async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, counters: &Counters) {
+    let sleep = format!("{:.3}", rng.random_range(0.05..2.5_f64));
+    let child = Command::new(&plan.bin)
+        .args([
+            "--uri",
+            &plan.uri,
+            "--db",
+            &plan.db,
+            "--collection",
+            "cli_locks",
+        ])
+        .args(["exec", "--ttl", "1s", "--grace", "300ms", "cli-lock", "--"])
+        .args(["sh", "-c", SCRIPT])
+        .env("D", shared)
+        .env("LOG", log)
+        .env("R", sleep)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("torture: cannot run {}: {e}", plan.bin.display());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return;
+        }
+    };
+    counters.0[0].fetch_add(1, Ordering::Relaxed);
+    let fault: f64 = rng.random();
+    if plan.faults && fault < 0.4 {
+        let after = Duration::from_millis(rng.random_range(0..1500));
+        tokio::select! {
+            _ = child.wait() => return,
+            _ = tokio::time::sleep(after) => {}
+        }
+        let Some(pid) = child.id() else { return };
+        // Remember which command (mongolock's child) each fault hit, to attribute overlaps.
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let kind = if fault < 0.2 { "sigkill" } else { "sigstop" };
+        lock(&counters.1).extend(children.split_whitespace().map(|c| (c.to_owned(), kind)));
+        if fault < 0.2 {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            counters.0[1].fetch_add(1, Ordering::Relaxed);
+        } else {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+            counters.0[2].fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(CLI_TTL.mul_f64(rng.random_range(1.5..3.0))).await;
+            // SAFETY: as above.
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+    }
+    let _ = child.wait().await;
+}

@@ -1,0 +1,74 @@
+//! What a worker needs to know, passed from the orchestrator to each worker process as JSON in
+//! the environment variable [`WORKER_CONFIG_ENV`], and the names it locks.
+
+use std::path::PathBuf;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// Environment variable carrying a worker's [`WorkerConfig`] as JSON.
+pub const WORKER_CONFIG_ENV: &str = "MONGOLOCK_TORTURE_WORKER";
+
+/// Application name of the workers' MongoDB clients: fail points are aimed at it, so the
+/// recorder, the fault injector and the final checks are never hit.
+pub const WORKER_APP_NAME: &str = "torture-worker";
+
+/// Lock collection of the named locks and elections.
+pub const LOCK_COLLECTION: &str = "locks";
+/// Collection of the documents locked in place (document locks).
+pub const JOBS_COLLECTION: &str = "jobs";
+/// Lock field of the document locks.
+pub const JOBS_LOCK_FIELD: &str = "_lock";
+/// Role of the election.
+pub const ELECTION_ROLE: &str = "leader";
+
+/// A worker's configuration.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkerConfig {
+    /// MongoDB URI (unused by the memory backend).
+    pub uri: String,
+    /// Database of the run.
+    pub db: String,
+    /// Worker id (`w3`) and incarnation (restarts after SIGKILL).
+    pub worker: String,
+    /// Seed of this worker incarnation's random choices.
+    pub seed: u64,
+    /// Concurrent loops in the worker.
+    pub tasks: usize,
+    /// Lease duration in ms.
+    pub lease_ms: u64,
+    /// Hot names (many contenders).
+    pub hot_names: usize,
+    /// Cold names (rarely contended; their documents expire and are TTL-deleted).
+    pub cold_names: usize,
+    /// Documents in the jobs collection.
+    pub jobs: usize,
+    /// Delay after expiry before the TTL index may delete a lock document (whole seconds).
+    pub cleanup_after_secs: u64,
+    /// Whether the worker's lock backend polls instead of following the change stream.
+    pub polling: bool,
+    /// Whether futures are dropped at random points.
+    pub drop_futures: bool,
+    /// The worker's log file.
+    pub log: PathBuf,
+}
+
+/// A lock name of the mix.
+pub fn hot_name(i: usize) -> String {
+    format!("hot-{i}")
+}
+
+/// A cold lock name.
+pub fn cold_name(i: usize) -> String {
+    format!("cold-{i}")
+}
+
+/// Picks a hot name.
+pub fn pick_hot(rng: &mut impl Rng, cfg: &WorkerConfig) -> String {
+    hot_name(rng.random_range(0..cfg.hot_names.max(1)))
+}
+
+/// Picks a cold name.
+pub fn pick_cold(rng: &mut impl Rng, cfg: &WorkerConfig) -> String {
+    cold_name(rng.random_range(0..cfg.cold_names.max(1)))
+}

@@ -1,0 +1,445 @@
+//! Rebuilds, from a collection's change events, the history of every lock name (grants,
+//! extensions, releases, deletions) and of every resource (accepted fenced writes).
+//!
+//! It relies only on the documented shape of the documents (`leaseId`, `fencingToken`,
+//! `acquiredAt`, `expiresAt`, optionally under a lock field such as `_lock`), ignores every other
+//! field, and keeps a copy of each document to which it applies `updatedFields` /
+//! `removedFields` (with dotted paths), so it never depends on `fullDocument: "updateLookup"`
+//! (which shows the document as it is *now*, not as the write left it).
+
+use std::collections::HashMap;
+
+use mongodb::bson::{Bson, Document};
+
+use crate::checker::{AcceptedWrite, Grant};
+
+/// What happened to a document, as read from a change event.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// `insert` or `replace`: the whole new document.
+    Full(Document),
+    /// `update`: the fields written (dotted paths allowed) and the fields removed.
+    Update {
+        updated: Document,
+        removed: Vec<String>,
+    },
+    /// `delete` (for lock documents: the TTL monitor).
+    Delete,
+}
+
+/// Applies `updatedFields` / `removedFields` to a stored copy of a document.
+pub fn apply_update(doc: &mut Document, updated: &Document, removed: &[String]) {
+    for (path, value) in updated {
+        set_path(doc, path, value.clone());
+    }
+    for path in removed {
+        remove_path(doc, path);
+    }
+}
+
+fn set_path(doc: &mut Document, path: &str, value: Bson) {
+    match path.split_once('.') {
+        None => {
+            doc.insert(path, value);
+        }
+        Some((head, rest)) => {
+            if !matches!(doc.get(head), Some(Bson::Document(_))) {
+                doc.insert(head, Document::new());
+            }
+            if let Some(Bson::Document(inner)) = doc.get_mut(head) {
+                set_path(inner, rest, value);
+            }
+        }
+    }
+}
+
+fn remove_path(doc: &mut Document, path: &str) {
+    match path.split_once('.') {
+        None => {
+            doc.remove(path);
+        }
+        Some((head, rest)) => {
+            if let Some(Bson::Document(inner)) = doc.get_mut(head) {
+                remove_path(inner, rest);
+            }
+        }
+    }
+}
+
+/// Reads a (possibly dotted) path.
+pub fn get_path<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
+    match path.split_once('.') {
+        None => doc.get(path),
+        Some((head, rest)) => match doc.get(head) {
+            Some(Bson::Document(inner)) => get_path(inner, rest),
+            _ => None,
+        },
+    }
+}
+
+/// A date (or integer milliseconds) as µs since the epoch.
+pub fn micros(v: Option<&Bson>) -> Option<i64> {
+    match v? {
+        Bson::DateTime(d) => Some(d.timestamp_millis().saturating_mul(1000)),
+        Bson::Int64(i) => Some(i.saturating_mul(1000)),
+        Bson::Int32(i) => Some(i64::from(*i) * 1000),
+        _ => None,
+    }
+}
+
+/// A non-negative integer.
+pub fn uint(v: Option<&Bson>) -> Option<u64> {
+    match v? {
+        Bson::Int64(i) => u64::try_from(*i).ok(),
+        Bson::Int32(i) => u64::try_from(*i).ok(),
+        Bson::Double(f) if *f >= 0.0 && f.fract() == 0.0 => Some(*f as u64),
+        _ => None,
+    }
+}
+
+/// The lease currently open on a name.
+#[derive(Clone, Debug)]
+struct Open {
+    lease: String,
+    holder: String,
+    tokens: Vec<u64>,
+    start_us: i64,
+    end_us: i64,
+}
+
+impl Open {
+    fn close(self, name: &str, released: bool) -> Grant {
+        Grant {
+            name: name.to_owned(),
+            lease: self.lease,
+            tokens: self.tokens,
+            start_us: self.start_us,
+            end_us: self.end_us,
+            released,
+            holder: self.holder,
+        }
+    }
+}
+
+/// Per name: the stored copy of the document and the lease open on it.
+#[derive(Default)]
+struct NameState {
+    doc: Document,
+    open: Option<Open>,
+}
+
+/// The grant history of one lock collection.
+pub struct LockHistory {
+    /// Prefix of the lock fields: `""` for a lock collection, `"_lock."` for document locks.
+    prefix: String,
+    names: HashMap<String, NameState>,
+    grants_opened: u64,
+    deletes: u64,
+}
+
+impl LockHistory {
+    /// A history of the lock fields found under `lock_field` (`None`: top level).
+    pub fn new(lock_field: Option<&str>) -> Self {
+        LockHistory {
+            prefix: lock_field.map(|f| format!("{f}.")).unwrap_or_default(),
+            names: HashMap::new(),
+            grants_opened: 0,
+            deletes: 0,
+        }
+    }
+
+    fn field<'a>(&self, doc: &'a Document, name: &str) -> Option<&'a Bson> {
+        get_path(doc, &format!("{}{name}", self.prefix))
+    }
+
+    /// Grants opened so far (the acquisitions the recorder saw).
+    pub fn grants_opened(&self) -> u64 {
+        self.grants_opened
+    }
+
+    /// Documents deleted so far (TTL cleanup).
+    pub fn deletes(&self) -> u64 {
+        self.deletes
+    }
+
+    /// One change of the document of `name`; returns the grants it closed.
+    pub fn apply(&mut self, name: &str, change: Change) -> Vec<Grant> {
+        let mut closed = Vec::new();
+        let mut state = self.names.remove(name).unwrap_or_default();
+        match change {
+            Change::Delete => {
+                self.deletes += 1;
+                if let Some(open) = state.open.take() {
+                    closed.push(open.close(name, false));
+                }
+                // Forget the name entirely: its next document starts afresh (tokens are still
+                // compared by the checker, which remembers them).
+                return closed;
+            }
+            Change::Full(doc) => state.doc = doc,
+            Change::Update { updated, removed } => {
+                apply_update(&mut state.doc, &updated, &removed);
+            }
+        }
+        let lease = match self.field(&state.doc, "leaseId") {
+            Some(Bson::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let token = uint(self.field(&state.doc, "fencingToken"));
+        let acquired = micros(self.field(&state.doc, "acquiredAt"));
+        let expires = micros(self.field(&state.doc, "expiresAt"));
+        match lease {
+            Some(lease) => {
+                let continuing = state.open.as_ref().is_some_and(|o| o.lease == lease);
+                if continuing {
+                    if let Some(open) = state.open.as_mut() {
+                        if let Some(t) = token {
+                            if open.tokens.last() != Some(&t) {
+                                open.tokens.push(t);
+                            }
+                        }
+                        if let Some(e) = expires {
+                            open.end_us = e;
+                        }
+                    }
+                } else {
+                    if let Some(open) = state.open.take() {
+                        closed.push(open.close(name, false));
+                    }
+                    self.grants_opened += 1;
+                    let start = acquired.unwrap_or(i64::MIN);
+                    let holder = match self.field(&state.doc, "holder.app") {
+                        Some(Bson::String(s)) => s.clone(),
+                        _ => String::new(),
+                    };
+                    state.open = Some(Open {
+                        lease,
+                        holder,
+                        tokens: token.into_iter().collect(),
+                        start_us: start,
+                        end_us: expires.unwrap_or(start),
+                    });
+                }
+            }
+            None => {
+                if let Some(mut open) = state.open.take() {
+                    if let Some(e) = expires {
+                        open.end_us = e;
+                    }
+                    closed.push(open.close(name, true));
+                }
+            }
+        }
+        self.names.insert(name.to_owned(), state);
+        closed
+    }
+
+    /// Closes every lease still open (end of the recording) and returns them.
+    pub fn finish(&mut self) -> Vec<Grant> {
+        let mut closed = Vec::new();
+        for (name, state) in self.names.iter_mut() {
+            if let Some(open) = state.open.take() {
+                closed.push(open.close(name, false));
+            }
+        }
+        closed.sort_by(|a, b| a.name.cmp(&b.name));
+        closed
+    }
+}
+
+/// The accepted-writes history of the resource collection: each document holds `maxToken` and
+/// `last: {token, writeId, worker, at}`, set together by an accepted fenced write.
+#[derive(Default)]
+pub struct ResourceHistory {
+    docs: HashMap<String, Document>,
+}
+
+impl ResourceHistory {
+    /// An empty history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One change of the resource `name`; returns the write it accepted, if any.
+    pub fn apply(&mut self, name: &str, change: Change) -> Option<AcceptedWrite> {
+        let doc = self.docs.entry(name.to_owned()).or_default();
+        let before = match get_path(doc, "last.writeId") {
+            Some(Bson::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        match change {
+            Change::Full(full) => *doc = full,
+            Change::Update { updated, removed } => apply_update(doc, &updated, &removed),
+            Change::Delete => {
+                doc.clear();
+                return None;
+            }
+        }
+        let write_id = match get_path(doc, "last.writeId") {
+            Some(Bson::String(s)) => s.clone(),
+            _ => return None,
+        };
+        if before.as_deref() == Some(write_id.as_str()) {
+            return None;
+        }
+        Some(AcceptedWrite {
+            name: name.to_owned(),
+            token: uint(get_path(doc, "last.token")).unwrap_or(0),
+            write_id,
+            worker: match get_path(doc, "last.worker") {
+                Some(Bson::String(s)) => s.clone(),
+                _ => String::new(),
+            },
+            at_us: micros(get_path(doc, "last.at")).unwrap_or(0),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checker::{Checker, ViolationKind};
+    use mongodb::bson::{doc, DateTime};
+
+    fn at(ms: i64) -> DateTime {
+        DateTime::from_millis(ms)
+    }
+
+    fn grant_doc(lease: &str, token: i64, acquired: i64, expires: i64) -> Document {
+        doc! { "leaseId": lease, "fencingToken": token, "acquiredAt": at(acquired),
+        "expiresAt": at(expires), "holder": { "host": "h" }, "extra": 1 }
+    }
+
+    fn run(events: Vec<Change>) -> Checker {
+        let mut h = LockHistory::new(None);
+        let mut c = Checker::new();
+        for e in events {
+            for g in h.apply("n", e) {
+                c.grant(g);
+            }
+        }
+        for g in h.finish() {
+            c.grant(g);
+        }
+        c
+    }
+
+    #[test]
+    fn grant_extend_release_takeover_is_clean() {
+        let c = run(vec![
+            Change::Full(grant_doc("a", 1, 0, 100)),
+            Change::Update {
+                updated: doc! { "expiresAt": at(150) },
+                removed: vec![],
+            },
+            Change::Update {
+                updated: doc! { "leaseId": Bson::Null, "expiresAt": at(120) },
+                removed: vec![],
+            },
+            Change::Update {
+                updated: grant_doc("b", 2, 130, 230),
+                removed: vec![],
+            },
+            // b ran out; c took over after its expiry.
+            Change::Update {
+                updated: grant_doc("c", 3, 231, 331),
+                removed: vec![],
+            },
+            Change::Delete,
+            // A fresh document after TTL cleanup: unstamped grant, then the stamp.
+            Change::Full(doc! { "leaseId": "d", "fencingToken": Bson::Null,
+            "acquiredAt": at(5000), "expiresAt": at(5100) }),
+            Change::Update {
+                updated: doc! { "fencingToken": 4_294_967_297_i64 },
+                removed: vec![],
+            },
+        ]);
+        assert_eq!(c.total(), 0, "{:?}", c.first());
+        assert_eq!(c.grants_checked(), 4);
+    }
+
+    #[test]
+    fn detects_an_overlap_planted_in_change_events() {
+        let c = run(vec![
+            Change::Full(grant_doc("a", 1, 0, 100)),
+            Change::Update {
+                updated: doc! { "expiresAt": at(150) },
+                removed: vec![],
+            },
+            // b granted at 140 while a's lease runs until 150.
+            Change::Update {
+                updated: grant_doc("b", 2, 140, 240),
+                removed: vec![],
+            },
+        ]);
+        assert_eq!(c.counts().get(&ViolationKind::Overlap), Some(&1));
+    }
+
+    #[test]
+    fn detects_a_token_repeated_across_ttl_deletion() {
+        let c = run(vec![
+            Change::Full(grant_doc("a", 7, 0, 100)),
+            Change::Delete,
+            Change::Full(grant_doc("b", 7, 2000, 2100)),
+        ]);
+        assert_eq!(c.counts().get(&ViolationKind::TokenNotIncreasing), Some(&1));
+    }
+
+    #[test]
+    fn reads_document_lock_fields_under_the_lock_field() {
+        let mut h = LockHistory::new(Some("_lock"));
+        let mut c = Checker::new();
+        let events = vec![
+            Change::Full(doc! { "_id": 1, "job": true }),
+            Change::Update {
+                updated: doc! { "_lock": grant_doc("a", 1, 0, 100) },
+                removed: vec![],
+            },
+            Change::Update {
+                updated: doc! { "_lock.expiresAt": at(300) },
+                removed: vec![],
+            },
+            Change::Update {
+                updated: doc! { "_lock": grant_doc("b", 2, 200, 400) },
+                removed: vec![],
+            },
+        ];
+        for e in events {
+            for g in h.apply("jobs:1", e) {
+                c.grant(g);
+            }
+        }
+        for g in h.finish() {
+            c.grant(g);
+        }
+        assert_eq!(c.counts().get(&ViolationKind::Overlap), Some(&1));
+    }
+
+    #[test]
+    fn resource_history_reports_each_accepted_write_once() {
+        let mut r = ResourceHistory::new();
+        let w = |id: &str, token: i64| {
+            doc! { "_id": "n", "maxToken": token,
+            "last": { "token": token, "writeId": id, "worker": "w1", "at": at(5) } }
+        };
+        assert!(r.apply("n", Change::Full(w("x1", 1))).is_some());
+        // A no-op event (refused write) reports nothing.
+        assert!(r
+            .apply(
+                "n",
+                Change::Update {
+                    updated: doc! {},
+                    removed: vec![]
+                }
+            )
+            .is_none());
+        let next = r.apply(
+            "n",
+            Change::Update {
+                updated: doc! { "maxToken": 3_i64, "last.token": 3_i64, "last.writeId": "x2" },
+                removed: vec![],
+            },
+        );
+        assert_eq!(next.map(|w| (w.token, w.write_id)), Some((3, "x2".into())));
+    }
+}

@@ -1,0 +1,115 @@
+//! Command-line options.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Torture test of mongolock: worker processes lock a mix of names under random faults; an
+/// independent checker reads the lock and resource collections (through change streams) and the
+/// workers' logs and reports every violation. Exit status: 0 no violation, 1 violations, 2 the
+/// run could not be set up, 3 the recorded history is incomplete (nothing is proven).
+#[derive(Debug, Parser)]
+#[command(name = "mongolock-torture", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Sub>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands (internal).
+#[derive(Debug, Subcommand)]
+pub enum Sub {
+    /// A worker process (started by the orchestrator; configured through the environment).
+    #[command(hide = true)]
+    Worker,
+}
+
+/// The backend under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// MongoDB (the embedded test server, or `--uri`).
+    Mongo,
+    /// The in-memory backend, in one process with many tasks.
+    Memory,
+}
+
+/// Options of a run.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// MongoDB URI of a real deployment; default: start the embedded test server. Fail points
+    /// are then used only with --failpoints (they need enableTestCommands).
+    #[arg(long, env = "MONGODB_URI", hide_env_values = true)]
+    pub uri: Option<String>,
+    /// Use fail points against --uri (the deployment must run with enableTestCommands=1).
+    #[arg(long)]
+    pub failpoints: bool,
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = Backend::Mongo)]
+    pub backend: Backend,
+    /// Worker processes (memory backend: groups of tasks).
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    /// Concurrent loops per worker.
+    #[arg(long, default_value_t = 4)]
+    pub tasks: usize,
+    /// Stop once this many acquisitions were recorded.
+    #[arg(long)]
+    pub acquisitions: Option<u64>,
+    /// Stop after this long (e.g. `30s`, `10m`); default: 60 s when --acquisitions is not given.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Seed of every random choice (default: random, printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Names with many contenders.
+    #[arg(long, default_value_t = 4)]
+    pub hot_names: usize,
+    /// Names rarely contended (their documents expire and get TTL-deleted).
+    #[arg(long, default_value_t = 500)]
+    pub cold_names: usize,
+    /// Documents locked in place (document locks).
+    #[arg(long, default_value_t = 16)]
+    pub jobs: usize,
+    /// Lease duration.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub lease: Duration,
+    /// Mean time between two injected faults.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "250ms")]
+    pub fault_interval: Duration,
+    /// Fault kinds to inject, comma-separated (transient_error, duplicate_key, write_conflict,
+    /// shutdown, close_connection, block_connection, sigkill, sigstop), `all` or `none`.
+    #[arg(long, default_value = "all")]
+    pub faults: String,
+    /// Do not drop acquire / release futures at random points.
+    #[arg(long)]
+    pub no_dropped_futures: bool,
+    /// TTL monitor period of the embedded server.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub ttl_monitor: Duration,
+    /// Delay after expiry before a lock document may be TTL-deleted (whole seconds).
+    #[arg(long, default_value_t = 1)]
+    pub cleanup_after_secs: u64,
+    /// Skip the `mongolock exec` check.
+    #[arg(long)]
+    pub no_cli: bool,
+    /// SIGKILL / SIGSTOP `mongolock` processes during the CLI check.
+    #[arg(long)]
+    pub cli_faults: bool,
+    /// Concurrent `mongolock exec` loops.
+    #[arg(long, default_value_t = 3)]
+    pub cli_loops: usize,
+    /// The `mongolock` binary (default: next to this program).
+    #[arg(long, env = "MONGOLOCK_BIN")]
+    pub mongolock_bin: Option<PathBuf>,
+    /// Directory for the workers' logs (default: a fresh directory under the system temp dir).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Also write the summary as JSON to this file.
+    #[arg(long)]
+    pub summary_json: Option<PathBuf>,
+    /// Violations printed with their evidence.
+    #[arg(long, default_value_t = 5)]
+    pub show: usize,
+}

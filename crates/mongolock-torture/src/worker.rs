@@ -1,0 +1,554 @@
+//! A worker: loops over the public API only (`acquire`, `try_acquire`, `acquire_timeout`,
+//! document `lock` / `claim`, election `campaign` / `run_until`), makes fenced writes inside the
+//! critical sections, and logs what it did. Runs as a process of its own (`mongolock-torture
+//! worker`, MongoDB) or as tasks of the orchestrator (memory backend).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mongodb::bson::{doc, Document};
+use mongodb::Collection;
+use mongolock::documents::DocumentLocks;
+use mongolock::election::Election;
+use mongolock::{LockGuard, LockProvider, MemoryBackend, Timeout};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::watch;
+
+use crate::checker::Grant;
+use crate::config::{
+    pick_cold, pick_hot, WorkerConfig, ELECTION_ROLE, JOBS_COLLECTION, JOBS_LOCK_FIELD,
+    LOCK_COLLECTION, WORKER_APP_NAME, WORKER_CONFIG_ENV,
+};
+use crate::resource::{fenced_write, FencedWrite, MemoryResource, RESOURCE_COLLECTION};
+use crate::worklog::{now_us, EndHow, LogLine, WorkLog};
+
+/// Where fenced writes go.
+#[derive(Clone)]
+pub enum Sink {
+    /// The resource collection.
+    Mongo(Collection<Document>),
+    /// The in-memory resource; closed grants are collected for the checker (the memory backend
+    /// has no change stream to record them independently), timed with the backend's clock.
+    Memory {
+        resource: Arc<MemoryResource>,
+        backend: MemoryBackend,
+        grants: Arc<Mutex<Vec<Grant>>>,
+    },
+}
+
+/// Everything a worker's loops share.
+pub struct Env {
+    /// The configuration.
+    pub cfg: WorkerConfig,
+    /// Locks extended automatically.
+    pub auto: LockProvider,
+    /// Locks not extended (left to run out).
+    pub manual: LockProvider,
+    /// Document locks on the jobs collection (MongoDB only).
+    pub docs: Option<DocumentLocks<Document>>,
+    /// The election.
+    pub election: Election,
+    /// Fenced writes.
+    pub sink: Sink,
+    /// The log.
+    pub log: WorkLog,
+    /// Write ids.
+    seq: AtomicU64,
+    /// Becomes true when the worker must stop.
+    pub stop: watch::Receiver<bool>,
+}
+
+fn lease_of(cfg: &WorkerConfig) -> Duration {
+    Duration::from_millis(cfg.lease_ms)
+}
+
+impl Env {
+    /// Builds the shared state over `auto`/`manual` providers.
+    pub fn new(
+        cfg: WorkerConfig,
+        auto: LockProvider,
+        manual: LockProvider,
+        docs: Option<DocumentLocks<Document>>,
+        sink: Sink,
+        stop: watch::Receiver<bool>,
+    ) -> Result<Self, String> {
+        let log = WorkLog::create(&cfg.log).map_err(|e| format!("log {:?}: {e}", cfg.log))?;
+        let election = Election::new(&auto, ELECTION_ROLE)
+            .and_then(|e| e.with_expiry(lease_of(&cfg)))
+            .map_err(|e| e.to_string())?;
+        log.write(&LogLine::Start {
+            worker: cfg.worker.clone(),
+            pid: std::process::id(),
+            t: now_us(),
+        });
+        Ok(Env {
+            cfg,
+            auto,
+            manual,
+            docs,
+            election,
+            sink,
+            log,
+            seq: AtomicU64::new(0),
+            stop,
+        })
+    }
+
+    fn stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    fn error(&self, op: &str, msg: impl ToString) {
+        self.log.write(&LogLine::Error {
+            op: op.to_owned(),
+            msg: msg.to_string(),
+            t: now_us(),
+        });
+    }
+
+    /// Server time (µs) for the memory backend's grant records.
+    fn memory_now(&self) -> Option<i64> {
+        match &self.sink {
+            Sink::Memory { backend, .. } => Some(system_us(backend.now())),
+            Sink::Mongo(_) => None,
+        }
+    }
+
+    /// Memory backend: records a closed grant, ending no later than `end_us` (a time at which
+    /// the lease had not yet been ended by us) or its last known expiry.
+    fn record_grant(&self, guard: &LockGuard, end_us: Option<i64>) {
+        if let Sink::Memory { grants, .. } = &self.sink {
+            let expires = system_us(guard.expires_at());
+            let end = end_us.map_or(expires, |e| e.min(expires));
+            let grant = Grant {
+                name: guard.name().to_owned(),
+                lease: guard.lease_id().as_str().to_owned(),
+                tokens: vec![guard.fencing_token()],
+                start_us: system_us(guard.acquired_at()),
+                end_us: end,
+                // `end` is a lower bound of the true end (taken before release was called),
+                // so the checker must compare it strictly, as for a lease that ran out.
+                released: false,
+                holder: self.cfg.worker.clone(),
+            };
+            match grants.lock() {
+                Ok(mut g) => g.push(grant),
+                Err(p) => p.into_inner().push(grant),
+            }
+        }
+    }
+
+    /// Checks `is_lost`, then makes one fenced write; returns false when the lease was lost.
+    async fn fenced(
+        &self,
+        name: &str,
+        token: u64,
+        lease: &str,
+        is_lost: impl Fn() -> bool,
+    ) -> bool {
+        if is_lost() {
+            self.log.write(&LogLine::Lost {
+                name: name.to_owned(),
+                token,
+                lease: lease.to_owned(),
+                t: now_us(),
+            });
+            return false;
+        }
+        let wid = format!(
+            "{}-{}",
+            self.cfg.worker,
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        );
+        self.log.write(&LogLine::Intent {
+            name: name.to_owned(),
+            token,
+            lease: lease.to_owned(),
+            wid: wid.clone(),
+            t: now_us(),
+        });
+        let write = FencedWrite {
+            name: name.to_owned(),
+            token,
+            write_id: wid.clone(),
+            worker: self.cfg.worker.clone(),
+        };
+        let ok = match &self.sink {
+            Sink::Mongo(coll) => match fenced_write(coll, &write).await {
+                Ok(ok) => Some(ok),
+                Err(e) => {
+                    self.error("fenced_write", e.kind.to_string());
+                    None
+                }
+            },
+            Sink::Memory {
+                resource, backend, ..
+            } => Some(resource.write(&write, system_us(backend.now()))),
+        };
+        self.log.write(&LogLine::Result {
+            wid,
+            ok,
+            t: now_us(),
+        });
+        true
+    }
+}
+
+/// µs since the epoch.
+pub fn system_us(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// A short or occasionally long hold.
+fn hold_time(rng: &mut StdRng, lease: Duration) -> Duration {
+    if rng.random_bool(0.005) {
+        lease.mul_f64(rng.random_range(0.5..2.0))
+    } else {
+        Duration::from_micros(rng.random_range(0..3000))
+    }
+}
+
+/// The critical section of a guard: fenced writes with holds between them, then the end.
+async fn hold_and_end(env: &Env, rng: &mut StdRng, guard: LockGuard, via: &str, can_run_out: bool) {
+    let name = guard.name().to_owned();
+    let token = guard.fencing_token();
+    let lease = guard.lease_id().as_str().to_owned();
+    env.log.write(&LogLine::Grant {
+        name: name.clone(),
+        token,
+        lease: lease.clone(),
+        via: via.to_owned(),
+        t: now_us(),
+    });
+    let lease_len = lease_of(&env.cfg);
+    let writes = rng.random_range(1..=2);
+    for i in 0..writes {
+        if i > 0 {
+            tokio::time::sleep(hold_time(rng, lease_len)).await;
+        }
+        if !env.fenced(&name, token, &lease, || guard.is_lost()).await {
+            break;
+        }
+    }
+    if can_run_out {
+        // Hold past the lease (no extension), then try once more: the guard must say lost.
+        tokio::time::sleep(lease_len.mul_f64(rng.random_range(1.05..1.5))).await;
+        env.fenced(&name, token, &lease, || guard.is_lost()).await;
+        env.record_grant(&guard, None);
+        drop(guard);
+        end(env, &name, token, EndHow::RanOut);
+        return;
+    }
+    let roll: f64 = rng.random();
+    let before = env.memory_now();
+    if roll < 0.6 {
+        env.record_grant(&guard, before);
+        match guard.release().await {
+            Ok(()) => end(env, &name, token, EndHow::Released),
+            Err(e) => {
+                env.error("release", e);
+                end(env, &name, token, EndHow::ReleaseFailed);
+            }
+        }
+    } else if roll < 0.8 && env.cfg.drop_futures {
+        env.record_grant(&guard, before);
+        let wait = Duration::from_micros(rng.random_range(0..2000));
+        tokio::select! {
+            r = guard.release() => match r {
+                Ok(()) => end(env, &name, token, EndHow::Released),
+                Err(e) => {
+                    env.error("release", e);
+                    end(env, &name, token, EndHow::ReleaseFailed);
+                }
+            },
+            () = tokio::time::sleep(wait) => {
+                env.log.write(&LogLine::Dropped { what: "release".into(), t: now_us() });
+                end(env, &name, token, EndHow::ReleaseDropped);
+            }
+        }
+    } else {
+        env.record_grant(&guard, before);
+        drop(guard);
+        end(env, &name, token, EndHow::Dropped);
+    }
+}
+
+fn end(env: &Env, name: &str, token: u64, how: EndHow) {
+    env.log.write(&LogLine::End {
+        name: name.to_owned(),
+        token,
+        how,
+        t: now_us(),
+    });
+}
+
+/// Waits for `fut` unless stopping, and sometimes drops it after a random short time.
+async fn bounded<T>(
+    env: &Env,
+    rng: &mut StdRng,
+    fut: impl std::future::Future<Output = mongolock::Result<Option<T>>>,
+) -> Option<T> {
+    let mut stop = env.stop.clone();
+    let limit = if env.cfg.drop_futures && rng.random_bool(0.1) {
+        Duration::from_micros(rng.random_range(0..20_000))
+    } else {
+        lease_of(&env.cfg) * 10
+    };
+    tokio::select! {
+        r = tokio::time::timeout(limit, fut) => match r {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                env.error("acquire", e);
+                None
+            }
+            Err(_) => {
+                env.log.write(&LogLine::Dropped { what: "acquire".into(), t: now_us() });
+                None
+            }
+        },
+        _ = stop.wait_for(|s| *s) => None,
+    }
+}
+
+/// One operation of the mix.
+async fn one_op(env: &Env, rng: &mut StdRng) {
+    let roll: f64 = rng.random();
+    let lease = lease_of(&env.cfg);
+    if roll < 0.30 {
+        let name = pick_hot(rng, &env.cfg);
+        let Ok(lock) = env.auto.lock(name) else {
+            return;
+        };
+        let got = bounded(env, rng, async { lock.acquire().await.map(Some) }).await;
+        if let Some(g) = got {
+            hold_and_end(env, rng, g, "acquire", false).await;
+        }
+    } else if roll < 0.45 {
+        let name = pick_hot(rng, &env.cfg);
+        let got = bounded(env, rng, env.auto.try_acquire(&name, lease, Timeout::Zero)).await;
+        if let Some(g) = got {
+            hold_and_end(env, rng, g, "try_acquire", false).await;
+        }
+    } else if roll < 0.55 {
+        let name = pick_hot(rng, &env.cfg);
+        let Ok(lock) = env.auto.lock(name) else {
+            return;
+        };
+        let wait = Duration::from_millis(rng.random_range(0..300));
+        if let Some(g) = bounded(env, rng, lock.acquire_timeout(wait)).await {
+            hold_and_end(env, rng, g, "acquire_timeout", false).await;
+        }
+    } else if roll < 0.75 {
+        let name = pick_cold(rng, &env.cfg);
+        let Ok(lock) = env.auto.lock(name) else {
+            return;
+        };
+        let wait = Duration::from_millis(rng.random_range(0..100));
+        if let Some(g) = bounded(env, rng, lock.acquire_timeout(wait)).await {
+            hold_and_end(env, rng, g, "acquire_timeout", false).await;
+        }
+    } else if roll < 0.755 {
+        let name = pick_cold(rng, &env.cfg);
+        let Ok(lock) = env.manual.lock(name) else {
+            return;
+        };
+        if let Some(g) = bounded(env, rng, lock.try_acquire()).await {
+            hold_and_end(env, rng, g, "try_acquire(run out)", true).await;
+        }
+    } else if roll < 0.95 {
+        let Some(docs) = &env.docs else {
+            return Box::pin(one_op(env, rng)).await;
+        };
+        if rng.random_bool(0.5) {
+            let id = rng.random_range(0..env.cfg.jobs.max(1)) as i64;
+            let wait = Duration::from_millis(rng.random_range(0..300));
+            if let Some(d) = bounded(env, rng, docs.lock_timeout(id, wait)).await {
+                hold_and_end(env, rng, d.guard, "documents.lock", false).await;
+            }
+        } else if let Some(d) = bounded(env, rng, docs.claim(doc! { "job": true }, None)).await {
+            hold_and_end(env, rng, d.guard, "documents.claim", false).await;
+        }
+    } else {
+        let wait = Duration::from_millis(rng.random_range(0..300));
+        if let Some(l) = bounded(env, rng, env.election.campaign_timeout(wait)).await {
+            let guard = l.guard();
+            let (name, token) = (guard.name().to_owned(), guard.fencing_token());
+            let lease_id = guard.lease_id().as_str().to_owned();
+            env.log.write(&LogLine::Grant {
+                name: name.clone(),
+                token,
+                lease: lease_id.clone(),
+                via: "campaign".into(),
+                t: now_us(),
+            });
+            env.fenced(&name, token, &lease_id, || l.is_lost()).await;
+            let before = env.memory_now();
+            env.record_grant(l.guard(), before);
+            if rng.random_bool(0.5) {
+                if let Err(e) = l.resign().await {
+                    env.error("resign", e);
+                }
+                end(env, &name, token, EndHow::Released);
+            } else {
+                drop(l);
+                end(env, &name, token, EndHow::Dropped);
+            }
+        }
+    }
+}
+
+/// The election run loop: while leader, fenced writes with the term as token; steps down
+/// after a few.
+async fn lead(env: Arc<Env>, seed: u64) {
+    let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(seed)));
+    // `run_until` returns on a permanent error (e.g. an injected WriteConflict): log it and run
+    // it again, until the worker stops.
+    while !env.stopped() {
+        lead_once(&env, &rng).await;
+    }
+}
+
+/// One `run_until` until it returns.
+async fn lead_once(env: &Arc<Env>, rng: &Arc<Mutex<StdRng>>) {
+    let mut stop = env.stop.clone();
+    let result = env
+        .election
+        .run_until(
+            |ctx| {
+                let env = env.clone();
+                let rng = rng.clone();
+                async move {
+                    let term = ctx.term();
+                    let lease = format!("term-{term}");
+                    env.log.write(&LogLine::Grant {
+                        name: ELECTION_ROLE.into(),
+                        token: term,
+                        lease: lease.clone(),
+                        via: "run_until".into(),
+                        t: now_us(),
+                    });
+                    let writes = lock_rng(&rng).random_range(1..5);
+                    for _ in 0..writes {
+                        if !env
+                            .fenced(ELECTION_ROLE, term, &lease, || ctx.is_lost())
+                            .await
+                        {
+                            std::future::pending::<()>().await;
+                        }
+                        let pause = Duration::from_millis(lock_rng(&rng).random_range(1..30));
+                        tokio::time::sleep(pause).await;
+                    }
+                    end(&env, ELECTION_ROLE, term, EndHow::TermEnded);
+                }
+            },
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+        )
+        .await;
+    if let Err(e) = result {
+        env.error("run_until", e);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn lock_rng(rng: &Mutex<StdRng>) -> std::sync::MutexGuard<'_, StdRng> {
+    match rng.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Runs the loops of one worker until the stop signal; returns when all have ended.
+pub async fn run_loops(env: Arc<Env>) {
+    let mut tasks = Vec::new();
+    for t in 0..env.cfg.tasks {
+        let env = env.clone();
+        let seed = env.cfg.seed.wrapping_add(t as u64);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(seed);
+            while !env.stopped() {
+                one_op(&env, &mut rng).await;
+            }
+        }));
+    }
+    let leader_seed = env.cfg.seed.wrapping_add(1_000_000);
+    tasks.push(tokio::spawn(lead(env.clone(), leader_seed)));
+    for t in tasks {
+        if let Err(e) = t.await {
+            env.error("task", e);
+        }
+    }
+}
+
+/// `mongolock-torture worker`: one worker process. Reads its configuration from the
+/// environment; on stdin, `stop` ends the loops (it then answers `drained` on stdout, keeping
+/// its runtime alive so that a leaked lease would still be extended) and `exit` (or EOF) ends
+/// the process.
+pub async fn worker_main() -> Result<(), String> {
+    let raw =
+        std::env::var(WORKER_CONFIG_ENV).map_err(|_| format!("{WORKER_CONFIG_ENV} is not set"))?;
+    let cfg: WorkerConfig = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
+    let mut options = mongodb::options::ClientOptions::parse(&cfg.uri)
+        .await
+        .map_err(|e| e.to_string())?;
+    options.app_name = Some(WORKER_APP_NAME.to_owned());
+    options.server_selection_timeout = Some(Duration::from_secs(5));
+    let client = mongodb::Client::with_options(options).map_err(|e| e.to_string())?;
+    let db = client.database(&cfg.db);
+    let lease = lease_of(&cfg);
+    // Every other worker polls instead of following the change stream: both wake-up paths are
+    // exercised, and the server has fewer streams to feed.
+    let backend = mongolock::MongoBackend::builder(&db)
+        .collection(LOCK_COLLECTION)
+        .cleanup_after(Duration::from_secs(cfg.cleanup_after_secs))
+        .change_streams(!cfg.polling)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let app = format!("torture {}", cfg.worker);
+    let auto = LockProvider::builder(backend.clone())
+        .expiry(lease)
+        .app_name(app.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let manual = LockProvider::builder(backend)
+        .expiry(lease)
+        .auto_extend(false)
+        .app_name(app.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let docs = DocumentLocks::builder(&db.collection::<Document>(JOBS_COLLECTION))
+        .field(JOBS_LOCK_FIELD)
+        .expiry(lease)
+        .app_name(app)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let sink = Sink::Mongo(db.collection(RESOURCE_COLLECTION));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let env = Arc::new(Env::new(cfg, auto, manual, Some(docs), sink, stop_rx)?);
+    let loops = tokio::spawn(run_loops(env.clone()));
+
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut stdout = tokio::io::stdout();
+    let mut loops = Some(loops);
+    while let Ok(Some(line)) = lines.next_line().await {
+        match line.trim() {
+            "stop" => {
+                let _ = stop_tx.send(true);
+                if let Some(l) = loops.take() {
+                    let _ = l.await;
+                }
+                let _ = stdout.write_all(b"drained\n").await;
+                let _ = stdout.flush().await;
+            }
+            "exit" => break,
+            _ => {}
+        }
+    }
+    Ok(())
+}

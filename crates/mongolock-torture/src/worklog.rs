@@ -1,0 +1,211 @@
+//! The workers' append-only JSON-lines logs: one file per worker incarnation, one line per event,
+//! each line written with a single `write` call (no user-space buffer), so that a line written
+//! before a SIGKILL is in the file.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::checker::WorkerEvent;
+
+/// How a critical section ended.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EndHow {
+    /// `release().await` returned Ok.
+    Released,
+    /// `release()` returned an error (e.g. the lease was lost).
+    ReleaseFailed,
+    /// The release future was dropped (a `select!` against a short sleep won).
+    ReleaseDropped,
+    /// The guard was dropped (background release).
+    Dropped,
+    /// The lease was left to run out (no automatic extension), then the guard dropped.
+    RanOut,
+    /// Leadership ended (resigned, lost or shut down) in the election run loop.
+    TermEnded,
+}
+
+/// One log line.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum LogLine {
+    /// The worker incarnation started.
+    Start { worker: String, pid: u32, t: i64 },
+    /// A lease was granted to this worker.
+    Grant {
+        name: String,
+        token: u64,
+        lease: String,
+        via: String,
+        t: i64,
+    },
+    /// Before `is_lost()` said false and the fenced write is sent.
+    Intent {
+        name: String,
+        token: u64,
+        lease: String,
+        wid: String,
+        t: i64,
+    },
+    /// The fenced write's outcome: `ok` = accepted, `Some(false)` = refused, `None` = error.
+    Result {
+        wid: String,
+        ok: Option<bool>,
+        t: i64,
+    },
+    /// `is_lost()` said true before a fenced write; no write was sent.
+    Lost {
+        name: String,
+        token: u64,
+        lease: String,
+        t: i64,
+    },
+    /// The critical section ended.
+    End {
+        name: String,
+        token: u64,
+        how: EndHow,
+        t: i64,
+    },
+    /// A future was dropped on purpose before it completed (`acquire` or `release`).
+    Dropped { what: String, t: i64 },
+    /// An operation failed.
+    Error { op: String, msg: String, t: i64 },
+}
+
+/// Local wall-clock time in µs (for humans reading the logs; the checker uses server times).
+pub fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// An append-only log file.
+pub struct WorkLog {
+    file: Mutex<File>,
+}
+
+impl WorkLog {
+    /// Creates (or appends to) the log at `path`.
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(WorkLog {
+            file: Mutex::new(file),
+        })
+    }
+
+    /// Appends one line. Errors are reported on stderr once per line (the log is evidence; a
+    /// full disk must not go unnoticed).
+    pub fn write(&self, line: &LogLine) {
+        let mut text = match serde_json::to_string(line) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("torture: cannot encode a log line: {e}");
+                return;
+            }
+        };
+        text.push('\n');
+        let mut file = match self.file.lock() {
+            Ok(f) => f,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Err(e) = file.write_all(text.as_bytes()) {
+            eprintln!("torture: cannot write the worker log: {e}");
+        }
+    }
+}
+
+/// Totals read from a log besides the checker's events.
+#[derive(Default, Debug, Clone)]
+pub struct LogTotals {
+    /// Grants the workers received.
+    pub grants: u64,
+    /// Fenced writes accepted / refused / failed, as the workers saw them.
+    pub accepted: u64,
+    /// Refused fenced writes.
+    pub refused: u64,
+    /// Fenced writes that failed with an error.
+    pub write_errors: u64,
+    /// Times a worker saw `lost` before a write.
+    pub lost_seen: u64,
+    /// Acquire futures dropped on purpose.
+    pub dropped_acquires: u64,
+    /// Release futures dropped on purpose.
+    pub dropped_releases: u64,
+    /// Errors by operation.
+    pub errors: u64,
+    /// Leases left to run out.
+    pub ran_out: u64,
+    /// Lines that could not be parsed (a line cut by SIGKILL).
+    pub bad_lines: u64,
+}
+
+impl LogTotals {
+    /// Adds another log's totals.
+    pub fn add(&mut self, o: &LogTotals) {
+        self.grants += o.grants;
+        self.accepted += o.accepted;
+        self.refused += o.refused;
+        self.write_errors += o.write_errors;
+        self.lost_seen += o.lost_seen;
+        self.dropped_acquires += o.dropped_acquires;
+        self.dropped_releases += o.dropped_releases;
+        self.errors += o.errors;
+        self.ran_out += o.ran_out;
+        self.bad_lines += o.bad_lines;
+    }
+}
+
+/// Reads a log: the checker's events in order, and totals.
+pub fn read_log(path: &Path) -> std::io::Result<(Vec<WorkerEvent>, LogTotals)> {
+    let reader = BufReader::new(File::open(path)?);
+    let mut events = Vec::new();
+    let mut totals = LogTotals::default();
+    for line in reader.lines() {
+        let line = line?;
+        let Ok(parsed) = serde_json::from_str::<LogLine>(&line) else {
+            totals.bad_lines += 1;
+            continue;
+        };
+        match parsed {
+            LogLine::Grant { .. } => totals.grants += 1,
+            LogLine::Intent {
+                name, token, wid, ..
+            } => events.push(WorkerEvent::Intent {
+                name,
+                token,
+                write_id: wid,
+            }),
+            LogLine::Result { ok, .. } => match ok {
+                Some(true) => totals.accepted += 1,
+                Some(false) => totals.refused += 1,
+                None => totals.write_errors += 1,
+            },
+            LogLine::Lost { name, token, .. } => {
+                totals.lost_seen += 1;
+                events.push(WorkerEvent::Lost { name, token });
+            }
+            LogLine::End { how, .. } => {
+                if how == EndHow::RanOut {
+                    totals.ran_out += 1;
+                }
+            }
+            LogLine::Dropped { what, .. } => {
+                if what == "acquire" {
+                    totals.dropped_acquires += 1;
+                } else {
+                    totals.dropped_releases += 1;
+                }
+            }
+            LogLine::Error { .. } => totals.errors += 1,
+            LogLine::Start { .. } => {}
+        }
+    }
+    Ok((events, totals))
+}

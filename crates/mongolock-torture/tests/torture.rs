@@ -1,0 +1,121 @@
+//! The short torture run CI does: a few worker processes for a few seconds with a few faults of
+//! every kind. Asserts zero violations *and* that every fault kind actually happened (so that a
+//! run that injected nothing cannot pass). The checker's ability to detect violations is tested
+//! by its unit tests (planted overlaps, repeated tokens, stale writes, writes after loss).
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn run(args: &[&str], summary: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_mongolock-torture"))
+        .args(args)
+        .arg("--summary-json")
+        .arg(summary)
+        .output()
+        .expect("run mongolock-torture");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}\n{stderr}");
+    let text = std::fs::read_to_string(summary).expect("summary written");
+    let json: Value = serde_json::from_str(&text).expect("summary is JSON");
+    assert_eq!(
+        json["violations_total"], 0,
+        "violations: {:#}",
+        json["first_violations"]
+    );
+    assert!(out.status.success(), "exit status {:?}", out.status);
+    json
+}
+
+fn count(json: &Value, section: &str, key: &str) -> u64 {
+    json[section][key].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn short_mongo_run_with_every_fault_kind_has_no_violation() {
+    let dir = std::env::temp_dir().join(format!("torture-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let summary = dir.join("summary.json");
+    let json = run(
+        &[
+            "--workers",
+            "3",
+            "--tasks",
+            "3",
+            "--duration",
+            "20s",
+            "--seed",
+            "7",
+            "--fault-interval",
+            "120ms",
+            "--cold-names",
+            "100",
+            "--run-dir",
+            dir.to_str().unwrap(),
+        ],
+        &summary,
+    );
+    assert!(json["acquisitions"].as_u64().unwrap() >= 200, "{json:#}");
+    for kind in [
+        "transient_error",
+        "duplicate_key",
+        "write_conflict",
+        "shutdown",
+        "close_connection",
+        "block_connection",
+        "sigkill",
+        "sigstop",
+    ] {
+        assert!(
+            count(&json, "faults", kind) >= 1,
+            "no {kind} injected: {json:#}"
+        );
+        assert!(
+            count(&json, "faults_fired", kind) >= 1,
+            "no {kind} fired: {json:#}"
+        );
+    }
+    for kind in ["dropped_acquire", "dropped_release"] {
+        assert!(count(&json, "faults", kind) >= 1, "no {kind}: {json:#}");
+    }
+    assert!(
+        json["ttl_deletes"].as_u64().unwrap() >= 1,
+        "no TTL deletion: {json:#}"
+    );
+    assert!(
+        json["ran_out"].as_u64().unwrap() >= 1,
+        "no lease ran out: {json:#}"
+    );
+    assert!(
+        json["restarts"].as_u64().unwrap() >= 1,
+        "no worker restarted: {json:#}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn short_memory_run_has_no_violation() {
+    let dir = std::env::temp_dir().join(format!("torture-test-mem-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let summary = dir.join("summary.json");
+    let json = run(
+        &[
+            "--backend",
+            "memory",
+            "--workers",
+            "4",
+            "--duration",
+            "5s",
+            "--seed",
+            "7",
+            "--run-dir",
+            dir.to_str().unwrap(),
+        ],
+        &summary,
+    );
+    assert!(json["acquisitions"].as_u64().unwrap() >= 100, "{json:#}");
+    assert!(count(&json, "faults", "dropped_acquire") >= 1, "{json:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
