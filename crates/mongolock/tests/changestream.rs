@@ -56,6 +56,8 @@ fn is_change_stream_open(name: &str, body: &Document) -> bool {
 /// Counts of what a client sent.
 #[derive(Default)]
 struct Sent {
+    /// Every command.
+    all: AtomicUsize,
     stream_opens: AtomicUsize,
     find_and_modify: AtomicUsize,
     get_more: AtomicUsize,
@@ -74,6 +76,7 @@ async fn counting_client(uri: &str, app: Option<&str>) -> (Client, Arc<Sent>) {
     options.command_event_handler =
         Some(EventHandler::callback(move |ev: CommandEvent| match ev {
             CommandEvent::Started(s) => {
+                sink.all.fetch_add(1, Ordering::SeqCst);
                 if is_change_stream_open(&s.command_name, &s.command) {
                     sink.stream_opens.fetch_add(1, Ordering::SeqCst);
                 }
@@ -162,6 +165,55 @@ async fn handoffs(provider: &LockProvider, handoffs: usize) -> Vec<Duration> {
     let samples = samples.lock().unwrap().clone();
     assert!(samples.len() >= handoffs);
     samples
+}
+
+/// With the change stream open, an uncontended acquire + release costs exactly two commands:
+/// the stream leaves out the backend's own grants and releases, so no `getMore` answers them
+/// (an idle stream's empty `getMore` comes about once per `maxAwaitTimeMS`, 1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn uncontended_pairs_cost_two_commands_with_the_stream_open() {
+    const PAIRS: usize = 300;
+    let t = test_database().await;
+    let (client, sent) = counting_client(&t.uri, None).await;
+    let backend = MongoBackend::builder(&client.database(t.db.name()))
+        .collection(unique("locks"))
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend.clone()).build().unwrap();
+    let lock = provider.lock(unique("pairs")).unwrap();
+    // Warm-up: creates the document, stamps the first token, creates the TTL index and opens
+    // the stream (a holder's loss detection starts it).
+    for _ in 0..5 {
+        lock.acquire().await.unwrap().release().await.unwrap();
+    }
+    until_live(&backend).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let all_before = sent.all.load(Ordering::SeqCst);
+    let get_more_before = sent.get_more.load(Ordering::SeqCst);
+    let fam_before = sent.find_and_modify.load(Ordering::SeqCst);
+    let started = Instant::now();
+    for _ in 0..PAIRS {
+        let g = lock.acquire().await.unwrap();
+        assert!(!g.is_lost());
+        g.release().await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let all = sent.all.load(Ordering::SeqCst) - all_before;
+    let get_more = sent.get_more.load(Ordering::SeqCst) - get_more_before;
+    let find_and_modify = sent.find_and_modify.load(Ordering::SeqCst) - fam_before;
+    assert!(backend.live_notifications(), "the stream stayed open");
+    assert_eq!(find_and_modify, PAIRS, "one findAndModify per acquisition");
+    assert_eq!(
+        all - get_more,
+        2 * PAIRS,
+        "exactly one acquire and one release command per pair ({all} commands, {get_more} getMore)"
+    );
+    let idle = elapsed.as_secs() as usize + 2;
+    assert!(
+        get_more <= idle,
+        "{get_more} getMore in {elapsed:?} for {PAIRS} pairs: the stream answered our own writes"
+    );
+    assert_eq!(sent.stream_opens.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

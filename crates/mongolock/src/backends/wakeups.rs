@@ -188,6 +188,49 @@ impl Hub {
         }
     }
 
+    /// Delivers a grant: to every observer and the holders, but to no acquirer (a grant frees
+    /// nothing, so waking one would only cost it an attempt).
+    pub(crate) fn dispatch_grant(&self, name: &str, change: Change) {
+        let mut names = self.names();
+        names.seq += 1;
+        let seq = names.seq;
+        if let Some(st) = names.map.get(name) {
+            st.all.notify_waiters();
+            st.changes.send_replace((seq, change));
+        }
+    }
+
+    /// Delivers a change reported with the whole document (a `replace` event), unless it shows
+    /// the lease the name is already known to have: MongoDB 4.4 reports every pipeline update,
+    /// extensions included, as a replace, and an extension frees nothing. Not knowing the
+    /// name's lease yet, it is delivered (at worst one acquirer retries once).
+    pub(crate) fn dispatch_unless_known(&self, name: &str, change: Change) {
+        {
+            let names = self.names();
+            let Some(st) = names.map.get(name) else {
+                return;
+            };
+            let known = st.changes.borrow();
+            if let (
+                Change::Lease {
+                    lease_id: known_id,
+                    token: known_token,
+                },
+                Change::Lease { lease_id, token },
+            ) = (&known.1, &change)
+            {
+                let same_token = match (known_token, token) {
+                    (Some(a), Some(b)) => a == b,
+                    _ => true,
+                };
+                if known_id.is_some() && known_id == lease_id && same_token {
+                    return;
+                }
+            }
+        }
+        self.dispatch(name, change);
+    }
+
     /// Wakes every waiting acquirer and observer of every name so that they check again (after
     /// the stream was opened from scratch, or when notifications stopped). Holders are told
     /// only when `holders_check` (something happened to every document, e.g. a dropped

@@ -343,7 +343,15 @@ impl LockBackend for MongoBackend {
         let released = ops::release(&self.coll, name, lease_id).await;
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.watch.released(lease_id);
+        // The stream leaves out this backend's own releases: its waiters are told here.
+        self.watch.released_name(name);
         released
+    }
+
+    /// Marked with this backend's prefix, so that its change stream leaves out its own grants
+    /// and releases (`watch.rs`).
+    fn new_lease_id(&self) -> LeaseId {
+        self.watch.new_lease_id()
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
