@@ -236,31 +236,41 @@ async fn measure(
         _ => None,
     };
 
-    // Handoffs: WAITERS tasks contend for one name, each holding it for 1 ms.
+    // Handoffs: WAITERS tasks contend for one name, each holding it for 1 ms; a task that
+    // released sits out until another one holds the name, so each sample is a handoff.
     let key = format!("{key}-handoff");
+    let generation = Arc::new(tokio::sync::watch::channel(0_u64).0);
     let last_release: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
     let samples: Arc<Mutex<Vec<Duration>>> = Arc::new(Mutex::new(Vec::new()));
     let tasks: Vec<_> = (0..WAITERS)
         .map(|_| {
-            let (lib, key, last, samples) = (
+            let (lib, key, last, samples, generation) = (
                 lib.clone(),
                 key.clone(),
                 last_release.clone(),
                 samples.clone(),
+                generation.clone(),
             );
             tokio::spawn(async move {
+                let mut rx = generation.subscribe();
                 loop {
-                    if samples.lock().unwrap().len() >= handoffs {
-                        return;
-                    }
                     let held = lib.acquire(&key).await;
                     let now = Instant::now();
+                    generation.send_modify(|g| *g += 1);
+                    let mine = *generation.borrow();
                     if let Some(released) = last.lock().unwrap().take() {
                         samples.lock().unwrap().push(now - released);
                     }
+                    let done = samples.lock().unwrap().len() >= handoffs;
                     tokio::time::sleep(Duration::from_millis(1)).await;
-                    *last.lock().unwrap() = Some(Instant::now());
+                    if !done {
+                        *last.lock().unwrap() = Some(Instant::now());
+                    }
                     held.release().await;
+                    if done {
+                        return;
+                    }
+                    let _ = rx.wait_for(|g| *g > mine).await;
                 }
             })
         })
@@ -329,6 +339,8 @@ fn main() {
             let lib = Lib::MongodbLock(Box::leak(Box::new(mutex)));
             rows.push(measure(name, lib, &sent, &server, pairs, handoffs).await);
         }
+        // mongodb-lock releases in a background task: let the last one finish.
+        tokio::time::sleep(Duration::from_millis(500)).await;
         rows
     });
     print_table(&rows, pairs, handoffs);
