@@ -371,6 +371,71 @@ async fn mongodb_takeover_is_signalled_at_once() {
     takeover_is_signalled_at_once(backend(&t.db), backend(&t.db)).await;
 }
 
+/// MongoDB 4.4 reports pipeline updates as `replace` events: a holder in another backend that
+/// keeps extending does not wake the waiter at each extension (only the first event, before
+/// the waiter's registry knows the lease, may cost it one attempt), its release still hands
+/// the lock over at once, and a takeover is still signalled to the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mongodb_44_replace_events_wake_waiters_only_on_real_changes() {
+    let t = test_database_with(TestServer::builder().pipeline_updates_as_replace(true)).await;
+    if t.server.is_none() {
+        eprintln!("skipped: needs the embedded server's MongoDB 4.4 mode");
+        return;
+    }
+    let coll = unique("locks");
+    let holder_backend = MongoBackend::builder(&t.db)
+        .collection(coll.clone())
+        .build()
+        .unwrap();
+    let (client, sent) = counting_client(&t.uri, None).await;
+    let waiter_backend = MongoBackend::builder(&client.database(t.db.name()))
+        .collection(coll)
+        .build()
+        .unwrap();
+    until_live(&waiter_backend).await;
+    let holder = LockProvider::builder(holder_backend.clone())
+        .expiry(Duration::from_secs(3))
+        .extension_cadence(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    // Polling alone would sleep at least 5 s: a prompt handoff can only come from a wake-up.
+    let waiter = LockProvider::builder(waiter_backend.clone())
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_secs(5),
+            Duration::from_secs(6),
+        ))
+        .build()
+        .unwrap();
+    let name = unique("replace44");
+    let g = holder.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let before = sent.find_and_modify.load(Ordering::SeqCst);
+    let waiting = {
+        let lock = waiter.lock(name.clone()).unwrap();
+        tokio::spawn(async move { lock.acquire().await.unwrap() })
+    };
+    // About fifteen extensions, each a replace event showing the same lease.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!g.is_lost(), "extensions are not a loss");
+    let attempts = sent.find_and_modify.load(Ordering::SeqCst) - before;
+    assert!(
+        attempts <= 3,
+        "{attempts} acquire attempts while the holder only extended: extensions woke the waiter"
+    );
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(4), waiting)
+        .await
+        .expect("the release (a replace event without a lease) wakes the waiter")
+        .unwrap();
+    eprintln!(
+        "4.4 mode: {attempts} attempts while waiting; handoff in {:?}",
+        released.elapsed()
+    );
+    next.release().await.unwrap();
+    // Takeovers are still signalled to holders.
+    takeover_is_signalled_at_once(common::shared(holder_backend), common::shared(waiter_backend)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_takeover_is_signalled_at_once() {
     let b: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
