@@ -4,6 +4,7 @@
 
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::{ReturnDocument, UpdateModifications};
+use mongodb::action::Action;
 use mongodb::Collection;
 
 use super::document::{
@@ -58,6 +59,8 @@ pub(super) async fn try_acquire(
         coll,
         doc! { "_id": req.name.as_str() },
         acquire_pipeline(req),
+        // Only what the client reads back: the holder and the released ids stay on the server.
+        Some(doc! { LEASE_ID: 1, TOKEN: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1 }),
         "acquire (findAndModify)",
     )
     .await?;
@@ -84,6 +87,7 @@ async fn upsert(
     coll: &Collection<Document>,
     filter: Document,
     update: impl Into<UpdateModifications>,
+    projection: Option<Document>,
     what: &str,
 ) -> Result<Document> {
     let update = update.into();
@@ -93,6 +97,7 @@ async fn upsert(
             .find_one_and_update(filter.clone(), update.clone())
             .upsert(true)
             .return_document(ReturnDocument::After)
+            .optional(projection.clone(), |b, p| b.projection(p))
             .await;
         match result {
             Ok(Some(doc)) => return Ok(doc),
@@ -176,6 +181,7 @@ async fn next_epoch(coll: &Collection<Document>) -> Result<i64> {
         coll,
         doc! { "_id": epoch_id() },
         doc! { "$inc": { "epoch": 1_i64 } },
+        None,
         "acquire (fencing epoch)",
     )
     .await?;

@@ -6,18 +6,69 @@
 //! A background task watches the lock collection with
 //!
 //! ```text
-//! $match: operationType in [insert, replace, delete, drop, dropDatabase, rename, invalidate]
-//!         or (operationType = update and updateDescription.updatedFields.leaseId exists)
+//! $match: (operationType in [insert, replace, delete, drop, dropDatabase, rename, invalidate]
+//!          or (operationType = update and updateDescription.updatedFields.leaseId exists))
+//!         and not one of this backend's own grants or releases (see below)
 //! $project: operationType, ns, documentKey, updatedFields.{leaseId, fencingToken},
 //!           fullDocument.{leaseId, fencingToken}
 //! ```
 //!
-//! so it sees grants, releases, takeovers and deletions, but not extensions (they change only
-//! `expiresAt`) and no busy attempts (they write nothing). No `fullDocument: "updateLookup"`
+//! so it sees grants, releases, takeovers and deletions by others, but not extensions (they
+//! change only `expiresAt`) and no busy attempts (they write nothing). No `fullDocument: "updateLookup"`
 //! is needed: an update event carries the new `leaseId` (and the new token on a grant) as of the
 //! event. Each event is dispatched to the name's entry in a registry (`backends/wakeups.rs`),
 //! which holds only names that somebody in this process waits on or holds; the task ends when the
 //! last clone of the backend is dropped.
+//!
+//! # Our own writes stay out of the stream (2 commands per uncontended acquire + release)
+//! An open stream always has one `getMore` waiting at the server; every event that passes the
+//! `$match` answers it and costs another. If the backend's own grant and release passed, every
+//! uncontended acquire + release would cost four commands instead of two. So:
+//!
+//! * Every lease id this backend hands out starts with a mark of the backend, 16 random hex
+//!   digits and `-` ([`own_prefix`]; [`LockBackend::new_lease_id`](crate::LockBackend)). Lease
+//!   ids are hex, so the backend's ids are exactly the strings in the range `[mark-, mark.)`,
+//!   which a plain range `$match` tests on any MongoDB.
+//! * A release records the released id in the scalar `lastReleased` (next to `released`).
+//! * The `$match` drops events whose new `leaseId` is in our range (our grants: update or
+//!   insert events, and under MongoDB 4.4 replace events, which also cover our extensions), and
+//!   events that set `leaseId` to null with `lastReleased` in our range (our releases).
+//! * What the stream no longer tells this backend is told in-process instead, as the memory
+//!   backend does: after each of its releases the backend dispatches "no lease" to the name
+//!   (one acquirer woken, observers woken, holders check), and after each grant it dispatches
+//!   the new lease and token to holders and observers (acquirers are not woken by a grant).
+//!
+//! Why nothing is lost:
+//! * **Waiters.** A release frees a name for waiters in every backend. Other backends (in this
+//!   process or others) have other marks, so the release passes their `$match` as before. This
+//!   backend's waiters are woken by the in-process dispatch, which runs after the release's
+//!   reply, so the server already shows the name free when the woken waiter retries; they
+//!   registered before their attempt, so a release during their attempt is kept as a permit.
+//!   A release whose outcome is unknown (error, timeout) is dispatched too: at worst a
+//!   spurious retry. Expiries write nothing either way: busy waiters sleep until the holder's
+//!   reported expiry.
+//! * **Holders.** A takeover is always a grant to *another* lease id. Granted by another
+//!   backend, it carries another mark and passes the `$match`; granted by this backend (a
+//!   sibling took over after our lease expired), it is dispatched in-process with its token,
+//!   which is above ours, so the holder judges it a loss. Force-releases write no
+//!   `lastReleased` and pass. A holder no longer sees its own release — it is not listening
+//!   any more then (the guard stops its watchdog before releasing).
+//! * Documents locked in place ([`Target::Documents`]) keep the unfiltered pipeline; their
+//!   acquirers poll.
+//!
+//! In the steady state an uncontended acquire + release is then one `findAndModify` and one
+//! `update`; the idle stream adds one empty `getMore` per `maxAwaitTimeMS` (1 s), not per
+//! acquisition.
+//!
+//! # MongoDB 4.4: pipeline updates are replace events
+//! MongoDB 4.4 reports an update made with a pipeline (all of ours) as a `replace` event with
+//! the whole document and no `updateDescription`, so other backends' *extensions* pass the
+//! `$match` too. The registry remembers, per name, the lease (id and token) of the last replace
+//! event and delivers a replace event that shows the same lease to nobody
+//! ([`Hub::dispatch_unless_known`]): the name was held throughout (a lease id never gets a
+//! name back once it lost it), so no waiter needs to retry. The first one after the registry
+//! knew nothing costs at most one retry. (mongo-testserver reproduces 4.4 with
+//! `Builder::pipeline_updates_as_replace`.)
 //!
 //! # Wake-ups, without a stampede
 //! An acquirer registers for the name's next change before each attempt; an event wakes the
