@@ -109,7 +109,10 @@ async fn pipeline_updates_can_be_reported_as_replacements() {
         .unwrap();
     coll.delete_one(doc! {"_id": 1}).await.unwrap();
 
-    assert_eq!(next(&mut stream).await.operation_type, OperationType::Insert);
+    assert_eq!(
+        next(&mut stream).await.operation_type,
+        OperationType::Insert
+    );
     let e = next(&mut stream).await;
     assert_eq!(e.operation_type, OperationType::Replace);
     assert_eq!(e.full_document, Some(doc! {"_id": 1, "a": 2}));
@@ -121,7 +124,10 @@ async fn pipeline_updates_can_be_reported_as_replacements() {
     let e = next(&mut stream).await;
     assert_eq!(e.operation_type, OperationType::Update);
     assert_eq!(e.update_description.unwrap().updated_fields, doc! {"a": 3});
-    assert_eq!(next(&mut stream).await.operation_type, OperationType::Delete);
+    assert_eq!(
+        next(&mut stream).await.operation_type,
+        OperationType::Delete
+    );
     server.shutdown().await;
 
     // By default (MongoDB 5.0 and later) a pipeline update is an update event.
@@ -133,7 +139,10 @@ async fn pipeline_updates_can_be_reported_as_replacements() {
     coll.update_one(doc! {"_id": 1}, vec![doc! {"$set": {"a": 2}}])
         .await
         .unwrap();
-    assert_eq!(next(&mut stream).await.operation_type, OperationType::Insert);
+    assert_eq!(
+        next(&mut stream).await.operation_type,
+        OperationType::Insert
+    );
     let e = next(&mut stream).await;
     assert_eq!(e.operation_type, OperationType::Update);
     assert_eq!(e.update_description.unwrap().updated_fields, doc! {"a": 2});

@@ -433,7 +433,11 @@ async fn mongodb_44_replace_events_wake_waiters_only_on_real_changes() {
     );
     next.release().await.unwrap();
     // Takeovers are still signalled to holders.
-    takeover_is_signalled_at_once(common::shared(holder_backend), common::shared(waiter_backend)).await;
+    takeover_is_signalled_at_once(
+        common::shared(holder_backend),
+        common::shared(waiter_backend),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -217,7 +217,13 @@ impl Hub {
     pub(crate) fn dispatch_unless_known(&self, name: &str, change: Change) {
         {
             let mut names = self.names();
-            let holds_lease = matches!(&change, Change::Lease { lease_id: Some(_), .. });
+            let holds_lease = matches!(
+                &change,
+                Change::Lease {
+                    lease_id: Some(_),
+                    ..
+                }
+            );
             if holds_lease && names.known.get(name) == Some(&change) {
                 return;
             }

@@ -2,9 +2,9 @@
 //! document's lifetime, the fencing token is stamped from the per-collection epoch counter. See
 //! the [module docs](super) for why tokens keep growing across TTL cleanup.
 
+use mongodb::action::Action;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::{ReturnDocument, UpdateModifications};
-use mongodb::action::Action;
 use mongodb::Collection;
 
 use super::document::{
