@@ -22,7 +22,9 @@ fn epoch_id() -> Document {
 /// Size of the token range reserved for one lifetime of a lock document.
 const EPOCH_SPAN: i64 = 1 << 32;
 
-/// The update pipeline: take the lease when the name is free, else leave every field as it is.
+/// The update pipeline: take the lease when the name is free, else leave the document as it
+/// is. One `$replaceWith` of `$cond: [free, $$ROOT merged with the new lease, $$ROOT]`, so the
+/// server evaluates "free" once per attempt (not once per field).
 fn acquire_pipeline(req: &AcquireRequest) -> Vec<Document> {
     let mine = Bson::String(req.lease_id.as_str().to_owned());
     // free = no lease, or the lease expired by server time, or the lease is already ours (a retry
@@ -34,19 +36,21 @@ fn acquire_pipeline(req: &AcquireRequest) -> Vec<Document> {
             { "$eq": ["$leaseId", mine.clone()] },
         ]
     };
-    let take = |new: Bson, field: &str| -> Bson {
-        Bson::Document(doc! { "$cond": [free.clone(), new, format!("${field}")] })
+    let lease = doc! {
+        LEASE_ID: { "$literal": mine },
+        // A document without a token (new, or never stamped) keeps a null token: `$add` of a
+        // missing or null field is null. `stamp_token` then assigns one.
+        TOKEN: { "$add": ["$fencingToken", 1_i64] },
+        ACQUIRED_AT: "$$NOW",
+        EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
+        HOLDER: { "$literal": holder_doc(&req.holder) },
     };
     vec![doc! {
-        "$set": {
-            LEASE_ID: take(doc! { "$literal": mine.clone() }.into(), LEASE_ID),
-            // A document without a token (new, or never stamped) keeps a null token: `$add` of a
-            // missing or null field is null. `stamp_token` then assigns one.
-            TOKEN: take(doc! { "$add": ["$fencingToken", 1_i64] }.into(), TOKEN),
-            ACQUIRED_AT: take(Bson::String("$$NOW".into()), ACQUIRED_AT),
-            EXPIRES_AT: take(doc! { "$add": ["$$NOW", ttl_millis(req.ttl)] }.into(), EXPIRES_AT),
-            HOLDER: take(doc! { "$literal": holder_doc(&req.holder) }.into(), HOLDER),
-        }
+        "$replaceWith": { "$cond": [
+            free,
+            { "$mergeObjects": ["$$ROOT", lease] },
+            "$$ROOT",
+        ] }
     }]
 }
 
