@@ -94,6 +94,7 @@ pub struct Builder {
     bind: IpAddr,
     port: u16,
     set_name: String,
+    pipeline_updates_as_replace: bool,
 }
 
 impl Default for Builder {
@@ -104,6 +105,7 @@ impl Default for Builder {
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 0,
             set_name: DEFAULT_SET_NAME.to_owned(),
+            pipeline_updates_as_replace: false,
         }
     }
 }
@@ -140,6 +142,16 @@ impl Builder {
         self
     }
 
+    /// Report updates made with an aggregation pipeline in change streams the way MongoDB 4.4
+    /// does: as `replace` events carrying the whole new document (`fullDocument`) and no
+    /// `updateDescription` (default false: `update` events with an update description, as
+    /// MongoDB 5.0 and later report them). Updates with operators (`$set`, ...) stay `update`
+    /// events either way.
+    pub fn pipeline_updates_as_replace(mut self, enabled: bool) -> Self {
+        self.pipeline_updates_as_replace = enabled;
+        self
+    }
+
     /// Binds the socket and starts serving. Must be called inside a Tokio runtime.
     pub async fn start(self) -> std::io::Result<TestServer> {
         let listener = TcpListener::bind(SocketAddr::new(self.bind, self.port)).await?;
@@ -153,6 +165,7 @@ impl Builder {
             server::Config {
                 standalone: self.standalone,
                 set_name: self.set_name,
+                pipeline_updates_as_replace: self.pipeline_updates_as_replace,
                 host,
             },
             self.ttl_interval,

@@ -22,6 +22,8 @@ pub struct Config {
     pub standalone: bool,
     /// Replica set name.
     pub set_name: String,
+    /// Report pipeline-style updates in change streams as `replace` events (MongoDB 4.4).
+    pub pipeline_updates_as_replace: bool,
     /// `host:port` reported in `hello` (`me`, `primary`, `hosts`).
     pub host: String,
 }
@@ -44,8 +46,12 @@ pub struct Shared {
 impl Shared {
     /// A new server state.
     pub fn new(config: Config, ttl_interval: Duration) -> Shared {
+        let state = State {
+            pipeline_updates_as_replace: config.pipeline_updates_as_replace,
+            ..State::default()
+        };
         Shared {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
             failpoint: Mutex::new(FailCommand::default()),
             config,
             ttl_interval_ms: AtomicU64::new(ttl_interval.as_millis().max(1) as u64),

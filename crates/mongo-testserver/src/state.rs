@@ -25,6 +25,9 @@ pub struct State {
     pub events: EventLog,
     /// Cluster time.
     pub clock: ClusterClock,
+    /// Log pipeline-style updates as `replace` events with the full document, as MongoDB 4.4
+    /// does (5.0 and later report them as `update` events with an update description).
+    pub pipeline_updates_as_replace: bool,
 }
 
 fn internal(msg: &str) -> CommandError {

@@ -80,6 +80,75 @@ async fn collection_stream_sees_every_kind_of_change() {
     server.shutdown().await;
 }
 
+/// `pipeline_updates_as_replace(true)`: pipeline updates (through update and findAndModify)
+/// are reported as replace events with the whole new document, as MongoDB 4.4 does; operator
+/// updates stay update events.
+#[tokio::test]
+async fn pipeline_updates_can_be_reported_as_replacements() {
+    let server = TestServer::builder()
+        .pipeline_updates_as_replace(true)
+        .start()
+        .await
+        .unwrap();
+    let c = client(&server).await;
+    let coll = c.database("db").collection::<Document>("cs44");
+    let mut stream = coll.watch().await.unwrap();
+    coll.insert_one(doc! {"_id": 1, "a": 1}).await.unwrap();
+    coll.update_one(doc! {"_id": 1}, vec![doc! {"$set": {"a": 2}}])
+        .await
+        .unwrap();
+    coll.find_one_and_update(doc! {"_id": 1}, vec![doc! {"$set": {"b": "x"}}])
+        .await
+        .unwrap();
+    coll.update_one(doc! {"_id": 1}, doc! {"$set": {"a": 3}})
+        .await
+        .unwrap();
+    // A pipeline update that changes nothing logs nothing.
+    coll.update_one(doc! {"_id": 1}, vec![doc! {"$set": {"a": 3}}])
+        .await
+        .unwrap();
+    coll.delete_one(doc! {"_id": 1}).await.unwrap();
+
+    assert_eq!(
+        next(&mut stream).await.operation_type,
+        OperationType::Insert
+    );
+    let e = next(&mut stream).await;
+    assert_eq!(e.operation_type, OperationType::Replace);
+    assert_eq!(e.full_document, Some(doc! {"_id": 1, "a": 2}));
+    assert!(e.update_description.is_none());
+    assert_eq!(e.document_key, Some(doc! {"_id": 1}));
+    let e = next(&mut stream).await;
+    assert_eq!(e.operation_type, OperationType::Replace);
+    assert_eq!(e.full_document, Some(doc! {"_id": 1, "a": 2, "b": "x"}));
+    let e = next(&mut stream).await;
+    assert_eq!(e.operation_type, OperationType::Update);
+    assert_eq!(e.update_description.unwrap().updated_fields, doc! {"a": 3});
+    assert_eq!(
+        next(&mut stream).await.operation_type,
+        OperationType::Delete
+    );
+    server.shutdown().await;
+
+    // By default (MongoDB 5.0 and later) a pipeline update is an update event.
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let coll = c.database("db").collection::<Document>("cs50");
+    let mut stream = coll.watch().await.unwrap();
+    coll.insert_one(doc! {"_id": 1, "a": 1}).await.unwrap();
+    coll.update_one(doc! {"_id": 1}, vec![doc! {"$set": {"a": 2}}])
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut stream).await.operation_type,
+        OperationType::Insert
+    );
+    let e = next(&mut stream).await;
+    assert_eq!(e.operation_type, OperationType::Update);
+    assert_eq!(e.update_description.unwrap().updated_fields, doc! {"a": 2});
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn events_arrive_promptly() {
     let server = TestServer::start().await.unwrap();

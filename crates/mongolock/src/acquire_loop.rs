@@ -83,6 +83,11 @@ pub(crate) trait Attempts: Send + Sync {
     /// One attempt for `lease_id`, normally through [`spawn_attempt`].
     async fn attempt(&self, lease_id: &LeaseId) -> Result<Step<Self::Granted>>;
 
+    /// A fresh lease id for one acquire call.
+    fn new_lease_id(&self) -> LeaseId {
+        LeaseId::random()
+    }
+
     /// Registers for the next change of the target before an attempt; `None` without
     /// notifications.
     fn change_waiter(&self) -> Option<ChangeWaiter> {
@@ -175,7 +180,7 @@ pub(crate) async fn run<A: Attempts + ?Sized>(
     };
     let mut waits = attempts.wait_strategy().start();
     let mut error_waits = Backoff::for_errors();
-    let lease_id = LeaseId::random();
+    let lease_id = attempts.new_lease_id();
     let mut cleanup = Cleanup {
         attempts,
         lease_id: &lease_id,

@@ -52,6 +52,12 @@ impl LeaseId {
         LeaseId(format!("{:032x}", rand::random::<u128>()))
     }
 
+    /// A new random lease id that starts with `prefix` (a backend's mark on its own leases;
+    /// 96 random bits follow it).
+    pub fn random_with_prefix(prefix: &str) -> Self {
+        LeaseId(format!("{prefix}{:024x}", rand::random::<u128>() >> 32))
+    }
+
     /// Wraps a lease id read back from storage.
     pub fn from_string(id: impl Into<String>) -> Self {
         LeaseId(id.into())
@@ -222,6 +228,13 @@ pub trait LockBackend: Send + Sync + 'static {
     /// only when someone else ended or took the lease (expiry and takeover, force-release) or
     /// the backend has no record of it. Never affects another lease id.
     async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool>;
+
+    /// A fresh lease id for one acquire call. Must be unique; the default is
+    /// [`LeaseId::random`]. A backend may mark its own leases (the MongoDB backend prefixes them
+    /// so that its change stream can leave out its own writes).
+    fn new_lease_id(&self) -> LeaseId {
+        LeaseId::random()
+    }
 
     /// Reads one lock; `None` when the backend has no record of the name.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;

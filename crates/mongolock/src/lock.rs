@@ -189,6 +189,10 @@ impl Attempts for Lock {
         .await
     }
 
+    fn new_lease_id(&self) -> LeaseId {
+        self.provider.backend.new_lease_id()
+    }
+
     fn change_waiter(&self) -> Option<ChangeWaiter> {
         self.provider.backend.change_waiter(&self.name)
     }

@@ -56,6 +56,8 @@ fn is_change_stream_open(name: &str, body: &Document) -> bool {
 /// Counts of what a client sent.
 #[derive(Default)]
 struct Sent {
+    /// Every command.
+    all: AtomicUsize,
     stream_opens: AtomicUsize,
     find_and_modify: AtomicUsize,
     get_more: AtomicUsize,
@@ -74,6 +76,7 @@ async fn counting_client(uri: &str, app: Option<&str>) -> (Client, Arc<Sent>) {
     options.command_event_handler =
         Some(EventHandler::callback(move |ev: CommandEvent| match ev {
             CommandEvent::Started(s) => {
+                sink.all.fetch_add(1, Ordering::SeqCst);
                 if is_change_stream_open(&s.command_name, &s.command) {
                     sink.stream_opens.fetch_add(1, Ordering::SeqCst);
                 }
@@ -162,6 +165,55 @@ async fn handoffs(provider: &LockProvider, handoffs: usize) -> Vec<Duration> {
     let samples = samples.lock().unwrap().clone();
     assert!(samples.len() >= handoffs);
     samples
+}
+
+/// With the change stream open, an uncontended acquire + release costs exactly two commands:
+/// the stream leaves out the backend's own grants and releases, so no `getMore` answers them
+/// (an idle stream's empty `getMore` comes about once per `maxAwaitTimeMS`, 1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn uncontended_pairs_cost_two_commands_with_the_stream_open() {
+    const PAIRS: usize = 300;
+    let t = test_database().await;
+    let (client, sent) = counting_client(&t.uri, None).await;
+    let backend = MongoBackend::builder(&client.database(t.db.name()))
+        .collection(unique("locks"))
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend.clone()).build().unwrap();
+    let lock = provider.lock(unique("pairs")).unwrap();
+    // Warm-up: creates the document, stamps the first token, creates the TTL index and opens
+    // the stream (a holder's loss detection starts it).
+    for _ in 0..5 {
+        lock.acquire().await.unwrap().release().await.unwrap();
+    }
+    until_live(&backend).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let all_before = sent.all.load(Ordering::SeqCst);
+    let get_more_before = sent.get_more.load(Ordering::SeqCst);
+    let fam_before = sent.find_and_modify.load(Ordering::SeqCst);
+    let started = Instant::now();
+    for _ in 0..PAIRS {
+        let g = lock.acquire().await.unwrap();
+        assert!(!g.is_lost());
+        g.release().await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let all = sent.all.load(Ordering::SeqCst) - all_before;
+    let get_more = sent.get_more.load(Ordering::SeqCst) - get_more_before;
+    let find_and_modify = sent.find_and_modify.load(Ordering::SeqCst) - fam_before;
+    assert!(backend.live_notifications(), "the stream stayed open");
+    assert_eq!(find_and_modify, PAIRS, "one findAndModify per acquisition");
+    assert_eq!(
+        all - get_more,
+        2 * PAIRS,
+        "exactly one acquire and one release command per pair ({all} commands, {get_more} getMore)"
+    );
+    let idle = elapsed.as_secs() as usize + 2;
+    assert!(
+        get_more <= idle,
+        "{get_more} getMore in {elapsed:?} for {PAIRS} pairs: the stream answered our own writes"
+    );
+    assert_eq!(sent.stream_opens.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -317,6 +369,75 @@ async fn mongodb_takeover_is_signalled_at_once() {
         )
     };
     takeover_is_signalled_at_once(backend(&t.db), backend(&t.db)).await;
+}
+
+/// MongoDB 4.4 reports pipeline updates as `replace` events: a holder in another backend that
+/// keeps extending does not wake the waiter at each extension (only the first event, before
+/// the waiter's registry knows the lease, may cost it one attempt), its release still hands
+/// the lock over at once, and a takeover is still signalled to the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mongodb_44_replace_events_wake_waiters_only_on_real_changes() {
+    let t = test_database_with(TestServer::builder().pipeline_updates_as_replace(true)).await;
+    if t.server.is_none() {
+        eprintln!("skipped: needs the embedded server's MongoDB 4.4 mode");
+        return;
+    }
+    let coll = unique("locks");
+    let holder_backend = MongoBackend::builder(&t.db)
+        .collection(coll.clone())
+        .build()
+        .unwrap();
+    let (client, sent) = counting_client(&t.uri, None).await;
+    let waiter_backend = MongoBackend::builder(&client.database(t.db.name()))
+        .collection(coll)
+        .build()
+        .unwrap();
+    until_live(&waiter_backend).await;
+    let holder = LockProvider::builder(holder_backend.clone())
+        .expiry(Duration::from_secs(3))
+        .extension_cadence(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    // Polling alone would sleep at least 5 s: a prompt handoff can only come from a wake-up.
+    let waiter = LockProvider::builder(waiter_backend.clone())
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_secs(5),
+            Duration::from_secs(6),
+        ))
+        .build()
+        .unwrap();
+    let name = unique("replace44");
+    let g = holder.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let before = sent.find_and_modify.load(Ordering::SeqCst);
+    let waiting = {
+        let lock = waiter.lock(name.clone()).unwrap();
+        tokio::spawn(async move { lock.acquire().await.unwrap() })
+    };
+    // About fifteen extensions, each a replace event showing the same lease.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!g.is_lost(), "extensions are not a loss");
+    let attempts = sent.find_and_modify.load(Ordering::SeqCst) - before;
+    assert!(
+        attempts <= 3,
+        "{attempts} acquire attempts while the holder only extended: extensions woke the waiter"
+    );
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(4), waiting)
+        .await
+        .expect("the release (a replace event without a lease) wakes the waiter")
+        .unwrap();
+    eprintln!(
+        "4.4 mode: {attempts} attempts while waiting; handoff in {:?}",
+        released.elapsed()
+    );
+    next.release().await.unwrap();
+    // Takeovers are still signalled to holders.
+    takeover_is_signalled_at_once(
+        common::shared(holder_backend),
+        common::shared(waiter_backend),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

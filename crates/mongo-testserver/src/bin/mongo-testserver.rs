@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! mongo-testserver --port PORT [--bind ADDR] [--standalone] [--ttl-monitor-secs N]
+//!                  [--pipeline-updates-as-replace]
 //! ```
 //! Prints `listening on HOST:PORT` once connections are accepted; exits on SIGINT/SIGTERM.
 
@@ -30,6 +31,10 @@ struct Args {
     /// Replica set name.
     #[arg(long, default_value = mongo_testserver::DEFAULT_SET_NAME)]
     set_name: String,
+    /// Report pipeline-style updates in change streams as `replace` events with the full
+    /// document, as MongoDB 4.4 does.
+    #[arg(long)]
+    pipeline_updates_as_replace: bool,
 }
 
 #[tokio::main]
@@ -48,6 +53,7 @@ async fn main() -> std::process::ExitCode {
         .standalone(args.standalone)
         .ttl_monitor_interval(Duration::from_secs(args.ttl_monitor_secs.max(1)))
         .set_name(args.set_name)
+        .pipeline_updates_as_replace(args.pipeline_updates_as_replace)
         .start()
         .await
     {

@@ -297,7 +297,10 @@ fn apply_update(
     }
     check_update_size(&work)?;
     let after = (want == Want::After).then(|| work.clone());
-    let before = st.update_doc(db, coll, rid, work, update.is_replacement(), vars)?;
+    // MongoDB 4.4 logs pipeline updates as replacements (the whole new document).
+    let as_replace =
+        update.is_replacement() || (update.is_pipeline() && st.pipeline_updates_as_replace);
+    let before = st.update_doc(db, coll, rid, work, as_replace, vars)?;
     Ok((
         match want {
             Want::Nothing => None,

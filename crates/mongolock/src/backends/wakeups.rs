@@ -86,7 +86,14 @@ struct Names {
     /// Sequence number of the last dispatched change (hub-wide, so that it stays comparable
     /// when a name's entry is removed and created again).
     seq: u64,
+    /// The lease last reported by a whole-document (`replace`) event, per name, kept when the
+    /// name's entry goes (a waiter re-registers after each wake-up); see
+    /// [`Hub::dispatch_unless_known`]. Cleared when it grows past [`MAX_KNOWN`].
+    known: HashMap<Arc<str>, Change>,
 }
+
+/// Bound of [`Names::known`]: forgetting costs at most one spurious wake-up per name.
+const MAX_KNOWN: usize = 1 << 16;
 
 pub(crate) struct NameState {
     turn: Arc<Notify>,
@@ -188,6 +195,46 @@ impl Hub {
         }
     }
 
+    /// Delivers a grant: to every observer and the holders, but to no acquirer (a grant frees
+    /// nothing, so waking one would only cost it an attempt).
+    pub(crate) fn dispatch_grant(&self, name: &str, change: Change) {
+        let mut names = self.names();
+        names.seq += 1;
+        let seq = names.seq;
+        if let Some(st) = names.map.get(name) {
+            st.all.notify_waiters();
+            st.changes.send_replace((seq, change));
+        }
+    }
+
+    /// Delivers a change reported with the whole document (a `replace` event), unless it shows
+    /// the same lease (id and token) as the name's previous replace event: MongoDB 4.4 reports
+    /// every pipeline update, extensions included, as a replace, and an extension frees
+    /// nothing. Not knowing the name's lease yet, it is delivered (at worst one acquirer
+    /// retries once). A lease id is never granted again once it lost the name, so seeing the
+    /// same lease again means the name was held throughout, or was held again by the time of
+    /// the event: nobody waiting needs to retry.
+    pub(crate) fn dispatch_unless_known(&self, name: &str, change: Change) {
+        {
+            let mut names = self.names();
+            let holds_lease = matches!(
+                &change,
+                Change::Lease {
+                    lease_id: Some(_),
+                    ..
+                }
+            );
+            if holds_lease && names.known.get(name) == Some(&change) {
+                return;
+            }
+            if names.known.len() >= MAX_KNOWN {
+                names.known.clear();
+            }
+            names.known.insert(Arc::from(name), change.clone());
+        }
+        self.dispatch(name, change);
+    }
+
     /// Wakes every waiting acquirer and observer of every name so that they check again (after
     /// the stream was opened from scratch, or when notifications stopped). Holders are told
     /// only when `holders_check` (something happened to every document, e.g. a dropped
@@ -195,6 +242,8 @@ impl Hub {
     pub(crate) fn wake_all(&self, holders_check: bool) {
         let mut names = self.names();
         names.seq += 1;
+        // Whatever was known may have changed unseen.
+        names.known.clear();
         let seq = names.seq;
         for st in names.map.values() {
             st.turn.notify_waiters();
@@ -332,6 +381,36 @@ mod tests {
             assert!(w.wait(Duration::from_secs(5)).await);
         }
         assert_eq!(hub.watched_names(), 0);
+    }
+
+    #[tokio::test]
+    async fn replace_events_showing_the_known_lease_wake_nobody() {
+        let hub = Hub::new(Status::Live);
+        let lease = |id: Option<&str>, t: u64| Change::Lease {
+            lease_id: id.map(str::to_owned),
+            token: Some(t),
+        };
+        // The first event about a name is news (nothing known yet).
+        let w = hub.change_waiter("x");
+        hub.dispatch_unless_known("x", lease(Some("a"), 1));
+        assert!(w.wait(Duration::from_secs(5)).await);
+        // The waiter re-registered; extensions (same lease) do not wake it.
+        let w = hub.change_waiter("x");
+        hub.dispatch_unless_known("x", lease(Some("a"), 1));
+        hub.dispatch_unless_known("x", lease(Some("a"), 1));
+        assert!(!w.wait(Duration::from_millis(50)).await);
+        // A release does, and so does the next grant.
+        let w = hub.change_waiter("x");
+        hub.dispatch_unless_known("x", lease(None, 1));
+        assert!(w.wait(Duration::from_secs(5)).await);
+        let w = hub.change_waiter("x");
+        hub.dispatch_unless_known("x", lease(Some("b"), 2));
+        assert!(w.wait(Duration::from_secs(5)).await);
+        // After wake_all nothing is known any more.
+        hub.wake_all(false);
+        let w = hub.change_waiter("x");
+        hub.dispatch_unless_known("x", lease(Some("b"), 2));
+        assert!(w.wait(Duration::from_secs(5)).await);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! document's lifetime, the fencing token is stamped from the per-collection epoch counter. See
 //! the [module docs](super) for why tokens keep growing across TTL cleanup.
 
+use mongodb::action::Action;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::{ReturnDocument, UpdateModifications};
 use mongodb::Collection;
@@ -21,7 +22,9 @@ fn epoch_id() -> Document {
 /// Size of the token range reserved for one lifetime of a lock document.
 const EPOCH_SPAN: i64 = 1 << 32;
 
-/// The update pipeline: take the lease when the name is free, else leave every field as it is.
+/// The update pipeline: take the lease when the name is free, else leave the document as it
+/// is. One `$replaceWith` of `$cond: [free, $$ROOT merged with the new lease, $$ROOT]`, so the
+/// server evaluates "free" once per attempt (not once per field).
 fn acquire_pipeline(req: &AcquireRequest) -> Vec<Document> {
     let mine = Bson::String(req.lease_id.as_str().to_owned());
     // free = no lease, or the lease expired by server time, or the lease is already ours (a retry
@@ -33,19 +36,21 @@ fn acquire_pipeline(req: &AcquireRequest) -> Vec<Document> {
             { "$eq": ["$leaseId", mine.clone()] },
         ]
     };
-    let take = |new: Bson, field: &str| -> Bson {
-        Bson::Document(doc! { "$cond": [free.clone(), new, format!("${field}")] })
+    let lease = doc! {
+        LEASE_ID: { "$literal": mine },
+        // A document without a token (new, or never stamped) keeps a null token: `$add` of a
+        // missing or null field is null. `stamp_token` then assigns one.
+        TOKEN: { "$add": ["$fencingToken", 1_i64] },
+        ACQUIRED_AT: "$$NOW",
+        EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
+        HOLDER: { "$literal": holder_doc(&req.holder) },
     };
     vec![doc! {
-        "$set": {
-            LEASE_ID: take(doc! { "$literal": mine.clone() }.into(), LEASE_ID),
-            // A document without a token (new, or never stamped) keeps a null token: `$add` of a
-            // missing or null field is null. `stamp_token` then assigns one.
-            TOKEN: take(doc! { "$add": ["$fencingToken", 1_i64] }.into(), TOKEN),
-            ACQUIRED_AT: take(Bson::String("$$NOW".into()), ACQUIRED_AT),
-            EXPIRES_AT: take(doc! { "$add": ["$$NOW", ttl_millis(req.ttl)] }.into(), EXPIRES_AT),
-            HOLDER: take(doc! { "$literal": holder_doc(&req.holder) }.into(), HOLDER),
-        }
+        "$replaceWith": { "$cond": [
+            free,
+            { "$mergeObjects": ["$$ROOT", lease] },
+            "$$ROOT",
+        ] }
     }]
 }
 
@@ -58,6 +63,8 @@ pub(super) async fn try_acquire(
         coll,
         doc! { "_id": req.name.as_str() },
         acquire_pipeline(req),
+        // Only what the client reads back: the holder and the released ids stay on the server.
+        Some(doc! { LEASE_ID: 1, TOKEN: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1 }),
         "acquire (findAndModify)",
     )
     .await?;
@@ -84,6 +91,7 @@ async fn upsert(
     coll: &Collection<Document>,
     filter: Document,
     update: impl Into<UpdateModifications>,
+    projection: Option<Document>,
     what: &str,
 ) -> Result<Document> {
     let update = update.into();
@@ -93,6 +101,7 @@ async fn upsert(
             .find_one_and_update(filter.clone(), update.clone())
             .upsert(true)
             .return_document(ReturnDocument::After)
+            .optional(projection.clone(), |b, p| b.projection(p))
             .await;
         match result {
             Ok(Some(doc)) => return Ok(doc),
@@ -176,6 +185,7 @@ async fn next_epoch(coll: &Collection<Document>) -> Result<i64> {
         coll,
         doc! { "_id": epoch_id() },
         doc! { "$inc": { "epoch": 1_i64 } },
+        None,
         "acquire (fencing epoch)",
     )
     .await?;

@@ -22,6 +22,9 @@ pub(crate) const EXPIRES_AT: &str = "expiresAt";
 pub(crate) const HOLDER: &str = "holder";
 /// The lease ids of the last [`RELEASED_KEPT`] leases that their own holders released.
 pub(crate) const RELEASED: &str = "released";
+/// The lease id of the last release (a scalar, so that a change stream's `$match` can tell
+/// whose release an event reports; see `watch.rs`).
+pub(crate) const LAST_RELEASED: &str = "lastReleased";
 /// How many released lease ids a lock keeps (see [`release`]).
 pub(crate) const RELEASED_KEPT: i32 = 8;
 /// Added by inspection reads: the server time of the read. Never stored.
@@ -70,7 +73,7 @@ pub(crate) fn ttl_millis(ttl: Duration) -> i64 {
 ///
 /// The pipeline ends the lease only while `leaseId` is ours — `leaseId: null`,
 /// `expiresAt: min(expiresAt, $$NOW)`, the fencing token kept — and appends our lease id to
-/// `released` (the last [`RELEASED_KEPT`]). The filter also matches a document whose
+/// `released` (the last [`RELEASED_KEPT`]) and records it in [`LAST_RELEASED`]. The filter also matches a document whose
 /// `released` holds our lease id, without changing it: so a release whose first try was
 /// applied but whose reply was lost matches again when retried and reports success, while a
 /// lease that someone else ended (expiry and takeover, force-release) matches nothing, because
@@ -81,6 +84,7 @@ pub(crate) fn release_update(prefix: &str, lease_id: &str) -> (Document, Vec<Doc
     let lease_path = format!("{prefix}{LEASE_ID}");
     let expires_path = format!("{prefix}{EXPIRES_AT}");
     let released_path = format!("{prefix}{RELEASED}");
+    let last_released_path = format!("{prefix}{LAST_RELEASED}");
     let ours = doc! { "$literal": lease_id };
     let mine = doc! { "$eq": [format!("${lease_path}"), ours.clone()] };
     let keep = |path: &str| Bson::String(format!("${path}"));
@@ -99,15 +103,20 @@ pub(crate) fn release_update(prefix: &str, lease_id: &str) -> (Document, Vec<Doc
                 keep(&expires_path),
             ] },
             released_path.as_str(): { "$cond": [
-                mine,
+                mine.clone(),
                 { "$slice": [
                     { "$concatArrays": [
                         { "$ifNull": [keep(&released_path), []] },
-                        [ours],
+                        [ours.clone()],
                     ] },
                     -RELEASED_KEPT,
                 ] },
                 keep(&released_path),
+            ] },
+            last_released_path.as_str(): { "$cond": [
+                mine,
+                ours,
+                keep(&last_released_path),
             ] },
         }
     }];

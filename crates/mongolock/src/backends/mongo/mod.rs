@@ -16,9 +16,10 @@
 //! One `findAndModify` on `{_id: name}` with `upsert: true`, `new: true` and an update
 //! **pipeline**. MongoDB refuses `$expr` in the filter of an upsert, so the test "is the name
 //! free?" lives inside the pipeline: free = `leaseId` is null/missing, or `expiresAt <= $$NOW`
-//! (server time), or `leaseId` is already ours (an idempotent retry after a lost reply). Every
-//! field is set with `$cond: [free, <new value>, <current value>]`, so a busy attempt is a no-op
-//! write. The client compares the returned `leaseId` with its own. This is DistributedLock's
+//! (server time), or `leaseId` is already ours (an idempotent retry after a lost reply). The
+//! pipeline is one `$replaceWith: {$cond: [free, {$mergeObjects: ["$$ROOT", <new lease>]},
+//! "$$ROOT"]}` (so "free" is evaluated once), and a busy attempt is a no-op write. The reply is
+//! projected to the lease fields. The client compares the returned `leaseId` with its own. This is DistributedLock's
 //! single-round-trip scheme; we prefer it to a filter + duplicate-key scheme because a busy
 //! attempt costs no error round trip and leaves the document untouched.
 //!
@@ -343,7 +344,15 @@ impl LockBackend for MongoBackend {
         let released = ops::release(&self.coll, name, lease_id).await;
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.watch.released(lease_id);
+        // The stream leaves out this backend's own releases: its waiters are told here.
+        self.watch.released_name(name);
         released
+    }
+
+    /// Marked with this backend's prefix, so that its change stream leaves out its own grants
+    /// and releases (`watch.rs`).
+    fn new_lease_id(&self) -> LeaseId {
+        self.watch.new_lease_id()
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {

@@ -6,18 +6,69 @@
 //! A background task watches the lock collection with
 //!
 //! ```text
-//! $match: operationType in [insert, replace, delete, drop, dropDatabase, rename, invalidate]
-//!         or (operationType = update and updateDescription.updatedFields.leaseId exists)
+//! $match: (operationType in [insert, replace, delete, drop, dropDatabase, rename, invalidate]
+//!          or (operationType = update and updateDescription.updatedFields.leaseId exists))
+//!         and not one of this backend's own grants or releases (see below)
 //! $project: operationType, ns, documentKey, updatedFields.{leaseId, fencingToken},
 //!           fullDocument.{leaseId, fencingToken}
 //! ```
 //!
-//! so it sees grants, releases, takeovers and deletions, but not extensions (they change only
-//! `expiresAt`) and no busy attempts (they write nothing). No `fullDocument: "updateLookup"`
+//! so it sees grants, releases, takeovers and deletions by others, but not extensions (they
+//! change only `expiresAt`) and no busy attempts (they write nothing). No `fullDocument: "updateLookup"`
 //! is needed: an update event carries the new `leaseId` (and the new token on a grant) as of the
 //! event. Each event is dispatched to the name's entry in a registry (`backends/wakeups.rs`),
 //! which holds only names that somebody in this process waits on or holds; the task ends when the
 //! last clone of the backend is dropped.
+//!
+//! # Our own writes stay out of the stream (2 commands per uncontended acquire + release)
+//! An open stream always has one `getMore` waiting at the server; every event that passes the
+//! `$match` answers it and costs another. If the backend's own grant and release passed, every
+//! uncontended acquire + release would cost four commands instead of two. So:
+//!
+//! * Every lease id this backend hands out starts with a mark of the backend, 16 random hex
+//!   digits and `-` ([`own_prefix`]; [`LockBackend::new_lease_id`](crate::LockBackend)). Lease
+//!   ids are hex, so the backend's ids are exactly the strings in the range `[mark-, mark.)`,
+//!   which a plain range `$match` tests on any MongoDB.
+//! * A release records the released id in the scalar `lastReleased` (next to `released`).
+//! * The `$match` drops events whose new `leaseId` is in our range (our grants: update or
+//!   insert events, and under MongoDB 4.4 replace events, which also cover our extensions), and
+//!   events that set `leaseId` to null with `lastReleased` in our range (our releases).
+//! * What the stream no longer tells this backend is told in-process instead, as the memory
+//!   backend does: after each of its releases the backend dispatches "no lease" to the name
+//!   (one acquirer woken, observers woken, holders check), and after each grant it dispatches
+//!   the new lease and token to holders and observers (acquirers are not woken by a grant).
+//!
+//! Why nothing is lost:
+//! * **Waiters.** A release frees a name for waiters in every backend. Other backends (in this
+//!   process or others) have other marks, so the release passes their `$match` as before. This
+//!   backend's waiters are woken by the in-process dispatch, which runs after the release's
+//!   reply, so the server already shows the name free when the woken waiter retries; they
+//!   registered before their attempt, so a release during their attempt is kept as a permit.
+//!   A release whose outcome is unknown (error, timeout) is dispatched too: at worst a
+//!   spurious retry. Expiries write nothing either way: busy waiters sleep until the holder's
+//!   reported expiry.
+//! * **Holders.** A takeover is always a grant to *another* lease id. Granted by another
+//!   backend, it carries another mark and passes the `$match`; granted by this backend (a
+//!   sibling took over after our lease expired), it is dispatched in-process with its token,
+//!   which is above ours, so the holder judges it a loss. Force-releases write no
+//!   `lastReleased` and pass. A holder no longer sees its own release — it is not listening
+//!   any more then (the guard stops its watchdog before releasing).
+//! * Documents locked in place ([`Target::Documents`]) keep the unfiltered pipeline; their
+//!   acquirers poll.
+//!
+//! In the steady state an uncontended acquire + release is then one `findAndModify` and one
+//! `update`; the idle stream adds one empty `getMore` per `maxAwaitTimeMS` (1 s), not per
+//! acquisition.
+//!
+//! # MongoDB 4.4: pipeline updates are replace events
+//! MongoDB 4.4 reports an update made with a pipeline (all of ours) as a `replace` event with
+//! the whole document and no `updateDescription`, so other backends' *extensions* pass the
+//! `$match` too. The registry remembers, per name, the lease (id and token) of the last replace
+//! event and delivers a replace event that shows the same lease to nobody
+//! ([`Hub::dispatch_unless_known`]): the name was held throughout (a lease id never gets a
+//! name back once it lost it), so no waiter needs to retry. The first one after the registry
+//! knew nothing costs at most one retry. (mongo-testserver reproduces 4.4 with
+//! `Builder::pipeline_updates_as_replace`.)
 //!
 //! # Wake-ups, without a stampede
 //! An acquirer registers for the name's next change before each attempt; an event wakes the
@@ -71,7 +122,7 @@ use mongodb::Collection;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::document::{self, LEASE_ID, TOKEN};
+use super::document::{self, LAST_RELEASED, LEASE_ID, TOKEN};
 use super::errors;
 use crate::backend::{ChangeWaiter, LeaseId};
 use crate::backends::wakeups::{Change, Hub, NameRef, Status};
@@ -135,6 +186,10 @@ pub(crate) struct Watcher {
     hub: Arc<Hub>,
     coll: Collection<Document>,
     target: Arc<Target>,
+    /// The mark on this backend's own lease ids (see [`own_prefix`]).
+    own: String,
+    /// The stream's pipeline.
+    pipeline: Arc<Vec<Document>>,
     /// Dropping the sender (with the backend) stops the task.
     task: Mutex<Option<oneshot::Sender<()>>>,
     held: Mutex<HashMap<LeaseId, Held>>,
@@ -180,7 +235,11 @@ fn judge(change: &Change, ours: &LeaseId, our_token: Option<u64>) -> Verdict {
 impl Watcher {
     /// A watcher whose stream starts on first need; `enabled: false` means never (poll).
     pub(crate) fn new(coll: Collection<Document>, enabled: bool, target: Target) -> Watcher {
+        let own = own_prefix();
+        let pipeline = Arc::new(pipeline(&target, &own));
         Watcher {
+            own,
+            pipeline,
             hub: Hub::new(if enabled {
                 Status::Idle
             } else {
@@ -218,6 +277,7 @@ impl Watcher {
             self.hub.clone(),
             self.coll.clone(),
             self.target.clone(),
+            self.pipeline.clone(),
             stopped,
         ));
     }
@@ -249,12 +309,27 @@ impl Watcher {
         }
     }
 
-    /// Remembers a lease this backend granted (its token, and which changes are news to it).
-    /// `name` is the registry key (a lock name, or [`document_key`]).
+    /// A lease id for an acquire call of this backend: marked with [`own_prefix`], so that the
+    /// stream leaves out this backend's own grants and releases (see the [module docs](self)).
+    pub(crate) fn new_lease_id(&self) -> LeaseId {
+        LeaseId::random_with_prefix(&self.own)
+    }
+
+    /// Remembers a lease this backend granted (its token, and which changes are news to it),
+    /// and tells this backend's holders and observers of the name at once: the stream leaves
+    /// out the grants of this backend's own lease ids. `name` is the registry key (a lock name,
+    /// or [`document_key`]).
     pub(crate) fn granted(&self, name: &str, lease_id: &LeaseId, token: u64) {
         if self.hub.status() == Status::Unavailable {
             return;
         }
+        self.hub.dispatch_grant(
+            name,
+            Change::Lease {
+                lease_id: Some(lease_id.as_str().to_owned()),
+                token: Some(token),
+            },
+        );
         let entry = self.hub.name(name);
         let seen = self.hub.seq();
         let mut held = self.held();
@@ -263,11 +338,25 @@ impl Watcher {
         }
     }
 
-    /// Forgets a lease (released).
+    /// Forgets a lease (released, or given up on).
     pub(crate) fn released(&self, lease_id: &LeaseId) {
         let removed = self.held().remove(lease_id);
         // The entry handle is dropped outside the map lock.
         drop(removed);
+    }
+
+    /// After this backend's release of `name` (whatever its outcome): wakes one of this
+    /// backend's acquirers of the name and its observers at once, since the stream leaves out
+    /// this backend's own releases. A spurious wake-up (the release did nothing) costs one
+    /// attempt.
+    pub(crate) fn released_name(&self, name: &str) {
+        self.hub.dispatch(
+            name,
+            Change::Lease {
+                lease_id: None,
+                token: None,
+            },
+        );
     }
 
     pub(super) async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
@@ -348,25 +437,44 @@ impl Watcher {
     }
 }
 
+/// A new mark for the lease ids of one backend: 16 random hex digits and `-`. Lease ids are
+/// hex digits, so the ids of this backend are exactly the strings in
+/// `[own, own with '-' replaced by '.')` (`.` follows `-`): a range `$match` can test.
+fn own_prefix() -> String {
+    format!("{:016x}-", rand::random::<u64>())
+}
+
 /// The stream's pipeline; see the [module docs](self).
-fn pipeline(target: &Target) -> Vec<Document> {
+fn pipeline(target: &Target, own: &str) -> Vec<Document> {
     match target {
-        Target::Names => names_pipeline(),
+        Target::Names => names_pipeline(own),
         Target::Documents { field } => documents_pipeline(field),
     }
 }
 
-/// The pipeline of the lock collection.
-fn names_pipeline() -> Vec<Document> {
+/// The pipeline of the lock collection; `own` is the backend's lease-id mark (see
+/// [`own_prefix`]): events that grant one of its leases, or release one (the release records
+/// the id in `lastReleased`), do not pass.
+fn names_pipeline(own: &str) -> Vec<Document> {
     let updated = |f: &str| format!("updateDescription.updatedFields.{f}");
     let full = |f: &str| format!("fullDocument.{f}");
+    let end = format!("{}.", own.trim_end_matches('-'));
+    let ours = || doc! { "$gte": own, "$lt": end.as_str() };
     vec![
-        doc! { "$match": { "$or": [
-            { "operationType": { "$in": [
-                "insert", "replace", "delete", "drop", "dropDatabase", "rename", "invalidate",
-            ] } },
-            { "operationType": "update", updated(LEASE_ID): { "$exists": true } },
-        ] } },
+        doc! { "$match": {
+            "$or": [
+                { "operationType": { "$in": [
+                    "insert", "replace", "delete", "drop", "dropDatabase", "rename", "invalidate",
+                ] } },
+                { "operationType": "update", updated(LEASE_ID): { "$exists": true } },
+            ],
+            "$nor": [
+                { updated(LEASE_ID): ours() },
+                { updated(LEASE_ID): Bson::Null, updated(LAST_RELEASED): ours() },
+                { full(LEASE_ID): ours() },
+                { full(LEASE_ID): Bson::Null, full(LAST_RELEASED): ours() },
+            ],
+        } },
         doc! { "$project": {
             "operationType": 1,
             "ns": 1,
@@ -530,6 +638,11 @@ fn interpret<'a>(ev: &'a Document, target: &Target) -> Event<'a> {
 
 fn dispatch(hub: &Hub, ev: &Document, target: &Target) {
     match interpret(ev, target) {
+        // MongoDB 4.4 reports pipeline updates — extensions included — as replace events:
+        // one that shows the lease the name is known to have is not news.
+        Event::Name(name, change) if ev.get_str("operationType") == Ok("replace") => {
+            hub.dispatch_unless_known(&name, change)
+        }
         Event::Name(name, change) => hub.dispatch(&name, change),
         Event::All => hub.wake_all(true),
         Event::Ignore => {}
@@ -547,12 +660,12 @@ fn is_resumable(e: &mongodb::error::Error) -> bool {
 
 async fn open(
     coll: &Collection<Document>,
-    target: &Target,
+    pipeline: &[Document],
     resume: Option<ResumeToken>,
 ) -> mongodb::error::Result<ChangeStream<Document>> {
     let stream = coll
         .watch()
-        .pipeline(pipeline(target))
+        .pipeline(pipeline.iter().cloned())
         .resume_after(resume)
         .max_await_time(MAX_AWAIT)
         .await?;
@@ -624,6 +737,7 @@ async fn run(
     hub: Arc<Hub>,
     coll: Collection<Document>,
     target: Arc<Target>,
+    pipeline: Arc<Vec<Document>>,
     mut stopped: oneshot::Receiver<()>,
 ) {
     let _running = Running(hub.clone());
@@ -634,7 +748,7 @@ async fn run(
     loop {
         let opened = tokio::select! {
             _ = &mut stopped => return,
-            r = open(&coll, &target, resume.clone()) => r,
+            r = open(&coll, &pipeline, resume.clone()) => r,
         };
         // Never dropped by a cancellation (see `retire`).
         let mut stream = match opened {
