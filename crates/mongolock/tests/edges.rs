@@ -546,3 +546,45 @@ async fn document_locks_at_the_edges() {
     result.unwrap_or_else(|e| panic!("retried release of document 1: {e}"));
     assert!(!is_locked(1).await);
 }
+
+/// A write conflict (112) is transient: acquire, extend and release retry it instead of failing.
+/// (Found by the torture run, which injects it.)
+#[tokio::test]
+async fn write_conflicts_are_retried() {
+    let t = test_database().await;
+    if common::skip_without_fail_points(&t) {
+        return;
+    }
+    let app = unique("conflicts");
+    let provider = provider_on(
+        &t.database_as(&app).await,
+        &unique("locks"),
+        Duration::from_secs(60),
+    );
+    let conflict = |commands: &[&str]| {
+        doc! {
+            "failCommands": commands.to_vec(),
+            "appName": app.as_str(),
+            "errorCode": 112,
+            "errmsg": "injected: WriteConflict",
+        }
+    };
+    let name = unique("conflicted");
+    t.fail_point(
+        Bson::Document(doc! { "times": 2 }),
+        conflict(&["findAndModify"]),
+    )
+    .await;
+    let guard = provider
+        .lock(name.clone())
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("acquire of {name} failed on a write conflict: {e}"))
+        .expect("the lock was free");
+    t.fail_point(Bson::Document(doc! { "times": 2 }), conflict(&["update"]))
+        .await;
+    let released = guard.release().await;
+    t.fail_point_off().await;
+    released.unwrap_or_else(|e| panic!("release of {name} failed on a write conflict: {e}"));
+}
