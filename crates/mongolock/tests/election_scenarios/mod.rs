@@ -540,6 +540,13 @@ pub async fn lost_leadership_cancels_the_function_and_campaigns_again(env: &Env)
     let ElectionEvent::Elected { term: first } = next_event(&mut events).await else {
         panic!("expected Elected first")
     };
+    // The event comes before the function runs; on a loaded machine the force-release could
+    // otherwise end the term before its function ever started.
+    assert!(
+        eventually(Duration::from_secs(30), || async { tracker.count() == 1 }).await,
+        "the function did not run in the first term: {:?}",
+        tracker.terms()
+    );
     assert!(provider.force_release(&role).await.unwrap());
     assert_eq!(
         next_event(&mut events).await,
@@ -550,7 +557,7 @@ pub async fn lost_leadership_cancels_the_function_and_campaigns_again(env: &Env)
     };
     assert!(second > first);
     assert!(
-        eventually(Duration::from_secs(5), || async { tracker.count() == 2 }).await,
+        eventually(Duration::from_secs(30), || async { tracker.count() == 2 }).await,
         "the function did not run again: {:?}",
         tracker.terms()
     );
