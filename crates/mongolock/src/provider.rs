@@ -167,7 +167,7 @@ impl LockProvider {
         ))
     }
 
-    /// Seed 001's form: acquire `key` for `ttl`, trying for `timeout`
+    /// Acquire `key` for `ttl`, trying for `timeout`
     /// ([`Timeout::Zero`] = exactly one attempt, [`Timeout::Forever`] = until acquired or the
     /// future is dropped). Returns `None` when the timeout elapsed.
     pub async fn try_acquire(

@@ -49,8 +49,7 @@ impl WaitStrategy {
         WaitStrategy::RandomSleep { min, max }
     }
 
-    /// Exponential backoff from 100 ms doubling to 5 s with ±25 % jitter (seed 001's retry
-    /// behaviour).
+    /// Exponential backoff from 100 ms doubling to 5 s with ±25 % jitter.
     pub fn exponential() -> Self {
         WaitStrategy::ExponentialBackoff {
             initial: Duration::from_millis(100),

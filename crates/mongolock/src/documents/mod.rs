@@ -1,5 +1,5 @@
 //! Document locks (feature `mongodb`): lock the documents of your own collection in place,
-//! without a separate lock collection (seed 002, SharpLock).
+//! without a separate lock collection.
 //!
 //! * [`DocumentLocks::lock`] (and `try_lock`, `lock_timeout`, `lock_with`) locks the document with
 //!   a given `_id` and returns it, typed, together with a [`LockGuard`];
