@@ -17,6 +17,9 @@ use crate::holder::HolderInfo;
 
 pub(crate) const LEASE_ID: &str = "leaseId";
 pub(crate) const TOKEN: &str = "fencingToken";
+/// The fencing epoch whose token range the current token belongs to (named locks only; null
+/// while a grant waits for its token to be stamped). See the backend's module docs.
+pub(crate) const EPOCH: &str = "epoch";
 pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
 pub(crate) const EXPIRES_AT: &str = "expiresAt";
 pub(crate) const HOLDER: &str = "holder";
