@@ -280,7 +280,11 @@ async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
         .unwrap();
     let g = lock.acquire().await.unwrap();
     // The name's counter gives epoch 2, which starts at 2^20 + 1.
-    assert_eq!(g.fencing_token(), (1 << 20) + 1, "earlier tokens: {earlier:?}");
+    assert_eq!(
+        g.fencing_token(),
+        (1 << 20) + 1,
+        "earlier tokens: {earlier:?}"
+    );
     g.release().await.unwrap();
 }
 
@@ -375,9 +379,14 @@ async fn new_names_start_small() {
         g.release().await.unwrap();
     }
     let ones = tokens.iter().filter(|(_, t)| *t == 1).count();
-    assert!(ones >= 180, "{ones} of 200 new names got token 1: {tokens:?}");
     assert!(
-        tokens.iter().all(|(_, t)| (t - 1) % (1 << 20) == 0 && *t < (4 << 20)),
+        ones >= 180,
+        "{ones} of 200 new names got token 1: {tokens:?}"
+    );
+    assert!(
+        tokens
+            .iter()
+            .all(|(_, t)| (t - 1) % (1 << 20) == 0 && *t < (4 << 20)),
         "{tokens:?}"
     );
 }
@@ -419,13 +428,12 @@ async fn a_late_first_acquisition_stamps_a_fresh_epoch() {
     let g = result.unwrap();
     // Epoch 1 was taken for the creation and not used; the stamp took epoch 2.
     assert_eq!(g.fencing_token(), (1 << 20) + 1);
-    let d = t
-        .db
-        .collection::<Document>(&coll_name)
-        .find_one(doc! { "_id": "late" })
-        .await
-        .unwrap()
-        .unwrap();
+    let d =
+        t.db.collection::<Document>(&coll_name)
+            .find_one(doc! { "_id": "late" })
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(d.get("epoch"), Some(&Bson::Int64(2)), "{d}");
     g.release().await.unwrap();
 }

@@ -11,8 +11,7 @@ use mongodb::options::{ReturnDocument, UpdateModifications};
 use mongodb::Collection;
 
 use super::document::{
-    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EPOCH, EXPIRES_AT, HOLDER, LEASE_ID,
-    TOKEN,
+    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EPOCH, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
 };
 use super::errors::{self, classify, DUPLICATE_KEY};
 use crate::backend::{AcquireRequest, Attempt};
@@ -352,8 +351,9 @@ mod tests {
         // Part of the storage format: these values must never change.
         assert_eq!(epoch_bucket(""), (0xcbf2_9ce4_8422_2325_u64 % 4096) as i64);
         assert_eq!(epoch_bucket("a"), (0xaf63_dc4c_8601_ec8c_u64 % 4096) as i64);
-        let buckets: std::collections::HashSet<i64> =
-            (0..1000).map(|i| epoch_bucket(&format!("order:{i}"))).collect();
+        let buckets: std::collections::HashSet<i64> = (0..1000)
+            .map(|i| epoch_bucket(&format!("order:{i}")))
+            .collect();
         assert!(buckets.len() > 800, "names spread over the counters");
         assert!(buckets.iter().all(|b| (0..4096).contains(b)));
     }
