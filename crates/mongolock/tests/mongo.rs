@@ -133,6 +133,78 @@ async fn one_command_to_acquire_one_to_release() {
     held.release().await.unwrap();
 }
 
+/// Every lock write names one document by `_id` equality (on a collection sharded by `_id`,
+/// mongos sends it to one shard), and so does `inspect`; only `list` reads the whole collection.
+#[tokio::test]
+async fn every_lock_write_targets_one_document_by_id() {
+    let t = test_database().await;
+    let (client, seen) = recording_client(&t.uri).await;
+    let db = client.database(t.db.name());
+    let backend = MongoBackend::builder(&db)
+        .collection(unique("locks"))
+        .create_ttl_index(false)
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    for name in ["orders:1", "orders:2"] {
+        let lock = provider.lock(name).unwrap();
+        let g = lock.acquire().await.unwrap();
+        assert!(g.extend(Duration::from_secs(20)).await.unwrap());
+        g.release().await.unwrap();
+        let g = lock.acquire().await.unwrap();
+        assert!(lock.try_acquire().await.unwrap().is_none());
+        assert!(provider.force_release(name).await.unwrap());
+        drop(g);
+        assert!(provider.inspect(name).await.unwrap().is_some());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let commands: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(n, body)| !is_change_stream(n, body))
+        .cloned()
+        .collect();
+    let mut writes = 0;
+    for (name, body) in &commands {
+        let filters: Vec<Document> = match name.as_str() {
+            "findAndModify" => vec![body.get_document("query").unwrap().clone()],
+            "update" | "delete" => {
+                let key = if name == "update" {
+                    "updates"
+                } else {
+                    "deletes"
+                };
+                body.get_array(key)
+                    .unwrap()
+                    .iter()
+                    .map(|u| u.as_document().unwrap().get_document("q").unwrap().clone())
+                    .collect()
+            }
+            // A holder's loss check reads its lock document.
+            "find" => vec![body.get_document("filter").unwrap().clone()],
+            "aggregate" => {
+                // inspect: the first stage matches one `_id`.
+                let first = body.get_array("pipeline").unwrap()[0]
+                    .as_document()
+                    .unwrap();
+                vec![first.get_document("$match").unwrap().clone()]
+            }
+            other => panic!("unexpected command {other}: {body}"),
+        };
+        for f in filters {
+            let id = f.get("_id");
+            assert!(
+                matches!(id, Some(Bson::String(_) | Bson::Document(_)))
+                    && !matches!(id, Some(Bson::Document(d)) if d.keys().any(|k| k.starts_with('$'))),
+                "{name} does not target one document by _id: {f}"
+            );
+            writes += usize::from(name != "aggregate" && name != "find");
+        }
+    }
+    assert!(writes >= 14, "{commands:#?}");
+}
+
 #[tokio::test]
 async fn the_lock_document_keeps_its_token_after_release() {
     let t = test_database().await;
