@@ -14,6 +14,7 @@ use super::document::{
     self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EPOCH, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
 };
 use super::errors::{self, classify, DUPLICATE_KEY};
+use super::queue::{self, Queueing, RESERVED, WAITERS};
 use crate::backend::{AcquireRequest, Attempt};
 use crate::error::{Error, Result};
 
@@ -73,14 +74,26 @@ struct NewLifetime {
 /// else, when the upsert is creating the document within `new_lifetime`'s window, the first
 /// token of that epoch; else none (`epoch: null`, token unchanged): the caller then stamps one
 /// from a fresh epoch.
-fn acquire_pipeline(req: &AcquireRequest, new_lifetime: Option<&NewLifetime>) -> Vec<Document> {
+///
+/// With `queueing`, a busy attempt registers the backend in the lock's queue and a grant
+/// updates it (`queue.rs`); without, a busy attempt leaves the document as it is.
+fn acquire_pipeline(
+    req: &AcquireRequest,
+    new_lifetime: Option<&NewLifetime>,
+    queueing: Queueing<'_>,
+) -> Vec<Document> {
     let mine = Bson::String(req.lease_id.as_str().to_owned());
-    // free = no lease, or the lease expired by server time, or the lease is already ours (a retry
-    // after a lost reply).
+    // free = (no lease, or the lease expired by server time) and not reserved for another
+    // process's turn (`queue.rs`), or the lease is already ours (a retry after a lost reply).
     let free = doc! {
         "$or": [
-            { "$eq": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
-            { "$lte": ["$expiresAt", "$$NOW"] },
+            { "$and": [
+                { "$or": [
+                    { "$eq": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
+                    { "$lte": ["$expiresAt", "$$NOW"] },
+                ] },
+                queue::not_reserved_for_others(queueing.mark),
+            ] },
             { "$eq": ["$leaseId", mine.clone()] },
         ]
     };
@@ -118,19 +131,29 @@ fn acquire_pipeline(req: &AcquireRequest, new_lifetime: Option<&NewLifetime>) ->
         ACQUIRED_AT: "$$NOW",
         EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
         HOLDER: { "$literal": holder_doc(&req.holder) },
+        WAITERS: queue::after_grant(queueing.mark, ttl_millis(req.ttl), queueing.requeue),
+        RESERVED: Bson::Null,
+    };
+    let busy = if queueing.register {
+        Bson::Document(doc! { "$mergeObjects": [
+            "$$ROOT",
+            { WAITERS: queue::after_busy(queueing.mark) },
+        ] })
+    } else {
+        Bson::String("$$ROOT".into())
     };
     vec![doc! {
         "$replaceWith": { "$cond": [
             free,
             { "$mergeObjects": ["$$ROOT", lease] },
-            "$$ROOT",
+            busy,
         ] }
     }]
 }
 
 /// Only what the client reads back: the holder and the released ids stay on the server.
 fn reply_fields() -> Document {
-    doc! { LEASE_ID: 1, TOKEN: 1, EPOCH: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1 }
+    doc! { LEASE_ID: 1, TOKEN: 1, EPOCH: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1, "reserved.until": 1 }
 }
 
 /// One acquisition attempt.
@@ -138,11 +161,13 @@ pub(super) async fn try_acquire(
     coll: &Collection<Document>,
     req: &AcquireRequest,
     cleanup_after: Duration,
+    queueing: Queueing<'_>,
 ) -> Result<Attempt> {
     let filter = doc! { "_id": req.name.as_str() };
     // The common case: the document exists. No upsert, so that a first acquisition is known
     // as such before anything is created.
-    let existing = find_and_modify(coll, &filter, acquire_pipeline(req, None), false).await?;
+    let existing =
+        find_and_modify(coll, &filter, acquire_pipeline(req, None, queueing), false).await?;
     let doc = match existing {
         Some(doc) => doc,
         None => {
@@ -150,12 +175,25 @@ pub(super) async fn try_acquire(
                 Some(window) => Some(take_epoch(coll, &req.name, window).await?),
                 None => None,
             };
-            upsert(coll, &filter, acquire_pipeline(req, new_lifetime.as_ref())).await?
+            upsert(
+                coll,
+                &filter,
+                acquire_pipeline(req, new_lifetime.as_ref(), queueing),
+            )
+            .await?
         }
     };
     if document::lease_id(&doc) != Some(req.lease_id.as_str()) {
+        // Held until its expiry; or reserved for another process's turn, which will take it
+        // for about a lease (and if that process does not, the release's fallback wakes one
+        // acquirer per process: `queue.rs`).
+        let next_holder_expiry = doc
+            .get_document(RESERVED)
+            .ok()
+            .and_then(|r| document::date(r, "until"))
+            .map(|until| until + req.ttl);
         return Ok(Attempt::Busy {
-            holder_expires_at: document::date(&doc, EXPIRES_AT),
+            holder_expires_at: document::date(&doc, EXPIRES_AT).max(next_holder_expiry),
         });
     }
     if matches!(doc.get(EPOCH), Some(Bson::Int64(_) | Bson::Int32(_))) {

@@ -135,6 +135,7 @@ pub(crate) mod document;
 pub(crate) mod errors;
 mod index;
 mod ops;
+mod queue;
 pub(crate) mod watch;
 
 use std::sync::Arc;
@@ -367,7 +368,14 @@ impl LockBackend for MongoBackend {
         if self.create_ttl_index {
             index::ensure_in_background(&self.coll, self.cleanup_after);
         }
-        let attempt = acquire::try_acquire(&self.coll, req, self.cleanup_after).await?;
+        // This attempt's own acquirer is registered before it (when the call will wait).
+        let acquirers = self.watch.acquirers(&req.name);
+        let queueing = queue::Queueing {
+            mark: self.watch.own_mark(),
+            register: acquirers >= 1 && self.watch.is_live(),
+            requeue: acquirers >= 2,
+        };
+        let attempt = acquire::try_acquire(&self.coll, req, self.cleanup_after, queueing).await?;
         if let Attempt::Acquired(lease) = &attempt {
             self.watch
                 .granted(&req.name, &req.lease_id, lease.fencing_token);
@@ -388,9 +396,14 @@ impl LockBackend for MongoBackend {
         let released = ops::release(&self.coll, name, lease_id).await;
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.watch.released(lease_id);
-        // The stream leaves out this backend's own releases: its waiters are told here.
-        self.watch.released_name(name);
-        released
+        // The stream leaves out this backend's own releases: its waiters are told here (after
+        // an error, too: at worst a spurious attempt).
+        let handoff = match &released {
+            Ok(Some(handoff)) => handoff.clone(),
+            Ok(None) | Err(_) => queue::Handoff::Unknown,
+        };
+        self.watch.released_name(name, &handoff);
+        released.map(|r| r.is_some())
     }
 
     /// Marked with this backend's prefix, so that its change stream leaves out its own grants
