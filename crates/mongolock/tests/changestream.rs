@@ -818,14 +818,23 @@ async fn standalone_servers_fall_back_to_polling() {
 /// waiting process, and the processes are served in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handoff_among_32_waiting_processes_costs_about_one_attempt() {
-    const PROCESSES: usize = 32;
-    const ROUNDS: usize = 8;
-    let t = test_database().await;
+    handoffs_among_processes(test_database().await, 32, 8).await;
+}
+
+/// The same under MongoDB 4.4's change events (pipeline updates reported as `replace`, so
+/// every registration in the queue and every extension reaches every stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handoffs_among_processes_with_replace_events_cost_about_one_attempt() {
+    let t = test_database_with(TestServer::builder().pipeline_updates_as_replace(true)).await;
+    handoffs_among_processes(t, 16, 6).await;
+}
+
+async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: usize) {
     let coll = unique("locks");
     let name = unique("queue");
     let mut providers = Vec::new();
     let mut counters = Vec::new();
-    for _ in 0..PROCESSES {
+    for _ in 0..processes {
         let (client, sent) = counting_client(&t.uri, None).await;
         let backend = MongoBackend::builder(&client.database(t.db.name()))
             .collection(coll.clone())
@@ -868,7 +877,7 @@ async fn a_handoff_among_32_waiting_processes_costs_about_one_attempt() {
         let lock = p.lock(name.as_str()).unwrap();
         let (holders, order) = (holders.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
+            for _ in 0..rounds {
                 let g = lock
                     .acquire_timeout(Duration::from_secs(120))
                     .await
@@ -885,7 +894,7 @@ async fn a_handoff_among_32_waiting_processes_costs_about_one_attempt() {
     for task in tasks {
         task.await.unwrap();
     }
-    let acquisitions = PROCESSES * ROUNDS;
+    let acquisitions = processes * rounds;
     // Every acquisition and every release is one findAndModify; the rest are busy attempts.
     let attempts = fam() - before - acquisitions;
     let per_handoff = attempts as f64 / acquisitions as f64;
@@ -900,11 +909,11 @@ async fn a_handoff_among_32_waiting_processes_costs_about_one_attempt() {
         .iter()
         .position(|(i, _)| {
             seen.insert(*i);
-            seen.len() == PROCESSES
+            seen.len() == processes
         })
         .map_or(usize::MAX, |p| p + 1);
     eprintln!(
-        "{PROCESSES} processes, {acquisitions} acquisitions: {attempts} acquire attempts \
+        "{processes} processes, {acquisitions} acquisitions: {attempts} acquire attempts \
          ({per_handoff:.2} per handoff); every process held the lock within the first \
          {first_round} acquisitions"
     );
@@ -914,4 +923,85 @@ async fn a_handoff_among_32_waiting_processes_costs_about_one_attempt() {
         per_handoff <= 4.0,
         "{attempts} attempts for {acquisitions} acquisitions ({per_handoff:.2} per handoff)"
     );
+}
+
+/// A process that died while first in the queue holds the lock up only for its short
+/// reservation: the next waiter of another process takes it soon after the release, not after a
+/// lease or a registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_process_at_the_head_of_the_queue_holds_nobody_up_for_long() {
+    let t = test_database().await;
+    let coll = unique("locks");
+    let name = unique("dead-head");
+    let provider = |db: &mongodb::Database| {
+        LockProvider::builder(
+            MongoBackend::builder(db)
+                .collection(coll.clone())
+                .build()
+                .unwrap(),
+        )
+        .expiry(Duration::from_secs(120))
+        .build()
+        .unwrap()
+    };
+    let (holder, waiter) = (provider(&t.db), provider(&t.db));
+    let guard = holder.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    until_live(&**waiter.backend()).await;
+    // A process that queued first and then died: its entry lasts well beyond the test.
+    let dead = "00000000deadbeef-";
+    let far = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() + 3_600_000,
+    );
+    t.db.collection::<Document>(&coll)
+        .update_one(
+            doc! { "_id": name.as_str() },
+            doc! { "$set": { "waiters": [{ "m": dead, "until": far }] } },
+        )
+        .await
+        .unwrap();
+    let lock = waiter.lock(name.as_str()).unwrap();
+    let waiting = tokio::spawn(async move {
+        let g = lock
+            .acquire_timeout(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .expect("the waiter got the lock");
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        token
+    });
+    // The waiter queues behind the dead process.
+    let queued = eventually(Duration::from_secs(20), || async {
+        let d =
+            t.db.collection::<Document>(&coll)
+                .find_one(doc! { "_id": name.as_str() })
+                .await
+                .unwrap()
+                .unwrap();
+        d.get_array("waiters").map_or(0, |w| w.len()) == 2
+    })
+    .await;
+    assert!(queued, "the waiter did not queue");
+    let released_at = Instant::now();
+    let held_token = guard.fencing_token();
+    guard.release().await.unwrap();
+    let d =
+        t.db.collection::<Document>(&coll)
+            .find_one(doc! { "_id": name.as_str() })
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(
+        d.get_document("reserved")
+            .ok()
+            .and_then(|r| r.get_str("m").ok()),
+        Some(dead),
+        "the release designated the dead process: {d}"
+    );
+    let token = waiting.await.unwrap();
+    let waited = released_at.elapsed();
+    eprintln!("the waiter took the lock {waited:?} after the release (reservation 500 ms)");
+    assert!(token > held_token);
+    // Far below the 120 s lease and the hour-long registration (the reservation is 500 ms).
+    assert!(waited < Duration::from_secs(30), "{waited:?}");
 }
