@@ -6,8 +6,12 @@
 //! ```text
 //! { _id: <name>, leaseId: <string|null>, fencingToken: <int64>, epoch: <int64|null>,
 //!   acquiredAt: <date>, expiresAt: <date>, holder: { host, pid, app },
-//!   released: [<last 8 released lease ids>], lastReleased: <string> }
+//!   released: [<last 8 released lease ids>], lastReleased: <string>,
+//!   waiters: [{ m: <backend mark>, until: <date> }], next: <string>,
+//!   reserved: { m: <backend mark>, until: <date> } | null }
 //! ```
+//!
+//! (`waiters`, `next` and `reserved` order the handoff between processes: `queue.rs`.)
 //!
 //! plus up to 4096 small fencing epoch counters, `{ _id: { mongolock: "fencing-epoch", bucket:
 //! <0..4095> }, epoch, takenAt }` (their `_id` is not a string, so

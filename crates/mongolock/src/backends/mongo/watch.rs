@@ -9,8 +9,8 @@
 //! $match: (operationType in [insert, replace, delete, drop, dropDatabase, rename, invalidate]
 //!          or (operationType = update and updateDescription.updatedFields.leaseId exists))
 //!         and not one of this backend's own grants or releases (see below)
-//! $project: operationType, ns, documentKey, updatedFields.{leaseId, fencingToken},
-//!           fullDocument.{leaseId, fencingToken}
+//! $project: operationType, ns, documentKey, updatedFields.{leaseId, fencingToken, next},
+//!           fullDocument.{leaseId, fencingToken, next}
 //! ```
 //!
 //! so it sees grants, releases, takeovers and deletions by others, but not extensions (they
@@ -73,7 +73,9 @@
 //! # Wake-ups, without a stampede
 //! An acquirer registers for the name's next change before each attempt; an event wakes the
 //! longest-waiting registered acquirer of the name in this process (one per event), which
-//! retries at once. With the stream healthy, a busy acquirer otherwise sleeps until the holder's
+//! retries at once. Grants wake no acquirer (they free nothing). A release wakes one only when
+//! its handoff (`next`) designates this backend or nobody; otherwise one after the fallback
+//! delay, if nothing else happened to the name meanwhile (`queue.rs`). With the stream healthy, a busy acquirer otherwise sleeps until the holder's
 //! reported expiry (a crashed holder writes nothing). Observers
 //! ([`wait_for_change`](crate::LockBackend::wait_for_change)) are all woken.
 //!
