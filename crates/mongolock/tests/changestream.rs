@@ -811,7 +811,14 @@ async fn standalone_servers_fall_back_to_polling() {
 /// waiting process, and the processes are served in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handoff_among_32_waiting_processes_costs_about_one_attempt() {
-    handoffs_among_processes(test_database().await, 32, 8).await;
+    handoffs_among_processes(test_database().await, 32, 8, false).await;
+}
+
+/// With fair handoff, a release also reserves the lock for the first queued process: the
+/// processes are served in turn (the one that just released cannot barge ahead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_handoff_serves_32_processes_in_turn() {
+    handoffs_among_processes(test_database().await, 32, 8, true).await;
 }
 
 /// The same under MongoDB 4.4's change events (pipeline updates reported as `replace`, so
@@ -819,10 +826,10 @@ async fn a_handoff_among_32_waiting_processes_costs_about_one_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn handoffs_among_processes_with_replace_events_cost_about_one_attempt() {
     let t = test_database_with(TestServer::builder().pipeline_updates_as_replace(true)).await;
-    handoffs_among_processes(t, 16, 6).await;
+    handoffs_among_processes(t, 16, 6, true).await;
 }
 
-async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: usize) {
+async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: usize, fair: bool) {
     let coll = unique("locks");
     let name = unique("queue");
     let mut providers = Vec::new();
@@ -831,6 +838,7 @@ async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: u
         let (client, sent) = counting_client(&t.uri, None).await;
         let backend = MongoBackend::builder(&client.database(t.db.name()))
             .collection(coll.clone())
+            .fair_handoff(fair)
             .build()
             .unwrap();
         providers.push(
@@ -899,10 +907,19 @@ async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: u
         })
         .map_or(usize::MAX, |p| p + 1);
     eprintln!(
-        "{processes} processes, {acquisitions} acquisitions: {attempts} acquire attempts \
-         ({per_handoff:.2} per handoff); every process held the lock within the first \
-         {first_round} acquisitions"
+        "{processes} processes (fair handoff {fair}), {acquisitions} acquisitions: {attempts} \
+         acquire attempts ({per_handoff:.2} per handoff); every process held the lock within \
+         the first {first_round} acquisitions"
     );
+    if fair {
+        // In turn: the first round takes `processes` acquisitions. The bound leaves room for a
+        // designated process too slow (on a loaded machine) to take its turn within 500 ms.
+        assert!(
+            first_round <= 4 * processes,
+            "not served in turn: every process held the lock only after {first_round} \
+             acquisitions: {order:?}"
+        );
+    }
     // Without the queue every release woke one acquirer in each of the 32 processes (about 32
     // attempts per handoff). The bound leaves room for the fallback on a loaded machine.
     assert!(
@@ -911,9 +928,9 @@ async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: u
     );
 }
 
-/// A process that died while first in the queue holds the lock up only for its short
-/// reservation: the next waiter of another process takes it soon after the release, not after a
-/// lease or a registration.
+/// With fair handoff, a process that died while first in the queue holds the lock up only for
+/// its short reservation: the next waiter of another process takes it soon after the release,
+/// not after a lease or a registration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_process_at_the_head_of_the_queue_holds_nobody_up_for_long() {
     let t = test_database().await;
@@ -923,6 +940,7 @@ async fn a_dead_process_at_the_head_of_the_queue_holds_nobody_up_for_long() {
         LockProvider::builder(
             MongoBackend::builder(db)
                 .collection(coll.clone())
+                .fair_handoff(true)
                 .build()
                 .unwrap(),
         )

@@ -84,12 +84,13 @@ pub(crate) fn ttl_millis(ttl: Duration) -> i64 {
 /// spurious loss only if more than [`RELEASED_KEPT`] other leases were released in between (or
 /// the document was removed by TTL cleanup): the safe direction.
 ///
-/// With `queue` (named locks), the release also pops the first waiting process of the lock's
-/// queue into `next` (see `queue.rs`).
+/// With `queue` (named locks: `Some(reserve)`), the release also pops the first waiting process
+/// of the lock's queue into `next`, and with `reserve` reserves the lock for it (see
+/// `queue.rs`).
 pub(crate) fn release_update(
     prefix: &str,
     lease_id: &str,
-    queue: bool,
+    queue: Option<bool>,
 ) -> (Document, Vec<Document>) {
     let lease_path = format!("{prefix}{LEASE_ID}");
     let expires_path = format!("{prefix}{EXPIRES_AT}");
@@ -128,8 +129,8 @@ pub(crate) fn release_update(
                 keep(&last_released_path),
             ] },
     };
-    if queue {
-        set.extend(super::queue::pop(lease_id, &mine));
+    if let Some(reserve) = queue {
+        set.extend(super::queue::pop(lease_id, &mine, reserve));
     }
     (filter, vec![doc! { "$set": set }])
 }

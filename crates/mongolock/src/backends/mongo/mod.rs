@@ -184,6 +184,8 @@ pub struct MongoBackend {
     reads: Collection<Document>,
     cleanup_after: Duration,
     create_ttl_index: bool,
+    /// Releases reserve the lock for the first queued process (`queue.rs`).
+    fair_handoff: bool,
     /// The change stream shared by all clones (see `watch.rs`).
     watch: Arc<watch::Watcher>,
 }
@@ -198,6 +200,7 @@ pub struct MongoBackendBuilder {
     cleanup_after: Duration,
     create_ttl_index: bool,
     change_streams: bool,
+    fair_handoff: bool,
 }
 
 impl MongoBackendBuilder {
@@ -237,6 +240,16 @@ impl MongoBackendBuilder {
         self
     }
 
+    /// Whether a release reserves the lock for the first process in its queue for 500 ms of
+    /// server time (default false): processes are then served strictly in turn, at the price
+    /// that a queued process that died or gave up holds the lock up for those 500 ms, single
+    /// attempts of other processes included. Either way a release wakes only the first queued
+    /// process (see the [module docs](self)).
+    pub fn fair_handoff(mut self, enabled: bool) -> Self {
+        self.fair_handoff = enabled;
+        self
+    }
+
     /// Validates the collection name as MongoDB would and builds the backend. Sends nothing.
     pub fn build(self) -> Result<MongoBackend> {
         validate_collection_name(self.db.name(), &self.collection)?;
@@ -267,6 +280,7 @@ impl MongoBackendBuilder {
             reads,
             cleanup_after: self.cleanup_after,
             create_ttl_index: self.create_ttl_index,
+            fair_handoff: self.fair_handoff,
         })
     }
 }
@@ -333,6 +347,7 @@ impl MongoBackend {
             cleanup_after: DEFAULT_CLEANUP_AFTER,
             create_ttl_index: true,
             change_streams: true,
+            fair_handoff: false,
         }
     }
 
@@ -398,7 +413,7 @@ impl LockBackend for MongoBackend {
     }
 
     async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
-        let released = ops::release(&self.coll, name, lease_id).await;
+        let released = ops::release(&self.coll, name, lease_id, self.fair_handoff).await;
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.watch.released(lease_id);
         // The stream leaves out this backend's own releases: its waiters are told here (after
@@ -426,7 +441,7 @@ impl LockBackend for MongoBackend {
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
-        ops::force_release(&self.coll, name).await
+        ops::force_release(&self.coll, name, self.fair_handoff).await
     }
 
     async fn wait_for_change(&self, name: &str, max_wait: Duration) {

@@ -14,14 +14,15 @@ use crate::backend::{LeaseId, LockInfo};
 use crate::error::Result;
 
 /// The pipeline of a force-release: no lease id, expiry no later than now, the token stays, and
-/// the first waiting process is designated (`queue.rs`).
-fn end_lease() -> Vec<Document> {
+/// the first waiting process is designated (and with `reserve`, the lock reserved for it:
+/// `queue.rs`).
+fn end_lease(reserve: bool) -> Vec<Document> {
     let forced = format!("force-release-{}", LeaseId::random().as_str());
     let mut set = doc! {
         LEASE_ID: null,
         EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
     };
-    set.extend(queue::pop(&forced, &doc! { "$literal": true }));
+    set.extend(queue::pop(&forced, &doc! { "$literal": true }, reserve));
     vec![doc! { "$set": set }]
 }
 
@@ -61,8 +62,9 @@ pub(super) async fn release(
     coll: &Collection<Document>,
     name: &str,
     lease_id: &LeaseId,
+    reserve: bool,
 ) -> Result<Option<queue::Handoff>> {
-    let (mut filter, pipeline) = document::release_update("", lease_id.as_str(), true);
+    let (mut filter, pipeline) = document::release_update("", lease_id.as_str(), Some(reserve));
     filter.insert("_id", name);
     let doc = coll
         .find_one_and_update(filter, pipeline)
@@ -73,7 +75,11 @@ pub(super) async fn release(
     Ok(doc.map(|d| queue::Handoff::of(d.get(queue::NEXT))))
 }
 
-pub(super) async fn force_release(coll: &Collection<Document>, name: &str) -> Result<bool> {
+pub(super) async fn force_release(
+    coll: &Collection<Document>,
+    name: &str,
+    reserve: bool,
+) -> Result<bool> {
     let r = coll
         .update_one(
             doc! {
@@ -81,7 +87,7 @@ pub(super) async fn force_release(coll: &Collection<Document>, name: &str) -> Re
                 LEASE_ID: { "$ne": null },
                 "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
             },
-            end_lease(),
+            end_lease(reserve),
         )
         .await
         .map_err(|e| classify(e, "force release (update)"))?;

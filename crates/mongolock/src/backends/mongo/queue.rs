@@ -18,11 +18,14 @@
 //!   `next: "<mark>/<released lease id>"` (an empty mark when nobody is queued; the lease id
 //!   makes every release's `next` new, so a change stream always reports it, and a scalar is
 //!   reported whole, never as dotted sub-fields).
-//! * The release also **reserves** the lock for the designated process for
-//!   [`HANDOFF_FALLBACK`] of server time (`reserved: {m, until}`): until then an attempt of
-//!   another process finds the lock busy (and queues), so a process that releases and at once
-//!   asks again does not barge ahead of the queue. A grant clears the reservation. A
-//!   designated process that died therefore holds the lock up for at most that long.
+//! * With **fair handoff** (`MongoBackendBuilder::fair_handoff`, off by default) the release
+//!   also reserves the lock for the designated process for [`HANDOFF_FALLBACK`] of server time
+//!   (`reserved: {m, until}`): until then an attempt of another process finds the lock busy
+//!   (and queues), so a process that releases and at once asks again does not barge ahead of
+//!   the queue, and processes are served in queue order. A grant clears the reservation. The
+//!   price: a designated process that died, or whose acquirers gave up, holds the lock up for
+//!   that long, single attempts (`try_acquire`, `exec --wait 0`) included. Every backend
+//!   honours a reservation, whoever wrote it.
 //! * A process's change stream then wakes one of its acquirers only when `next` names its
 //!   backend (or names nobody). Other processes wake nobody at once, and one acquirer each
 //!   after [`HANDOFF_FALLBACK`] if nothing else happened to the name meanwhile: the designated
@@ -124,7 +127,7 @@ pub(super) fn after_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Document {
 /// The `$set` fields of a release of `released` (a lease id, or any unique string for a
 /// force-release): pop the first live entry into `next`. `applies` is the release's condition
 /// (the lease was ours); otherwise both fields stay as they are.
-pub(super) fn pop(released: &str, applies: &Document) -> Document {
+pub(super) fn pop(released: &str, applies: &Document, reserve: bool) -> Document {
     let next = doc! { "$let": {
         "vars": { "live": live() },
         "in": { "$concat": [
@@ -145,11 +148,17 @@ pub(super) fn pop(released: &str, applies: &Document) -> Document {
             { "m": "$$first", "until": { "$add": ["$$NOW", fallback_ms()] } },
         ] },
     } };
-    doc! {
+    let mut set = doc! {
         NEXT: { "$cond": [applies.clone(), next, "$next"] },
         WAITERS: { "$cond": [applies.clone(), rest, "$waiters"] },
-        RESERVED: { "$cond": [applies.clone(), reserved, "$reserved"] },
+    };
+    if reserve {
+        set.insert(
+            RESERVED,
+            doc! { "$cond": [applies.clone(), reserved, "$reserved"] },
+        );
     }
+    set
 }
 
 fn marks_of_live() -> Document {
