@@ -93,6 +93,8 @@ pub use backend::{AcquireRequest, Attempt, ChangeWaiter, Lease, LeaseId, LockBac
 pub use backends::memory::MemoryBackend;
 #[cfg(feature = "mongodb")]
 pub use backends::mongo::{MongoBackend, MongoBackendBuilder};
+#[cfg(feature = "postgres")]
+pub use backends::postgres::{PostgresBackend, PostgresBackendBuilder};
 pub use error::{BoxError, Error, Result};
 pub use guard::{LockGuard, LostSignal};
 pub use holder::HolderInfo;

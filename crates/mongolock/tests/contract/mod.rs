@@ -25,6 +25,24 @@ pub struct Env {
     pub keep_alive: Box<dyn Any + Send>,
 }
 
+/// What a backend's `setup` returns: an [`Env`], or `Option<Env>` for a backend that can be
+/// missing (`None` skips the case; the setup prints why).
+pub trait IntoEnv {
+    fn into_env(self) -> Option<Env>;
+}
+
+impl IntoEnv for Env {
+    fn into_env(self) -> Option<Env> {
+        Some(self)
+    }
+}
+
+impl IntoEnv for Option<Env> {
+    fn into_env(self) -> Option<Env> {
+        self
+    }
+}
+
 /// Generates one test per contract case for a backend.
 #[macro_export]
 macro_rules! contract_suite {
@@ -54,7 +72,10 @@ macro_rules! contract_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
-                let env = $setup().await;
+                // A setup may return `Option<Env>`: `None` skips (it printed why).
+                let Some(env) = $crate::contract::IntoEnv::into_env($setup().await) else {
+                    return;
+                };
                 $crate::contract::$case(env.backend.clone()).await;
                 drop(env);
             }
