@@ -1,1 +1,552 @@
-#[test] fn placeholder() {}
+//! PostgreSQL-specific behaviour against a real server (started by the tests, or
+//! `POSTGRES_URL`): tokens across cleanup, notifications, killed connections, a stopped server,
+//! and typed errors for bad input.
+
+mod pg;
+mod poll;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use mongolock::{
+    AcquireRequest, Attempt, Error, HolderInfo, LeaseId, LockBackend, LockProvider,
+    PostgresBackend, Timeout, WaitStrategy,
+};
+use poll::eventually;
+use tokio::time::Instant;
+
+/// The shared test server's URL, or `None` (skip, reason printed).
+fn url() -> Option<String> {
+    pg::url()
+}
+
+/// A backend on a fresh table, with its connections named `app` in `pg_stat_activity`.
+fn backend_as(url: &str, table: &str, app: &str) -> PostgresBackend {
+    let mut config: tokio_postgres::Config = url.parse().expect("valid URL");
+    config.application_name(app);
+    PostgresBackend::builder_with_config(config)
+        .table(table)
+        .build()
+        .expect("valid options")
+}
+
+/// An administrative connection (for pg_terminate_backend and direct reads).
+async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(conn);
+    client
+}
+
+/// Terminates every connection whose application name is `app`; returns how many.
+async fn terminate(url: &str, app: &str) -> i64 {
+    admin(url)
+        .await
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("terminate")
+        .get(0)
+}
+
+/// The process id of the listening connection named `app`, if one is connected.
+async fn listener_pid(url: &str, app: &str) -> Option<i32> {
+    admin(url)
+        .await
+        .query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("read pg_stat_activity")
+        .map(|r| r.get(0))
+}
+
+fn request(name: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        name: name.to_owned(),
+        lease_id: LeaseId::random(),
+        ttl,
+        holder: HolderInfo::current(Some("pg-test".into())),
+    }
+}
+
+async fn grant(b: &PostgresBackend, name: &str, ttl: Duration) -> (LeaseId, u64) {
+    let req = request(name, ttl);
+    match b.try_acquire(&req).await.expect("acquire") {
+        Attempt::Acquired(lease) => (req.lease_id, lease.fencing_token),
+        other => panic!("{name}: expected a grant, got {other:?}"),
+    }
+}
+
+fn provider(b: &PostgresBackend, expiry: Duration, wait: WaitStrategy) -> LockProvider {
+    LockProvider::builder(b.clone())
+        .expiry(expiry)
+        .wait_strategy(wait)
+        .build()
+        .expect("valid options")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_growing_after_idle_rows_are_cleaned_up() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("cleanup");
+    let b = PostgresBackend::builder(&url)
+        .table(&table)
+        .cleanup_after(Duration::ZERO)
+        .build()
+        .unwrap();
+    let name = "idle";
+    let mut last = 0;
+    for round in 0..5 {
+        let (lease, token) = grant(&b, name, Duration::from_secs(30)).await;
+        assert!(token > last, "round {round}: token {token} after {last}");
+        last = token;
+        assert!(b.release(name, &lease).await.unwrap());
+        let deleted = b.cleanup().await.unwrap();
+        assert!(
+            deleted >= 1,
+            "round {round}: the released row was not cleaned up"
+        );
+        assert!(
+            b.inspect(name).await.unwrap().is_none(),
+            "round {round}: the row is still there after cleanup"
+        );
+    }
+    // An expired (never released) lease is cleaned up too, and the token still grows.
+    let (_, token) = grant(&b, name, Duration::from_millis(1)).await;
+    assert!(token > last);
+    last = token;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            b.cleanup().await.unwrap() >= 1
+        })
+        .await
+    );
+    let (_, token) = grant(&b, name, Duration::from_secs(30)).await;
+    assert!(
+        token > last,
+        "token {token} after cleanup of an expired lease with {last}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_grow_per_name_while_cleanup_runs_concurrently() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("cleanrace");
+    let b = PostgresBackend::builder(&url)
+        .table(&table)
+        .cleanup_after(Duration::ZERO)
+        .build()
+        .unwrap();
+    b.migrate().await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cleaner = {
+        let (b, stop) = (b.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut deleted = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match b.cleanup().await {
+                    Ok(n) => deleted += n,
+                    // The table lock may time out under load: that is allowed.
+                    Err(e) => assert!(e.is_transient(), "cleanup failed: {e}"),
+                }
+            }
+            deleted
+        })
+    };
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let name = format!("n{w}");
+                let mut tokens = Vec::new();
+                for _ in 0..40 {
+                    let (lease, token) = grant(&b, &name, Duration::from_secs(30)).await;
+                    tokens.push(token);
+                    assert!(b.release(&name, &lease).await.unwrap());
+                }
+                (name, tokens)
+            })
+        })
+        .collect();
+    let mut all = HashMap::new();
+    for w in workers {
+        let (name, tokens) = w.await.unwrap();
+        all.insert(name, tokens);
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let deleted = cleaner.await.unwrap();
+    assert!(deleted > 0, "cleanup never deleted a row during the run");
+    for (name, tokens) in all {
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "{name}: tokens did not strictly grow across cleanup: {tokens:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gives_typed_errors() {
+    let invalid = |r: mongolock::Result<PostgresBackend>, option: &str| match r {
+        Err(Error::InvalidOptions { option: o, reason }) => {
+            assert_eq!(o, option, "{reason}");
+            assert!(!reason.is_empty());
+        }
+        other => panic!("expected InvalidOptions for {option}, got {other:?}"),
+    };
+    invalid(PostgresBackend::builder("postgres://[::1").build(), "url");
+    invalid(
+        PostgresBackend::builder("host=h port=notaport").build(),
+        "url",
+    );
+    let ok = "postgres://u@localhost/db";
+    invalid(PostgresBackend::builder(ok).table("").build(), "table");
+    invalid(PostgresBackend::builder(ok).table("a\0b").build(), "table");
+    invalid(
+        PostgresBackend::builder(ok).table("x".repeat(51)).build(),
+        "table",
+    );
+    invalid(PostgresBackend::builder(ok).schema("").build(), "schema");
+    invalid(
+        PostgresBackend::builder(ok).schema("s".repeat(64)).build(),
+        "schema",
+    );
+    invalid(
+        PostgresBackend::builder(ok).pool_size(0).build(),
+        "pool_size",
+    );
+    invalid(
+        PostgresBackend::builder(ok)
+            .cleanup_every(Some(Duration::ZERO))
+            .build(),
+        "cleanup_every",
+    );
+
+    // Nothing listens on this port: transient, and quick.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let unreachable = PostgresBackend::builder(format!(
+        "postgres://u@127.0.0.1:{port}/db?connect_timeout=2"
+    ))
+    .build()
+    .unwrap();
+    let started = Instant::now();
+    match unreachable.inspect("x").await {
+        Err(e @ Error::Unavailable { .. }) => assert!(e.is_transient()),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    let Some(url) = url() else { return };
+    let b = PostgresBackend::builder(&url)
+        .table(pg::unique_table("bad"))
+        .build()
+        .unwrap();
+    // PostgreSQL text cannot hold NUL: refused with a typed error before anything is sent.
+    let req = request("a\0b", Duration::from_secs(5));
+    assert!(matches!(
+        b.try_acquire(&req).await,
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(
+        b.inspect("a\0b").await,
+        Err(Error::InvalidName { .. })
+    ));
+    // Through the provider too.
+    let p = provider(&b, Duration::from_secs(5), WaitStrategy::default());
+    assert!(matches!(
+        p.try_acquire("a\0b", Duration::from_secs(5), Timeout::Zero)
+            .await,
+        Err(Error::InvalidName { .. })
+    ));
+
+    // A database that does not exist: permanent, with a hint.
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.dbname("mongolock_no_such_database");
+    let missing = PostgresBackend::builder_with_config(config)
+        .build()
+        .unwrap();
+    match missing.inspect("x").await {
+        Err(Error::Backend { message, hint, .. }) => {
+            assert!(message.contains("3D000"), "{message}");
+            assert!(hint.contains("database"), "{hint}");
+        }
+        other => panic!("expected Backend for a missing database, got {other:?}"),
+    }
+
+    // A user without privileges: permanent, with a hint naming the grants.
+    let admin = admin(&url).await;
+    let role = pg::unique_table("nopriv");
+    admin
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN"))
+        .await
+        .unwrap();
+    b.migrate().await.unwrap();
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.user(&role);
+    let denied = PostgresBackend::builder_with_config(config)
+        .table(b.table().split_once('.').unwrap().1)
+        .build()
+        .unwrap();
+    match denied
+        .try_acquire(&request("x", Duration::from_secs(5)))
+        .await
+    {
+        Err(Error::Backend { message, hint, .. }) => {
+            assert!(message.contains("42501"), "{message}");
+            assert!(hint.contains("grant"), "{hint}");
+        }
+        other => panic!("expected Backend for missing privileges, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_at_once() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("wake");
+    let holder_b = backend_as(&url, &table, "wake-holder");
+    let waiter_b = backend_as(&url, &table, "wake-waiter");
+    // Waiters sleep 30-40 s between attempts: only a notification wakes them sooner.
+    let slow = WaitStrategy::random_sleep(Duration::from_secs(30), Duration::from_secs(40));
+    let holder = provider(&holder_b, Duration::from_secs(60), slow.clone());
+    let waiter = provider(&waiter_b, Duration::from_secs(60), slow);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            waiter_b.live_notifications()
+        })
+        .await,
+        "the listener did not come up"
+    );
+    for round in 0..3 {
+        let g = holder.lock("job").unwrap().acquire().await.unwrap();
+        let w = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                waiter
+                    .lock("job")
+                    .unwrap()
+                    .acquire_timeout(Duration::from_secs(25))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released_at = Instant::now();
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        let got = w.await.unwrap().unwrap().unwrap_or_else(|| {
+            panic!("round {round}: the waiter was not woken by the release (token {token})")
+        });
+        let took = released_at.elapsed();
+        assert!(
+            took < Duration::from_secs(15),
+            "round {round}: woken {took:?} after the release"
+        );
+        assert!(got.fencing_token() > token);
+        got.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_is_signalled_to_the_holder_at_once() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("takeover");
+    let holder_b = backend_as(&url, &table, "takeover-holder");
+    let operator = backend_as(&url, &table, "takeover-operator");
+    let holder = provider(&holder_b, Duration::from_secs(60), WaitStrategy::default());
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            holder_b.live_notifications()
+        })
+        .await
+    );
+    let g = holder.lock("role").unwrap().acquire().await.unwrap();
+    assert!(!g.is_lost());
+    let forced_at = Instant::now();
+    assert!(operator.force_release("role").await.unwrap());
+    // The next extension is 20 s away: within 15 s only the notification can tell the holder.
+    tokio::time::timeout(Duration::from_secs(15), g.lost().wait())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the holder was not told of the force-release (token {})",
+                g.fencing_token()
+            )
+        });
+    assert!(g.is_lost(), "reason: {:?}", g.lost_reason());
+    eprintln!(
+        "loss signalled {:?} after the force-release",
+        forced_at.elapsed()
+    );
+    // A takeover by another lease is signalled too.
+    let g = holder.lock("role").unwrap().acquire().await.unwrap();
+    assert!(operator.force_release("role").await.unwrap());
+    let (_, token) = grant(&operator, "role", Duration::from_secs(60)).await;
+    assert!(token > g.fencing_token());
+    tokio::time::timeout(Duration::from_secs(15), g.lost().wait())
+        .await
+        .expect("the holder was not told of the takeover");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_listener_falls_back_and_recovers() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("relisten");
+    let app = format!("relisten-{:x}", rand::random::<u32>());
+    let b = backend_as(&url, &table, &app);
+    let slow = WaitStrategy::random_sleep(Duration::from_secs(30), Duration::from_secs(40));
+    let p = provider(&b, Duration::from_secs(60), slow);
+    assert!(eventually(Duration::from_secs(20), || async { b.live_notifications() }).await);
+    let listen_app = format!("{app} (listen)");
+    let first = listener_pid(&url, &listen_app)
+        .await
+        .expect("a listening connection");
+    let g = p.lock("x").unwrap().acquire().await.unwrap();
+    // A waiter is asleep until the holder's expiry (60 s) when the listener is killed.
+    let w = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            p.lock("x")
+                .unwrap()
+                .acquire_timeout(Duration::from_secs(50))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(terminate(&url, &listen_app).await, 1);
+    // It reconnects on its own, on a new connection.
+    let recovered = eventually(Duration::from_secs(30), || async {
+        let now = listener_pid(&url, &listen_app).await;
+        b.live_notifications() && now.is_some() && now != Some(first)
+    })
+    .await;
+    assert!(
+        recovered,
+        "the listener did not reconnect (first pid {first})"
+    );
+    // And notifications work again: the release wakes the waiter long before its 30 s sleep.
+    let released_at = Instant::now();
+    g.release().await.unwrap();
+    let got = w.await.unwrap().unwrap().expect("the waiter got the lock");
+    assert!(
+        released_at.elapsed() < Duration::from_secs(20),
+        "woken {:?} after the release",
+        released_at.elapsed()
+    );
+    got.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_connections_are_killed_keeps_its_lease() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("killed");
+    let app = format!("killed-{:x}", rand::random::<u32>());
+    let b = backend_as(&url, &table, &app);
+    let p = provider(&b, Duration::from_secs(3), WaitStrategy::default());
+    let g = p.lock("held").unwrap().acquire().await.unwrap();
+    let started = Instant::now();
+    // Kill every connection of the holder, the listener's included, again and again over
+    // several extension periods (every second).
+    while started.elapsed() < Duration::from_secs(5) {
+        terminate(&url, &app).await;
+        terminate(&url, &format!("{app} (listen)")).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    assert!(
+        !g.is_lost(),
+        "the lease was lost after killed connections: {:?}",
+        g.lost_reason()
+    );
+    let info = b.inspect("held").await.unwrap().expect("the row");
+    assert!(info.held, "{info:?}");
+    assert_eq!(info.lease_id.as_ref(), Some(g.lease_id()));
+    assert_eq!(info.fencing_token, g.fencing_token());
+    assert!(g.expires_at() > SystemTime::now() - Duration::from_secs(60));
+    g.release().await.unwrap();
+    assert!(!b.inspect("held").await.unwrap().unwrap().held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_means_loss_by_the_deadline_and_nothing_held_after_restart() {
+    if pg::bin_dir().is_none() {
+        eprintln!("skipped: no PostgreSQL binaries to start a server of this test's own");
+        return;
+    }
+    let server = pg::PgServer::start().expect("start PostgreSQL");
+    let url = server.url();
+    let b = PostgresBackend::builder(format!("{url}?connect_timeout=2"))
+        .table("locks")
+        .build()
+        .unwrap();
+    let p = provider(&b, Duration::from_secs(3), WaitStrategy::default());
+    let g = p.lock("job").unwrap().acquire().await.unwrap();
+    let token = g.fencing_token();
+    let deadline = g.local_deadline();
+    server.stop_immediately().expect("pg_ctl stop -m immediate");
+    let stopped_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(30), g.lost().wait())
+        .await
+        .expect("the lost signal fired");
+    assert!(
+        Instant::now() <= deadline + Duration::from_secs(2),
+        "lost {:?} after the stop, past the local deadline",
+        stopped_at.elapsed()
+    );
+    assert!(g.is_lost());
+    drop(g);
+    server.restart().expect("pg_ctl start");
+    // Nothing is left held once the lease expired by server time, and the next holder's token
+    // is larger.
+    let other = provider(&b, Duration::from_secs(3), WaitStrategy::default());
+    let next = other
+        .lock("job")
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the lock is free after the restart");
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+    let info = b.inspect("job").await.unwrap().unwrap();
+    assert!(!info.held, "{info:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_concurrently_and_repeatedly() {
+    let Some(url) = url() else { return };
+    let schema = pg::unique_table("schema");
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let b = PostgresBackend::builder(&url)
+                .schema(&schema)
+                .table(format!("t{}", i % 3))
+                .build()
+                .unwrap();
+            tokio::spawn(async move {
+                b.migrate().await.unwrap();
+                b.migrate().await.unwrap();
+                grant(&b, &format!("x{i}"), Duration::from_secs(5)).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let list = PostgresBackend::builder(&url)
+        .schema(&schema)
+        .table("t0")
+        .build()
+        .unwrap()
+        .list()
+        .await
+        .unwrap();
+    let names: Vec<&str> = list.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["x0", "x3"]);
+}

@@ -1,1 +1,2 @@
-#[test] fn placeholder() {}
+#[test]
+fn placeholder() {}

@@ -142,9 +142,7 @@ impl PgServer {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(gid);
         }
-        let out = cmd
-            .output()
-            .map_err(|e| format!("run {program}: {e}"))?;
+        let out = cmd.output().map_err(|e| format!("run {program}: {e}"))?;
         if out.status.success() {
             return Ok(());
         }
@@ -160,7 +158,7 @@ impl PgServer {
     fn pg_ctl_start(&self) -> Result<(), String> {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400 -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off",
+             -c full_page_writes=off",
             self.port,
             self.dir.display()
         );
@@ -190,7 +188,14 @@ impl PgServer {
     pub fn stop_immediately(&self) -> Result<(), String> {
         self.run(
             "pg_ctl",
-            &["-D", &self.data().display().to_string(), "-m", "immediate", "-w", "stop"],
+            &[
+                "-D",
+                &self.data().display().to_string(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
         )
     }
 
@@ -234,9 +239,11 @@ pub fn url() -> Option<String> {
     }
     let result = SHARED_URL.get_or_init(|| {
         if bin_dir().is_none() {
-            return Err("no PostgreSQL binaries found (install Debian's postgresql package, \
+            return Err(
+                "no PostgreSQL binaries found (install Debian's postgresql package, \
                         set PG_BIN_DIR, or set POSTGRES_URL to an existing server)"
-                .into());
+                    .into(),
+            );
         }
         let server = PgServer::start().unwrap_or_else(|e| panic!("start PostgreSQL: {e}"));
         let url = server.url();

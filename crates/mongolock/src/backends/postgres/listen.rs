@@ -126,9 +126,12 @@ fn parse(payload: &str) -> Option<(&str, Change)> {
 
 fn dispatch(hub: &Hub, payload: &str) {
     match parse(payload) {
-        Some((name, change @ Change::Lease { lease_id: Some(_), .. })) => {
-            hub.dispatch_grant(name, change)
-        }
+        Some((
+            name,
+            change @ Change::Lease {
+                lease_id: Some(_), ..
+            },
+        )) => hub.dispatch_grant(name, change),
         Some((name, change)) => hub.dispatch(name, change),
         None => {
             tracing::warn!(%payload, "unexpected lock notification; every waiter and holder re-checks");
@@ -469,7 +472,10 @@ mod tests {
 
     #[test]
     fn payloads_are_parsed() {
-        assert_eq!(parse("7 abc my lock"), Some(("my lock", lease(Some("abc"), Some(7)))));
+        assert_eq!(
+            parse("7 abc my lock"),
+            Some(("my lock", lease(Some("abc"), Some(7))))
+        );
         assert_eq!(parse("8 - x y"), Some(("x y", lease(None, Some(8)))));
         assert_eq!(parse("nope - x"), None);
         assert_eq!(parse("9 -"), None);
@@ -478,9 +484,18 @@ mod tests {
     #[test]
     fn holders_judge_changes_by_lease_id_and_token() {
         let ours = LeaseId::from_string("ours");
-        assert_eq!(judge(&lease(Some("ours"), Some(7)), &ours, Some(7)), Verdict::Held);
-        assert_eq!(judge(&lease(Some("old"), Some(6)), &ours, Some(7)), Verdict::Held);
-        assert_eq!(judge(&lease(Some("new"), Some(8)), &ours, Some(7)), Verdict::Gone);
+        assert_eq!(
+            judge(&lease(Some("ours"), Some(7)), &ours, Some(7)),
+            Verdict::Held
+        );
+        assert_eq!(
+            judge(&lease(Some("old"), Some(6)), &ours, Some(7)),
+            Verdict::Held
+        );
+        assert_eq!(
+            judge(&lease(Some("new"), Some(8)), &ours, Some(7)),
+            Verdict::Gone
+        );
         assert_eq!(judge(&lease(None, Some(7)), &ours, Some(7)), Verdict::Gone);
         assert_eq!(judge(&lease(None, Some(7)), &ours, None), Verdict::Check);
         assert_eq!(judge(&Change::Unknown, &ours, Some(7)), Verdict::Check);

@@ -363,9 +363,10 @@ impl PostgresBackend {
         &self.inner.schema.display
     }
 
-    /// Creates the schema (if missing), the table, its sequence, index and notification
-    /// trigger now (normally this happens on first use), re-creating the trigger. Idempotent;
-    /// safe to run from several processes at once.
+    /// Creates whatever is missing of the schema, the table, its sequence, index and
+    /// notification trigger now (normally this happens on first use), and updates the trigger
+    /// function. Idempotent; safe to run from several processes at once, and while the table
+    /// is in use.
     ///
     /// Cancel safety: the migration is one transaction; dropping the future rolls it back or
     /// lets it commit, never half of it.
@@ -537,20 +538,16 @@ impl Inner {
                 &[&self.schema.migration_lock_key()],
             )
             .await?;
-            // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
-            // exists: only run it when the schema is missing.
-            let missing: bool = tx
-                .query_one(
-                    "SELECT to_regnamespace($1) IS NULL",
-                    &[&self.schema.schema_quoted()],
-                )
-                .await?
-                .try_get(0)?;
-            for (i, statement) in self.schema.ddl().iter().enumerate() {
-                if i == 0 && !missing {
-                    continue;
+            // Only what is missing is created: CREATE SCHEMA IF NOT EXISTS needs CREATE on the
+            // database even when the schema exists, and DDL on a table in use takes locks.
+            let row = tx.query_one(&self.schema.existing_query(), &[]).await?;
+            for (exists, statement) in self.schema.ddl() {
+                if let Some(i) = exists {
+                    if row.try_get::<_, bool>(i)? {
+                        continue;
+                    }
                 }
-                tx.batch_execute(statement).await?;
+                tx.batch_execute(&statement).await?;
             }
             tx.commit().await
         }

@@ -71,7 +71,11 @@ impl AcquireParams {
             ttl: micros(req.ttl),
             host: clean(&req.holder.host).into_owned(),
             pid: i64::from(req.holder.pid),
-            app: req.holder.app_name.as_deref().map(|a| clean(a).into_owned()),
+            app: req
+                .holder
+                .app_name
+                .as_deref()
+                .map(|a| clean(a).into_owned()),
         }
     }
 }

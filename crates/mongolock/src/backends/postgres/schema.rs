@@ -180,11 +180,6 @@ impl Schema {
         }
     }
 
-    /// The quoted schema name.
-    pub(crate) fn schema_quoted(&self) -> &str {
-        &self.schema_q
-    }
-
     /// Whether the migration already ran (its last step, the trigger, exists): one query with
     /// `$1` = the quoted table name and `$2` = the trigger name.
     pub(crate) fn migrated_query(&self) -> (&'static str, String, &'static str) {
@@ -202,54 +197,94 @@ impl Schema {
         fnv1a(&format!("mongolock-migrate:{}", self.schema_q)) as i64
     }
 
-    /// The DDL statements, in order; each is idempotent. Run in one transaction under
-    /// [`migration_lock_key`](Self::migration_lock_key).
-    pub(crate) fn ddl(&self) -> Vec<String> {
-        let (s, t, seq, idx) = (&self.schema_q, &self.table_q, &self.sequence_q, &self.index_q);
+    /// One query reporting which objects exist: schema, sequence, table, index, trigger (five
+    /// booleans, in that order).
+    pub(crate) fn existing_query(&self) -> String {
+        let s = &self.schema_q;
+        format!(
+            "SELECT to_regnamespace({}) IS NOT NULL, to_regclass({}) IS NOT NULL,
+                    to_regclass({}) IS NOT NULL, to_regclass({}) IS NOT NULL,
+                    EXISTS (SELECT 1 FROM pg_trigger
+                             WHERE tgrelid = to_regclass({}) AND tgname = {})",
+            literal(s),
+            literal(&self.sequence_q),
+            literal(&self.table_q),
+            literal(&format!("{s}.{}", self.index_q)),
+            literal(&self.table_q),
+            literal(NOTIFY),
+        )
+    }
+
+    /// The DDL statements, in order, each with the index of the flag of
+    /// [`existing_query`](Self::existing_query) that says it is not needed (`None`: always
+    /// run). Run in one transaction under [`migration_lock_key`](Self::migration_lock_key).
+    /// Only missing objects are created, so a migration of a table in use takes no lock on it
+    /// (which could deadlock with lock operations that already hold a weaker one).
+    pub(crate) fn ddl(&self) -> Vec<(Option<usize>, String)> {
+        let (s, t, seq, idx) = (
+            &self.schema_q,
+            &self.table_q,
+            &self.sequence_q,
+            &self.index_q,
+        );
         let function = format!("{s}.{}", quote(NOTIFY));
         vec![
-            format!("CREATE SCHEMA IF NOT EXISTS {s}"),
-            format!("CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                   name text PRIMARY KEY,
-                   lease_id text,
-                   fencing_token bigint NOT NULL,
-                   acquired_at timestamptz NOT NULL,
-                   expires_at timestamptz NOT NULL,
-                   holder_host text,
-                   holder_pid bigint,
-                   holder_app text,
-                   released text[] NOT NULL DEFAULT '{{}}'
-                 )"
+            (Some(0), format!("CREATE SCHEMA IF NOT EXISTS {s}")),
+            (
+                Some(1),
+                format!("CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"),
             ),
-            format!("CREATE INDEX IF NOT EXISTS {idx} ON {t} (expires_at)"),
+            (
+                Some(2),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                       name text PRIMARY KEY,
+                       lease_id text,
+                       fencing_token bigint NOT NULL,
+                       acquired_at timestamptz NOT NULL,
+                       expires_at timestamptz NOT NULL,
+                       holder_host text,
+                       holder_pid bigint,
+                       holder_app text,
+                       released text[] NOT NULL DEFAULT '{{}}'
+                     )"
+                ),
+            ),
+            (
+                Some(3),
+                format!("CREATE INDEX IF NOT EXISTS {idx} ON {t} (expires_at)"),
+            ),
             // Payload: `<token> <lease id, or - for none> <name>`; a deleted row reports no
             // lease. Extensions (only `expires_at` changes) publish nothing.
-            format!(
-                "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-                 BEGIN
-                   IF TG_OP = 'DELETE' THEN
-                     PERFORM pg_notify(TG_ARGV[0], OLD.fencing_token || ' - ' || OLD.name);
-                     RETURN OLD;
-                   END IF;
-                   IF TG_OP = 'UPDATE'
-                      AND OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
-                      AND OLD.fencing_token = NEW.fencing_token THEN
-                     RETURN NEW;
-                   END IF;
-                   PERFORM pg_notify(TG_ARGV[0],
-                     NEW.fencing_token || ' ' || coalesce(NEW.lease_id, '-') || ' ' || NEW.name);
-                   RETURN NEW;
-                 END
-                 $fn$"
+            (
+                None,
+                format!(
+                    "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+                     BEGIN
+                       IF TG_OP = 'DELETE' THEN
+                         PERFORM pg_notify(TG_ARGV[0], OLD.fencing_token || ' - ' || OLD.name);
+                         RETURN OLD;
+                       END IF;
+                       IF TG_OP = 'UPDATE'
+                          AND OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
+                          AND OLD.fencing_token = NEW.fencing_token THEN
+                         RETURN NEW;
+                       END IF;
+                       PERFORM pg_notify(TG_ARGV[0],
+                         NEW.fencing_token || ' ' || coalesce(NEW.lease_id, '-') || ' ' || NEW.name);
+                       RETURN NEW;
+                     END
+                     $fn$"
+                ),
             ),
-            format!("DROP TRIGGER IF EXISTS {} ON {t}", quote(NOTIFY)),
-            format!(
-                "CREATE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {t}
-                   FOR EACH ROW EXECUTE FUNCTION {function}({})",
-                quote(NOTIFY),
-                literal(&self.channel)
+            (
+                Some(4),
+                format!(
+                    "CREATE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {t}
+                       FOR EACH ROW EXECUTE FUNCTION {function}({})",
+                    quote(NOTIFY),
+                    literal(&self.channel)
+                ),
             ),
         ]
     }
