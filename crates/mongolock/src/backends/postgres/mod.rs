@@ -137,6 +137,10 @@ use crate::error::{Error, Result};
 use listen::Listener;
 use schema::Schema;
 
+/// The client configuration type ([`tokio_postgres::Config`]), for
+/// [`PostgresBackend::builder_with_config`] without a direct dependency on `tokio-postgres`.
+pub use tokio_postgres::Config;
+
 /// Default schema of the lock table.
 pub const DEFAULT_SCHEMA: &str = "public";
 
@@ -410,6 +414,23 @@ impl PostgresBackend {
         }
         .await;
         result.map_err(|e| self.inner.fail("cleanup", e))
+    }
+
+    /// Checks that the server can be reached and accepts the credentials (one `SELECT 1` on a
+    /// pooled connection). Creates nothing.
+    ///
+    /// Cancel safety: a read; dropping the future has no effect on the server.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the server cannot be reached; [`Error::Backend`] when it
+    /// refuses the login or the database does not exist.
+    pub async fn ping(&self) -> Result<()> {
+        let client = self.pooled("ping").await?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map(|_| ())
+            .map_err(|e| errors::map("ping", e))
     }
 
     /// How many lock names currently have an entry in the notification registry (names this
