@@ -10,5 +10,5 @@ pub mod mongo;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 // Parts of the registry (stream status, transitions) serve only the MongoDB change-stream watcher.
-#[cfg_attr(not(any(feature = "mongodb", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
 pub(crate) mod wakeups;

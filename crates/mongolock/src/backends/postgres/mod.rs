@@ -10,7 +10,7 @@
 //! chosen: it brings a query macro system, its own runtime abstraction and several database
 //! drivers that mongolock does not use, and its listener API hides reconnection, which
 //! mongolock must see to fall back to polling. Connections are made without TLS
-//! ([`NoTls`](tokio_postgres::NoTls)).
+//! ([`tokio_postgres::NoTls`]).
 //!
 //! # The lock table
 //! One row per lock name, in a configurable schema and table (default
