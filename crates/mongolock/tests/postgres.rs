@@ -550,3 +550,162 @@ async fn migrations_run_concurrently_and_repeatedly() {
     let names: Vec<&str> = list.iter().map(|i| i.name.as_str()).collect();
     assert_eq!(names, ["x0", "x3"]);
 }
+
+/// Counts acquire attempts, delegating everything (the notification hooks included).
+struct CountingAttempts {
+    inner: PostgresBackend,
+    attempts: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl LockBackend for CountingAttempts {
+    async fn try_acquire(&self, req: &AcquireRequest) -> mongolock::Result<Attempt> {
+        self.attempts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.try_acquire(req).await
+    }
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> mongolock::Result<Option<SystemTime>> {
+        self.inner.extend(name, lease_id, ttl).await
+    }
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> mongolock::Result<bool> {
+        self.inner.release(name, lease_id).await
+    }
+    async fn inspect(&self, name: &str) -> mongolock::Result<Option<mongolock::LockInfo>> {
+        self.inner.inspect(name).await
+    }
+    async fn list(&self) -> mongolock::Result<Vec<mongolock::LockInfo>> {
+        self.inner.list().await
+    }
+    async fn force_release(&self, name: &str) -> mongolock::Result<bool> {
+        self.inner.force_release(name).await
+    }
+    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+        self.inner.wait_for_change(name, max_wait).await
+    }
+    fn live_notifications(&self) -> bool {
+        self.inner.live_notifications()
+    }
+    fn change_waiter(&self, name: &str) -> Option<mongolock::ChangeWaiter> {
+        self.inner.change_waiter(name)
+    }
+    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+        self.inner.lease_gone(name, lease_id).await
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Nine tasks of one process (one holder, eight waiters, all polling only every 30-40 s) hand
+/// one lock around: each release must wake one waiter at once (a notification), not all eight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handoffs_are_prompt_and_do_not_stampede() {
+    const WAITERS: usize = 8;
+    const HANDOFFS: usize = 40;
+    let Some(url) = url() else { return };
+    let inner = backend_as(&url, &pg::unique_table("handoff"), "handoff");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            inner.live_notifications()
+        })
+        .await
+    );
+    let counting = Arc::new(CountingAttempts {
+        inner,
+        attempts: Default::default(),
+    });
+    let provider = LockProvider::builder_shared(counting.clone())
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_secs(30),
+            Duration::from_secs(40),
+        ))
+        .build()
+        .unwrap();
+    // Uncontended acquire + release, for the report (not asserted).
+    let lock = provider.lock("solo").unwrap();
+    let started = Instant::now();
+    for _ in 0..100 {
+        lock.acquire().await.unwrap().release().await.unwrap();
+    }
+    eprintln!(
+        "postgres uncontended acquire + release: {:?} each",
+        started.elapsed() / 100
+    );
+
+    let before = counting.attempts.load(std::sync::atomic::Ordering::SeqCst);
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let released_at: Arc<std::sync::Mutex<Option<Instant>>> = Default::default();
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let generation = Arc::new(tokio::sync::watch::channel(0_u64).0);
+    let mut tasks = Vec::new();
+    for _ in 0..=WAITERS {
+        let lock = provider.lock("handoff").unwrap();
+        let (inside, tokens, released_at, samples, generation) = (
+            inside.clone(),
+            tokens.clone(),
+            released_at.clone(),
+            samples.clone(),
+            generation.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            use std::sync::atomic::Ordering::SeqCst;
+            let mut rx = generation.subscribe();
+            loop {
+                let g = lock.acquire().await.unwrap();
+                assert_eq!(inside.fetch_add(1, SeqCst), 0, "two holders");
+                tokens.lock().unwrap().push(g.fencing_token());
+                generation.send_modify(|g| *g += 1);
+                let mine = *generation.borrow();
+                if let Some(r) = released_at.lock().unwrap().take() {
+                    samples.lock().unwrap().push(r.elapsed());
+                }
+                let done = samples.lock().unwrap().len() >= HANDOFFS;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                assert!(!g.is_lost(), "a holder was told its lease is gone");
+                inside.fetch_sub(1, SeqCst);
+                if !done {
+                    *released_at.lock().unwrap() = Some(Instant::now());
+                }
+                g.release().await.unwrap();
+                if done {
+                    return;
+                }
+                let _ = rx.wait_for(|g| *g > mine).await;
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("handoffs finished (a waiter was not woken?)")
+            .unwrap();
+    }
+    let tokens = tokens.lock().unwrap().clone();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must grow in acquisition order: {tokens:?}"
+    );
+    let attempts = counting.attempts.load(std::sync::atomic::Ordering::SeqCst) - before;
+    let samples = samples.lock().unwrap().clone();
+    let m = median(samples.clone());
+    eprintln!(
+        "postgres handoff median {m:?}, max {:?}; {:.1} attempts per handoff",
+        samples.iter().max().unwrap(),
+        attempts as f64 / HANDOFFS as f64
+    );
+    // Polling alone sleeps at least 30 s: only notifications make handoffs prompt.
+    assert!(m < Duration::from_secs(5), "median handoff {m:?}");
+    // A stampede would be >= 8 attempts per release.
+    assert!(
+        attempts < HANDOFFS * 6,
+        "{attempts} attempts for {HANDOFFS} handoffs"
+    );
+}
