@@ -105,6 +105,9 @@ pub use options::{
 pub use provider::{LockProvider, LockProviderBuilder};
 pub use wait::WaitStrategy;
 
+#[cfg(feature = "testing")]
+pub mod testing;
+
 pub mod election;
 pub use election::{Election, ElectionEvent, LeaderContext, LeaderInfo, Leadership};
 

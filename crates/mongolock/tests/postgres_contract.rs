@@ -1,12 +1,10 @@
 //! The contract suite against a real PostgreSQL (started by the tests, or `POSTGRES_URL`).
 
-mod contract;
 mod pg;
-mod poll;
 
 use std::sync::Arc;
 
-use contract::Env;
+use mongolock::testing::Env;
 use mongolock::PostgresBackend;
 
 async fn setup() -> Option<Env> {
@@ -15,10 +13,7 @@ async fn setup() -> Option<Env> {
         .table(pg::unique_table("contract"))
         .build()
         .expect("valid options");
-    Some(Env {
-        backend: Arc::new(backend),
-        keep_alive: Box::new(()),
-    })
+    Some(Env::new(Arc::new(backend)).with_notifications())
 }
 
-contract_suite!(setup);
+mongolock::contract_suite!(setup);
