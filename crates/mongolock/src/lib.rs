@@ -69,6 +69,9 @@
 //! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the
 //!   acquire path is in `backends/mongo/acquire.rs`).
+//! * `PostgresBackend` (feature `postgres`, `backends/postgres/`: one statement per operation,
+//!   LISTEN/NOTIFY wake-ups in `listen.rs`).
+//! * `testing` (feature `testing`): the contract suite every backend runs, not API-stable.
 //! * Change notifications: the MongoDB change stream (`backends/mongo/watch.rs`: one per
 //!   backend, fallback, resume, loss detection) and the per-name wake-ups it shares with the
 //!   memory backend (`backends/wakeups.rs`: one waiter per change, no stampede).
@@ -89,7 +92,10 @@ mod options;
 mod provider;
 mod wait;
 
-pub use backend::{AcquireRequest, Attempt, ChangeWaiter, Lease, LeaseId, LockBackend, LockInfo};
+pub use backend::{
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LockBackend,
+    LockInfo,
+};
 pub use backends::memory::MemoryBackend;
 #[cfg(feature = "mongodb")]
 pub use backends::mongo::{MongoBackend, MongoBackendBuilder};

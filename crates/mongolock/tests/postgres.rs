@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use mongolock::{
-    AcquireRequest, Attempt, Error, HolderInfo, LeaseId, LockBackend, LockProvider,
-    PostgresBackend, Timeout, WaitStrategy,
+    AcquireRequest, Attempt, ChangeNotifications, Error, HolderInfo, LeaseId, LockBackend,
+    LockProvider, PostgresBackend, Timeout, WaitStrategy,
 };
 use poll::eventually;
 use tokio::time::Instant;
@@ -584,17 +584,8 @@ impl LockBackend for CountingAttempts {
     async fn force_release(&self, name: &str) -> mongolock::Result<bool> {
         self.inner.force_release(name).await
     }
-    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
-        self.inner.wait_for_change(name, max_wait).await
-    }
-    fn live_notifications(&self) -> bool {
-        self.inner.live_notifications()
-    }
-    fn change_waiter(&self, name: &str) -> Option<mongolock::ChangeWaiter> {
-        self.inner.change_waiter(name)
-    }
-    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
-        self.inner.lease_gone(name, lease_id).await
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        self.inner.notifications()
     }
 }
 

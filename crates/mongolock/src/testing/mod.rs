@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use crate::{
-    AcquireRequest, Attempt, ChangeWaiter, Error, LeaseId, LockBackend, LockInfo, LockProvider,
-    LockProviderBuilder, Timeout, WaitStrategy,
+    AcquireRequest, Attempt, ChangeNotifications, Error, LeaseId, LockBackend, LockInfo,
+    LockProvider, LockProviderBuilder, Timeout, WaitStrategy,
 };
 use async_trait::async_trait;
 use rand::Rng;
@@ -1100,17 +1100,8 @@ impl LockBackend for CountingAll {
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.inner.force_release(name).await
     }
-    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
-        self.inner.wait_for_change(name, max_wait).await
-    }
-    fn live_notifications(&self) -> bool {
-        self.inner.live_notifications()
-    }
-    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
-        self.inner.change_waiter(name)
-    }
-    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
-        self.inner.lease_gone(name, lease_id).await
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        self.inner.notifications()
     }
 }
 

@@ -132,7 +132,9 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
-use crate::backend::{AcquireRequest, Attempt, ChangeWaiter, LeaseId, LockBackend, LockInfo};
+use crate::backend::{
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LockBackend, LockInfo,
+};
 use crate::error::{Error, Result};
 use listen::Listener;
 use schema::Schema;
@@ -663,20 +665,27 @@ impl LockBackend for PostgresBackend {
         Ok(!rows.is_empty())
     }
 
-    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ChangeNotifications for PostgresBackend {
+    async fn wait(&self, name: &str, max_wait: Duration) {
         self.inner.listener.wait_for_change(name, max_wait).await;
     }
 
     /// True while the listening connection is up; opens it if it is not.
-    fn live_notifications(&self) -> bool {
+    fn is_live(&self) -> bool {
         self.inner.listener.is_live()
     }
 
-    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
+    fn waiter(&self, name: &str) -> Option<ChangeWaiter> {
         self.inner.listener.change_waiter(name)
     }
 
-    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+    async fn lease_lost(&self, name: &str, lease_id: &LeaseId) {
         self.inner
             .listener
             .lease_gone(name, lease_id, || self.still_holds(name, lease_id))
