@@ -263,8 +263,9 @@ impl PostgresBackendBuilder {
     /// on first use.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for an unparsable connection string, a bad schema or table
-    /// name, a zero pool size or a zero cleanup period.
+    /// [`Error::InvalidOptions`] for an unparsable connection string, one that requires TLS
+    /// (`sslmode=require`, not supported yet), a bad schema or table name, a zero pool size or
+    /// a zero cleanup period.
     pub fn build(self) -> Result<PostgresBackend> {
         let mut config = self
             .config
@@ -281,6 +282,13 @@ impl PostgresBackendBuilder {
             return Err(Error::invalid_option(
                 "cleanup_every",
                 "a zero period would run cleanup without pause; use None to turn it off",
+            ));
+        }
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(Error::invalid_option(
+                "url",
+                "sslmode=require asks for TLS, which the PostgreSQL backend does not support \
+                 yet; connect without it (sslmode=disable or prefer) over a trusted network",
             ));
         }
         if config.get_connect_timeout().is_none() {
