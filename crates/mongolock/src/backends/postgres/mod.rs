@@ -7,10 +7,11 @@
 //! (which mongolock already requires), and gives direct access to the connection's
 //! asynchronous messages, which `LISTEN`/`NOTIFY` needs (`listen.rs`). `deadpool-postgres` is
 //! a small pool for exactly that client (no runtime of its own, no macros). `sqlx` was not
-//! chosen: it brings a query macro system, its own runtime abstraction and several database
-//! drivers that mongolock does not use, and its listener API hides reconnection, which
-//! mongolock must see to fall back to polling. Connections are made without TLS
-//! ([`tokio_postgres::NoTls`]).
+//! chosen: it brings compile-time query macros, a runtime abstraction and drivers for other
+//! databases that mongolock does not use, and its listener reconnects inside `recv`, while
+//! mongolock wants to see each lost connection to switch waiters to polling and make them
+//! re-check. Connections are made without TLS ([`tokio_postgres::NoTls`]); a connection string
+//! with `sslmode=require` is refused by [`PostgresBackendBuilder::build`].
 //!
 //! # The lock table
 //! One row per lock name, in a configurable schema and table (default
