@@ -489,6 +489,27 @@ async fn a_stopped_server_means_loss_by_the_deadline_and_nothing_held_after_rest
     let g = p.lock("job").unwrap().acquire().await.unwrap();
     let token = g.fencing_token();
     let deadline = g.local_deadline();
+    // A waiter of another backend waits through the outage: it must get the lock once the
+    // server is back (polling while the listening connection is down, re-checking once it is
+    // up again).
+    let waiter_b = PostgresBackend::builder(format!("{url}?connect_timeout=2"))
+        .table("locks")
+        .build()
+        .unwrap();
+    let waiter = provider(
+        &waiter_b,
+        Duration::from_secs(3),
+        WaitStrategy::random_sleep(Duration::from_millis(200), Duration::from_millis(400)),
+    );
+    let waiting = tokio::spawn(async move {
+        let got = waiter
+            .lock("job")
+            .unwrap()
+            .acquire_timeout(Duration::from_secs(120))
+            .await;
+        got.map(|g| g.map(|g| (g.fencing_token(), g)))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
     server.stop_immediately().expect("pg_ctl stop -m immediate");
     let stopped_at = Instant::now();
     tokio::time::timeout(Duration::from_secs(30), g.lost().wait())
@@ -502,6 +523,18 @@ async fn a_stopped_server_means_loss_by_the_deadline_and_nothing_held_after_rest
     assert!(g.is_lost());
     drop(g);
     server.restart().expect("pg_ctl start");
+    let restarted_at = Instant::now();
+    let (waiter_token, waiter_guard) = waiting
+        .await
+        .unwrap()
+        .expect("the waiter's acquire call")
+        .expect("the waiter got the lock after the restart");
+    eprintln!(
+        "the waiter got the lock {:?} after the restart",
+        restarted_at.elapsed()
+    );
+    assert!(waiter_token > token, "{waiter_token} after {token}");
+    waiter_guard.release().await.unwrap();
     // Nothing is left held once the lease expired by server time, and the next holder's token
     // is larger.
     let other = provider(&b, Duration::from_secs(3), WaitStrategy::default());
@@ -512,7 +545,7 @@ async fn a_stopped_server_means_loss_by_the_deadline_and_nothing_held_after_rest
         .await
         .unwrap()
         .expect("the lock is free after the restart");
-    assert!(next.fencing_token() > token);
+    assert!(next.fencing_token() > waiter_token);
     next.release().await.unwrap();
     let info = b.inspect("job").await.unwrap().unwrap();
     assert!(!info.held, "{info:?}");
@@ -699,4 +732,48 @@ async fn handoffs_are_prompt_and_do_not_stampede() {
         attempts < HANDOFFS * 6,
         "{attempts} attempts for {HANDOFFS} handoffs"
     );
+}
+
+/// With notifications turned off, waiters poll and holders learn of a loss by extension.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_notifications_waiters_poll_and_extension_detects_loss() {
+    let Some(url) = url() else { return };
+    let b = PostgresBackend::builder(&url)
+        .table(pg::unique_table("polling"))
+        .notifications(false)
+        .build()
+        .unwrap();
+    assert!(!b.live_notifications());
+    assert!(b.change_waiter("x").is_none());
+    let p = provider(
+        &b,
+        Duration::from_secs(2),
+        WaitStrategy::random_sleep(Duration::from_millis(20), Duration::from_millis(60)),
+    );
+    let g = p.lock("x").unwrap().acquire().await.unwrap();
+    let w = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            p.lock("x")
+                .unwrap()
+                .acquire_timeout(Duration::from_secs(30))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let token = g.fencing_token();
+    g.release().await.unwrap();
+    let got = w
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the polling waiter got the lock");
+    assert!(got.fencing_token() > token);
+    // A force-release is found by the next extension (every ~0.7 s).
+    assert!(b.force_release("x").await.unwrap());
+    tokio::time::timeout(Duration::from_secs(15), got.lost().wait())
+        .await
+        .expect("the extension found the lease gone");
+    assert!(got.is_lost());
+    assert!(!b.live_notifications());
 }
