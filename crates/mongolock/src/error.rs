@@ -91,6 +91,22 @@ pub enum Error {
         id: String,
     },
 
+    /// The next fencing token of a lock would exceed `limit` (2⁵³, the largest integer that
+    /// JSON parsers and JavaScript represent exactly). Nothing was granted. The bound is far
+    /// beyond any realistic use (see the backend's module docs for the figures); reaching it
+    /// means the lock collection's counters were set by hand or grew for centuries.
+    #[error(
+        "the fencing tokens of lock {name:?} are exhausted: the next token would exceed {limit}; \
+         use a new lock collection, and reset the last token the protected resource accepted \
+         (tokens in a new collection start again at 1)"
+    )]
+    FencingTokensExhausted {
+        /// The lock name.
+        name: String,
+        /// The largest token the backend issues.
+        limit: u64,
+    },
+
     /// A lock operation was started outside a Tokio runtime.
     #[error(
         "mongolock needs a Tokio runtime (it spawns the acquire attempt and the renewal task); \

@@ -202,7 +202,11 @@ async fn uncontended_pairs_cost_two_commands_with_the_stream_open() {
     let get_more = sent.get_more.load(Ordering::SeqCst) - get_more_before;
     let find_and_modify = sent.find_and_modify.load(Ordering::SeqCst) - fam_before;
     assert!(backend.live_notifications(), "the stream stayed open");
-    assert_eq!(find_and_modify, PAIRS, "one findAndModify per acquisition");
+    assert_eq!(
+        find_and_modify,
+        2 * PAIRS,
+        "one findAndModify per acquisition and one per release"
+    );
     assert_eq!(
         all - get_more,
         2 * PAIRS,
@@ -806,4 +810,198 @@ async fn standalone_servers_fall_back_to_polling() {
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     let fallbacks = text.matches("change streams need a replica set").count();
     assert_eq!(fallbacks, 1, "logged once per backend:\n{text}");
+}
+
+/// 32 processes (backends, each with its own client and change stream) take turns on one lock:
+/// a release hands the lock to the first process in the lock's queue, whose stream wakes its
+/// acquirer; the others stay asleep. So a handoff costs about one acquire attempt, not one per
+/// waiting process, and the processes are served in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handoff_among_32_waiting_processes_costs_about_one_attempt() {
+    handoffs_among_processes(test_database().await, 32, 8).await;
+}
+
+/// The same under MongoDB 4.4's change events (pipeline updates reported as `replace`, so
+/// every registration in the queue and every extension reaches every stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handoffs_among_processes_with_replace_events_cost_about_one_attempt() {
+    let t = test_database_with(TestServer::builder().pipeline_updates_as_replace(true)).await;
+    handoffs_among_processes(t, 16, 6).await;
+}
+
+async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: usize) {
+    let coll = unique("locks");
+    let name = unique("queue");
+    let mut providers = Vec::new();
+    let mut counters = Vec::new();
+    for _ in 0..processes {
+        let (client, sent) = counting_client(&t.uri, None).await;
+        let backend = MongoBackend::builder(&client.database(t.db.name()))
+            .collection(coll.clone())
+            .build()
+            .unwrap();
+        providers.push(
+            LockProvider::builder(backend)
+                .expiry(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        );
+        counters.push(sent);
+    }
+    // Warm-up: every process takes the lock once, which opens its stream.
+    for p in &providers {
+        p.lock(name.as_str())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    for p in &providers {
+        until_live(&**p.backend()).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fam = || {
+        counters
+            .iter()
+            .map(|c| c.find_and_modify.load(Ordering::SeqCst))
+            .sum::<usize>()
+    };
+    let before = fam();
+    let holders = Arc::new(AtomicUsize::new(0));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, p) in providers.iter().enumerate() {
+        let lock = p.lock(name.as_str()).unwrap();
+        let (holders, order) = (holders.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let g = lock
+                    .acquire_timeout(Duration::from_secs(120))
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("process {i} waited 120 s"));
+                assert_eq!(holders.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                order.lock().unwrap().push((i, g.fencing_token()));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let acquisitions = processes * rounds;
+    // Every acquisition and every release is one findAndModify; the rest are busy attempts.
+    let attempts = fam() - before - acquisitions;
+    let per_handoff = attempts as f64 / acquisitions as f64;
+    let order = order.lock().unwrap().clone();
+    assert!(
+        order.windows(2).all(|w| w[0].1 < w[1].1),
+        "tokens out of order: {order:?}"
+    );
+    // Turns: how many acquisitions until every process held the lock once, from the start.
+    let mut seen = HashSet::new();
+    let first_round = order
+        .iter()
+        .position(|(i, _)| {
+            seen.insert(*i);
+            seen.len() == processes
+        })
+        .map_or(usize::MAX, |p| p + 1);
+    eprintln!(
+        "{processes} processes, {acquisitions} acquisitions: {attempts} acquire attempts \
+         ({per_handoff:.2} per handoff); every process held the lock within the first \
+         {first_round} acquisitions"
+    );
+    // Without the queue every release woke one acquirer in each of the 32 processes (about 32
+    // attempts per handoff). The bound leaves room for the fallback on a loaded machine.
+    assert!(
+        per_handoff <= 4.0,
+        "{attempts} attempts for {acquisitions} acquisitions ({per_handoff:.2} per handoff)"
+    );
+}
+
+/// A process that died while first in the queue holds the lock up only for its short
+/// reservation: the next waiter of another process takes it soon after the release, not after a
+/// lease or a registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_process_at_the_head_of_the_queue_holds_nobody_up_for_long() {
+    let t = test_database().await;
+    let coll = unique("locks");
+    let name = unique("dead-head");
+    let provider = |db: &mongodb::Database| {
+        LockProvider::builder(
+            MongoBackend::builder(db)
+                .collection(coll.clone())
+                .build()
+                .unwrap(),
+        )
+        .expiry(Duration::from_secs(120))
+        .build()
+        .unwrap()
+    };
+    let (holder, waiter) = (provider(&t.db), provider(&t.db));
+    let guard = holder.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    until_live(&**waiter.backend()).await;
+    // A process that queued first and then died: its entry lasts well beyond the test.
+    let dead = "00000000deadbeef-";
+    let far = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() + 3_600_000,
+    );
+    t.db.collection::<Document>(&coll)
+        .update_one(
+            doc! { "_id": name.as_str() },
+            doc! { "$set": { "waiters": [{ "m": dead, "until": far }] } },
+        )
+        .await
+        .unwrap();
+    let lock = waiter.lock(name.as_str()).unwrap();
+    let waiting = tokio::spawn(async move {
+        let g = lock
+            .acquire_timeout(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .expect("the waiter got the lock");
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        token
+    });
+    // The waiter queues behind the dead process.
+    let queued = eventually(Duration::from_secs(20), || async {
+        let d =
+            t.db.collection::<Document>(&coll)
+                .find_one(doc! { "_id": name.as_str() })
+                .await
+                .unwrap()
+                .unwrap();
+        d.get_array("waiters").map_or(0, |w| w.len()) == 2
+    })
+    .await;
+    assert!(queued, "the waiter did not queue");
+    let released_at = Instant::now();
+    let held_token = guard.fencing_token();
+    guard.release().await.unwrap();
+    let d =
+        t.db.collection::<Document>(&coll)
+            .find_one(doc! { "_id": name.as_str() })
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(
+        d.get_document("reserved")
+            .ok()
+            .and_then(|r| r.get_str("m").ok()),
+        Some(dead),
+        "the release designated the dead process: {d}"
+    );
+    let token = waiting.await.unwrap();
+    let waited = released_at.elapsed();
+    eprintln!("the waiter took the lock {waited:?} after the release (reservation 500 ms)");
+    assert!(token > held_token);
+    // Far below the 120 s lease and the hour-long registration (the reservation is 500 ms).
+    assert!(waited < Duration::from_secs(30), "{waited:?}");
 }

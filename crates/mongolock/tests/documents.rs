@@ -961,6 +961,82 @@ async fn claim_follows_the_filter_and_sort_and_a_custom_field() {
     assert!(b.get("lockState").is_none(), "queue b was never touched");
 }
 
+/// Claims use indexable conditions: with the indexes `ensure_indexes` creates, a claim finds an
+/// expired lease among many held ones, and never takes a lease that is about to expire (within
+/// the index condition's clock slack) before the server's clock says it has.
+#[tokio::test]
+async fn claims_find_expired_leases_among_held_ones_with_their_indexes() {
+    let t = test_database().await;
+    let coll = t.db.collection::<Document>(&unique("jobs"));
+    let locks = locks_on(&coll);
+    locks.ensure_indexes().await.unwrap();
+    locks.ensure_indexes().await.unwrap();
+    let indexes: Vec<String> = coll.list_index_names().await.unwrap();
+    for name in ["_lock.leaseId_1", "_lock.expiresAt_1"] {
+        assert!(
+            indexes.iter().any(|i| i == name),
+            "{name} missing: {indexes:?}"
+        );
+    }
+    let now = DateTime::now().timestamp_millis();
+    let lease = |id: &str, expires_ms: i64| {
+        doc! {
+            "leaseId": id, "fencingToken": 7_i64,
+            "acquiredAt": DateTime::from_millis(now - 60_000),
+            "expiresAt": DateTime::from_millis(expires_ms),
+            "holder": { "host": "elsewhere", "pid": 1_i64, "app": Bson::Null },
+        }
+    };
+    for i in 0..40 {
+        coll.insert_one(doc! { "_id": i, "kind": "job" })
+            .await
+            .unwrap();
+    }
+    // Expires 3 s from now: inside the 5 s slack of the index condition, still held.
+    coll.insert_one(doc! { "_id": 100, "kind": "job", "_lock": lease("soon", now + 3_000) })
+        .await
+        .unwrap();
+    // Expired a minute ago: claimable.
+    coll.insert_one(doc! { "_id": 101, "kind": "job", "_lock": lease("crashed", now - 60_000) })
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..41 {
+        let c = locks.claim(doc! { "kind": "job" }, None).await.unwrap();
+        held.push(c.expect("a free job"));
+    }
+    let claimed: Vec<i32> = held
+        .iter()
+        .map(|c| c.document.get_i32("_id").unwrap())
+        .collect();
+    assert!(
+        claimed.contains(&101),
+        "the expired lease was not claimed: {claimed:?}"
+    );
+    assert!(
+        !claimed.contains(&100),
+        "an unexpired lease was claimed: {claimed:?}"
+    );
+    let expired = held
+        .iter()
+        .find(|c| c.document.get_i32("_id") == Ok(101))
+        .unwrap();
+    assert_eq!(expired.guard.fencing_token(), 8);
+    // Only the lease about to expire is left: claimed once it has expired.
+    assert!(locks
+        .claim(doc! { "kind": "job" }, None)
+        .await
+        .unwrap()
+        .is_none());
+    let late = locks
+        .claim_timeout(doc! { "kind": "job" }, None, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the lease that expired is claimed");
+    assert_eq!(late.document.get_i32("_id"), Ok(100));
+    assert_eq!(late.guard.fencing_token(), 8);
+}
+
 #[tokio::test]
 async fn options_are_validated_before_anything_is_sent() {
     let t = test_database().await;

@@ -243,7 +243,7 @@ async fn a_retried_release_whose_first_try_was_applied_succeeds() {
         .await
         .unwrap();
     let token = guard.fencing_token();
-    lose_replies(&t, &app, &["update"]).await;
+    lose_replies(&t, &app, &["findAndModify"]).await;
     let result = guard.release().await;
     t.fail_point_off().await;
     result.unwrap_or_else(|e| panic!("release of {name} (token {token}) failed: {e}"));
@@ -291,7 +291,7 @@ async fn release_is_bounded_by_the_release_timeout() {
     t.fail_point(
         Bson::Document(doc! { "times": 1 }),
         doc! {
-            "failCommands": ["update"],
+            "failCommands": ["findAndModify"],
             "appName": app.as_str(),
             "blockConnection": true,
             "blockTimeMS": 20_000,
@@ -582,8 +582,11 @@ async fn write_conflicts_are_retried() {
         .await
         .unwrap_or_else(|e| panic!("acquire of {name} failed on a write conflict: {e}"))
         .expect("the lock was free");
-    t.fail_point(Bson::Document(doc! { "times": 2 }), conflict(&["update"]))
-        .await;
+    t.fail_point(
+        Bson::Document(doc! { "times": 2 }),
+        conflict(&["findAndModify"]),
+    )
+    .await;
     let released = guard.release().await;
     t.fail_point_off().await;
     released.unwrap_or_else(|e| panic!("release of {name} failed on a write conflict: {e}"));

@@ -69,19 +69,49 @@ async fn one_command_to_acquire_one_to_release() {
     let provider = LockProvider::builder(backend).build().unwrap();
     let lock = provider.lock("orders").unwrap();
 
-    // First use of a name: the upsert, then the epoch and the token stamp.
+    // First use of a name: the attempt finds no document, then two writes: the name's epoch
+    // counter and the upsert that creates the document with its first token.
     let g = lock.acquire().await.unwrap();
     g.release().await.unwrap();
+    let first = seen.lock().unwrap().clone();
+    let lock_commands: Vec<_> = first
+        .iter()
+        .filter(|(n, body)| !is_change_stream(n, body))
+        .collect();
     assert_eq!(
         names(&seen),
-        ["findAndModify", "findAndModify", "findAndModify", "update"]
+        [
+            "findAndModify",
+            "findAndModify",
+            "findAndModify",
+            "findAndModify"
+        ],
+        "{lock_commands:#?}"
+    );
+    let targets: Vec<_> = lock_commands
+        .iter()
+        .map(|(_, body)| (body.get("query").cloned(), body.get_bool("upsert").ok()))
+        .collect();
+    assert_eq!(
+        targets[..3],
+        [
+            (Some(Bson::Document(doc! { "_id": "orders" })), Some(false)),
+            (
+                Some(Bson::Document(
+                    doc! { "_id": MongoBackend::fencing_epoch_id("orders") }
+                )),
+                Some(true)
+            ),
+            (Some(Bson::Document(doc! { "_id": "orders" })), Some(true)),
+        ],
+        "{lock_commands:#?}"
     );
     // From then on: exactly one command to acquire and one to release.
     for _ in 0..3 {
         seen.lock().unwrap().clear();
         let g = lock.acquire().await.unwrap();
         g.release().await.unwrap();
-        assert_eq!(names(&seen), ["findAndModify", "update"]);
+        assert_eq!(names(&seen), ["findAndModify", "findAndModify"]);
     }
     // Lock writes carry the majority write concern.
     let (_, fam) = seen.lock().unwrap()[0].clone();
@@ -106,6 +136,78 @@ async fn one_command_to_acquire_one_to_release() {
         .unwrap();
     assert_eq!(before, after);
     held.release().await.unwrap();
+}
+
+/// Every lock write names one document by `_id` equality (on a collection sharded by `_id`,
+/// mongos sends it to one shard), and so does `inspect`; only `list` reads the whole collection.
+#[tokio::test]
+async fn every_lock_write_targets_one_document_by_id() {
+    let t = test_database().await;
+    let (client, seen) = recording_client(&t.uri).await;
+    let db = client.database(t.db.name());
+    let backend = MongoBackend::builder(&db)
+        .collection(unique("locks"))
+        .create_ttl_index(false)
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    for name in ["orders:1", "orders:2"] {
+        let lock = provider.lock(name).unwrap();
+        let g = lock.acquire().await.unwrap();
+        assert!(g.extend(Duration::from_secs(20)).await.unwrap());
+        g.release().await.unwrap();
+        let g = lock.acquire().await.unwrap();
+        assert!(lock.try_acquire().await.unwrap().is_none());
+        assert!(provider.force_release(name).await.unwrap());
+        drop(g);
+        assert!(provider.inspect(name).await.unwrap().is_some());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let commands: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(n, body)| !is_change_stream(n, body))
+        .cloned()
+        .collect();
+    let mut writes = 0;
+    for (name, body) in &commands {
+        let filters: Vec<Document> = match name.as_str() {
+            "findAndModify" => vec![body.get_document("query").unwrap().clone()],
+            "update" | "delete" => {
+                let key = if name == "update" {
+                    "updates"
+                } else {
+                    "deletes"
+                };
+                body.get_array(key)
+                    .unwrap()
+                    .iter()
+                    .map(|u| u.as_document().unwrap().get_document("q").unwrap().clone())
+                    .collect()
+            }
+            // A holder's loss check reads its lock document.
+            "find" => vec![body.get_document("filter").unwrap().clone()],
+            "aggregate" => {
+                // inspect: the first stage matches one `_id`.
+                let first = body.get_array("pipeline").unwrap()[0]
+                    .as_document()
+                    .unwrap();
+                vec![first.get_document("$match").unwrap().clone()]
+            }
+            other => panic!("unexpected command {other}: {body}"),
+        };
+        for f in filters {
+            let id = f.get("_id");
+            assert!(
+                matches!(id, Some(Bson::String(_) | Bson::Document(_)))
+                    && !matches!(id, Some(Bson::Document(d)) if d.keys().any(|k| k.starts_with('$'))),
+                "{name} does not target one document by _id: {f}"
+            );
+            writes += usize::from(name != "aggregate" && name != "find");
+        }
+    }
+    assert!(writes >= 14, "{commands:#?}");
 }
 
 #[tokio::test]
@@ -141,9 +243,10 @@ async fn the_lock_document_keeps_its_token_after_release() {
     );
     assert_eq!(holder.get_str("app").unwrap(), "shape-test");
     assert!(!holder.get_str("host").unwrap().is_empty());
-    // The first lock of a new collection gets token 1: its document's lifetime took epoch 1,
-    // and a lifetime with epoch e starts at (e - 1) · 2^32 + 1.
+    // The first lock of a new collection gets token 1: its document's lifetime took epoch 1 of
+    // its counter, and epoch e starts at (e - 1) · 2^20 + 1.
     assert_eq!(g.fencing_token(), 1);
+    assert_eq!(d.get("epoch"), Some(&Bson::Int64(1)));
 
     let token = g.fencing_token();
     g.release().await.unwrap();
@@ -155,9 +258,9 @@ async fn the_lock_document_keeps_its_token_after_release() {
     assert_eq!(d.get("leaseId"), Some(&Bson::Null));
     assert_eq!(d.get("fencingToken"), Some(&Bson::Int64(token as i64)));
 
-    // The epoch counter lives in the same collection but is not a lock.
+    // The name's epoch counter lives in the same collection but is not a lock.
     let epoch = coll
-        .find_one(doc! { "_id": { "mongolock": "fencing-epoch" } })
+        .find_one(doc! { "_id": MongoBackend::fencing_epoch_id("jobs:1") })
         .await
         .unwrap()
         .expect("epoch counter document");
@@ -167,14 +270,25 @@ async fn the_lock_document_keeps_its_token_after_release() {
     assert_eq!(all[0].name, "jobs:1");
 }
 
-/// Fencing tokens keep growing after the TTL monitor deleted the lock document.
+/// Fencing tokens keep growing after the TTL monitor deleted the lock document: new lifetimes
+/// stamped after their creation (`cleanup_after` under 2 s)...
 #[tokio::test]
 async fn fencing_tokens_grow_after_ttl_cleanup() {
+    tokens_grow_after_ttl_cleanup(Duration::ZERO).await;
+}
+
+/// ... and new lifetimes created with an epoch taken just before (the first-acquisition path).
+#[tokio::test]
+async fn fencing_tokens_grow_after_ttl_cleanup_of_lifetimes_created_with_their_epoch() {
+    tokens_grow_after_ttl_cleanup(Duration::from_secs(2)).await;
+}
+
+async fn tokens_grow_after_ttl_cleanup(cleanup_after: Duration) {
     let t = test_database_with(TestServer::builder().ttl_monitor_interval(Duration::from_secs(1)))
         .await;
     let backend = MongoBackend::builder(&t.db)
         .collection(unique("locks"))
-        .cleanup_after(Duration::ZERO)
+        .cleanup_after(cleanup_after)
         .build()
         .unwrap();
     backend.ensure_indexes().await.unwrap();
@@ -210,8 +324,8 @@ async fn fencing_tokens_grow_after_ttl_cleanup() {
     );
 }
 
-/// A grant that was never stamped (the acquirer crashed between the upsert and the stamp) does
-/// not restart tokens: the next holder stamps a fresh epoch.
+/// A grant that was never stamped (the acquirer crashed between its grant and the stamp) does
+/// not restart tokens: the next holder stamps a fresh epoch, above every earlier token.
 #[tokio::test]
 async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
     let t = test_database().await;
@@ -221,26 +335,183 @@ async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
         .build()
         .unwrap();
     let provider = LockProvider::builder(backend).build().unwrap();
-    let g = provider.lock("a").unwrap().acquire().await.unwrap();
-    let earlier = g.fencing_token();
-    g.release().await.unwrap();
-    // What a crashed acquirer leaves behind: its upsert created the document, no token yet, and
-    // the lease has expired.
+    let lock = provider.lock("a").unwrap();
+    let mut earlier = Vec::new();
+    for _ in 0..3 {
+        let g = lock.acquire().await.unwrap();
+        earlier.push(g.fencing_token());
+        g.release().await.unwrap();
+    }
+    assert_eq!(earlier, [1, 2, 3]);
+    // What a crashed acquirer leaves behind: a grant without a token (`epoch: null`) whose lease
+    // has expired.
     let past = mongodb::bson::DateTime::from_millis(
         mongodb::bson::DateTime::now().timestamp_millis() - 1000,
     );
     t.db.collection::<Document>(&coll_name)
-        .insert_one(doc! {
-            "_id": "b", "leaseId": "crashed", "fencingToken": Bson::Null,
-            "acquiredAt": past, "expiresAt": past,
-            "holder": { "host": "gone", "pid": 1_i64, "app": Bson::Null },
-        })
+        .update_one(
+            doc! { "_id": "a" },
+            doc! { "$set": { "leaseId": "crashed", "epoch": Bson::Null, "expiresAt": past } },
+        )
         .await
         .unwrap();
-    let g = provider.lock("b").unwrap().acquire().await.unwrap();
-    assert_eq!(earlier, 1);
-    // The second document lifetime of the collection (epoch 2) starts at 2^32 + 1.
-    assert_eq!(g.fencing_token(), (1 << 32) + 1);
+    let g = lock.acquire().await.unwrap();
+    // The name's counter gives epoch 2, which starts at 2^20 + 1.
+    assert_eq!(
+        g.fencing_token(),
+        (1 << 20) + 1,
+        "earlier tokens: {earlier:?}"
+    );
+    g.release().await.unwrap();
+}
+
+/// When a name has used every token of its epoch, the next grant takes a new epoch: tokens keep
+/// growing, with no limit on the number of grants of one name.
+#[tokio::test]
+async fn a_used_up_epoch_is_followed_by_a_new_one() {
+    let t = test_database().await;
+    let coll_name = unique("locks");
+    let backend = MongoBackend::builder(&t.db)
+        .collection(coll_name.clone())
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    let past = mongodb::bson::DateTime::from_millis(
+        mongodb::bson::DateTime::now().timestamp_millis() - 1000,
+    );
+    let coll = t.db.collection::<Document>(&coll_name);
+    // A name two tokens before the end of epoch 3 of its counter, and the counter at 3.
+    coll.insert_one(doc! {
+        "_id": "hot", "leaseId": Bson::Null, "fencingToken": 3 * (1_i64 << 20) - 2,
+        "epoch": 3_i64, "acquiredAt": past, "expiresAt": past,
+    })
+    .await
+    .unwrap();
+    coll.insert_one(doc! { "_id": MongoBackend::fencing_epoch_id("hot"), "epoch": 3_i64 })
+        .await
+        .unwrap();
+    let lock = provider.lock("hot").unwrap();
+    let mut tokens = Vec::new();
+    for _ in 0..4 {
+        let g = lock.acquire().await.unwrap();
+        tokens.push(g.fencing_token());
+        g.release().await.unwrap();
+    }
+    let end = 3 * (1_u64 << 20);
+    assert_eq!(tokens, [end - 1, end, end + 1, end + 2]);
+    let d = coll.find_one(doc! { "_id": "hot" }).await.unwrap().unwrap();
+    assert_eq!(d.get("epoch"), Some(&Bson::Int64(4)));
+}
+
+/// Tokens never pass 2^53: a counter at its last epoch makes the acquisition fail with a typed
+/// error that says what to do, and grants nothing.
+#[tokio::test]
+async fn exhausted_fencing_tokens_are_a_typed_error() {
+    let t = test_database().await;
+    let coll_name = unique("locks");
+    let backend = MongoBackend::builder(&t.db)
+        .collection(coll_name.clone())
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    let coll = t.db.collection::<Document>(&coll_name);
+    coll.insert_one(doc! { "_id": MongoBackend::fencing_epoch_id("last"), "epoch": 1_i64 << 33 })
+        .await
+        .unwrap();
+    let err = provider
+        .lock("last")
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    match &err {
+        Error::FencingTokensExhausted { name, limit } => {
+            assert_eq!(name, "last");
+            assert_eq!(*limit, 1 << 53);
+        }
+        other => panic!("expected FencingTokensExhausted, got {other:?}"),
+    }
+    assert!(err.to_string().contains("new lock collection"), "{err}");
+    // Nothing is held: the document, if any, carries no unexpired lease.
+    let info = provider.inspect("last").await.unwrap();
+    assert!(info.as_ref().is_none_or(|i| !i.held), "{info:?}");
+}
+
+/// New names start small: each draws from one of 4096 counters, so the first lifetime of most
+/// names in a collection gets token 1, and a name sharing a counter with k earlier names gets
+/// k · 2^20 + 1.
+#[tokio::test]
+async fn new_names_start_small() {
+    let t = test_database().await;
+    let backend = MongoBackend::builder(&t.db)
+        .collection(unique("locks"))
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    let mut tokens = Vec::new();
+    for i in 0..200 {
+        let name = format!("order:{i}");
+        let g = provider.lock(&name).unwrap().acquire().await.unwrap();
+        tokens.push((name, g.fencing_token()));
+        g.release().await.unwrap();
+    }
+    let ones = tokens.iter().filter(|(_, t)| *t == 1).count();
+    assert!(
+        ones >= 180,
+        "{ones} of 200 new names got token 1: {tokens:?}"
+    );
+    assert!(
+        tokens
+            .iter()
+            .all(|(_, t)| (t - 1) % (1 << 20) == 0 && *t < (4 << 20)),
+        "{tokens:?}"
+    );
+}
+
+/// A first acquisition whose upsert comes later than the creation window after its epoch (here
+/// the server holds it back) creates the document without a token and stamps a fresh epoch.
+#[tokio::test]
+async fn a_late_first_acquisition_stamps_a_fresh_epoch() {
+    let t = test_database().await;
+    if common::skip_without_fail_points(&t) {
+        return;
+    }
+    let coll_name = unique("locks");
+    let app = unique("late");
+    // cleanup_after 2 s: a window of 1 s between the epoch and the creation.
+    let backend = MongoBackend::builder(&t.database_as(&app).await)
+        .collection(coll_name.clone())
+        .cleanup_after(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend)
+        .expiry(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    // The first two findAndModify commands (the attempt, the epoch) run at once; every later one
+    // waits 1.5 s at the server before it runs.
+    t.fail_point(
+        Bson::Document(doc! { "skip": 2 }),
+        doc! {
+            "failCommands": ["findAndModify"],
+            "appName": app.as_str(),
+            "blockConnection": true,
+            "blockTimeMS": 1500,
+        },
+    )
+    .await;
+    let result = provider.lock("late").unwrap().acquire().await;
+    t.fail_point_off().await;
+    let g = result.unwrap();
+    // Epoch 1 was taken for the creation and not used; the stamp took epoch 2.
+    assert_eq!(g.fencing_token(), (1 << 20) + 1);
+    let d =
+        t.db.collection::<Document>(&coll_name)
+            .find_one(doc! { "_id": "late" })
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(d.get("epoch"), Some(&Bson::Int64(2)), "{d}");
     g.release().await.unwrap();
 }
 

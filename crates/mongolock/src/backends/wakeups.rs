@@ -21,8 +21,8 @@
 //! lookup.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
@@ -88,7 +88,7 @@ struct Names {
     seq: u64,
     /// The lease last reported by a whole-document (`replace`) event, per name, kept when the
     /// name's entry goes (a waiter re-registers after each wake-up); see
-    /// [`Hub::dispatch_unless_known`]. Cleared when it grows past [`MAX_KNOWN`].
+    /// [`Hub::is_news`]. Cleared when it grows past [`MAX_KNOWN`].
     known: HashMap<Arc<str>, Change>,
 }
 
@@ -99,7 +99,31 @@ pub(crate) struct NameState {
     turn: Arc<Notify>,
     all: Notify,
     changes: watch::Sender<(u64, Change)>,
+    /// Acquirers registered with [`Hub::change_waiter`] and not yet woken or dropped.
+    acquirers: AtomicUsize,
 }
+
+/// Counts one registered acquirer of a name for as long as it lives; holds the name's entry.
+struct Acquirer(NameRef);
+
+impl Acquirer {
+    fn new(entry: NameRef) -> Acquirer {
+        entry.state().acquirers.fetch_add(1, Ordering::SeqCst);
+        Acquirer(entry)
+    }
+}
+
+impl Drop for Acquirer {
+    fn drop(&mut self) {
+        // Before the entry handle itself is dropped (fields drop after this).
+        self.0.state().acquirers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How long the processes that were not designated by a handoff wait for the designated one
+/// to take the lock before one acquirer of theirs per process tries (see
+/// [`Hub::dispatch_handoff_elsewhere`]).
+pub(crate) const HANDOFF_FALLBACK: Duration = Duration::from_millis(500);
 
 impl NameState {
     /// Receives every later change of the name (the current one counts as seen).
@@ -171,6 +195,7 @@ impl Hub {
                     turn: Arc::new(Notify::new()),
                     all: Notify::new(),
                     changes: watch::channel((0, Change::Nothing)).0,
+                    acquirers: AtomicUsize::new(0),
                 });
                 names.map.insert(key.clone(), state.clone());
                 (key, state)
@@ -198,41 +223,79 @@ impl Hub {
     /// Delivers a grant: to every observer and the holders, but to no acquirer (a grant frees
     /// nothing, so waking one would only cost it an attempt).
     pub(crate) fn dispatch_grant(&self, name: &str, change: Change) {
+        self.dispatch_to_observers(name, change);
+    }
+
+    /// Delivers a change to every observer and the holders; returns the name's state and the
+    /// change's sequence number when somebody here watches the name.
+    fn dispatch_to_observers(&self, name: &str, change: Change) -> Option<(Weak<NameState>, u64)> {
         let mut names = self.names();
         names.seq += 1;
         let seq = names.seq;
-        if let Some(st) = names.map.get(name) {
-            st.all.notify_waiters();
-            st.changes.send_replace((seq, change));
-        }
+        let st = names.map.get(name)?;
+        st.all.notify_waiters();
+        st.changes.send_replace((seq, change));
+        Some((Arc::downgrade(st), seq))
     }
 
-    /// Delivers a change reported with the whole document (a `replace` event), unless it shows
-    /// the same lease (id and token) as the name's previous replace event: MongoDB 4.4 reports
-    /// every pipeline update, extensions included, as a replace, and an extension frees
-    /// nothing. Not knowing the name's lease yet, it is delivered (at worst one acquirer
-    /// retries once). A lease id is never granted again once it lost the name, so seeing the
-    /// same lease again means the name was held throughout, or was held again by the time of
-    /// the event: nobody waiting needs to retry.
-    pub(crate) fn dispatch_unless_known(&self, name: &str, change: Change) {
-        {
-            let mut names = self.names();
-            let holds_lease = matches!(
-                &change,
-                Change::Lease {
-                    lease_id: Some(_),
-                    ..
+    /// Delivers a release whose handoff designated another process: to every observer and the
+    /// holders now, and to one acquirer only if nothing else happened to the name within
+    /// [`HANDOFF_FALLBACK`] (the designated process did not take the lock: it died, or its
+    /// acquirers gave up). Needs a Tokio runtime for the timer; without one the acquirer is
+    /// woken at once.
+    pub(crate) fn dispatch_handoff_elsewhere(&self, name: &str, change: Change) {
+        let Some((state, seq)) = self.dispatch_to_observers(name, change) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            if let Some(st) = state.upgrade() {
+                st.turn.notify_one();
+            }
+            return;
+        };
+        // A short timer task; it holds no strong reference, so the entry can go meanwhile.
+        runtime.spawn(async move {
+            tokio::time::sleep(HANDOFF_FALLBACK).await;
+            if let Some(st) = state.upgrade() {
+                if st.changes.borrow().0 == seq {
+                    st.turn.notify_one();
                 }
-            );
-            if holds_lease && names.known.get(name) == Some(&change) {
-                return;
             }
-            if names.known.len() >= MAX_KNOWN {
-                names.known.clear();
+        });
+    }
+
+    /// How many acquirers of `name` in this process are registered for its next change.
+    pub(crate) fn acquirers(&self, name: &str) -> usize {
+        self.names()
+            .map
+            .get(name)
+            .map_or(0, |st| st.acquirers.load(Ordering::SeqCst))
+    }
+
+    /// Whether a change reported with the whole document (a `replace` event) is news, and
+    /// remembers it: not when it shows the same lease (id and token) as the name's previous
+    /// replace event. MongoDB 4.4 reports every pipeline update, extensions included, as a
+    /// replace, and an extension frees nothing. Not knowing the name's lease yet, it is news (at
+    /// worst one acquirer retries once). A lease id is never granted again once it lost the
+    /// name, so seeing the same lease again means the name was held throughout, or was held
+    /// again by the time of the event: nobody waiting needs to retry.
+    pub(crate) fn is_news(&self, name: &str, change: &Change) -> bool {
+        let mut names = self.names();
+        let holds_lease = matches!(
+            change,
+            Change::Lease {
+                lease_id: Some(_),
+                ..
             }
-            names.known.insert(Arc::from(name), change.clone());
+        );
+        if holds_lease && names.known.get(name) == Some(change) {
+            return false;
         }
-        self.dispatch(name, change);
+        if names.known.len() >= MAX_KNOWN {
+            names.known.clear();
+        }
+        names.known.insert(Arc::from(name), change.clone());
+        true
     }
 
     /// Wakes every waiting acquirer and observer of every name so that they check again (after
@@ -262,10 +325,11 @@ impl Hub {
         // Registered now, so that notify_one during the caller's attempt reaches it.
         notified.as_mut().enable();
         let live = self.is_live();
+        let acquirer = Acquirer::new(entry);
         ChangeWaiter::new(
             async move {
                 notified.await;
-                drop(entry);
+                drop(acquirer);
             },
             live,
         )
@@ -383,6 +447,12 @@ mod tests {
         assert_eq!(hub.watched_names(), 0);
     }
 
+    fn dispatch_unless_known(hub: &Hub, name: &str, change: Change) {
+        if hub.is_news(name, &change) {
+            hub.dispatch(name, change);
+        }
+    }
+
     #[tokio::test]
     async fn replace_events_showing_the_known_lease_wake_nobody() {
         let hub = Hub::new(Status::Live);
@@ -392,24 +462,24 @@ mod tests {
         };
         // The first event about a name is news (nothing known yet).
         let w = hub.change_waiter("x");
-        hub.dispatch_unless_known("x", lease(Some("a"), 1));
+        dispatch_unless_known(&hub, "x", lease(Some("a"), 1));
         assert!(w.wait(Duration::from_secs(5)).await);
         // The waiter re-registered; extensions (same lease) do not wake it.
         let w = hub.change_waiter("x");
-        hub.dispatch_unless_known("x", lease(Some("a"), 1));
-        hub.dispatch_unless_known("x", lease(Some("a"), 1));
+        dispatch_unless_known(&hub, "x", lease(Some("a"), 1));
+        dispatch_unless_known(&hub, "x", lease(Some("a"), 1));
         assert!(!w.wait(Duration::from_millis(50)).await);
         // A release does, and so does the next grant.
         let w = hub.change_waiter("x");
-        hub.dispatch_unless_known("x", lease(None, 1));
+        dispatch_unless_known(&hub, "x", lease(None, 1));
         assert!(w.wait(Duration::from_secs(5)).await);
         let w = hub.change_waiter("x");
-        hub.dispatch_unless_known("x", lease(Some("b"), 2));
+        dispatch_unless_known(&hub, "x", lease(Some("b"), 2));
         assert!(w.wait(Duration::from_secs(5)).await);
         // After wake_all nothing is known any more.
         hub.wake_all(false);
         let w = hub.change_waiter("x");
-        hub.dispatch_unless_known("x", lease(Some("b"), 2));
+        dispatch_unless_known(&hub, "x", lease(Some("b"), 2));
         assert!(w.wait(Duration::from_secs(5)).await);
     }
 

@@ -1,9 +1,9 @@
 //! Single attempts, one `findAndModify` each: lock one document by `_id`, or claim any one
 //! unlocked (or expired) document matching a filter. Neither ever upserts.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{doc, Bson, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use super::state::{
@@ -67,14 +67,31 @@ fn free_expr(field: &str, lease_id: &LeaseId) -> Document {
     }
 }
 
+/// How far the claim query's index condition on `expiresAt` reaches past the client's clock
+/// (see [`free_query`]).
+pub(super) const CLAIM_CLOCK_SLACK: Duration = Duration::from_secs(5);
+
 /// Query: the document's lock is free for `lease_id`. `$expr` is allowed here because these
 /// queries never upsert.
+///
+/// Every clause can use an index on `<field>.leaseId` or `<field>.expiresAt`: the expired-lease
+/// clause pairs the exact test (`$expr`, server time, which no index serves) with the plain
+/// range `expiresAt <= client now + CLAIM_CLOCK_SLACK`, which an index serves and which holds
+/// for every expired lease as long as the client's clock is less than the slack behind the
+/// server's. So a claim reads the free documents and the leases expiring within the slack, not
+/// every locked document. A client clock further behind finds expired leases later (by the
+/// difference); it never takes an unexpired one, because the server's clock decides.
 fn free_query(field: &str, lease_id: &LeaseId) -> Document {
+    let expires = format!("{field}.{EXPIRES_AT}");
+    let horizon = DateTime::from_system_time(SystemTime::now() + CLAIM_CLOCK_SLACK);
     doc! {
         "$or": [
             { format!("{field}.{LEASE_ID}"): Bson::Null },
             { format!("{field}.{LEASE_ID}"): lease_id.as_str() },
-            { "$expr": { "$lte": [format!("${field}.{EXPIRES_AT}"), "$$NOW"] } },
+            {
+                expires.as_str(): { "$lte": horizon },
+                "$expr": { "$lte": [format!("${expires}"), "$$NOW"] },
+            },
         ]
     }
 }

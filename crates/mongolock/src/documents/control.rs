@@ -97,7 +97,7 @@ impl Drop for DocumentLease {
 /// not released by its holder.
 async fn release(inner: &Inner, id: Option<&Bson>, lease_id: &LeaseId) -> Result<bool> {
     let field = inner.field.as_str();
-    let (mut filter, pipeline) = release_update(&format!("{field}."), lease_id.as_str());
+    let (mut filter, pipeline) = release_update(&format!("{field}."), lease_id.as_str(), false);
     if let Some(id) = id {
         filter.insert("_id", id.clone());
     }

@@ -123,8 +123,14 @@
 //!   "$$NOW"]}}]}]}`, your sort, `upsert: false`, `new: true` and the pipeline `$set: {_lock:
 //!   <new lock>}`. MongoDB applies it to one matching document atomically (a concurrent change
 //!   makes the server re-check the query), so two workers never claim the same document.
-//!   `$expr` is allowed in the query because a claim never upserts. An index on your filter
-//!   fields (and sort) keeps claims fast. On a sharded collection, MongoDB before 7.1 requires
+//!   `$expr` is allowed in the query because a claim never upserts. The `$expr` clause also
+//!   carries `"_lock.expiresAt": {$lte: <client now + 5 s>}`, which an index can serve, so a
+//!   claim reads the free documents and the leases about to expire, never every locked one
+//!   (a client clock more than 5 s behind the server's finds expired leases that much later;
+//!   the server's clock still decides). Create the indexes with
+//!   [`DocumentLocks::ensure_indexes`], or compound ones that start with your filter's
+//!   equality fields (`{status: 1, "_lock.leaseId": 1}` and `{status: 1,
+//!   "_lock.expiresAt": 1}`). On a sharded collection, MongoDB before 7.1 requires
 //!   `findAndModify` filters to contain the shard key: include it in your claim filter (and
 //!   shard by `_id` to lock by `_id`).
 //! * The new lock is `{leaseId: <random 128 bits>, fencingToken: <previous token> + 1,
@@ -189,6 +195,7 @@ use crate::wait::WaitStrategy;
 
 use claim::{Attempted, Target};
 use control::DocumentLease;
+use state::{EXPIRES_AT, LEASE_ID};
 
 pub use state::{EmbeddedHolder, EmbeddedLock};
 
@@ -524,6 +531,33 @@ where
             write_concern: WriteConcern::majority(),
             _type: PhantomData,
         }
+    }
+
+    /// Creates the indexes that keep claims cheap however many documents are locked:
+    /// `{<field>.leaseId: 1}` and `{<field>.expiresAt: 1}` (see the [module docs](self)).
+    /// Idempotent. Claims are correct without them; locks by `_id` use the `_id` index.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future may leave an index being built by the server, which is
+    /// harmless.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the server refuses (for example an index with the same keys but
+    /// other options exists, or the user may not create indexes); [`Error::Unavailable`] on
+    /// network errors.
+    pub async fn ensure_indexes(&self) -> Result<()> {
+        let inner = &self.inner;
+        let models = [LEASE_ID, EXPIRES_AT].map(|f| {
+            mongodb::IndexModel::builder()
+                .keys(mongodb::bson::doc! { format!("{}.{f}", inner.field): 1 })
+                .build()
+        });
+        inner
+            .coll
+            .create_indexes(models)
+            .await
+            .map(drop)
+            .map_err(|e| classify(e, "create claim indexes", &inner.field))
     }
 
     /// The same document locks with another lease duration (at least 1 ms, at most one year).

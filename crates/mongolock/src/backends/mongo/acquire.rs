@@ -1,145 +1,273 @@
-//! The acquire path: one `findAndModify` upsert with an update pipeline; on the first grant of a
-//! document's lifetime, the fencing token is stamped from the per-collection epoch counter. See
-//! the [module docs](super) for why tokens keep growing across TTL cleanup.
+//! The acquire path: one `findAndModify` with an update pipeline on the lock's document; on a
+//! name's first acquisition (no document yet), an epoch from the name's epoch counter first and
+//! then the upsert that creates the document with its first token; when a grant has no token
+//! of its range left, a stamp from a fresh epoch. See the [module docs](super) for why tokens
+//! keep growing across TTL cleanup.
 
-use mongodb::action::Action;
-use mongodb::bson::{doc, Bson, Document};
+use std::time::Duration;
+
+use mongodb::bson::{doc, Bson, DateTime, Document};
 use mongodb::options::{ReturnDocument, UpdateModifications};
 use mongodb::Collection;
 
 use super::document::{
-    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
+    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EPOCH, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
 };
 use super::errors::{self, classify, DUPLICATE_KEY};
+use super::queue::{self, Queueing, RESERVED, WAITERS};
 use crate::backend::{AcquireRequest, Attempt};
 use crate::error::{Error, Result};
 
-/// `_id` of the per-collection epoch counter document.
-fn epoch_id() -> Document {
-    doc! { "mongolock": "fencing-epoch" }
+/// Tokens of one fencing epoch: epoch `e` owns the tokens `(e - 1) · 2²⁰ + 1 ..= e · 2²⁰`.
+/// Part of the storage format: every process using a collection must agree on it.
+pub(super) const EPOCH_TOKENS: i64 = 1 << 20;
+
+/// Number of epoch counters per collection; a name's counter is fixed by a hash of the name
+/// ([`epoch_bucket`]). Part of the storage format.
+pub(super) const EPOCH_BUCKETS: u64 = 4096;
+
+/// The largest epoch: its tokens end at 2⁵³ (exactly representable in JSON and JavaScript).
+const MAX_EPOCH: i64 = (1 << 53) / EPOCH_TOKENS;
+
+/// The largest token ever issued.
+pub(super) const MAX_TOKEN: u64 = 1 << 53;
+
+/// Longest time allowed between taking an epoch and creating a document with it (see the
+/// module docs, "first acquisition"): half of `cleanup_after`, at most a minute. `None` when
+/// `cleanup_after` is under 2 s: the first acquisition then creates the document first and
+/// stamps it after.
+fn creation_window(cleanup_after: Duration) -> Option<Duration> {
+    (cleanup_after >= Duration::from_secs(2)).then(|| (cleanup_after / 2).min(MAX_WINDOW))
 }
 
-/// Size of the token range reserved for one lifetime of a lock document.
-const EPOCH_SPAN: i64 = 1 << 32;
+const MAX_WINDOW: Duration = Duration::from_secs(60);
+
+/// The epoch counter of `name`: FNV-1a (64 bit) of its UTF-8 bytes, modulo [`EPOCH_BUCKETS`].
+/// Part of the storage format: never change it for an existing collection.
+pub(super) fn epoch_bucket(name: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // Below 4096: fits.
+    (hash % EPOCH_BUCKETS) as i64
+}
+
+/// `_id` of the epoch counter of `name`.
+pub(super) fn epoch_id(name: &str) -> Document {
+    doc! { "mongolock": "fencing-epoch", "bucket": epoch_bucket(name) }
+}
+
+/// An epoch taken before creating the document, and the server time until which it may be
+/// used to create one.
+struct NewLifetime {
+    epoch: i64,
+    create_before: DateTime,
+}
 
 /// The update pipeline: take the lease when the name is free, else leave the document as it
 /// is. One `$replaceWith` of `$cond: [free, $$ROOT merged with the new lease, $$ROOT]`, so the
 /// server evaluates "free" once per attempt (not once per field).
-fn acquire_pipeline(req: &AcquireRequest) -> Vec<Document> {
+///
+/// The new lease's token is the next one of the document's epoch when that epoch has one left;
+/// else, when the upsert is creating the document within `new_lifetime`'s window, the first
+/// token of that epoch; else none (`epoch: null`, token unchanged): the caller then stamps one
+/// from a fresh epoch.
+///
+/// With `queueing`, a busy attempt registers the backend in the lock's queue and a grant
+/// updates it (`queue.rs`); without, a busy attempt leaves the document as it is.
+fn acquire_pipeline(
+    req: &AcquireRequest,
+    new_lifetime: Option<&NewLifetime>,
+    queueing: Queueing<'_>,
+) -> Vec<Document> {
     let mine = Bson::String(req.lease_id.as_str().to_owned());
-    // free = no lease, or the lease expired by server time, or the lease is already ours (a retry
-    // after a lost reply).
+    // free = (no lease, or the lease expired by server time) and not reserved for another
+    // process's turn (`queue.rs`), or the lease is already ours (a retry after a lost reply).
     let free = doc! {
         "$or": [
-            { "$eq": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
-            { "$lte": ["$expiresAt", "$$NOW"] },
+            { "$and": [
+                { "$or": [
+                    { "$eq": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
+                    { "$lte": ["$expiresAt", "$$NOW"] },
+                ] },
+                queue::not_reserved_for_others(queueing.mark),
+            ] },
             { "$eq": ["$leaseId", mine.clone()] },
         ]
     };
+    // The document's epoch has a token left (documents without an epoch have none).
+    let in_range = doc! {
+        "$and": [
+            { "$isNumber": "$epoch" },
+            { "$lt": ["$fencingToken", { "$multiply": ["$epoch", EPOCH_TOKENS] }] },
+        ]
+    };
+    let (token, epoch) = match new_lifetime {
+        Some(n) => {
+            // Created by this upsert (a new document has nothing but `_id`), in time.
+            let creating = doc! {
+                "$and": [
+                    { "$eq": [{ "$type": "$leaseId" }, "missing"] },
+                    { "$lt": ["$$NOW", n.create_before] },
+                ]
+            };
+            (
+                Bson::Document(doc! { "$cond": [
+                    creating.clone(),
+                    { "$literal": token_floor(n.epoch) },
+                    "$fencingToken",
+                ] }),
+                Bson::Document(doc! { "$cond": [creating, { "$literal": n.epoch }, Bson::Null] }),
+            )
+        }
+        None => (Bson::String("$fencingToken".into()), Bson::Null),
+    };
     let lease = doc! {
         LEASE_ID: { "$literal": mine },
-        // A document without a token (new, or never stamped) keeps a null token: `$add` of a
-        // missing or null field is null. `stamp_token` then assigns one.
-        TOKEN: { "$add": ["$fencingToken", 1_i64] },
+        TOKEN: { "$cond": [in_range.clone(), { "$add": ["$fencingToken", 1_i64] }, token] },
+        EPOCH: { "$cond": [in_range, "$epoch", epoch] },
         ACQUIRED_AT: "$$NOW",
         EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
         HOLDER: { "$literal": holder_doc(&req.holder) },
+        WAITERS: queue::after_grant(queueing.mark, ttl_millis(req.ttl), queueing.requeue),
+        RESERVED: Bson::Null,
+    };
+    let busy = if queueing.register {
+        Bson::Document(doc! { "$mergeObjects": [
+            "$$ROOT",
+            { WAITERS: queue::after_busy(queueing.mark) },
+        ] })
+    } else {
+        Bson::String("$$ROOT".into())
     };
     vec![doc! {
         "$replaceWith": { "$cond": [
             free,
             { "$mergeObjects": ["$$ROOT", lease] },
-            "$$ROOT",
+            busy,
         ] }
     }]
+}
+
+/// Only what the client reads back: the holder and the released ids stay on the server.
+fn reply_fields() -> Document {
+    doc! { LEASE_ID: 1, TOKEN: 1, EPOCH: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1, "reserved.until": 1 }
 }
 
 /// One acquisition attempt.
 pub(super) async fn try_acquire(
     coll: &Collection<Document>,
     req: &AcquireRequest,
+    cleanup_after: Duration,
+    queueing: Queueing<'_>,
 ) -> Result<Attempt> {
-    let doc = upsert(
-        coll,
-        doc! { "_id": req.name.as_str() },
-        acquire_pipeline(req),
-        // Only what the client reads back: the holder and the released ids stay on the server.
-        Some(doc! { LEASE_ID: 1, TOKEN: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1 }),
-        "acquire (findAndModify)",
-    )
-    .await?;
+    let filter = doc! { "_id": req.name.as_str() };
+    // The common case: the document exists. No upsert, so that a first acquisition is known
+    // as such before anything is created.
+    let existing =
+        find_and_modify(coll, &filter, acquire_pipeline(req, None, queueing), false).await?;
+    let doc = match existing {
+        Some(doc) => doc,
+        None => {
+            let new_lifetime = match creation_window(cleanup_after) {
+                Some(window) => Some(take_epoch(coll, &req.name, window).await?),
+                None => None,
+            };
+            upsert(
+                coll,
+                &filter,
+                acquire_pipeline(req, new_lifetime.as_ref(), queueing),
+            )
+            .await?
+        }
+    };
     if document::lease_id(&doc) != Some(req.lease_id.as_str()) {
+        // Held until its expiry; or reserved for another process's turn, which will take it
+        // for about a lease (and if that process does not, the release's fallback wakes one
+        // acquirer per process: `queue.rs`).
+        let next_holder_expiry = doc
+            .get_document(RESERVED)
+            .ok()
+            .and_then(|r| document::date(r, "until"))
+            .map(|until| until + req.ttl);
         return Ok(Attempt::Busy {
-            holder_expires_at: document::date(&doc, EXPIRES_AT),
+            holder_expires_at: document::date(&doc, EXPIRES_AT).max(next_holder_expiry),
         });
     }
-    match document::token(&doc, LockSite::Named, &req.name)? {
-        Some(token) => Ok(Attempt::Acquired(document::lease(
+    if matches!(doc.get(EPOCH), Some(Bson::Int64(_) | Bson::Int32(_))) {
+        let token = document::token(&doc, LockSite::Named, &req.name)?
+            .ok_or_else(|| LockSite::Named.bad(&req.name, "an epoch but no fencingToken"))?;
+        return Ok(Attempt::Acquired(document::lease(
             &doc,
             token,
             LockSite::Named,
             &req.name,
-        )?)),
-        None => stamp_token(coll, req).await,
+        )?));
     }
+    stamp_token(coll, req).await
 }
 
-/// One `findAndModify` upsert of `filter` that returns the post-image. Two clients that create the
-/// document at once race on its `_id`: the loser retries (up to five times) on the now existing
-/// document.
+/// `findAndModify` of the lock document with the acquire pipeline, returning the projected
+/// post-image (`None`: no document and no upsert).
+async fn find_and_modify(
+    coll: &Collection<Document>,
+    filter: &Document,
+    update: impl Into<UpdateModifications>,
+    upsert: bool,
+) -> Result<Option<Document>> {
+    coll.find_one_and_update(filter.clone(), update)
+        .upsert(upsert)
+        .return_document(ReturnDocument::After)
+        .projection(reply_fields())
+        .await
+        .map_err(|e| classify(e, "acquire (findAndModify)"))
+}
+
+/// One `findAndModify` upsert of the lock document. Two clients that create the document at
+/// once race on its `_id`: the loser retries (up to five times) on the now existing document.
 async fn upsert(
     coll: &Collection<Document>,
-    filter: Document,
-    update: impl Into<UpdateModifications>,
-    projection: Option<Document>,
-    what: &str,
+    filter: &Document,
+    pipeline: Vec<Document>,
 ) -> Result<Document> {
-    let update = update.into();
     let mut duplicate_keys = 0;
     loop {
         let result = coll
-            .find_one_and_update(filter.clone(), update.clone())
+            .find_one_and_update(filter.clone(), pipeline.clone())
             .upsert(true)
             .return_document(ReturnDocument::After)
-            .optional(projection.clone(), |b, p| b.projection(p))
+            .projection(reply_fields())
             .await;
         match result {
             Ok(Some(doc)) => return Ok(doc),
-            Ok(None) => {
-                return Err(Error::backend(
-                    "findAndModify with upsert and new: true returned no document",
-                    "the server does not behave like MongoDB; check the deployment",
-                ))
-            }
+            Ok(None) => return Err(no_post_image()),
             Err(e) if errors::code(&e) == Some(DUPLICATE_KEY) && duplicate_keys < 5 => {
                 duplicate_keys += 1;
             }
-            Err(e) => return Err(classify(e, what)),
+            Err(e) => return Err(classify(e, "acquire (findAndModify upsert)")),
         }
     }
 }
 
-/// The smallest token of the document lifetime that took epoch `epoch` (the counter starts at 1,
-/// so the very first lifetime of a collection starts at token 1): `(epoch - 1) · 2³² + 1`.
-fn token_floor(epoch: i64) -> Option<i64> {
-    epoch
-        .checked_sub(1)
-        .filter(|e| *e >= 0)
-        .and_then(|e| e.checked_mul(EPOCH_SPAN))
-        .and_then(|f| f.checked_add(1))
+fn no_post_image() -> Error {
+    Error::backend(
+        "findAndModify with upsert and new: true returned no document",
+        "the server does not behave like MongoDB; check the deployment",
+    )
 }
 
-/// The first grant of a document's lifetime: take a new epoch, then stamp our (unexpired) lease
-/// with `max(token + 1, (epoch - 1) · 2³² + 1)`.
+/// The smallest token of epoch `epoch` (the counters start at 1, so a name whose counter was
+/// never used before starts at token 1): `(epoch - 1) · 2²⁰ + 1`.
+fn token_floor(epoch: i64) -> i64 {
+    (epoch - 1) * EPOCH_TOKENS + 1
+}
+
+/// A grant without a token (its document is new, or its epoch has no token left): take a new
+/// epoch, then stamp our (unexpired) lease with `max(token + 1, (epoch - 1) · 2²⁰ + 1)`.
 async fn stamp_token(coll: &Collection<Document>, req: &AcquireRequest) -> Result<Attempt> {
-    let epoch = next_epoch(coll).await?;
-    let floor = token_floor(epoch).ok_or_else(|| {
-        Error::backend(
-            format!("the fencing epoch counter reached {epoch}"),
-            "the lock collection has created more than 2^31 lock documents; use a new \
-                 collection",
-        )
-    })?;
+    let NewLifetime { epoch, .. } = take_epoch(coll, &req.name, Duration::ZERO).await?;
     let stamped = coll
         .find_one_and_update(
             doc! {
@@ -151,12 +279,14 @@ async fn stamp_token(coll: &Collection<Document>, req: &AcquireRequest) -> Resul
                 "$set": {
                     TOKEN: { "$max": [
                         { "$add": [{ "$ifNull": ["$fencingToken", 0_i64] }, 1_i64] },
-                        floor,
-                    ] }
+                        token_floor(epoch),
+                    ] },
+                    EPOCH: epoch,
                 }
             }],
         )
         .return_document(ReturnDocument::After)
+        .projection(reply_fields())
         .await
         .map_err(|e| classify(e, "acquire (stamp fencing token)"))?;
     let Some(doc) = stamped else {
@@ -179,42 +309,104 @@ async fn stamp_token(coll: &Collection<Document>, req: &AcquireRequest) -> Resul
     )?))
 }
 
-/// Increments the collection's epoch counter and returns the new value.
-async fn next_epoch(coll: &Collection<Document>) -> Result<i64> {
-    let doc = upsert(
-        coll,
-        doc! { "_id": epoch_id() },
-        doc! { "$inc": { "epoch": 1_i64 } },
-        None,
-        "acquire (fencing epoch)",
-    )
-    .await?;
-    match doc.get("epoch") {
-        Some(Bson::Int64(e)) if *e > 0 => Ok(*e),
-        Some(Bson::Int32(e)) if *e > 0 => Ok(i64::from(*e)),
-        other => Err(Error::backend(
-            format!("the fencing epoch document holds {other:?}"),
-            "the lock collection holds documents mongolock did not write; use a dedicated \
-             collection for locks",
-        )),
+/// Increments the epoch counter of `name` and returns the new epoch, with the server time of
+/// the increment plus `window` as the time before which it may create a document.
+async fn take_epoch(
+    coll: &Collection<Document>,
+    name: &str,
+    window: Duration,
+) -> Result<NewLifetime> {
+    let filter = doc! { "_id": epoch_id(name) };
+    let update = vec![doc! { "$set": {
+        "epoch": { "$add": [{ "$ifNull": ["$epoch", 0_i64] }, 1_i64] },
+        "takenAt": "$$NOW",
+    } }];
+    let mut duplicate_keys = 0;
+    let doc = loop {
+        let result = coll
+            .find_one_and_update(filter.clone(), update.clone())
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .await;
+        match result {
+            Ok(Some(doc)) => break doc,
+            Ok(None) => return Err(no_post_image()),
+            Err(e) if errors::code(&e) == Some(DUPLICATE_KEY) && duplicate_keys < 5 => {
+                duplicate_keys += 1;
+            }
+            Err(e) => return Err(classify(e, "acquire (fencing epoch)")),
+        }
+    };
+    let epoch = match doc.get("epoch") {
+        Some(Bson::Int64(e)) if *e > 0 => *e,
+        Some(Bson::Int32(e)) if *e > 0 => i64::from(*e),
+        other => {
+            return Err(Error::backend(
+                format!("the fencing epoch counter of {name:?} holds {other:?}"),
+                "the lock collection holds documents mongolock did not write; use a dedicated \
+                 collection for locks",
+            ))
+        }
+    };
+    if epoch > MAX_EPOCH {
+        return Err(Error::FencingTokensExhausted {
+            name: name.to_owned(),
+            limit: MAX_TOKEN,
+        });
     }
+    let taken_at = doc.get_datetime("takenAt").map_err(|_| {
+        Error::backend(
+            format!("the fencing epoch counter of {name:?} has no `takenAt` date"),
+            "the server does not behave like MongoDB; check the deployment",
+        )
+    })?;
+    let window = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+    Ok(NewLifetime {
+        epoch,
+        create_before: DateTime::from_millis(taken_at.timestamp_millis().saturating_add(window)),
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::token_floor;
+    use std::time::Duration;
+
+    use super::{creation_window, epoch_bucket, token_floor, EPOCH_TOKENS, MAX_EPOCH, MAX_TOKEN};
 
     #[test]
-    fn the_first_lifetime_starts_at_one_and_lifetimes_do_not_overlap() {
-        assert_eq!(token_floor(1), Some(1));
-        assert_eq!(token_floor(2), Some((1 << 32) + 1));
-        // Every token of lifetime e (below floor(e) + 2^32) is below floor(e + 1).
-        for e in [1_i64, 2, 1000, 1 << 30] {
-            let (this, next) = (token_floor(e).unwrap(), token_floor(e + 1).unwrap());
-            assert_eq!(next - this, 1 << 32);
+    fn epochs_own_disjoint_ranges_that_end_at_two_to_the_53() {
+        assert_eq!(token_floor(1), 1);
+        assert_eq!(token_floor(2), EPOCH_TOKENS + 1);
+        for e in [1_i64, 2, 1000, MAX_EPOCH - 1] {
+            // The last token of epoch e is just below the first of e + 1.
+            assert_eq!(token_floor(e + 1) - 1, e * EPOCH_TOKENS);
         }
-        assert_eq!(token_floor(0), None);
-        assert!(token_floor(1 << 31).is_some());
-        assert_eq!(token_floor(i64::MAX), None);
+        assert_eq!((MAX_EPOCH * EPOCH_TOKENS) as u64, MAX_TOKEN);
+    }
+
+    #[test]
+    fn the_epoch_bucket_is_a_stable_function_of_the_name() {
+        // Part of the storage format: these values must never change.
+        assert_eq!(epoch_bucket(""), (0xcbf2_9ce4_8422_2325_u64 % 4096) as i64);
+        assert_eq!(epoch_bucket("a"), (0xaf63_dc4c_8601_ec8c_u64 % 4096) as i64);
+        let buckets: std::collections::HashSet<i64> = (0..1000)
+            .map(|i| epoch_bucket(&format!("order:{i}")))
+            .collect();
+        assert!(buckets.len() > 800, "names spread over the counters");
+        assert!(buckets.iter().all(|b| (0..4096).contains(b)));
+    }
+
+    #[test]
+    fn the_creation_window_is_half_the_cleanup_delay_at_most_a_minute() {
+        assert_eq!(creation_window(Duration::ZERO), None);
+        assert_eq!(creation_window(Duration::from_secs(1)), None);
+        assert_eq!(
+            creation_window(Duration::from_secs(2)),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            creation_window(Duration::from_secs(3600)),
+            Some(Duration::from_secs(60))
+        );
     }
 }

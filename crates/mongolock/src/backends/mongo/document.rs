@@ -17,6 +17,9 @@ use crate::holder::HolderInfo;
 
 pub(crate) const LEASE_ID: &str = "leaseId";
 pub(crate) const TOKEN: &str = "fencingToken";
+/// The fencing epoch whose token range the current token belongs to (named locks only; null
+/// while a grant waits for its token to be stamped). See the backend's module docs.
+pub(crate) const EPOCH: &str = "epoch";
 pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
 pub(crate) const EXPIRES_AT: &str = "expiresAt";
 pub(crate) const HOLDER: &str = "holder";
@@ -80,7 +83,14 @@ pub(crate) fn ttl_millis(ttl: Duration) -> i64 {
 /// only the holder's own release ever writes its id into `released`. A retry reports a
 /// spurious loss only if more than [`RELEASED_KEPT`] other leases were released in between (or
 /// the document was removed by TTL cleanup): the safe direction.
-pub(crate) fn release_update(prefix: &str, lease_id: &str) -> (Document, Vec<Document>) {
+///
+/// With `queue` (named locks), the release also pops the first waiting process of the lock's
+/// queue into `next` (see `queue.rs`).
+pub(crate) fn release_update(
+    prefix: &str,
+    lease_id: &str,
+    queue: bool,
+) -> (Document, Vec<Document>) {
     let lease_path = format!("{prefix}{LEASE_ID}");
     let expires_path = format!("{prefix}{EXPIRES_AT}");
     let released_path = format!("{prefix}{RELEASED}");
@@ -94,8 +104,7 @@ pub(crate) fn release_update(prefix: &str, lease_id: &str) -> (Document, Vec<Doc
             { released_path.as_str(): lease_id },
         ]
     };
-    let pipeline = vec![doc! {
-        "$set": {
+    let mut set = doc! {
             lease_path.as_str(): { "$cond": [mine.clone(), Bson::Null, keep(&lease_path)] },
             expires_path.as_str(): { "$cond": [
                 mine.clone(),
@@ -114,13 +123,15 @@ pub(crate) fn release_update(prefix: &str, lease_id: &str) -> (Document, Vec<Doc
                 keep(&released_path),
             ] },
             last_released_path.as_str(): { "$cond": [
-                mine,
+                mine.clone(),
                 ours,
                 keep(&last_released_path),
             ] },
-        }
-    }];
-    (filter, pipeline)
+    };
+    if queue {
+        set.extend(super::queue::pop(lease_id, &mine));
+    }
+    (filter, vec![doc! { "$set": set }])
 }
 
 pub(crate) fn holder_doc(h: &HolderInfo) -> Document {

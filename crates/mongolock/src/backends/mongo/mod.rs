@@ -4,44 +4,85 @@
 //! One document per lock name in the lock collection (default `distributed.locks`):
 //!
 //! ```text
-//! { _id: <name>, leaseId: <string|null>, fencingToken: <int64|null>,
-//!   acquiredAt: <date>, expiresAt: <date>, holder: { host, pid, app } }
+//! { _id: <name>, leaseId: <string|null>, fencingToken: <int64>, epoch: <int64|null>,
+//!   acquiredAt: <date>, expiresAt: <date>, holder: { host, pid, app },
+//!   released: [<last 8 released lease ids>], lastReleased: <string>,
+//!   waiters: [{ m: <backend mark>, until: <date> }], next: <string>,
+//!   reserved: { m: <backend mark>, until: <date> } | null }
 //! ```
 //!
-//! plus one counter document per collection, `{ _id: { mongolock: "fencing-epoch" }, epoch }`
-//! (its `_id` is not a string, so [`list`](crate::LockBackend::list) skips it; it has no
-//! `expiresAt`, so the TTL index never removes it).
+//! (`waiters`, `next` and `reserved` order the handoff between processes: `queue.rs`.)
+//!
+//! plus up to 4096 small fencing epoch counters, `{ _id: { mongolock: "fencing-epoch", bucket:
+//! <0..4095> }, epoch, takenAt }` (their `_id` is not a string, so
+//! [`list`](crate::LockBackend::list) skips them; they have no `expiresAt`, so the TTL index
+//! never removes them). A name always draws from the same counter: FNV-1a (64 bit) of the
+//! name's UTF-8 bytes modulo 4096. That function, the 4096 and the 2²⁰ below are part of the
+//! storage format.
 //!
 //! # Acquire: one round trip (`acquire.rs`)
-//! One `findAndModify` on `{_id: name}` with `upsert: true`, `new: true` and an update
-//! **pipeline**. MongoDB refuses `$expr` in the filter of an upsert, so the test "is the name
-//! free?" lives inside the pipeline: free = `leaseId` is null/missing, or `expiresAt <= $$NOW`
-//! (server time), or `leaseId` is already ours (an idempotent retry after a lost reply). The
-//! pipeline is one `$replaceWith: {$cond: [free, {$mergeObjects: ["$$ROOT", <new lease>]},
-//! "$$ROOT"]}` (so "free" is evaluated once), and a busy attempt is a no-op write. The reply is
-//! projected to the lease fields. The client compares the returned `leaseId` with its own. This is DistributedLock's
-//! single-round-trip scheme; we prefer it to a filter + duplicate-key scheme because a busy
-//! attempt costs no error round trip and leaves the document untouched.
+//! One `findAndModify` on `{_id: name}` with `new: true` and an update **pipeline**. MongoDB
+//! refuses `$expr` in the filter of an upsert, so the test "is the name free?" lives inside the
+//! pipeline: free = `leaseId` is null/missing, or `expiresAt <= $$NOW` (server time), or
+//! `leaseId` is already ours (an idempotent retry after a lost reply). The pipeline is one
+//! `$replaceWith: {$cond: [free, {$mergeObjects: ["$$ROOT", <new lease>]}, "$$ROOT"]}` (so
+//! "free" is evaluated once), and a busy attempt is a no-op write. The reply is projected to
+//! the lease fields. The client compares the returned `leaseId` with its own. This is
+//! DistributedLock's single-round-trip scheme; we prefer it to a filter + duplicate-key scheme
+//! because a busy attempt costs no error round trip and leaves the document untouched.
 //!
-//! # Fencing tokens that survive TTL cleanup
-//! Release never deletes the document: it sets `leaseId: null` and `expiresAt` to server now,
-//! keeping `fencingToken`, and each grant sets `fencingToken = fencingToken + 1`. Only the TTL
-//! monitor deletes documents (after `expiresAt + cleanup_after`). A document created by the
-//! upsert has no token yet (`$add` of a missing field gives null), and neither does any grant
-//! until the first one that *stamps* it: the acquirer then increments the per-collection epoch
-//! counter (`$inc`, upsert; the first increment creates it with epoch 1) and sets
-//! `fencingToken = max(fencingToken + 1, (epoch - 1) · 2³² + 1)` on its own unexpired lease. So
-//! the first name ever locked in a collection gets token 1, and each later document lifetime
-//! starts in a fresh range of 2³² tokens. This costs two extra round trips on the first
-//! acquisition of a name (and after each TTL cleanup) only.
+//! # Fencing tokens: epochs of 2²⁰ tokens
+//! Tokens are issued in **epochs**: epoch `e` owns the tokens `(e - 1) · 2²⁰ + 1 ..= e · 2²⁰`.
+//! A document records the epoch of its current token. A grant takes `fencingToken + 1` when
+//! that is still in the document's epoch; otherwise (a new document, or the epoch used up) the
+//! grant is made with `epoch: null`, and the acquirer takes a new epoch `e` from the name's
+//! counter (`findAndModify`, pipeline `epoch + 1`, upsert; a counter starts at 1) and stamps its
+//! lease, if still its own and unexpired, with `fencingToken = max(fencingToken + 1, (e - 1) ·
+//! 2²⁰ + 1)` and `epoch = e`. Release never deletes the document (it sets `leaseId: null` and
+//! `expiresAt` to server now, keeping the token); only the TTL monitor deletes documents, after
+//! `expiresAt + cleanup_after`.
 //!
-//! Why tokens keep growing: the epoch is incremented *after* the document was created, and every
-//! earlier lifetime of the name obtained its epoch before its document was deleted, which was
-//! before this document was created. So the new epoch `e` is larger than every earlier
-//! lifetime's epoch `e'`, i.e. `e' <= e - 1`. The lifetime with epoch `e'` issued tokens from
-//! `(e' - 1) · 2³² + 1` upwards, fewer than 2³² of them, so all below `e' · 2³² <= (e - 1) · 2³²`,
-//! which is below the new floor `(e - 1) · 2³² + 1`. Bound: fewer than 2³² (4 billion)
-//! acquisitions per lifetime of a document, and at most 2³¹ document creations per collection.
+//! **First acquisition** of a name (no document): the attempt above matches nothing (it does not
+//! upsert). The acquirer then takes an epoch `e` first, learning the server time `t_e` of the
+//! increment, and upserts with the same pipeline, which gives a document *it creates* the token
+//! `(e - 1) · 2²⁰ + 1` and epoch `e` only if the server's `$$NOW < t_e + W`, where `W =
+//! min(cleanup_after / 2, 60 s)` (no such window when `cleanup_after` is under 2 s). So a first
+//! acquisition is 2 writes (3 commands: the first findAndModify matched nothing), and no
+//! document is written by every first acquisition (the counters are spread over 4096
+//! documents). When the window has passed, or another process created the document meanwhile,
+//! the upsert acts like any grant (and a grant without a token is stamped as above).
+//!
+//! **Why tokens only grow.** Within one lifetime of a document (creation to deletion): a grant
+//! in its epoch's range issues `token + 1`; a stamp issues at least `token + 1`. So tokens grow
+//! by one document's rules. Across lifetimes, let lifetime `L` follow lifetime `L'` of the same
+//! name (`L'` was deleted before `L`'s document was created). Every epoch `L'` used was taken
+//! from the same counter as `L`'s first epoch `e`, and we show each is smaller than `e`; since
+//! tokens of epoch `e'` are at most `e' · 2²⁰ < (e - 1) · 2²⁰ + 1`, `L`'s first token is above
+//! all of `L'`'s (and later ones only grow).
+//! * `L` stamped its first token: `e` was taken after `L`'s creation, after `L'`'s deletion,
+//!   after every epoch `L'` took. A counter only grows, so each is below `e`.
+//! * `L` was created with `e` (the first-acquisition path): suppose `L'` used an epoch `e' > e`.
+//!   It was taken after `e`, at `t' > t_e`, by a lease of `L'` that expires after `t'` (a stamp
+//!   needs an unexpired lease; a creation follows its epoch and its lease ends after it). The
+//!   TTL monitor deleted `L'` at or after that lease's end plus `cleanup_after`, so after `t_e +
+//!   cleanup_after`, and `L` was created after that — but its creation required `$$NOW < t_e +
+//!   W` with `W <= cleanup_after / 2`. Contradiction, as long as the clocks of the servers that
+//!   evaluated these times (primaries across failovers, mongos) differ by less than
+//!   `cleanup_after / 2` (30 minutes by default), and the TTL index deletes after `cleanup_after`
+//!   (every process using the collection must configure the same `cleanup_after`; a different
+//!   one makes its `createIndexes` fail with a logged warning and leaves the index as it was).
+//!
+//! **Bounds.** Tokens stay at or below 2⁵³ (exact in JSON and JavaScript): an epoch beyond
+//! 2³³ is refused with [`Error::FencingTokensExhausted`](crate::Error) before anything is
+//! granted. A counter grows by one per document lifetime (and per 2²⁰ grants of one name), so at
+//! 1,000 new documents per second over the 4096 counters tokens pass 10¹⁵ after about 1,000
+//! years. A new name starts at `(e - 1) · 2²⁰ + 1` where `e` counts the lifetimes of the names
+//! sharing its counter: 1 for the first. A grant needs no bound on the number of grants of a
+//! name: when its epoch is used up, the next grant takes a new epoch.
+//!
+//! **Dropping the collection** (or deleting the counters) restarts tokens at 1: nothing outside
+//! the collection remembers them. A protected resource that stored a token then refuses the new,
+//! smaller ones until its stored token is reset; do that together with the drop.
 //!
 //! # Extend and release
 //! * Extend: `findAndModify` with filter `{_id, leaseId: ours, $expr: {$gt: ["$expiresAt",
@@ -52,8 +93,8 @@
 //!
 //! Dates are computed with `$add` on dates (not `$dateAdd`), so **MongoDB 4.4 or newer** works
 //! (pipeline updates and `$$NOW` appeared in 4.2, which has every feature used but is not
-//! supported). Writes use `w: "majority"` by default. Uncontended acquire + release is 2
-//! commands.
+//! supported). Writes use `w: "majority"` by default. Uncontended acquire + release of an
+//! existing name is 2 commands.
 //!
 //! # TTL index
 //! An index `{expiresAt: 1}` with `expireAfterSeconds = cleanup_after` (default 1 hour) is created
@@ -98,6 +139,7 @@ pub(crate) mod document;
 pub(crate) mod errors;
 mod index;
 mod ops;
+mod queue;
 pub(crate) mod watch;
 
 use std::sync::Arc;
@@ -311,6 +353,13 @@ impl MongoBackend {
         index::create_ttl_index(&self.coll, self.cleanup_after).await
     }
 
+    /// The `_id` of the fencing epoch counter that `name` draws from (see the [module
+    /// docs](self)). For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn fencing_epoch_id(name: &str) -> Document {
+        acquire::epoch_id(name)
+    }
+
     /// How many lock names currently have an entry in the change-stream registry (names this
     /// backend's waiters wait on or its guards hold). For tests and diagnostics.
     #[doc(hidden)]
@@ -325,7 +374,14 @@ impl LockBackend for MongoBackend {
         if self.create_ttl_index {
             index::ensure_in_background(&self.coll, self.cleanup_after);
         }
-        let attempt = acquire::try_acquire(&self.coll, req).await?;
+        // This attempt's own acquirer is registered before it (when the call will wait).
+        let acquirers = self.watch.acquirers(&req.name);
+        let queueing = queue::Queueing {
+            mark: self.watch.own_mark(),
+            register: acquirers >= 1 && self.watch.is_live(),
+            requeue: acquirers >= 2,
+        };
+        let attempt = acquire::try_acquire(&self.coll, req, self.cleanup_after, queueing).await?;
         if let Attempt::Acquired(lease) = &attempt {
             self.watch
                 .granted(&req.name, &req.lease_id, lease.fencing_token);
@@ -346,9 +402,14 @@ impl LockBackend for MongoBackend {
         let released = ops::release(&self.coll, name, lease_id).await;
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.watch.released(lease_id);
-        // The stream leaves out this backend's own releases: its waiters are told here.
-        self.watch.released_name(name);
-        released
+        // The stream leaves out this backend's own releases: its waiters are told here (after
+        // an error, too: at worst a spurious attempt).
+        let handoff = match &released {
+            Ok(Some(handoff)) => handoff.clone(),
+            Ok(None) | Err(_) => queue::Handoff::Unknown,
+        };
+        self.watch.released_name(name, &handoff);
+        released.map(|r| r.is_some())
     }
 
     /// Marked with this backend's prefix, so that its change stream leaves out its own grants

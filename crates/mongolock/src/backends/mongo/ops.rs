@@ -9,17 +9,20 @@ use mongodb::Collection;
 
 use super::document::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT};
 use super::errors::classify;
+use super::queue;
 use crate::backend::{LeaseId, LockInfo};
 use crate::error::Result;
 
-/// The pipeline that ends a lease: no lease id, expiry no later than now; the token stays.
+/// The pipeline of a force-release: no lease id, expiry no later than now, the token stays, and
+/// the first waiting process is designated (`queue.rs`).
 fn end_lease() -> Vec<Document> {
-    vec![doc! {
-        "$set": {
-            LEASE_ID: null,
-            EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
-        }
-    }]
+    let forced = format!("force-release-{}", LeaseId::random().as_str());
+    let mut set = doc! {
+        LEASE_ID: null,
+        EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
+    };
+    set.extend(queue::pop(&forced, &doc! { "$literal": true }));
+    vec![doc! { "$set": set }]
 }
 
 pub(super) async fn extend(
@@ -52,18 +55,22 @@ pub(super) async fn extend(
     }
 }
 
+/// Ends our lease. `Ok(None)`: it was not ours (any more). `Ok(Some(handoff))`: released (or
+/// released before, for a retry), and whom the release handed the lock to.
 pub(super) async fn release(
     coll: &Collection<Document>,
     name: &str,
     lease_id: &LeaseId,
-) -> Result<bool> {
-    let (mut filter, pipeline) = document::release_update("", lease_id.as_str());
+) -> Result<Option<queue::Handoff>> {
+    let (mut filter, pipeline) = document::release_update("", lease_id.as_str(), true);
     filter.insert("_id", name);
-    let r = coll
-        .update_one(filter, pipeline)
+    let doc = coll
+        .find_one_and_update(filter, pipeline)
+        .return_document(ReturnDocument::After)
+        .projection(doc! { queue::NEXT: 1 })
         .await
-        .map_err(|e| classify(e, "release (update)"))?;
-    Ok(r.matched_count == 1)
+        .map_err(|e| classify(e, "release (findAndModify)"))?;
+    Ok(doc.map(|d| queue::Handoff::of(d.get(queue::NEXT))))
 }
 
 pub(super) async fn force_release(coll: &Collection<Document>, name: &str) -> Result<bool> {

@@ -9,8 +9,8 @@
 //! $match: (operationType in [insert, replace, delete, drop, dropDatabase, rename, invalidate]
 //!          or (operationType = update and updateDescription.updatedFields.leaseId exists))
 //!         and not one of this backend's own grants or releases (see below)
-//! $project: operationType, ns, documentKey, updatedFields.{leaseId, fencingToken},
-//!           fullDocument.{leaseId, fencingToken}
+//! $project: operationType, ns, documentKey, updatedFields.{leaseId, fencingToken, next},
+//!           fullDocument.{leaseId, fencingToken, next}
 //! ```
 //!
 //! so it sees grants, releases, takeovers and deletions by others, but not extensions (they
@@ -65,7 +65,7 @@
 //! the whole document and no `updateDescription`, so other backends' *extensions* pass the
 //! `$match` too. The registry remembers, per name, the lease (id and token) of the last replace
 //! event and delivers a replace event that shows the same lease to nobody
-//! ([`Hub::dispatch_unless_known`]): the name was held throughout (a lease id never gets a
+//! ([`Hub::is_news`]): the name was held throughout (a lease id never gets a
 //! name back once it lost it), so no waiter needs to retry. The first one after the registry
 //! knew nothing costs at most one retry. (mongo-testserver reproduces 4.4 with
 //! `Builder::pipeline_updates_as_replace`.)
@@ -73,7 +73,9 @@
 //! # Wake-ups, without a stampede
 //! An acquirer registers for the name's next change before each attempt; an event wakes the
 //! longest-waiting registered acquirer of the name in this process (one per event), which
-//! retries at once. With the stream healthy, a busy acquirer otherwise sleeps until the holder's
+//! retries at once. Grants wake no acquirer (they free nothing). A release wakes one only when
+//! its handoff (`next`) designates this backend or nobody; otherwise one after the fallback
+//! delay, if nothing else happened to the name meanwhile (`queue.rs`). With the stream healthy, a busy acquirer otherwise sleeps until the holder's
 //! reported expiry (a crashed holder writes nothing). Observers
 //! ([`wait_for_change`](crate::LockBackend::wait_for_change)) are all woken.
 //!
@@ -124,6 +126,7 @@ use tokio::time::Instant;
 
 use super::document::{self, LAST_RELEASED, LEASE_ID, TOKEN};
 use super::errors;
+use super::queue::{Handoff, NEXT};
 use crate::backend::{ChangeWaiter, LeaseId};
 use crate::backends::wakeups::{Change, Hub, NameRef, Status};
 use crate::wait::WaitStrategy;
@@ -278,6 +281,7 @@ impl Watcher {
             self.coll.clone(),
             self.target.clone(),
             self.pipeline.clone(),
+            self.own.clone(),
             stopped,
         ));
     }
@@ -349,14 +353,26 @@ impl Watcher {
     /// backend's acquirers of the name and its observers at once, since the stream leaves out
     /// this backend's own releases. A spurious wake-up (the release did nothing) costs one
     /// attempt.
-    pub(crate) fn released_name(&self, name: &str) {
-        self.hub.dispatch(
-            name,
-            Change::Lease {
-                lease_id: None,
-                token: None,
-            },
-        );
+    pub(crate) fn released_name(&self, name: &str, handoff: &Handoff) {
+        let change = Change::Lease {
+            lease_id: None,
+            token: None,
+        };
+        if handoff.wakes(&self.own) {
+            self.hub.dispatch(name, change);
+        } else {
+            self.hub.dispatch_handoff_elsewhere(name, change);
+        }
+    }
+
+    /// The mark of this backend's lease ids (see [`own_prefix`]).
+    pub(crate) fn own_mark(&self) -> &str {
+        &self.own
+    }
+
+    /// How many of this backend's acquirers wait for a change of `name`.
+    pub(crate) fn acquirers(&self, name: &str) -> usize {
+        self.hub.acquirers(name)
     }
 
     pub(super) async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
@@ -481,8 +497,10 @@ fn names_pipeline(own: &str) -> Vec<Document> {
             "documentKey": 1,
             updated(LEASE_ID): 1,
             updated(TOKEN): 1,
+            updated(NEXT): 1,
             full(LEASE_ID): 1,
             full(TOKEN): 1,
+            full(NEXT): 1,
         } },
     ]
 }
@@ -584,8 +602,8 @@ fn lease_change(fields: Option<&Document>) -> Change {
 /// What one event means.
 #[derive(Debug, PartialEq, Eq)]
 enum Event<'a> {
-    /// A change of one lock (by registry key).
-    Name(Cow<'a, str>, Change),
+    /// A change of one lock (by registry key), and whom a release handed it to.
+    Name(Cow<'a, str>, Change, Handoff),
     /// Every lock may have changed (the collection was dropped or renamed).
     All,
     /// Not about a lock (the epoch counter, unknown event types).
@@ -614,36 +632,51 @@ fn interpret<'a>(ev: &'a Document, target: &Target) -> Event<'a> {
                             .and_then(|d| d.get_document(field).ok()),
                     ),
                 };
-                return Event::Name(Cow::Owned(document_key(id)), change);
+                return Event::Name(Cow::Owned(document_key(id)), change, Handoff::Unknown);
             }
             // Lock names are strings; the epoch counter's _id is not.
             let Bson::String(name) = id else {
                 return Event::Ignore;
             };
-            let change = match op {
-                "update" => lease_change(
-                    ev.get_document("updateDescription")
-                        .ok()
-                        .and_then(|u| u.get_document("updatedFields").ok()),
-                ),
-                "delete" => Change::Unknown,
-                _ => lease_change(ev.get_document("fullDocument").ok()),
+            let fields = match op {
+                "update" => ev
+                    .get_document("updateDescription")
+                    .ok()
+                    .and_then(|u| u.get_document("updatedFields").ok()),
+                "delete" => None,
+                _ => ev.get_document("fullDocument").ok(),
             };
-            Event::Name(Cow::Borrowed(name.as_str()), change)
+            let change = match op {
+                "delete" => Change::Unknown,
+                _ => lease_change(fields),
+            };
+            let handoff = Handoff::of(fields.and_then(|f| f.get(NEXT)));
+            Event::Name(Cow::Borrowed(name.as_str()), change, handoff)
         }
         "drop" | "dropDatabase" | "rename" | "invalidate" => Event::All,
         _ => Event::Ignore,
     }
 }
 
-fn dispatch(hub: &Hub, ev: &Document, target: &Target) {
+/// Delivers one event: a grant to observers and holders only (it frees nothing); a release to
+/// one acquirer as well when its handoff designated this backend (`own`) or nobody, else to
+/// one acquirer only after the fallback delay (`queue.rs`); anything else to one acquirer.
+fn dispatch(hub: &Hub, ev: &Document, target: &Target, own: &str) {
     match interpret(ev, target) {
-        // MongoDB 4.4 reports pipeline updates — extensions included — as replace events:
-        // one that shows the lease the name is known to have is not news.
-        Event::Name(name, change) if ev.get_str("operationType") == Ok("replace") => {
-            hub.dispatch_unless_known(&name, change)
+        Event::Name(name, change, handoff) => {
+            // MongoDB 4.4 reports pipeline updates — extensions included — as replace events:
+            // one that shows the lease the name is known to have is not news.
+            if ev.get_str("operationType") == Ok("replace") && !hub.is_news(&name, &change) {
+                return;
+            }
+            match &change {
+                Change::Lease {
+                    lease_id: Some(_), ..
+                } => hub.dispatch_grant(&name, change),
+                _ if handoff.wakes(own) => hub.dispatch(&name, change),
+                _ => hub.dispatch_handoff_elsewhere(&name, change),
+            }
         }
-        Event::Name(name, change) => hub.dispatch(&name, change),
         Event::All => hub.wake_all(true),
         Event::Ignore => {}
     }
@@ -738,6 +771,7 @@ async fn run(
     coll: Collection<Document>,
     target: Arc<Target>,
     pipeline: Arc<Vec<Document>>,
+    own: String,
     mut stopped: oneshot::Receiver<()>,
 ) {
     let _running = Running(hub.clone());
@@ -805,7 +839,7 @@ async fn run(
             };
             match next {
                 Next::Stopped => return retire(stream).await,
-                Next::Batch(Ok(Ok(Some(ev)))) => dispatch(&hub, &ev, &target),
+                Next::Batch(Ok(Ok(Some(ev)))) => dispatch(&hub, &ev, &target, &own),
                 Next::Batch(Ok(Ok(None))) => {
                     if !stream.is_alive() {
                         break Broke::Ended;
@@ -930,7 +964,11 @@ mod tests {
         );
         assert_eq!(
             interpret(&whole, &target),
-            Event::Name(key.clone().into(), lease(Some("L"), Some(3)))
+            Event::Name(
+                key.clone().into(),
+                lease(Some("L"), Some(3)),
+                Handoff::Unknown
+            )
         );
         // Dotted paths: a grant, and a forced clear.
         let dotted = ev(
@@ -938,17 +976,21 @@ mod tests {
         );
         assert_eq!(
             interpret(&dotted, &target),
-            Event::Name(key.clone().into(), lease(Some("M"), Some(4)))
+            Event::Name(
+                key.clone().into(),
+                lease(Some("M"), Some(4)),
+                Handoff::Unknown
+            )
         );
         let cleared = ev(doc! { DOC_UPDATED: { "_lock.leaseId": Bson::Null }, DOC_REMOVED: [] });
         assert_eq!(
             interpret(&cleared, &target),
-            Event::Name(key.clone().into(), lease(None, None))
+            Event::Name(key.clone().into(), lease(None, None), Handoff::Unknown)
         );
         let removed = ev(doc! { DOC_UPDATED: {}, DOC_REMOVED: ["_lock"] });
         assert_eq!(
             interpret(&removed, &target),
-            Event::Name(key.clone().into(), lease(None, None))
+            Event::Name(key.clone().into(), lease(None, None), Handoff::Unknown)
         );
         let insert = doc! {
             "operationType": "insert",
@@ -959,19 +1001,20 @@ mod tests {
             interpret(&insert, &target),
             Event::Name(
                 document_key(&Bson::String("s".into())).into(),
-                lease(Some("N"), Some(1))
+                lease(Some("N"), Some(1)),
+                Handoff::Unknown
             )
         );
         let plain =
             doc! { "operationType": "insert", "documentKey": { "_id": 1 }, "fullDocument": {} };
         assert!(matches!(
             interpret(&plain, &target),
-            Event::Name(_, Change::Unknown)
+            Event::Name(_, Change::Unknown, _)
         ));
         let delete = doc! { "operationType": "delete", "documentKey": { "_id": 7_i64 } };
         assert_eq!(
             interpret(&delete, &target),
-            Event::Name(key.into(), Change::Unknown)
+            Event::Name(key.into(), Change::Unknown, Handoff::Unknown)
         );
     }
 
@@ -984,7 +1027,7 @@ mod tests {
         };
         assert_eq!(
             interpret_names(&update),
-            Event::Name("a".into(), lease(Some("L"), Some(5)))
+            Event::Name("a".into(), lease(Some("L"), Some(5)), Handoff::Unknown)
         );
         let release = doc! {
             "operationType": "update",
@@ -993,8 +1036,35 @@ mod tests {
         };
         assert_eq!(
             interpret_names(&release),
-            Event::Name("a".into(), lease(None, None))
+            Event::Name("a".into(), lease(None, None), Handoff::Unknown)
         );
+        let handed = doc! {
+            "operationType": "update",
+            "documentKey": { "_id": "a" },
+            "updateDescription": { "updatedFields": {
+                "leaseId": Bson::Null, "next": "0123456789abcdef-/x",
+            } },
+        };
+        assert_eq!(
+            interpret_names(&handed),
+            Event::Name(
+                "a".into(),
+                lease(None, None),
+                Handoff::To("0123456789abcdef-".into())
+            )
+        );
+        let nobody = doc! {
+            "operationType": "replace",
+            "documentKey": { "_id": "a" },
+            "fullDocument": { "leaseId": Bson::Null, "next": "/y" },
+        };
+        assert_eq!(
+            interpret_names(&nobody),
+            Event::Name("a".into(), lease(None, None), Handoff::Nobody)
+        );
+        assert!(Handoff::To("m-".into()).wakes("m-"));
+        assert!(!Handoff::To("m-".into()).wakes("n-"));
+        assert!(Handoff::Nobody.wakes("n-") && Handoff::Unknown.wakes("n-"));
         let insert = doc! {
             "operationType": "insert",
             "documentKey": { "_id": "b" },
@@ -1002,12 +1072,12 @@ mod tests {
         };
         assert_eq!(
             interpret_names(&insert),
-            Event::Name("b".into(), lease(Some("M"), None))
+            Event::Name("b".into(), lease(Some("M"), None), Handoff::Unknown)
         );
         let delete = doc! { "operationType": "delete", "documentKey": { "_id": "c" } };
         assert_eq!(
             interpret_names(&delete),
-            Event::Name("c".into(), Change::Unknown)
+            Event::Name("c".into(), Change::Unknown, Handoff::Unknown)
         );
         let epoch = doc! {
             "operationType": "update",
@@ -1029,7 +1099,7 @@ mod tests {
         };
         assert_eq!(
             interpret_names(&odd),
-            Event::Name("d".into(), Change::Unknown)
+            Event::Name("d".into(), Change::Unknown, Handoff::Unknown)
         );
     }
 }

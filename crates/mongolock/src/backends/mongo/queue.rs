@@ -1,0 +1,205 @@
+//! Fair handoff across processes: the lock document's queue of waiting processes, and the
+//! designation a release writes for the change streams.
+//!
+//! Without it, a release wakes one acquirer in *every* process that waits for the name (each
+//! has its own change stream), so with 32 waiting processes a handoff costs 32 acquire
+//! attempts, 31 of them busy. With it:
+//!
+//! * A busy attempt of an acquirer that is going to wait for a change (and whose backend's
+//!   stream is live) registers its **backend** in the document's queue, in the same write:
+//!   `waiters: [{m: <backend mark>, until: <date>}, ...]`, in order of first registration (a
+//!   later busy attempt only moves `until`). An entry lives until the holder's expiry plus
+//!   [`REGISTRATION`] (a waiter re-registers each time it wakes at the holder's expiry and finds
+//!   the lease extended), so a process that died leaves the queue by itself. At most
+//!   [`MAX_WAITERS`] entries; later processes are not queued (they are woken by the fallback).
+//! * A grant removes the acquiring backend's entry, and puts it back at the end when that
+//!   backend has more acquirers waiting for the name (so processes take turns).
+//! * A release (and a force-release) pops the first live entry and records it in
+//!   `next: "<mark>/<released lease id>"` (an empty mark when nobody is queued; the lease id
+//!   makes every release's `next` new, so a change stream always reports it, and a scalar is
+//!   reported whole, never as dotted sub-fields).
+//! * The release also **reserves** the lock for the designated process for
+//!   [`HANDOFF_FALLBACK`] of server time (`reserved: {m, until}`): until then an attempt of
+//!   another process finds the lock busy (and queues), so a process that releases and at once
+//!   asks again does not barge ahead of the queue. A grant clears the reservation. A
+//!   designated process that died therefore holds the lock up for at most that long.
+//! * A process's change stream then wakes one of its acquirers only when `next` names its
+//!   backend (or names nobody). Other processes wake nobody at once, and one acquirer each
+//!   after [`HANDOFF_FALLBACK`] if nothing else happened to the name meanwhile: the designated
+//!   process died or its acquirers gave up. The releasing backend learns `next` from its
+//!   release's reply and does the same in-process.
+//!
+//! The queue only orders who may try first: acquisition stays one atomic test of "free or
+//! expired by `$$NOW`" (plus "not reserved for another process") and grant, so the queue
+//! cannot break mutual exclusion or token order; a wrong or stale designation costs at most
+//! the fallback delay.
+
+use std::time::Duration;
+
+use mongodb::bson::{doc, Bson, Document};
+
+use crate::backends::wakeups::HANDOFF_FALLBACK;
+
+/// The queue of waiting backends.
+pub(super) const WAITERS: &str = "waiters";
+/// The designation of the last release.
+pub(super) const NEXT: &str = "next";
+/// The designated process's head start: `{m: <mark>, until: <date>}` or null.
+pub(super) const RESERVED: &str = "reserved";
+
+/// How long a registration outlives the holder's expiry.
+pub(super) const REGISTRATION: Duration = Duration::from_secs(2);
+
+/// Most entries in a queue.
+pub(super) const MAX_WAITERS: i64 = 64;
+
+/// What an acquire attempt does with the queue.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Queueing<'a> {
+    /// The backend's mark (the prefix of its lease ids).
+    pub(super) mark: &'a str,
+    /// Register the backend when the attempt is busy.
+    pub(super) register: bool,
+    /// Keep the backend at the end of the queue when the attempt is granted.
+    pub(super) requeue: bool,
+}
+
+fn registration_ms() -> i64 {
+    REGISTRATION.as_millis() as i64
+}
+
+/// The live entries of the queue (`until` in the future by server time).
+fn live() -> Document {
+    doc! { "$filter": {
+        "input": { "$ifNull": ["$waiters", []] },
+        "cond": { "$gt": ["$$this.until", "$$NOW"] },
+    } }
+}
+
+fn marks(array: &str) -> Document {
+    doc! { "$map": { "input": array, "in": "$$this.m" } }
+}
+
+/// The queue after a busy attempt that registers `mark`: its entry's `until` moved to the
+/// holder's expiry plus [`REGISTRATION`], or a new entry at the end (when there is room).
+pub(super) fn after_busy(mark: &str) -> Document {
+    let entry = doc! {
+        "m": { "$literal": mark },
+        "until": { "$add": [{ "$max": ["$expiresAt", "$$NOW"] }, registration_ms()] },
+    };
+    doc! { "$let": {
+        "vars": { "live": live() },
+        "in": { "$cond": [
+            { "$in": [{ "$literal": mark }, marks("$$live")] },
+            { "$map": {
+                "input": "$$live",
+                "in": { "$cond": [
+                    { "$eq": ["$$this.m", { "$literal": mark }] },
+                    entry.clone(),
+                    "$$this",
+                ] },
+            } },
+            { "$slice": [{ "$concatArrays": ["$$live", [entry]] }, MAX_WAITERS] },
+        ] },
+    } }
+}
+
+/// The queue after a grant to `mark` of a lease of `ttl_ms`: without its entry, and with it
+/// at the end when `requeue`.
+pub(super) fn after_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Document {
+    let others = doc! { "$filter": {
+        "input": live(),
+        "cond": { "$ne": ["$$this.m", { "$literal": mark }] },
+    } };
+    if !requeue {
+        return others;
+    }
+    let entry = doc! {
+        "m": { "$literal": mark },
+        "until": { "$add": ["$$NOW", ttl_ms + registration_ms()] },
+    };
+    doc! { "$slice": [{ "$concatArrays": [others, [entry]] }, MAX_WAITERS] }
+}
+
+/// The `$set` fields of a release of `released` (a lease id, or any unique string for a
+/// force-release): pop the first live entry into `next`. `applies` is the release's condition
+/// (the lease was ours); otherwise both fields stay as they are.
+pub(super) fn pop(released: &str, applies: &Document) -> Document {
+    let next = doc! { "$let": {
+        "vars": { "live": live() },
+        "in": { "$concat": [
+            { "$ifNull": [{ "$arrayElemAt": [marks("$$live"), 0] }, ""] },
+            "/",
+            { "$literal": released },
+        ] },
+    } };
+    let rest = doc! { "$let": {
+        "vars": { "live": live() },
+        "in": { "$slice": ["$$live", 1, MAX_WAITERS] },
+    } };
+    let reserved = doc! { "$let": {
+        "vars": { "first": { "$arrayElemAt": [marks_of_live(), 0] } },
+        "in": { "$cond": [
+            { "$eq": [{ "$ifNull": ["$$first", Bson::Null] }, Bson::Null] },
+            Bson::Null,
+            { "m": "$$first", "until": { "$add": ["$$NOW", fallback_ms()] } },
+        ] },
+    } };
+    doc! {
+        NEXT: { "$cond": [applies.clone(), next, "$next"] },
+        WAITERS: { "$cond": [applies.clone(), rest, "$waiters"] },
+        RESERVED: { "$cond": [applies.clone(), reserved, "$reserved"] },
+    }
+}
+
+fn marks_of_live() -> Document {
+    doc! { "$map": { "input": live(), "in": "$$this.m" } }
+}
+
+fn fallback_ms() -> i64 {
+    HANDOFF_FALLBACK.as_millis() as i64
+}
+
+/// Aggregation expression: the lock is not reserved for another process (no reservation, one
+/// that has run out by server time, or ours).
+pub(super) fn not_reserved_for_others(mark: &str) -> Document {
+    doc! { "$or": [
+        { "$lte": [{ "$ifNull": ["$reserved.until", Bson::Null] }, "$$NOW"] },
+        { "$eq": ["$reserved.m", { "$literal": mark }] },
+    ] }
+}
+
+/// Whom a release handed the lock to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Handoff {
+    /// Not known (no `next` in the event or reply): wake one acquirer per process, as without
+    /// a queue.
+    Unknown,
+    /// Nobody was queued: wake one acquirer per process.
+    Nobody,
+    /// The backend with this mark.
+    To(String),
+}
+
+impl Handoff {
+    /// The handoff recorded in a `next` value (`"<mark>/<released>"`, an empty mark for
+    /// nobody).
+    pub(super) fn of(next: Option<&Bson>) -> Handoff {
+        match next {
+            Some(Bson::String(s)) => match s.split_once('/') {
+                Some(("", _)) => Handoff::Nobody,
+                Some((mark, _)) => Handoff::To(mark.to_owned()),
+                None => Handoff::Unknown,
+            },
+            _ => Handoff::Unknown,
+        }
+    }
+
+    /// Whether a process whose backend has mark `own` should wake one of its acquirers at once.
+    pub(crate) fn wakes(&self, own: &str) -> bool {
+        match self {
+            Handoff::To(m) => m == own,
+            Handoff::Unknown | Handoff::Nobody => true,
+        }
+    }
+}
