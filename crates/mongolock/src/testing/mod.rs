@@ -21,9 +21,9 @@
 //! Cases panic on a contract violation, as tests do. The change-notification cases (a
 //! force-release signalled to the holder at once, a release waking a waiter at once, handoffs
 //! without a stampede) run only for an [`Env`] declared
-//! [`with_notifications`](Env::with_notifications); the others skip with a printed reason.
+//! [`with_notifications`](Env::with_notifications); for other backends they skip with a printed
+//! reason.
 //! Cases wait with generous deadlines and poll instead of asserting tight timings.
-#![allow(missing_docs)]
 
 use std::any::Any;
 use std::collections::HashSet;
@@ -169,6 +169,7 @@ pub fn builder(backend: &Arc<dyn LockBackend>) -> LockProviderBuilder {
         .app_name("mongolock-contract")
 }
 
+/// A provider with fast waits (see [`builder`]).
 pub fn provider(backend: &Arc<dyn LockBackend>) -> LockProvider {
     builder(backend).build().expect("valid options")
 }
@@ -201,12 +202,16 @@ async fn is_held(backend: &Arc<dyn LockBackend>, name: &str) -> bool {
 
 /// Counts the calls a provider makes to its backend.
 pub struct Counting {
+    /// The backend counted.
     pub inner: Arc<dyn LockBackend>,
+    /// Acquire attempts.
     pub acquires: AtomicUsize,
+    /// Every call but `wait_for_change`.
     pub calls: AtomicUsize,
 }
 
 impl Counting {
+    /// Counts the calls to `inner`.
     pub fn new(inner: Arc<dyn LockBackend>) -> Arc<Self> {
         Arc::new(Counting {
             inner,
