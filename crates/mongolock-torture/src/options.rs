@@ -88,8 +88,10 @@ pub struct RunArgs {
     /// TTL monitor period of the embedded server.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub ttl_monitor: Duration,
-    /// Delay after expiry before a lock document may be TTL-deleted (whole seconds).
-    #[arg(long, default_value_t = 1)]
+    /// Delay after expiry before a lock document may be TTL-deleted (whole seconds). 2 s or
+    /// more exercises the first acquisition that creates the document with its epoch (a
+    /// window of half the delay); below 2 s every new document is stamped after its creation.
+    #[arg(long, default_value_t = 2)]
     pub cleanup_after_secs: u64,
     /// Skip the `mongolock exec` check.
     #[arg(long)]

@@ -471,14 +471,7 @@ async fn lease_gone_ignores_old_news_and_sees_takeovers() {
     // Many quick handoffs between the two backends, then a holder in A: the events of the
     // earlier holders arrive around A's grant and must not count as a loss.
     for _ in 0..10 {
-        pb.lock(name.clone())
-            .unwrap()
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        common::take_once(&pb, &name).await;
     }
     let g = pa.lock(name.clone()).unwrap().acquire().await.unwrap();
     let gone = tokio::time::timeout(
@@ -850,14 +843,7 @@ async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: u
     }
     // Warm-up: every process takes the lock once, which opens its stream.
     for p in &providers {
-        p.lock(name.as_str())
-            .unwrap()
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        common::take_once(p, &name).await;
     }
     for p in &providers {
         until_live(&**p.backend()).await;
@@ -971,26 +957,22 @@ async fn a_dead_process_at_the_head_of_the_queue_holds_nobody_up_for_long() {
         token
     });
     // The waiter queues behind the dead process.
+    let lock_doc = || async {
+        t.db.collection::<Document>(&coll)
+            .find_one(doc! { "_id": name.as_str() })
+            .await
+            .unwrap()
+            .unwrap()
+    };
     let queued = eventually(Duration::from_secs(20), || async {
-        let d =
-            t.db.collection::<Document>(&coll)
-                .find_one(doc! { "_id": name.as_str() })
-                .await
-                .unwrap()
-                .unwrap();
-        d.get_array("waiters").map_or(0, |w| w.len()) == 2
+        lock_doc().await.get_array("waiters").map_or(0, |w| w.len()) == 2
     })
     .await;
     assert!(queued, "the waiter did not queue");
     let released_at = Instant::now();
     let held_token = guard.fencing_token();
     guard.release().await.unwrap();
-    let d =
-        t.db.collection::<Document>(&coll)
-            .find_one(doc! { "_id": name.as_str() })
-            .await
-            .unwrap()
-            .unwrap();
+    let d = lock_doc().await;
     assert_eq!(
         d.get_document("reserved")
             .ok()

@@ -173,15 +173,7 @@ async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
         let name = unique(form);
         // Create the document and stamp its token first, so the faulted attempt is the single
         // findAndModify of a grant.
-        provider
-            .lock(name.clone())
-            .unwrap()
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        common::take_once(&provider, &name).await;
         lose_replies(&t, &app, &["findAndModify"]).await;
         let lock = provider.lock(name.clone()).unwrap();
         let result = match form {

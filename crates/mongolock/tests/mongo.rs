@@ -329,12 +329,7 @@ async fn tokens_grow_after_ttl_cleanup(cleanup_after: Duration) {
 #[tokio::test]
 async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
     let t = test_database().await;
-    let coll_name = unique("locks");
-    let backend = MongoBackend::builder(&t.db)
-        .collection(coll_name.clone())
-        .build()
-        .unwrap();
-    let provider = LockProvider::builder(backend).build().unwrap();
+    let (provider, coll) = common::provider_on_new_collection(&t);
     let lock = provider.lock("a").unwrap();
     let mut earlier = Vec::new();
     for _ in 0..3 {
@@ -345,16 +340,13 @@ async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
     assert_eq!(earlier, [1, 2, 3]);
     // What a crashed acquirer leaves behind: a grant without a token (`epoch: null`) whose lease
     // has expired.
-    let past = mongodb::bson::DateTime::from_millis(
-        mongodb::bson::DateTime::now().timestamp_millis() - 1000,
-    );
-    t.db.collection::<Document>(&coll_name)
-        .update_one(
-            doc! { "_id": "a" },
-            doc! { "$set": { "leaseId": "crashed", "epoch": Bson::Null, "expiresAt": past } },
-        )
-        .await
-        .unwrap();
+    let past = common::millis_ago(1000);
+    coll.update_one(
+        doc! { "_id": "a" },
+        doc! { "$set": { "leaseId": "crashed", "epoch": Bson::Null, "expiresAt": past } },
+    )
+    .await
+    .unwrap();
     let g = lock.acquire().await.unwrap();
     // The name's counter gives epoch 2, which starts at 2^20 + 1.
     assert_eq!(
@@ -370,16 +362,8 @@ async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
 #[tokio::test]
 async fn a_used_up_epoch_is_followed_by_a_new_one() {
     let t = test_database().await;
-    let coll_name = unique("locks");
-    let backend = MongoBackend::builder(&t.db)
-        .collection(coll_name.clone())
-        .build()
-        .unwrap();
-    let provider = LockProvider::builder(backend).build().unwrap();
-    let past = mongodb::bson::DateTime::from_millis(
-        mongodb::bson::DateTime::now().timestamp_millis() - 1000,
-    );
-    let coll = t.db.collection::<Document>(&coll_name);
+    let (provider, coll) = common::provider_on_new_collection(&t);
+    let past = common::millis_ago(1000);
     // A name two tokens before the end of epoch 3 of its counter, and the counter at 3.
     coll.insert_one(doc! {
         "_id": "hot", "leaseId": Bson::Null, "fencingToken": 3 * (1_i64 << 20) - 2,
@@ -408,13 +392,7 @@ async fn a_used_up_epoch_is_followed_by_a_new_one() {
 #[tokio::test]
 async fn exhausted_fencing_tokens_are_a_typed_error() {
     let t = test_database().await;
-    let coll_name = unique("locks");
-    let backend = MongoBackend::builder(&t.db)
-        .collection(coll_name.clone())
-        .build()
-        .unwrap();
-    let provider = LockProvider::builder(backend).build().unwrap();
-    let coll = t.db.collection::<Document>(&coll_name);
+    let (provider, coll) = common::provider_on_new_collection(&t);
     coll.insert_one(doc! { "_id": MongoBackend::fencing_epoch_id("last"), "epoch": 1_i64 << 33 })
         .await
         .unwrap();

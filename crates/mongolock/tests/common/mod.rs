@@ -9,7 +9,7 @@ use mongo_testserver::TestServer;
 use mongodb::bson::{doc, Document};
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
-use mongolock::{LockBackend, MongoBackend};
+use mongolock::{LockBackend, LockProvider, MongoBackend};
 
 /// A database for one test; keeps the embedded server (if any) alive.
 pub struct TestDb {
@@ -106,4 +106,29 @@ pub fn skip_without_fail_points(db: &TestDb) -> bool {
 
 pub fn shared(b: MongoBackend) -> Arc<dyn LockBackend> {
     Arc::new(b)
+}
+
+/// Takes `name` once and releases it: creates its lock document with its first token (and
+/// starts the backend's change stream).
+pub async fn take_once(provider: &LockProvider, name: &str) {
+    let guard = provider.lock(name).unwrap().acquire().await.unwrap();
+    guard.release().await.unwrap();
+}
+
+/// A provider on a new lock collection of `t`, with the collection (for raw reads and writes).
+pub fn provider_on_new_collection(t: &TestDb) -> (LockProvider, mongodb::Collection<Document>) {
+    let name = unique("locks");
+    let backend = MongoBackend::builder(&t.db)
+        .collection(name.clone())
+        .build()
+        .unwrap();
+    (
+        LockProvider::builder(backend).build().unwrap(),
+        t.db.collection(&name),
+    )
+}
+
+/// A BSON date `ms` milliseconds before this machine's now.
+pub fn millis_ago(ms: i64) -> mongodb::bson::DateTime {
+    mongodb::bson::DateTime::from_millis(mongodb::bson::DateTime::now().timestamp_millis() - ms)
 }

@@ -88,8 +88,9 @@
 //! * Extend: `findAndModify` with filter `{_id, leaseId: ours, $expr: {$gt: ["$expiresAt",
 //!   "$$NOW"]}}` and pipeline `$set expiresAt = $$NOW + ttl`; returns the new expiry. An expired
 //!   lease is never extended.
-//! * Release: `updateOne` `{_id, leaseId: ours}` → `leaseId: null`, `expiresAt: min(expiresAt,
-//!   $$NOW)`.
+//! * Release: `findAndModify` `{_id, leaseId: ours}` → `leaseId: null`, `expiresAt:
+//!   min(expiresAt, $$NOW)`, the handoff to the first queued process (`queue.rs`), whose mark
+//!   the reply returns (projected to `next`).
 //!
 //! Dates are computed with `$add` on dates (not `$dateAdd`), so **MongoDB 4.4 or newer** works
 //! (pipeline updates and `$$NOW` appeared in 4.2, which has every feature used but is not

@@ -56,8 +56,7 @@
 //! * Documents locked in place ([`Target::Documents`]) keep the unfiltered pipeline; their
 //!   acquirers poll.
 //!
-//! In the steady state an uncontended acquire + release is then one `findAndModify` and one
-//! `update`; the idle stream adds one empty `getMore` per `maxAwaitTimeMS` (1 s), not per
+//! In the steady state an uncontended acquire + release is then two `findAndModify`s; the idle stream adds one empty `getMore` per `maxAwaitTimeMS` (1 s), not per
 //! acquisition.
 //!
 //! # MongoDB 4.4: pipeline updates are replace events
