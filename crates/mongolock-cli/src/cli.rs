@@ -74,8 +74,10 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
-    /// MongoDB connection string. Its password is never printed. A serverSelectionTimeoutMS of
-    /// 5 s applies unless the URI sets one.
+    /// Connection string; its scheme picks the database: mongodb:// or mongodb+srv:// for
+    /// MongoDB, postgres:// or postgresql:// for PostgreSQL. Its password is never printed. A
+    /// serverSelectionTimeoutMS (MongoDB) or connect_timeout (PostgreSQL) of 5 s applies unless
+    /// the URI sets one.
     #[arg(
         long,
         global = true,
@@ -86,11 +88,13 @@ pub struct GlobalArgs {
     )]
     pub uri: String,
 
-    /// Database holding the lock collection.
+    /// Database holding the lock collection (MongoDB; for PostgreSQL the database is the
+    /// URI's).
     #[arg(long, global = true, env = "MONGOLOCK_DB", default_value = DEFAULT_DB, value_name = "NAME")]
     pub db: String,
 
-    /// Lock collection.
+    /// Lock collection (MongoDB), or lock table as [SCHEMA.]TABLE (PostgreSQL; the default
+    /// means public.mongolock_locks).
     #[arg(
         long,
         global = true,

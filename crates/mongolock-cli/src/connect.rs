@@ -1,6 +1,8 @@
-//! Connecting to MongoDB: parse the URI, apply CLI defaults, and `ping` so that an unreachable
-//! server, a bad URI or refused credentials fail at once with one clear line (the driver
-//! connects lazily and would otherwise report them at the first lock operation).
+//! Connecting to the lock store: the URI's scheme picks the backend (`mongodb://` and
+//! `mongodb+srv://`: MongoDB; `postgres://` and `postgresql://`: PostgreSQL). The URI is parsed,
+//! CLI defaults are applied, and the server is pinged so that an unreachable server, a bad URI
+//! or refused credentials fail at once with one clear line (the clients connect lazily and
+//! would otherwise report them at the first lock operation).
 
 use std::time::Duration;
 
@@ -8,9 +10,9 @@ use mongodb::bson::doc;
 use mongodb::error::ErrorKind;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
-use mongolock::{LockProvider, MongoBackend};
+use mongolock::{LockProvider, MongoBackend, PostgresBackend};
 
-use crate::cli::GlobalArgs;
+use crate::cli::{GlobalArgs, DEFAULT_COLLECTION};
 use crate::exit::{one_line, CliError};
 use crate::uri::{mask_password, redact};
 
@@ -18,31 +20,52 @@ use crate::uri::{mask_password, redact};
 /// server before failing.
 pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A client that answered `ping`, and where the locks live.
+/// Where the locks live.
+enum Store {
+    Mongo { db: Database, collection: String },
+    Postgres(PostgresBackend),
+}
+
+/// A connection that answered a ping, and where the locks live.
 pub struct Connection {
-    pub db: Database,
-    pub collection: String,
+    store: Store,
     uri: String,
 }
 
 impl Connection {
-    /// `db.collection`, for messages.
+    /// `db.collection` (MongoDB) or `schema.table` (PostgreSQL), for messages.
     pub fn namespace(&self) -> String {
-        format!("{}.{}", self.db.name(), self.collection)
+        match &self.store {
+            Store::Mongo { db, collection } => format!("{}.{}", db.name(), collection),
+            Store::Postgres(backend) => backend.table().to_owned(),
+        }
     }
 
-    /// A lock provider over the lock collection with lease duration `ttl` (the library default
-    /// when `None`) and holder application name `app_name`.
+    /// The name of the database system, for messages.
+    fn system(&self) -> &'static str {
+        match &self.store {
+            Store::Mongo { .. } => "MongoDB",
+            Store::Postgres(_) => "PostgreSQL",
+        }
+    }
+
+    /// A lock provider over the lock collection or table with lease duration `ttl` (the
+    /// library default when `None`) and holder application name `app_name`.
     pub fn provider(
         &self,
         ttl: Option<Duration>,
         app_name: Option<String>,
     ) -> Result<LockProvider, CliError> {
-        let backend = MongoBackend::builder(&self.db)
-            .collection(self.collection.clone())
-            .build()
-            .map_err(|e| CliError::failure(one_line(&e.to_string())))?;
-        let mut builder = LockProvider::builder(backend);
+        let mut builder = match &self.store {
+            Store::Mongo { db, collection } => {
+                let backend = MongoBackend::builder(db)
+                    .collection(collection.clone())
+                    .build()
+                    .map_err(|e| CliError::failure(one_line(&e.to_string())))?;
+                LockProvider::builder(backend)
+            }
+            Store::Postgres(backend) => LockProvider::builder(backend.clone()),
+        };
         if let Some(ttl) = ttl {
             builder = builder.expiry(ttl);
         }
@@ -57,8 +80,16 @@ impl Connection {
     /// Describes a library error from an operation on this connection, in one line, with any
     /// trace of the password removed.
     pub fn error(&self, context: &str, e: &mongolock::Error) -> CliError {
+        let detail = match e {
+            mongolock::Error::Unavailable { message, .. } => format!(
+                "{} temporarily unavailable: {}",
+                self.system(),
+                tidy_driver_text(message)
+            ),
+            other => describe_lock_error(other),
+        };
         CliError::failure(one_line(&redact(
-            &format!("{context}: {}", describe_lock_error(e)),
+            &format!("{context}: {detail}"),
             &self.uri,
         )))
     }
@@ -69,8 +100,19 @@ pub async fn connect(global: &GlobalArgs) -> Result<Connection, CliError> {
     connect_to(&global.uri, &global.db, &global.collection).await
 }
 
-/// [`connect`] with explicit values.
+/// Whether `uri` names a PostgreSQL server.
+pub fn is_postgres(uri: &str) -> bool {
+    let lower = uri.trim_start().to_ascii_lowercase();
+    lower.starts_with("postgres://") || lower.starts_with("postgresql://")
+}
+
+/// [`connect`] with explicit values. For PostgreSQL, `db` is not used (the database is the
+/// URI's) and `collection` is the lock table as `[SCHEMA.]TABLE` (the MongoDB default
+/// collection name means the PostgreSQL default table, `public.mongolock_locks`).
 pub async fn connect_to(uri: &str, db: &str, collection: &str) -> Result<Connection, CliError> {
+    if is_postgres(uri) {
+        return connect_postgres(uri, collection).await;
+    }
     let masked = mask_password(uri);
     let fail = |what: &str, detail: String| {
         CliError::failure(one_line(&redact(
@@ -110,8 +152,54 @@ pub async fn connect_to(uri: &str, db: &str, collection: &str) -> Result<Connect
         return Err(fail(what, detail));
     }
     Ok(Connection {
-        db: database,
-        collection: collection.to_owned(),
+        store: Store::Mongo {
+            db: database,
+            collection: collection.to_owned(),
+        },
+        uri: uri.to_owned(),
+    })
+}
+
+/// The PostgreSQL half of [`connect_to`]: a connect timeout of 5 s unless the URI sets one.
+async fn connect_postgres(uri: &str, table: &str) -> Result<Connection, CliError> {
+    let masked = mask_password(uri);
+    let fail = |what: &str, detail: String| {
+        CliError::failure(one_line(&redact(
+            &format!("{what} {masked}: {detail}"),
+            uri,
+        )))
+    };
+    let mut config: mongolock::backends::postgres::Config = uri
+        .parse()
+        .map_err(|e| fail("invalid PostgreSQL URI", format!("{e}")))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(DEFAULT_SERVER_SELECTION_TIMEOUT);
+    }
+    let mut builder = PostgresBackend::builder_with_config(config);
+    if table != DEFAULT_COLLECTION {
+        builder = match table.split_once('.') {
+            Some((schema, table)) => builder.schema(schema).table(table),
+            None => builder.table(table),
+        };
+    }
+    let backend = builder.build().map_err(|e| {
+        CliError::failure(one_line(&format!(
+            "invalid --collection (the PostgreSQL lock table): {e}"
+        )))
+    })?;
+    if let Err(e) = backend.ping().await {
+        let what = match &e {
+            mongolock::Error::Unavailable { .. } => "cannot reach PostgreSQL at",
+            _ => "PostgreSQL refused the connection at",
+        };
+        let detail = match &e {
+            mongolock::Error::Unavailable { message, .. } => message.clone(),
+            other => describe_lock_error(other),
+        };
+        return Err(fail(what, detail));
+    }
+    Ok(Connection {
+        store: Store::Postgres(backend),
         uri: uri.to_owned(),
     })
 }

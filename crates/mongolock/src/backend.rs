@@ -5,7 +5,7 @@
 //! errors within the caller's budget, automatic extension, loss detection and cancellation
 //! safety — lives in the shared core ([`Lock`](crate::Lock), [`LockGuard`](crate::LockGuard)),
 //! so every backend gets the same behaviour. A backend must satisfy this contract (the shared
-//! contract test suite in `tests/contract` checks it):
+//! contract suite, `mongolock::testing` with the `testing` feature, checks it):
 //!
 //! * **Server time.** Expiry is computed and compared with the backend's own clock (the
 //!   database's), never the caller's.
@@ -18,19 +18,28 @@
 //! * **Ownership.** [`extend`](LockBackend::extend) acts only on the caller's unexpired lease;
 //!   [`release`](LockBackend::release) only on the caller's lease, and is idempotent for it.
 //!
-//! # Change notifications (optional)
-//! A backend that learns of changes as they happen (MongoDB through one change stream per
-//! backend, the memory backend directly) can offer three things; all have defaults that poll:
+//! # Change notifications (an optional capability)
+//! The six atomic operations above are all a backend must implement. A backend that also
+//! learns of changes as they happen (MongoDB through one change stream per backend, PostgreSQL
+//! through one `LISTEN` connection, the memory backend directly) implements
+//! [`ChangeNotifications`] as well and returns itself from
+//! [`LockBackend::notifications`]. It then offers three things; without it the core polls:
 //!
-//! * [`change_waiter`](LockBackend::change_waiter): an acquirer registers, *before* each
+//! * [`waiter`](ChangeNotifications::waiter): an acquirer registers, *before* each
 //!   attempt, for the next change of the name, and waits on it after a busy attempt. One waiting
 //!   acquirer per name and process is woken per change (no stampede). While the waiter
 //!   [is live](ChangeWaiter::is_live), the core sleeps until the holder's reported expiry instead
 //!   of the wait strategy's delay.
-//! * [`wait_for_change`](LockBackend::wait_for_change): every caller is woken on a change (for
-//!   observers that only read).
-//! * [`lease_gone`](LockBackend::lease_gone): a holder learns, unasked, that its lease was taken
-//!   over or ended by someone else.
+//! * [`wait`](ChangeNotifications::wait): every caller is woken on a
+//!   change (for observers that only read).
+//! * [`lease_lost`](ChangeNotifications::lease_lost): a holder learns, unasked, that its lease
+//!   was taken over or ended by someone else.
+//!
+//! The core reaches them through provided methods of [`LockBackend`]
+//! ([`change_waiter`](LockBackend::change_waiter), [`wait_for_change`](LockBackend::wait_for_change),
+//! [`live_notifications`](LockBackend::live_notifications), [`lease_gone`](LockBackend::lease_gone)),
+//! which dispatch to [`notifications`](LockBackend::notifications) (and poll, sleep or stay
+//! pending without it). A wrapper around another backend forwards `notifications()`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -246,37 +255,71 @@ pub trait LockBackend: Send + Sync + 'static {
     /// growing for the next holder. Returns whether a lease was ended.
     async fn force_release(&self, name: &str) -> Result<bool>;
 
-    /// Waits until something about `name` may have changed, or `max_wait` passed, whichever is
-    /// first. Every caller waiting on `name` is woken by a change (for observers that read the
-    /// lock; acquirers use [`change_waiter`](Self::change_waiter)). Spurious early returns are
-    /// allowed. The default sleeps for `max_wait`.
-    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
-        let _ = name;
-        tokio::time::sleep(max_wait).await;
+    /// The backend's change notifications, when it has them (see the [module docs](self)).
+    /// The default is `None`: waiters poll with the wait strategy and holders detect loss by
+    /// extension and their local deadline.
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        None
     }
 
-    /// Whether the backend currently learns of every change as it happens (a healthy change
-    /// stream; always for the memory backend). Informational: the acquire loop asks each
-    /// [`ChangeWaiter`] instead. The default is false.
-    fn live_notifications(&self) -> bool {
-        false
+    /// Waits until something about `name` may have changed, or `max_wait` passed: dispatches to
+    /// [`ChangeNotifications::wait`], and sleeps for `max_wait` without
+    /// notifications. Implement [`notifications`](Self::notifications) rather than this.
+    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+        match self.notifications() {
+            Some(n) => n.wait(name, max_wait).await,
+            None => tokio::time::sleep(max_wait).await,
+        }
     }
+
+    /// Whether the backend currently learns of every change as it happens: dispatches to
+    /// [`ChangeNotifications::is_live`]; false without notifications.
+    fn live_notifications(&self) -> bool {
+        self.notifications()
+            .is_some_and(ChangeNotifications::is_live)
+    }
+
+    /// Registers an acquirer's interest in the next change of `name`: dispatches to
+    /// [`ChangeNotifications::waiter`]; `None` without notifications.
+    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
+        self.notifications().and_then(|n| n.waiter(name))
+    }
+
+    /// Completes when the backend learns, unasked, that `lease_id` no longer holds `name`:
+    /// dispatches to [`ChangeNotifications::lease_lost`]; never completes without
+    /// notifications.
+    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+        match self.notifications() {
+            Some(n) => n.lease_lost(name, lease_id).await,
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+/// The optional capability of a [`LockBackend`] that learns of changes as they happen; see the
+/// [module docs](self). Exposed through [`LockBackend::notifications`].
+#[async_trait]
+pub trait ChangeNotifications: Send + Sync {
+    /// Waits until something about `name` may have changed, or `max_wait` passed, whichever is
+    /// first. Every caller waiting on `name` is woken by a change (for observers that read the
+    /// lock; acquirers use [`waiter`](Self::waiter)). Spurious early returns are
+    /// allowed.
+    async fn wait(&self, name: &str, max_wait: Duration);
+
+    /// Whether the backend currently learns of every change as it happens (a healthy change
+    /// stream or listening connection; always for the memory backend). Informational: the
+    /// acquire loop asks each [`ChangeWaiter`] instead.
+    fn is_live(&self) -> bool;
 
     /// Registers an acquirer's interest in the next change of `name`, effective at once (before
     /// the caller's attempt). Per name and process, each change wakes one registered waiter (the
-    /// longest waiting). `None` (the default) means the backend has no notifications: the core
-    /// then sleeps with [`wait_for_change`](Self::wait_for_change) and the wait strategy.
-    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
-        let _ = name;
-        None
-    }
+    /// longest waiting). `None` when notifications are unavailable right now (the core then
+    /// sleeps with [`wait`](Self::wait) and the wait strategy).
+    fn waiter(&self, name: &str) -> Option<ChangeWaiter>;
 
     /// Completes when the backend learns, without being asked, that `lease_id` no longer holds
     /// `name` (another holder took it, or it was released or removed by someone else). A held
     /// guard's watchdog waits on it to signal loss at once instead of at the next extension.
-    /// The default never completes: loss is then detected by extension and the local deadline.
-    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
-        let _ = (name, lease_id);
-        std::future::pending::<()>().await
-    }
+    /// May stay pending forever (loss is then detected by extension and the local deadline).
+    async fn lease_lost(&self, name: &str, lease_id: &LeaseId);
 }

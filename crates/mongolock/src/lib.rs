@@ -69,6 +69,9 @@
 //! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the
 //!   acquire path is in `backends/mongo/acquire.rs`).
+//! * `PostgresBackend` (feature `postgres`, `backends/postgres/`: one statement per operation,
+//!   LISTEN/NOTIFY wake-ups in `listen.rs`).
+//! * `testing` (feature `testing`): the contract suite every backend runs, not API-stable.
 //! * Change notifications: the MongoDB change stream (`backends/mongo/watch.rs`: one per
 //!   backend, fallback, resume, loss detection) and the per-name wake-ups it shares with the
 //!   memory backend (`backends/wakeups.rs`: one waiter per change, no stampede).
@@ -89,10 +92,15 @@ mod options;
 mod provider;
 mod wait;
 
-pub use backend::{AcquireRequest, Attempt, ChangeWaiter, Lease, LeaseId, LockBackend, LockInfo};
+pub use backend::{
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LockBackend,
+    LockInfo,
+};
 pub use backends::memory::MemoryBackend;
 #[cfg(feature = "mongodb")]
 pub use backends::mongo::{MongoBackend, MongoBackendBuilder};
+#[cfg(feature = "postgres")]
+pub use backends::postgres::{PostgresBackend, PostgresBackendBuilder};
 pub use error::{BoxError, Error, Result};
 pub use guard::{LockGuard, LostSignal};
 pub use holder::HolderInfo;
@@ -102,6 +110,9 @@ pub use options::{
 };
 pub use provider::{LockProvider, LockProviderBuilder};
 pub use wait::WaitStrategy;
+
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub mod election;
 pub use election::{Election, ElectionEvent, LeaderContext, LeaderInfo, Leadership};

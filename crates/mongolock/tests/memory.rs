@@ -1,18 +1,12 @@
 //! The contract suite against the in-memory backend.
 
-mod contract;
-mod poll;
-
 use std::sync::Arc;
 
-use contract::Env;
+use mongolock::testing::Env;
 use mongolock::MemoryBackend;
 
 async fn setup() -> Env {
-    Env {
-        backend: Arc::new(MemoryBackend::new()),
-        keep_alive: Box::new(()),
-    }
+    Env::new(Arc::new(MemoryBackend::new())).with_notifications()
 }
 
-contract_suite!(setup);
+mongolock::contract_suite!(setup);

@@ -1,17 +1,20 @@
 //! The contract suite against MongoDB (embedded mongo-testserver, or `MONGODB_URI`).
 
 mod common;
-mod contract;
-mod poll;
 
-use contract::Env;
+use mongolock::testing::Env;
 
 async fn setup() -> Env {
     let db = common::test_database().await;
-    Env {
-        backend: common::shared(db.backend()),
-        keep_alive: Box::new(db),
+    // Change streams need a replica set: the embedded server has them; a real deployment given
+    // by MONGODB_URI may be a standalone server, which falls back to polling.
+    let notifications = db.server.is_some();
+    let env = Env::new(common::shared(db.backend())).keep_alive(db);
+    if notifications {
+        env.with_notifications()
+    } else {
+        env
     }
 }
 
-contract_suite!(setup);
+mongolock::contract_suite!(setup);

@@ -27,7 +27,8 @@ use tokio::time::Instant;
 
 use super::wakeups::{Change, Hub, Status};
 use crate::backend::{
-    AcquireRequest, Attempt, ChangeWaiter, Lease, LeaseId, LockBackend, LockInfo,
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LockBackend,
+    LockInfo,
 };
 use crate::error::Result;
 use crate::holder::HolderInfo;
@@ -251,19 +252,26 @@ impl LockBackend for MemoryBackend {
         Ok(ended)
     }
 
-    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ChangeNotifications for MemoryBackend {
+    async fn wait(&self, name: &str, max_wait: Duration) {
         self.inner.hub.wait_for_change(name, max_wait).await;
     }
 
-    fn live_notifications(&self) -> bool {
+    fn is_live(&self) -> bool {
         true
     }
 
-    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
+    fn waiter(&self, name: &str) -> Option<ChangeWaiter> {
         Some(self.inner.hub.change_waiter(name))
     }
 
-    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+    async fn lease_lost(&self, name: &str, lease_id: &LeaseId) {
         let entry = self.inner.hub.name(name);
         // Subscribed before the check, so a change right after it is not missed.
         let mut changes = entry.state().subscribe();

@@ -72,12 +72,34 @@ macro_rules! election_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
-                let env = $setup().await;
+                // A setup may return `Option<Env>`: `None` skips (it printed why).
+                let Some(env) = $crate::election_scenarios::IntoEnv::into_env($setup().await)
+                else {
+                    return;
+                };
                 $crate::election_scenarios::$case(&env).await;
                 drop(env);
             }
         )*
     };
+}
+
+/// What a backend's `setup` returns: an [`Env`], or `Option<Env>` for a backend that can be
+/// missing (`None` skips the scenario; the setup prints why).
+pub trait IntoEnv {
+    fn into_env(self) -> Option<Env>;
+}
+
+impl IntoEnv for Env {
+    fn into_env(self) -> Option<Env> {
+        Some(self)
+    }
+}
+
+impl IntoEnv for Option<Env> {
+    fn into_env(self) -> Option<Env> {
+        self
+    }
 }
 
 /// A unique role name per test run.

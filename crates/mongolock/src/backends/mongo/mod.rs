@@ -153,7 +153,9 @@ use mongodb::options::{
 };
 use mongodb::{Collection, Database};
 
-use crate::backend::{AcquireRequest, Attempt, ChangeWaiter, LeaseId, LockBackend, LockInfo};
+use crate::backend::{
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LockBackend, LockInfo,
+};
 use crate::error::{Error, Result};
 
 /// Default lock collection, as DistributedLock.MongoDB.
@@ -444,20 +446,27 @@ impl LockBackend for MongoBackend {
         ops::force_release(&self.coll, name, self.fair_handoff).await
     }
 
-    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ChangeNotifications for MongoBackend {
+    async fn wait(&self, name: &str, max_wait: Duration) {
         self.watch.wait_for_change(name, max_wait).await;
     }
 
     /// True while the change stream delivers every change; starts it if it is not running.
-    fn live_notifications(&self) -> bool {
+    fn is_live(&self) -> bool {
         self.watch.is_live()
     }
 
-    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
+    fn waiter(&self, name: &str) -> Option<ChangeWaiter> {
         self.watch.change_waiter(name)
     }
 
-    async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
+    async fn lease_lost(&self, name: &str, lease_id: &LeaseId) {
         self.watch.lease_gone(name, lease_id).await;
     }
 }

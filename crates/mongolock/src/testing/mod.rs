@@ -1,8 +1,29 @@
-//! The shared contract suite: every backend must pass every function here.
+//! The contract suite (feature `testing`; **not API-stable**): the cases every
+//! [`LockBackend`] must pass — ours (memory, MongoDB, PostgreSQL) and your own.
 //!
 //! A backend's test file provides `async fn setup() -> Env` (a backend on fresh, isolated
-//! storage) and invokes `contract_suite!(setup)`, which generates one `#[tokio::test]` per case.
-#![allow(dead_code)]
+//! storage; or `Option<Env>`, `None` skipping with a printed reason) and invokes
+//! `mongolock::contract_suite!(setup)`, which generates one `#[tokio::test]` per case (the test
+//! crate needs `tokio` with the `macros` and `rt-multi-thread` features):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use mongolock::testing::Env;
+//!
+//! async fn setup() -> Env {
+//!     Env::new(Arc::new(mongolock::MemoryBackend::new())).with_notifications()
+//! }
+//!
+//! mongolock::contract_suite!(setup);
+//! # fn main() {}
+//! ```
+//!
+//! Cases panic on a contract violation, as tests do. The change-notification cases (a
+//! force-release signalled to the holder at once, a release waking a waiter at once, handoffs
+//! without a stampede) run only for an [`Env`] declared
+//! [`with_notifications`](Env::with_notifications); for other backends they skip with a printed
+//! reason.
+//! Cases wait with generous deadlines and poll instead of asserting tight timings.
 
 use std::any::Any;
 use std::collections::HashSet;
@@ -10,19 +31,66 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
-use mongolock::{
-    AcquireRequest, Attempt, Error, LeaseId, LockBackend, LockInfo, LockProvider,
-    LockProviderBuilder, Timeout, WaitStrategy,
+use crate::{
+    AcquireRequest, Attempt, ChangeNotifications, Error, LeaseId, LockBackend, LockInfo,
+    LockProvider, LockProviderBuilder, Timeout, WaitStrategy,
 };
+use async_trait::async_trait;
 use rand::Rng;
 use tokio::time::Instant;
 
 /// A backend on isolated storage, plus whatever must stay alive while it is used (a test
-/// server).
+/// server), and the capabilities it declares.
 pub struct Env {
+    /// The backend under test.
     pub backend: Arc<dyn LockBackend>,
+    /// Kept alive until the case ends (a test server, a temporary directory).
     pub keep_alive: Box<dyn Any + Send>,
+    /// Whether the backend delivers change notifications (its `change_waiter`, `lease_gone`
+    /// and `wait_for_change` react to changes): the notification cases run only then.
+    pub notifications: bool,
+}
+
+impl Env {
+    /// A backend with nothing to keep alive and no declared notifications.
+    pub fn new(backend: Arc<dyn LockBackend>) -> Env {
+        Env {
+            backend,
+            keep_alive: Box::new(()),
+            notifications: false,
+        }
+    }
+
+    /// Keeps `value` alive while the case runs.
+    pub fn keep_alive(mut self, value: impl Any + Send) -> Env {
+        self.keep_alive = Box::new(value);
+        self
+    }
+
+    /// Declares that the backend delivers change notifications.
+    pub fn with_notifications(mut self) -> Env {
+        self.notifications = true;
+        self
+    }
+}
+
+/// What a backend's `setup` returns: an [`Env`], or `Option<Env>` for a backend that can be
+/// missing (`None` skips the case; the setup prints why).
+pub trait IntoEnv {
+    /// The environment, or `None` to skip.
+    fn into_env(self) -> Option<Env>;
+}
+
+impl IntoEnv for Env {
+    fn into_env(self) -> Option<Env> {
+        Some(self)
+    }
+}
+
+impl IntoEnv for Option<Env> {
+    fn into_env(self) -> Option<Env> {
+        self
+    }
 }
 
 /// Generates one test per contract case for a backend.
@@ -45,17 +113,41 @@ macro_rules! contract_suite {
             force_release_ends_the_lease_and_signals_loss,
             dropping_a_guard_releases,
             dropping_a_release_future_still_releases,
-            seed_001_try_acquire_form,
+            try_acquire_with_ttl_and_timeout,
             release_is_idempotent_for_the_owner,
             a_lost_grant_is_released_when_the_call_gives_up,
+        );
+        $crate::contract_suite!(@notifications $setup;
+            force_release_is_signalled_to_the_holder_at_once,
+            a_release_wakes_a_waiter_at_once,
+            handoffs_are_prompt_and_do_not_stampede,
         );
     };
     (@cases $setup:path; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
-                let env = $setup().await;
-                $crate::contract::$case(env.backend.clone()).await;
+                // A setup may return `Option<Env>`: `None` skips (it printed why).
+                let Some(env) = $crate::testing::IntoEnv::into_env($setup().await) else {
+                    return;
+                };
+                $crate::testing::$case(env.backend.clone()).await;
+                drop(env);
+            }
+        )*
+    };
+    (@notifications $setup:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let Some(env) = $crate::testing::IntoEnv::into_env($setup().await) else {
+                    return;
+                };
+                if !env.notifications {
+                    eprintln!("skipped: the backend declares no change notifications");
+                    return;
+                }
+                $crate::testing::$case(env.backend.clone()).await;
                 drop(env);
             }
         )*
@@ -77,11 +169,28 @@ pub fn builder(backend: &Arc<dyn LockBackend>) -> LockProviderBuilder {
         .app_name("mongolock-contract")
 }
 
+/// A provider with fast waits (see [`builder`]).
 pub fn provider(backend: &Arc<dyn LockBackend>) -> LockProvider {
     builder(backend).build().expect("valid options")
 }
 
-pub use crate::poll::eventually;
+/// Polls `f` every 20 ms until it returns true (→ `true`) or `within` passed (→ `false`).
+pub async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if f().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 async fn is_held(backend: &Arc<dyn LockBackend>, name: &str) -> bool {
     backend
@@ -93,12 +202,16 @@ async fn is_held(backend: &Arc<dyn LockBackend>, name: &str) -> bool {
 
 /// Counts the calls a provider makes to its backend.
 pub struct Counting {
+    /// The backend counted.
     pub inner: Arc<dyn LockBackend>,
+    /// Acquire attempts.
     pub acquires: AtomicUsize,
+    /// Every call but `wait_for_change`.
     pub calls: AtomicUsize,
 }
 
 impl Counting {
+    /// Counts the calls to `inner`.
     pub fn new(inner: Arc<dyn LockBackend>) -> Arc<Self> {
         Arc::new(Counting {
             inner,
@@ -110,7 +223,7 @@ impl Counting {
 
 #[async_trait]
 impl LockBackend for Counting {
-    async fn try_acquire(&self, req: &AcquireRequest) -> mongolock::Result<Attempt> {
+    async fn try_acquire(&self, req: &AcquireRequest) -> crate::Result<Attempt> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.try_acquire(req).await
@@ -120,23 +233,23 @@ impl LockBackend for Counting {
         name: &str,
         lease_id: &LeaseId,
         ttl: Duration,
-    ) -> mongolock::Result<Option<SystemTime>> {
+    ) -> crate::Result<Option<SystemTime>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.extend(name, lease_id, ttl).await
     }
-    async fn release(&self, name: &str, lease_id: &LeaseId) -> mongolock::Result<bool> {
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.release(name, lease_id).await
     }
-    async fn inspect(&self, name: &str) -> mongolock::Result<Option<LockInfo>> {
+    async fn inspect(&self, name: &str) -> crate::Result<Option<LockInfo>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.inspect(name).await
     }
-    async fn list(&self) -> mongolock::Result<Vec<LockInfo>> {
+    async fn list(&self) -> crate::Result<Vec<LockInfo>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.list().await
     }
-    async fn force_release(&self, name: &str) -> mongolock::Result<bool> {
+    async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.force_release(name).await
     }
@@ -783,8 +896,8 @@ pub async fn dropping_a_release_future_still_releases(backend: Arc<dyn LockBacke
     }
 }
 
-/// Seed 001's `try_acquire(key, ttl, timeout)`.
-pub async fn seed_001_try_acquire_form(backend: Arc<dyn LockBackend>) {
+/// The `try_acquire(key, ttl, timeout)` form.
+pub async fn try_acquire_with_ttl_and_timeout(backend: Arc<dyn LockBackend>) {
     let key = unique_name("door:front");
     let p = provider(&backend);
     let g = p
@@ -819,7 +932,7 @@ pub async fn release_is_idempotent_for_the_owner(backend: Arc<dyn LockBackend>) 
         name: name.clone(),
         lease_id: lease_id.clone(),
         ttl,
-        holder: mongolock::HolderInfo::current(None),
+        holder: crate::HolderInfo::current(None),
     };
     let granted = |a: Attempt| matches!(a, Attempt::Acquired(_));
     let long = Duration::from_secs(60);
@@ -867,7 +980,7 @@ pub async fn release_is_idempotent_for_the_owner(backend: Arc<dyn LockBackend>) 
             .unwrap()
     ));
     let taker = LeaseId::random();
-    let took = crate::poll::eventually(Duration::from_secs(30), || async {
+    let took = eventually(Duration::from_secs(30), || async {
         granted(backend.try_acquire(&request(&taker, long)).await.unwrap())
     })
     .await;
@@ -884,7 +997,7 @@ struct LosesReplies {
 
 #[async_trait]
 impl LockBackend for LosesReplies {
-    async fn try_acquire(&self, req: &AcquireRequest) -> mongolock::Result<Attempt> {
+    async fn try_acquire(&self, req: &AcquireRequest) -> crate::Result<Attempt> {
         let attempt = self.inner.try_acquire(req).await?;
         if self.lose.load(Ordering::SeqCst) {
             return Err(Error::unavailable("injected: the reply was lost"));
@@ -896,19 +1009,19 @@ impl LockBackend for LosesReplies {
         name: &str,
         lease_id: &LeaseId,
         ttl: Duration,
-    ) -> mongolock::Result<Option<SystemTime>> {
+    ) -> crate::Result<Option<SystemTime>> {
         self.inner.extend(name, lease_id, ttl).await
     }
-    async fn release(&self, name: &str, lease_id: &LeaseId) -> mongolock::Result<bool> {
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
         self.inner.release(name, lease_id).await
     }
-    async fn inspect(&self, name: &str) -> mongolock::Result<Option<LockInfo>> {
+    async fn inspect(&self, name: &str) -> crate::Result<Option<LockInfo>> {
         self.inner.inspect(name).await
     }
-    async fn list(&self) -> mongolock::Result<Vec<LockInfo>> {
+    async fn list(&self) -> crate::Result<Vec<LockInfo>> {
         self.inner.list().await
     }
-    async fn force_release(&self, name: &str) -> mongolock::Result<bool> {
+    async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.inner.force_release(name).await
     }
 }
@@ -947,10 +1060,225 @@ pub async fn a_lost_grant_is_released_when_the_call_gives_up(backend: Arc<dyn Lo
             }
         }
         let info = backend.inspect(&name).await.unwrap();
-        let freed = crate::poll::eventually(Duration::from_secs(30), || async {
+        let freed = eventually(Duration::from_secs(30), || async {
             !backend.inspect(&name).await.unwrap().unwrap().held
         })
         .await;
         assert!(freed, "{form}: {name} still held (first read {info:?})");
     }
+}
+
+/// Counts every call, delegating everything, the notification hooks included.
+pub struct CountingAll {
+    /// The backend counted.
+    pub inner: Arc<dyn LockBackend>,
+    /// Acquire attempts.
+    pub acquires: AtomicUsize,
+}
+
+#[async_trait]
+impl LockBackend for CountingAll {
+    async fn try_acquire(&self, req: &AcquireRequest) -> crate::Result<Attempt> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire(req).await
+    }
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> crate::Result<Option<SystemTime>> {
+        self.inner.extend(name, lease_id, ttl).await
+    }
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
+        self.inner.release(name, lease_id).await
+    }
+    fn new_lease_id(&self) -> LeaseId {
+        self.inner.new_lease_id()
+    }
+    async fn inspect(&self, name: &str) -> crate::Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+    async fn list(&self) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list().await
+    }
+    async fn force_release(&self, name: &str) -> crate::Result<bool> {
+        self.inner.force_release(name).await
+    }
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        self.inner.notifications()
+    }
+}
+
+/// Waits until the backend reports live notifications (generous deadline).
+async fn until_live(backend: &Arc<dyn LockBackend>) {
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            backend.live_notifications()
+        })
+        .await,
+        "the backend declares notifications but never reported them live"
+    );
+}
+
+/// Polling alone would sleep 30-40 s between attempts: only a notification ends a wait sooner.
+fn slow_polling() -> WaitStrategy {
+    WaitStrategy::random_sleep(Duration::from_secs(30), Duration::from_secs(40))
+}
+
+/// A force-release is signalled to the holder at once (its next extension is 20 s away).
+pub async fn force_release_is_signalled_to_the_holder_at_once(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("forced");
+    let p = builder(&backend)
+        .expiry(Duration::from_secs(60))
+        .build()
+        .expect("valid options");
+    until_live(&backend).await;
+    let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+    assert!(!g.is_lost());
+    let forced_at = Instant::now();
+    assert!(backend.force_release(&name).await.unwrap());
+    let told = tokio::time::timeout(Duration::from_secs(15), g.lost().wait()).await;
+    assert!(
+        told.is_ok(),
+        "{name}: the holder (token {}) was not told of the force-release within 15 s",
+        g.fencing_token()
+    );
+    assert!(g.is_lost(), "{name}: reason {:?}", g.lost_reason());
+    eprintln!(
+        "{name}: loss signalled {:?} after the force-release",
+        forced_at.elapsed()
+    );
+}
+
+/// A release wakes a waiting acquirer at once (it would otherwise sleep 30-40 s).
+pub async fn a_release_wakes_a_waiter_at_once(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("wake");
+    let p = LockProvider::builder_shared(backend.clone())
+        .expiry(Duration::from_secs(60))
+        .wait_strategy(slow_polling())
+        .build()
+        .expect("valid options");
+    until_live(&backend).await;
+    for round in 0..3 {
+        let g = p.lock(name.clone()).unwrap().acquire().await.unwrap();
+        let token = g.fencing_token();
+        let waiter = {
+            let (p, name) = (p.clone(), name.clone());
+            tokio::spawn(async move {
+                p.lock(name)
+                    .unwrap()
+                    .acquire_timeout(Duration::from_secs(25))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released_at = Instant::now();
+        g.release().await.unwrap();
+        let got = waiter.await.unwrap().unwrap();
+        let took = released_at.elapsed();
+        let got = got.unwrap_or_else(|| {
+            panic!("{name} round {round}: the waiter was not woken by the release (token {token})")
+        });
+        assert!(
+            took < Duration::from_secs(15),
+            "{name} round {round}: woken {took:?} after the release"
+        );
+        assert!(got.fencing_token() > token);
+        got.release().await.unwrap();
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Nine tasks of one process (one holder, eight waiters, polling only every 30-40 s) hand one
+/// lock around 30 times: each release wakes one waiter at once — not all eight (fewer than six
+/// attempts per handoff) — tokens grow in acquisition order and no holder is told its lease is
+/// gone while it holds it.
+pub async fn handoffs_are_prompt_and_do_not_stampede(backend: Arc<dyn LockBackend>) {
+    const WAITERS: usize = 8;
+    const HANDOFFS: usize = 30;
+    let name = unique_name("handoff");
+    until_live(&backend).await;
+    let counting = Arc::new(CountingAll {
+        inner: backend.clone(),
+        acquires: AtomicUsize::new(0),
+    });
+    let p = LockProvider::builder_shared(counting.clone())
+        .wait_strategy(slow_polling())
+        .build()
+        .expect("valid options");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    // Bumped by every acquisition: a task that released sits out until someone else holds the
+    // lock, so every release is a handoff to one of the waiters.
+    let generation = Arc::new(tokio::sync::watch::channel(0_u64).0);
+    let mut tasks = Vec::new();
+    for _ in 0..=WAITERS {
+        let lock = p.lock(name.clone()).unwrap();
+        let (inside, tokens, released_at, samples, generation) = (
+            inside.clone(),
+            tokens.clone(),
+            released_at.clone(),
+            samples.clone(),
+            generation.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut rx = generation.subscribe();
+            loop {
+                let g = lock.acquire().await.unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokens.lock().unwrap().push(g.fencing_token());
+                generation.send_modify(|g| *g += 1);
+                let mine = *generation.borrow();
+                if let Some(r) = released_at.lock().unwrap().take() {
+                    samples.lock().unwrap().push(r.elapsed());
+                }
+                let done = samples.lock().unwrap().len() >= HANDOFFS;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                assert!(!g.is_lost(), "a holder was told its lease is gone");
+                inside.fetch_sub(1, Ordering::SeqCst);
+                if !done {
+                    *released_at.lock().unwrap() = Some(Instant::now());
+                }
+                g.release().await.unwrap();
+                if done {
+                    return;
+                }
+                let _ = rx.wait_for(|g| *g > mine).await;
+            }
+        }));
+    }
+    for t in tasks {
+        let finished = tokio::time::timeout(Duration::from_secs(120), t).await;
+        assert!(
+            finished.is_ok(),
+            "{name}: handoffs did not finish in 120 s (a waiter was not woken?)"
+        );
+    }
+    let tokens = tokens.lock().unwrap().clone();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "{name}: tokens must grow in acquisition order: {tokens:?}"
+    );
+    let attempts = counting.acquires.load(Ordering::SeqCst);
+    let samples = samples.lock().unwrap().clone();
+    let m = median(samples.clone());
+    eprintln!(
+        "{name}: handoff median {m:?}, max {:?}; {:.1} attempts per handoff",
+        samples.iter().max(),
+        attempts as f64 / HANDOFFS as f64
+    );
+    assert!(m < Duration::from_secs(5), "{name}: median handoff {m:?}");
+    // A stampede would be at least 8 attempts per release; the first use of a name may add a
+    // few.
+    assert!(
+        attempts < (HANDOFFS + 1) * 6,
+        "{name}: {attempts} attempts for {HANDOFFS} handoffs"
+    );
 }

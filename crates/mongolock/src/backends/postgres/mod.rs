@@ -1,0 +1,703 @@
+//! PostgreSQL backend (feature `postgres`).
+//!
+//! # Client
+//! [`tokio-postgres`](https://docs.rs/tokio-postgres) with a
+//! [`deadpool-postgres`](https://docs.rs/deadpool-postgres) pool. `tokio-postgres` is the
+//! maintained asynchronous PostgreSQL client of the `rust-postgres` project, built on Tokio
+//! (which mongolock already requires), and gives direct access to the connection's
+//! asynchronous messages, which `LISTEN`/`NOTIFY` needs (`listen.rs`). `deadpool-postgres` is
+//! a small pool for exactly that client (no runtime of its own, no macros). `sqlx` was not
+//! chosen: it brings compile-time query macros, a runtime abstraction and drivers for other
+//! databases that mongolock does not use, and its listener reconnects inside `recv`, while
+//! mongolock wants to see each lost connection to switch waiters to polling and make them
+//! re-check. Connections are made without TLS ([`tokio_postgres::NoTls`]); a connection string
+//! with `sslmode=require` is refused by [`PostgresBackendBuilder::build`].
+//!
+//! # The lock table
+//! One row per lock name, in a configurable schema and table (default
+//! `public.mongolock_locks`), created on first use or by [`PostgresBackend::migrate`]:
+//!
+//! ```text
+//! name text PRIMARY KEY, lease_id text, fencing_token bigint NOT NULL,
+//! acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
+//! holder_host text, holder_pid bigint, holder_app text,
+//! released text[] NOT NULL DEFAULT '{}'       -- the last 8 released lease ids
+//! ```
+//!
+//! plus a sequence `<table>_fencing_token` (the source of every fencing token of the table), an
+//! index on `expires_at` (for cleanup) and a trigger that publishes lease changes with
+//! `pg_notify` (`listen.rs`). The migration runs in one transaction under an advisory lock, so
+//! processes starting together do not race; a backend checks once (one query) whether it ran.
+//!
+//! # One statement per operation, on the server's clock
+//! Every operation is one SQL statement in its own (autocommit) transaction: one round trip.
+//! Uncontended acquire + release is two. Times are `clock_timestamp()`, the server's wall clock
+//! when the expression is evaluated. `now()` would be the start of the statement's transaction,
+//! which for a statement that waited for a row lock (another acquirer or a cleanup held it) can
+//! lie arbitrarily far in the past: an expiry test with it would judge a lease by a stale time,
+//! and an extension could succeed for a lease that had expired by the time the row was
+//! written. `clock_timestamp()` in the `WHERE` and `SET` of an `UPDATE` (and of `ON CONFLICT DO
+//! UPDATE`) is evaluated *after* the row is locked, so every decision is made with the time at
+//! which it takes effect. (Successive calls within one statement differ by microseconds; every
+//! comparison is made against a call at or after the moment the row was locked.) The client's
+//! clock is never used.
+//!
+//! * **Acquire**: `INSERT ... VALUES (name, lease, nextval(seq), clock_timestamp(), + ttl)
+//!   ON CONFLICT (name) DO UPDATE SET lease, token = nextval(seq), times, holder WHERE
+//!   lease_id IS NULL OR expires_at <= clock_timestamp() OR lease_id = ours RETURNING ...`,
+//!   wrapped in a CTE whose outer `SELECT` also returns the current holder's expiry when the
+//!   attempt was busy (from the statement's snapshot; a stale value only makes a waiter retry
+//!   early). A busy attempt writes nothing.
+//! * **Extend**: `UPDATE ... SET expires_at = clock_timestamp() + ttl WHERE name AND lease_id =
+//!   ours AND expires_at > clock_timestamp()`: an expired lease is never extended.
+//! * **Release**: `UPDATE ... SET lease_id = NULL, expires_at = least(expires_at,
+//!   clock_timestamp()), released = <last 8 released ids, ours appended> WHERE lease_id =
+//!   ours`; in the same statement, an id already in `released` reports success (a retry after a
+//!   lost reply). A lease someone else ended never appears there, so `false` means just that.
+//! * **Force-release**: clears an unexpired lease; the token is kept.
+//! * **Inspect / list**: one `SELECT` each; `held` is judged with one `clock_timestamp()`.
+//!   `list` is sorted by name bytewise (`COLLATE "C"`), as Rust sorts strings.
+//!
+//! # Why two holders never overlap (in server time)
+//! A grant writes the row of the name while holding its row lock, and only when the row has no
+//! lease, an expired one (`expires_at <= clock_timestamp()`, evaluated after the lock was
+//! taken), or the requester's own. Extensions only move `expires_at` of an unexpired lease of
+//! the same lease id, also under the row lock. Row locks serialize every write of a name, so
+//! each write sees the result of the previous one: a second lease id can be written only at a
+//! server time at or after the first lease's last `expires_at`. The first insert of a name is
+//! serialized by the primary key (`ON CONFLICT` turns a concurrent insert into the update path,
+//! which then sees the inserted row).
+//!
+//! # Why fencing tokens only grow, across cleanup
+//! Every token is `nextval` of the table's sequence, which never returns a value twice nor a
+//! smaller one than a value it returned before (it is not rolled back with transactions, and
+//! survives crashes). Consider a grant of name `n` with token `t`, and any earlier grant of `n`
+//! with token `t'`:
+//!
+//! * **The row existed** (the update path): `t` is evaluated in `SET`, after the row lock was
+//!   taken, so after the transaction that wrote `t'` (or a later token) committed; `t'` was
+//!   drawn before that commit, so `t' < t`.
+//! * **The row did not exist** (the insert path, whose `VALUES` draws `t` before the conflict
+//!   check): either `n` was never granted, or its row was deleted by cleanup. Cleanup runs
+//!   `DELETE` inside a transaction that first takes `LOCK TABLE ... IN SHARE MODE`, which
+//!   conflicts with the `ROW EXCLUSIVE` lock that every `INSERT`/`UPDATE` statement holds from
+//!   before it starts executing until it commits. So the deleting transaction committed before
+//!   our statement started (it cannot overlap it), `t'` was drawn before the row was deleted,
+//!   and `t` after: `t' < t`.
+//!
+//! Release, expiry, takeover and force-release never lower `fencing_token`; nothing else
+//! writes it. Tokens are therefore strictly increasing per name, forever, and (a consequence
+//! of one sequence per table) unique across the table's names; they have gaps.
+//!
+//! # Idle-row cleanup
+//! [`PostgresBackend::cleanup`] deletes the rows whose lease ended or expired more than
+//! `cleanup_after` ago (default 1 hour), under the table lock above (taken with a 2 s
+//! `lock_timeout`, so it never stalls lock traffic for long; it is retried next time). A
+//! background task of each backend runs it every [`DEFAULT_CLEANUP_EVERY`] (configurable, or
+//! off). Correctness never depends on cleanup.
+//!
+//! # Wake-ups (`listen.rs`)
+//! One `LISTEN` connection per backend wakes one waiting acquirer per name and process within
+//! milliseconds of a release, lets busy waiters sleep until the holder's expiry otherwise, tells
+//! holders at once when their lease was taken or force-released, and falls back to polling
+//! (and re-checks) while it reconnects. Behind PgBouncer in transaction pooling mode `LISTEN`
+//! does not work: turn notifications off ([`PostgresBackendBuilder::notifications`]) or point
+//! the backend at the server directly.
+//!
+//! # Errors
+//! Connection failures, pool timeouts and the SQLSTATEs of class `08` (connection), `53`
+//! (resources), `57P01`–`57P03` (shutdown, starting up), `57014` (statement timeout), `40001`,
+//! `40P01`, `55P03` and `25006` (read-only during a failover) are
+//! [`Error::Unavailable`](crate::Error) (the core retries them within the caller's budget). A
+//! missing table (dropped while in use) is also transient: the next attempt creates it again.
+//! Anything else (`42501` permission denied, `28P01` authentication, `3D000` no such
+//! database, ...) is [`Error::Backend`](crate::Error) with the server's message, SQLSTATE and
+//! a hint. Lock names containing NUL (which `text` cannot store) are
+//! [`Error::InvalidName`](crate::Error).
+//!
+//! # Requirements
+//! PostgreSQL 11 or newer (`EXECUTE FUNCTION` in triggers); tested with PostgreSQL 15. The
+//! first use needs `CREATE` on the database (if the schema is missing) or on the schema, unless
+//! the table was created beforehand with [`PostgresBackend::migrate`] by a user who may.
+
+mod errors;
+mod listen;
+mod ops;
+mod schema;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+use crate::backend::{
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LockBackend, LockInfo,
+};
+use crate::error::{Error, Result};
+use listen::Listener;
+use schema::Schema;
+
+/// The client configuration type ([`tokio_postgres::Config`]), for
+/// [`PostgresBackend::builder_with_config`] without a direct dependency on `tokio-postgres`.
+pub use tokio_postgres::Config;
+
+/// Default schema of the lock table.
+pub const DEFAULT_SCHEMA: &str = "public";
+
+/// Default lock table.
+pub const DEFAULT_TABLE: &str = "mongolock_locks";
+
+/// Default delay after a lease ended before cleanup may delete its row.
+pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(3600);
+
+/// Default period of the background cleanup.
+pub const DEFAULT_CLEANUP_EVERY: Duration = Duration::from_secs(600);
+
+/// Default number of pooled connections (the listening connection comes on top).
+pub const DEFAULT_POOL_SIZE: usize = 8;
+
+/// Connect timeout used when the connection string sets none.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long cleanup waits for the table lock before giving up until next time.
+const CLEANUP_LOCK_TIMEOUT: &str = "2s";
+
+/// Locks stored in a PostgreSQL table. Cheap to clone (clones share the pool and the
+/// listening connection). See the [module docs](self) for how it works.
+///
+/// ```no_run
+/// # async fn demo() -> mongolock::Result<()> {
+/// use mongolock::{LockProvider, PostgresBackend};
+/// let backend = PostgresBackend::builder("postgres://app@localhost/app")
+///     .table("locks")
+///     .build()?;
+/// let provider = LockProvider::builder(backend).app_name("worker").build()?;
+/// let guard = provider.lock("reports:daily")?.acquire().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    schema: Schema,
+    /// Whether the migration is known to have run (reset when the table turns out missing).
+    ready: AtomicBool,
+    /// Serializes this backend's migration checks.
+    migrating: tokio::sync::Mutex<()>,
+    listener: Listener,
+    cleanup_after: Duration,
+    cleanup_every: Option<Duration>,
+    cleanup_started: AtomicBool,
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("table", &self.inner.schema.display)
+            .field("listener", &self.inner.listener)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`PostgresBackend`]; see [`PostgresBackend::builder`].
+#[must_use]
+#[derive(Debug)]
+pub struct PostgresBackendBuilder {
+    config: std::result::Result<tokio_postgres::Config, String>,
+    schema: String,
+    table: String,
+    pool_size: usize,
+    notifications: bool,
+    cleanup_after: Duration,
+    cleanup_every: Option<Duration>,
+}
+
+impl PostgresBackendBuilder {
+    /// The schema of the lock table (default `public`); created on first use if missing.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The lock table (default `mongolock_locks`, at most 50 bytes); created on first use.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// How many pooled connections lock operations may use at once (default 8, at least 1).
+    /// The listening connection comes on top.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Whether to `LISTEN` for lock changes on one extra connection (default true): waiters
+    /// are then woken within milliseconds of a release and holders learn of a takeover at
+    /// once. Without it, waiters poll with the provider's wait strategy.
+    pub fn notifications(mut self, enabled: bool) -> Self {
+        self.notifications = enabled;
+        self
+    }
+
+    /// How long after a lease ended its row may be deleted by cleanup (default 1 hour).
+    /// Fencing tokens keep growing across deletions either way.
+    pub fn cleanup_after(mut self, after: Duration) -> Self {
+        self.cleanup_after = after;
+        self
+    }
+
+    /// How often the backend runs [`PostgresBackend::cleanup`] in the background (default
+    /// every 10 minutes, from the first acquisition on); `None` turns it off.
+    pub fn cleanup_every(mut self, every: Option<Duration>) -> Self {
+        self.cleanup_every = every;
+        self
+    }
+
+    /// Validates the options and builds the backend. Connects to nothing: the pool connects
+    /// on first use.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for an unparsable connection string, one that requires TLS
+    /// (`sslmode=require`, not supported yet), a bad schema or table name, a zero pool size or
+    /// a zero cleanup period.
+    pub fn build(self) -> Result<PostgresBackend> {
+        let mut config = self
+            .config
+            .map_err(|reason| Error::invalid_option("url", reason))?;
+        schema::validate("schema", &self.schema, schema::MAX_SCHEMA_LEN)?;
+        schema::validate("table", &self.table, schema::MAX_TABLE_LEN)?;
+        if self.pool_size == 0 {
+            return Err(Error::invalid_option(
+                "pool_size",
+                "a pool of 0 connections can run nothing; use at least 1",
+            ));
+        }
+        if self.cleanup_every == Some(Duration::ZERO) {
+            return Err(Error::invalid_option(
+                "cleanup_every",
+                "a zero period would run cleanup without pause; use None to turn it off",
+            ));
+        }
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(Error::invalid_option(
+                "url",
+                "sslmode=require asks for TLS, which the PostgreSQL backend does not support \
+                 yet; connect without it (sslmode=disable or prefer) over a trusted network",
+            ));
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("mongolock");
+        }
+        let timeout = config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(timeout))
+            .create_timeout(Some(timeout))
+            .recycle_timeout(Some(timeout))
+            .build()
+            .map_err(|e| Error::invalid_option("pool_size", e.to_string()))?;
+        let schema = Schema::new(&self.schema, &self.table);
+        // The listening connection is told apart in `pg_stat_activity`.
+        let mut listen_config = config;
+        let listen_name = format!(
+            "{} (listen)",
+            listen_config.get_application_name().unwrap_or("mongolock")
+        );
+        listen_config.application_name(&listen_name);
+        let listener = Listener::new(listen_config, schema.channel.clone(), self.notifications);
+        Ok(PostgresBackend {
+            inner: Arc::new(Inner {
+                pool,
+                schema,
+                ready: AtomicBool::new(false),
+                migrating: tokio::sync::Mutex::new(()),
+                listener,
+                cleanup_after: self.cleanup_after,
+                cleanup_every: self.cleanup_every,
+                cleanup_started: AtomicBool::new(false),
+            }),
+        })
+    }
+}
+
+impl PostgresBackend {
+    /// Starts building a backend for a connection string: a URL
+    /// (`postgres://user:password@host:5432/db?connect_timeout=5`) or key-value pairs
+    /// (`host=localhost user=app dbname=app`). It is parsed by
+    /// [`build`](PostgresBackendBuilder::build).
+    pub fn builder(url: impl AsRef<str>) -> PostgresBackendBuilder {
+        let config = url
+            .as_ref()
+            .parse::<tokio_postgres::Config>()
+            .map_err(|e| format!("not a PostgreSQL connection string: {e}"));
+        Self::builder_inner(config)
+    }
+
+    /// Starts building a backend from a parsed client configuration.
+    pub fn builder_with_config(config: tokio_postgres::Config) -> PostgresBackendBuilder {
+        Self::builder_inner(Ok(config))
+    }
+
+    fn builder_inner(
+        config: std::result::Result<tokio_postgres::Config, String>,
+    ) -> PostgresBackendBuilder {
+        PostgresBackendBuilder {
+            config,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            pool_size: DEFAULT_POOL_SIZE,
+            notifications: true,
+            cleanup_after: DEFAULT_CLEANUP_AFTER,
+            cleanup_every: Some(DEFAULT_CLEANUP_EVERY),
+        }
+    }
+
+    /// `schema.table` of the lock table.
+    pub fn table(&self) -> &str {
+        &self.inner.schema.display
+    }
+
+    /// Creates whatever is missing of the schema, the table, its sequence, index and
+    /// notification trigger now (normally this happens on first use), and updates the trigger
+    /// function. Idempotent; safe to run from several processes at once, and while the table
+    /// is in use.
+    ///
+    /// Cancel safety: the migration is one transaction; dropping the future rolls it back or
+    /// lets it commit, never half of it.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the server cannot be reached; [`Error::Backend`] when the
+    /// user may not create the objects (`42501`).
+    pub async fn migrate(&self) -> Result<()> {
+        let mut client = self.pooled("migrate").await?;
+        self.inner.run_ddl(&mut client).await?;
+        self.inner.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Deletes the rows of names whose lease ended (or expired) more than `cleanup_after` ago,
+    /// returning how many. Fencing tokens keep growing (see the module docs). Runs under a
+    /// `SHARE` lock on the table, which waits at most 2 s for in-flight lock writes.
+    ///
+    /// Cancel safety: one transaction; dropping the future deletes all or nothing.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the server cannot be reached or the table lock was not
+    /// granted in time; [`Error::Backend`] for permanent server errors.
+    pub async fn cleanup(&self) -> Result<u64> {
+        let mut client = self.client("cleanup").await?;
+        let result = async {
+            let tx = client.transaction().await?;
+            tx.batch_execute(&format!(
+                "SET LOCAL lock_timeout = '{CLEANUP_LOCK_TIMEOUT}'; {}",
+                self.inner.schema.cleanup_lock()
+            ))
+            .await?;
+            let deleted = tx
+                .execute(
+                    &self.inner.schema.cleanup,
+                    &[&ops::micros(self.inner.cleanup_after)],
+                )
+                .await?;
+            tx.commit().await?;
+            Ok::<u64, tokio_postgres::Error>(deleted)
+        }
+        .await;
+        result.map_err(|e| self.inner.fail("cleanup", e))
+    }
+
+    /// Checks that the server can be reached and accepts the credentials (one `SELECT 1` on a
+    /// pooled connection). Creates nothing.
+    ///
+    /// Cancel safety: a read; dropping the future has no effect on the server.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the server cannot be reached; [`Error::Backend`] when it
+    /// refuses the login or the database does not exist.
+    pub async fn ping(&self) -> Result<()> {
+        let client = self.pooled("ping").await?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map(|_| ())
+            .map_err(|e| errors::map("ping", e))
+    }
+
+    /// How many lock names currently have an entry in the notification registry (names this
+    /// backend's waiters wait on or its guards hold). For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn watched_names(&self) -> usize {
+        self.inner.listener.watched_names()
+    }
+
+    /// A pooled connection, without the migration check.
+    async fn pooled(&self, op: &str) -> Result<Object> {
+        self.inner
+            .pool
+            .get()
+            .await
+            .map_err(|e| errors::map_pool(op, e))
+    }
+
+    /// A pooled connection on which the lock table is known to exist.
+    async fn client(&self, op: &str) -> Result<Object> {
+        let mut client = self.pooled(op).await?;
+        if !self.inner.ready.load(Ordering::Acquire) {
+            self.inner.ensure_schema(&mut client).await?;
+        }
+        Ok(client)
+    }
+
+    /// Runs one statement and returns its rows.
+    async fn query(
+        &self,
+        op: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        let client = self.client(op).await?;
+        let result = async {
+            let statement = client.prepare_cached(sql).await?;
+            client.query(&statement, params).await
+        }
+        .await;
+        result.map_err(|e| self.inner.fail(op, e))
+    }
+
+    /// Starts the background cleanup once (when configured); it ends with the last clone.
+    fn start_cleanup(&self) {
+        let Some(every) = self.inner.cleanup_every else {
+            return;
+        };
+        if self.inner.cleanup_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.inner.cleanup_started.store(false, Ordering::Release);
+            return;
+        };
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            loop {
+                // Spread the processes sharing a table over the period.
+                let jitter = every.mul_f64(rand::random::<f64>() * 0.25);
+                tokio::time::sleep(every + jitter).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let backend = PostgresBackend { inner };
+                match backend.cleanup().await {
+                    Ok(n) => tracing::debug!(table = %backend.table(), deleted = n, "lock table cleanup"),
+                    Err(e) => tracing::debug!(table = %backend.table(), error = %e, "lock table cleanup failed; it runs again later"),
+                }
+            }
+        });
+    }
+
+    /// One read: whether `lease_id` is still the lease of `name`. A failed read counts as
+    /// "still held" (the next extension decides).
+    async fn still_holds(&self, name: &str, lease_id: &LeaseId) -> bool {
+        match self
+            .query("check lease", &self.inner.schema.lease_of, &[&name])
+            .await
+        {
+            Ok(rows) => rows
+                .first()
+                .and_then(|r| r.try_get::<_, Option<String>>(0).ok().flatten())
+                .is_some_and(|l| l == lease_id.as_str()),
+            Err(e) => {
+                tracing::debug!(lock = %name, error = %e, "could not check the lease after a change; the next extension will");
+                true
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Maps a statement error, noting a missing table so that the next attempt creates it.
+    fn fail(&self, op: &str, e: tokio_postgres::Error) -> Error {
+        if errors::is_missing_table(&e) {
+            self.ready.store(false, Ordering::Release);
+        }
+        errors::map(op, e)
+    }
+
+    /// Runs the migration unless it already ran (one query to check).
+    async fn ensure_schema(&self, client: &mut Object) -> Result<()> {
+        let _one = self.migrating.lock().await;
+        if self.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (sql, table, trigger) = self.schema.migrated_query();
+        let migrated: bool = client
+            .query_one(sql, &[&table, &trigger])
+            .await
+            .map_err(|e| errors::map("check the lock table", e))?
+            .try_get(0)
+            .map_err(ops::decode)?;
+        if !migrated {
+            self.run_ddl(client).await?;
+        }
+        self.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The migration: one transaction, under an advisory lock per table.
+    async fn run_ddl(&self, client: &mut Object) -> Result<()> {
+        let result = async {
+            let tx = client.transaction().await?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1)",
+                &[&self.schema.migration_lock_key()],
+            )
+            .await?;
+            // Only what is missing is created: CREATE SCHEMA IF NOT EXISTS needs CREATE on the
+            // database even when the schema exists, and DDL on a table in use takes locks.
+            let row = tx.query_one(&self.schema.existing_query(), &[]).await?;
+            for (exists, statement) in self.schema.ddl() {
+                if let Some(i) = exists {
+                    if row.try_get::<_, bool>(i)? {
+                        continue;
+                    }
+                }
+                tx.batch_execute(&statement).await?;
+            }
+            tx.commit().await
+        }
+        .await;
+        result.map_err(|e| errors::map(&format!("create {}", self.schema.display), e))
+    }
+}
+
+#[async_trait]
+impl LockBackend for PostgresBackend {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        ops::check_name(&req.name)?;
+        self.start_cleanup();
+        let p = ops::AcquireParams::new(req);
+        let rows = self
+            .query(
+                "acquire",
+                &self.inner.schema.acquire,
+                &[
+                    &req.name,
+                    &req.lease_id.as_str(),
+                    &p.ttl,
+                    &p.host,
+                    &p.pid,
+                    &p.app,
+                ],
+            )
+            .await?;
+        let attempt = ops::attempt(&rows)?;
+        if let Attempt::Acquired(lease) = &attempt {
+            self.inner
+                .listener
+                .granted(&req.name, &req.lease_id, lease.fencing_token);
+        }
+        Ok(attempt)
+    }
+
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Option<SystemTime>> {
+        ops::check_name(name)?;
+        let rows = self
+            .query(
+                "extend",
+                &self.inner.schema.extend,
+                &[&name, &lease_id.as_str(), &ops::micros(ttl)],
+            )
+            .await?;
+        rows.first()
+            .map(|r| r.try_get("expires_at").map_err(ops::decode))
+            .transpose()
+    }
+
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
+        // Released, or given up on (the lease then expires): no more loss detection for it.
+        self.inner.listener.released(lease_id);
+        ops::check_name(name)?;
+        let rows = self
+            .query(
+                "release",
+                &self.inner.schema.release,
+                &[&name, &lease_id.as_str()],
+            )
+            .await?;
+        match rows.first() {
+            Some(r) => r.try_get(0).map_err(ops::decode),
+            None => Ok(false),
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        ops::check_name(name)?;
+        let rows = self
+            .query("inspect", &self.inner.schema.inspect, &[&name])
+            .await?;
+        rows.first().map(ops::info).transpose()
+    }
+
+    async fn list(&self) -> Result<Vec<LockInfo>> {
+        let rows = self.query("list", &self.inner.schema.list, &[]).await?;
+        rows.iter().map(ops::info).collect()
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        ops::check_name(name)?;
+        let rows = self
+            .query("force release", &self.inner.schema.force_release, &[&name])
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ChangeNotifications for PostgresBackend {
+    async fn wait(&self, name: &str, max_wait: Duration) {
+        self.inner.listener.wait_for_change(name, max_wait).await;
+    }
+
+    /// True while the listening connection is up; opens it if it is not.
+    fn is_live(&self) -> bool {
+        self.inner.listener.is_live()
+    }
+
+    fn waiter(&self, name: &str) -> Option<ChangeWaiter> {
+        self.inner.listener.change_waiter(name)
+    }
+
+    async fn lease_lost(&self, name: &str, lease_id: &LeaseId) {
+        self.inner
+            .listener
+            .lease_gone(name, lease_id, || self.still_holds(name, lease_id))
+            .await;
+    }
+}

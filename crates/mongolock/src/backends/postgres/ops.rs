@@ -1,0 +1,126 @@
+//! The lock operations: one statement each (see `schema.rs` for the SQL), and the decoding of
+//! their rows.
+
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::Row;
+
+use crate::backend::{AcquireRequest, Attempt, Lease, LeaseId, LockInfo};
+use crate::error::{Error, Result};
+use crate::holder::HolderInfo;
+
+/// A duration in whole microseconds (the unit the statements multiply `interval '1
+/// microsecond'` by), saturating.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// PostgreSQL `text` cannot hold NUL characters: such a lock name is refused before it is
+/// sent, with a typed error.
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    if name.contains('\0') {
+        return Err(Error::InvalidName {
+            reason: "the name contains a NUL character, which PostgreSQL text cannot store; \
+                     remove it (or encode binary keys, e.g. as hex)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Holder metadata as stored: NUL characters (which `text` cannot hold) become U+FFFD.
+pub(crate) fn clean(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        text.replace('\0', "\u{fffd}").into()
+    } else {
+        text.into()
+    }
+}
+
+fn token(row: &Row, idx: &str) -> Result<u64> {
+    let t: i64 = row.try_get(idx).map_err(decode)?;
+    u64::try_from(t).map_err(|_| {
+        Error::backend(
+            format!("the lock table holds a negative fencing token ({t})"),
+            "use a dedicated table that only mongolock writes",
+        )
+    })
+}
+
+/// A row that does not have the types mongolock wrote.
+pub(crate) fn decode(e: tokio_postgres::Error) -> Error {
+    Error::Backend {
+        message: format!("unexpected lock row: {e}"),
+        code: None,
+        hint: "use a dedicated table that only mongolock writes (created by mongolock)".into(),
+        source: Some(Box::new(e)),
+    }
+}
+
+/// The parameters of the acquire statement, owned.
+pub(crate) struct AcquireParams {
+    pub(crate) ttl: i64,
+    pub(crate) host: String,
+    pub(crate) pid: i64,
+    pub(crate) app: Option<String>,
+}
+
+impl AcquireParams {
+    pub(crate) fn new(req: &AcquireRequest) -> Self {
+        AcquireParams {
+            ttl: micros(req.ttl),
+            host: clean(&req.holder.host).into_owned(),
+            pid: i64::from(req.holder.pid),
+            app: req
+                .holder
+                .app_name
+                .as_deref()
+                .map(|a| clean(a).into_owned()),
+        }
+    }
+}
+
+/// The outcome of the acquire statement: at most one row, `acquired` first.
+pub(crate) fn attempt(rows: &[Row]) -> Result<Attempt> {
+    let Some(row) = rows.first() else {
+        // Nobody holds the name in our snapshot, yet the grant did not happen: someone took it
+        // while we waited for its row. Its expiry is unknown.
+        return Ok(Attempt::Busy {
+            holder_expires_at: None,
+        });
+    };
+    let acquired: bool = row.try_get("acquired").map_err(decode)?;
+    let expires_at: SystemTime = row.try_get("expires_at").map_err(decode)?;
+    if !acquired {
+        return Ok(Attempt::Busy {
+            holder_expires_at: Some(expires_at),
+        });
+    }
+    Ok(Attempt::Acquired(Lease {
+        fencing_token: token(row, "fencing_token")?,
+        acquired_at: row.try_get("acquired_at").map_err(decode)?,
+        expires_at,
+    }))
+}
+
+/// A row of the inspect/list query.
+pub(crate) fn info(row: &Row) -> Result<LockInfo> {
+    let lease_id: Option<String> = row.try_get("lease_id").map_err(decode)?;
+    let host: Option<String> = row.try_get("holder_host").map_err(decode)?;
+    let pid: Option<i64> = row.try_get("holder_pid").map_err(decode)?;
+    let app: Option<String> = row.try_get("holder_app").map_err(decode)?;
+    Ok(LockInfo {
+        name: row.try_get("name").map_err(decode)?,
+        held: row.try_get("held").map_err(decode)?,
+        lease_id: lease_id.map(LeaseId::from_string),
+        fencing_token: token(row, "fencing_token")?,
+        holder: host.map(|host| HolderInfo {
+            host,
+            pid: pid.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
+            app_name: app,
+        }),
+        acquired_at: Some(row.try_get("acquired_at").map_err(decode)?),
+        expires_at: Some(row.try_get("expires_at").map_err(decode)?),
+        observed_at: row.try_get("observed_at").map_err(decode)?,
+    })
+}

@@ -1,0 +1,317 @@
+//! Where the locks live (schema, table, sequence, notification channel), the SQL of every
+//! operation, and the migration that creates them.
+
+use crate::error::{Error, Result};
+
+/// The longest table name accepted: PostgreSQL allows 63 bytes per identifier, and the
+/// sequence and index are named after the table with a suffix of up to 13 bytes.
+pub(crate) const MAX_TABLE_LEN: usize = 50;
+
+/// The longest schema name PostgreSQL accepts without truncating it.
+pub(crate) const MAX_SCHEMA_LEN: usize = 63;
+
+/// Name of the trigger (on the lock table) and of its function (in the lock schema) that
+/// publish every change of a lease with `pg_notify`.
+const NOTIFY: &str = "mongolock_notify";
+
+/// `ident` as a quoted SQL identifier.
+fn quote(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+/// `text` as an SQL string literal.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// Checks a schema or table name the way PostgreSQL would (before anything is sent), so a bad
+/// name is an [`Error::InvalidOptions`] naming the option.
+pub(crate) fn validate(option: &'static str, name: &str, max: usize) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::invalid_option(
+            option,
+            "the name is empty; use a name such as \"mongolock\"",
+        ));
+    }
+    if name.contains('\0') {
+        return Err(Error::invalid_option(
+            option,
+            "the name contains a NUL character, which PostgreSQL identifiers cannot hold",
+        ));
+    }
+    if name.len() > max {
+        return Err(Error::invalid_option(
+            option,
+            format!(
+                "{name:?} is {} bytes; use at most {max} (PostgreSQL truncates identifiers \
+                 longer than 63 bytes, and mongolock names the sequence and index after the \
+                 table)",
+                name.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A stable 64-bit FNV-1a hash (the same in every process and version), naming the
+/// notification channel of a table.
+fn fnv1a(text: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.as_bytes() {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// Every name and statement of one lock table, built once per backend.
+#[derive(Debug)]
+pub(crate) struct Schema {
+    /// `schema.table`, unquoted, for messages.
+    pub(crate) display: String,
+    /// The `LISTEN` channel: `mongolock_` and 16 hex digits of a hash of `schema.table`.
+    pub(crate) channel: String,
+    schema_q: String,
+    table_q: String,
+    sequence_q: String,
+    index_q: String,
+    pub(crate) acquire: String,
+    pub(crate) extend: String,
+    pub(crate) release: String,
+    pub(crate) force_release: String,
+    pub(crate) inspect: String,
+    pub(crate) list: String,
+    pub(crate) lease_of: String,
+    pub(crate) cleanup: String,
+}
+
+/// `$n` (microseconds, bigint) as an interval.
+fn micros(n: u8) -> String {
+    format!("(${n}::bigint * interval '1 microsecond')")
+}
+
+impl Schema {
+    /// The names and statements for `schema.table` (both already validated).
+    pub(crate) fn new(schema: &str, table: &str) -> Schema {
+        let schema_q = quote(schema);
+        let table_q = format!("{schema_q}.{}", quote(table));
+        let sequence_q = format!("{schema_q}.{}", quote(&format!("{table}_fencing_token")));
+        let index_q = quote(&format!("{table}_expires_at"));
+        let sequence_lit = literal(&sequence_q);
+        let t = &table_q;
+        let next = format!("nextval({sequence_lit})");
+        let ttl = micros(3);
+        let columns = "name, lease_id, fencing_token, acquired_at, expires_at, holder_host, \
+                       holder_pid, holder_app";
+        let acquire = format!(
+            "WITH granted AS (
+               INSERT INTO {t} AS l ({columns})
+               VALUES ($1, $2, {next}, clock_timestamp(), clock_timestamp() + {ttl}, $4, $5, $6)
+               ON CONFLICT (name) DO UPDATE SET
+                 lease_id = EXCLUDED.lease_id,
+                 fencing_token = {next},
+                 acquired_at = clock_timestamp(),
+                 expires_at = clock_timestamp() + {ttl},
+                 holder_host = EXCLUDED.holder_host,
+                 holder_pid = EXCLUDED.holder_pid,
+                 holder_app = EXCLUDED.holder_app
+               WHERE l.lease_id IS NULL
+                  OR l.expires_at <= clock_timestamp()
+                  OR l.lease_id = EXCLUDED.lease_id
+               RETURNING l.fencing_token, l.acquired_at, l.expires_at
+             )
+             SELECT true AS acquired, fencing_token, acquired_at, expires_at FROM granted
+             UNION ALL
+             SELECT false, fencing_token, acquired_at, expires_at FROM {t}
+              WHERE name = $1 AND lease_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM granted)"
+        );
+        let extend = format!(
+            "UPDATE {t} SET expires_at = clock_timestamp() + {ttl}
+              WHERE name = $1 AND lease_id = $2 AND expires_at > clock_timestamp()
+              RETURNING expires_at"
+        );
+        let release = format!(
+            "WITH ended AS (
+               UPDATE {t} SET
+                 lease_id = NULL,
+                 expires_at = least(expires_at, clock_timestamp()),
+                 released = (array_append(released, lease_id))[greatest(cardinality(released) - 6, 1):]
+               WHERE name = $1 AND lease_id = $2
+               RETURNING 1
+             )
+             SELECT EXISTS (SELECT 1 FROM ended)
+                 OR EXISTS (SELECT 1 FROM {t} WHERE name = $1 AND $2 = ANY (released))"
+        );
+        let force_release = format!(
+            "UPDATE {t} SET lease_id = NULL, expires_at = clock_timestamp()
+              WHERE name = $1 AND lease_id IS NOT NULL AND expires_at > clock_timestamp()
+              RETURNING 1"
+        );
+        let select = format!(
+            "SELECT name, lease_id, fencing_token, acquired_at, expires_at, holder_host,
+                    holder_pid, holder_app, c.now AS observed_at,
+                    (lease_id IS NOT NULL AND expires_at > c.now) AS held
+               FROM {t}, (SELECT clock_timestamp() AS now) c"
+        );
+        let inspect = format!("{select} WHERE name = $1");
+        let list = format!("{select} ORDER BY name COLLATE \"C\"");
+        let lease_of = format!("SELECT lease_id FROM {t} WHERE name = $1");
+        let cleanup = format!(
+            "DELETE FROM {t}
+              WHERE (lease_id IS NULL OR expires_at <= clock_timestamp())
+                AND expires_at < clock_timestamp() - {}",
+            micros(1)
+        );
+        Schema {
+            display: format!("{schema}.{table}"),
+            channel: format!("mongolock_{:016x}", fnv1a(&format!("{schema}.{table}"))),
+            schema_q,
+            acquire,
+            extend,
+            release,
+            force_release,
+            inspect,
+            list,
+            lease_of,
+            cleanup,
+            table_q,
+            sequence_q,
+            index_q,
+        }
+    }
+
+    /// Whether the migration already ran (its last step, the trigger, exists): one query with
+    /// `$1` = the quoted table name and `$2` = the trigger name.
+    pub(crate) fn migrated_query(&self) -> (&'static str, String, &'static str) {
+        (
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)",
+            self.table_q.clone(),
+            NOTIFY,
+        )
+    }
+
+    /// The advisory lock key that serializes migrations across processes: one per schema,
+    /// since the tables of a schema share the schema and the trigger function.
+    pub(crate) fn migration_lock_key(&self) -> i64 {
+        // Reinterpreting the bits: any 64-bit value is a valid advisory lock key.
+        fnv1a(&format!("mongolock-migrate:{}", self.schema_q)) as i64
+    }
+
+    /// One query reporting which objects exist: schema, sequence, table, index, trigger (five
+    /// booleans, in that order).
+    pub(crate) fn existing_query(&self) -> String {
+        let s = &self.schema_q;
+        format!(
+            "SELECT to_regnamespace({}) IS NOT NULL, to_regclass({}) IS NOT NULL,
+                    to_regclass({}) IS NOT NULL, to_regclass({}) IS NOT NULL,
+                    EXISTS (SELECT 1 FROM pg_trigger
+                             WHERE tgrelid = to_regclass({}) AND tgname = {})",
+            literal(s),
+            literal(&self.sequence_q),
+            literal(&self.table_q),
+            literal(&format!("{s}.{}", self.index_q)),
+            literal(&self.table_q),
+            literal(NOTIFY),
+        )
+    }
+
+    /// The DDL statements, in order, each with the index of the flag of
+    /// [`existing_query`](Self::existing_query) that says it is not needed (`None`: always
+    /// run). Run in one transaction under [`migration_lock_key`](Self::migration_lock_key).
+    /// Only missing objects are created, so a migration of a table in use takes no lock on it
+    /// (which could deadlock with lock operations that already hold a weaker one).
+    pub(crate) fn ddl(&self) -> Vec<(Option<usize>, String)> {
+        let (s, t, seq, idx) = (
+            &self.schema_q,
+            &self.table_q,
+            &self.sequence_q,
+            &self.index_q,
+        );
+        let function = format!("{s}.{}", quote(NOTIFY));
+        vec![
+            (Some(0), format!("CREATE SCHEMA IF NOT EXISTS {s}")),
+            (
+                Some(1),
+                format!("CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"),
+            ),
+            (
+                Some(2),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                       name text PRIMARY KEY,
+                       lease_id text,
+                       fencing_token bigint NOT NULL,
+                       acquired_at timestamptz NOT NULL,
+                       expires_at timestamptz NOT NULL,
+                       holder_host text,
+                       holder_pid bigint,
+                       holder_app text,
+                       released text[] NOT NULL DEFAULT '{{}}'
+                     )"
+                ),
+            ),
+            (
+                Some(3),
+                format!("CREATE INDEX IF NOT EXISTS {idx} ON {t} (expires_at)"),
+            ),
+            // Payload: `<token> <lease id, or - for none> <name>`; a deleted row reports no
+            // lease. Extensions (only `expires_at` changes) publish nothing.
+            (
+                None,
+                format!(
+                    "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+                     BEGIN
+                       IF TG_OP = 'DELETE' THEN
+                         PERFORM pg_notify(TG_ARGV[0], OLD.fencing_token || ' - ' || OLD.name);
+                         RETURN OLD;
+                       END IF;
+                       IF TG_OP = 'UPDATE'
+                          AND OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
+                          AND OLD.fencing_token = NEW.fencing_token THEN
+                         RETURN NEW;
+                       END IF;
+                       PERFORM pg_notify(TG_ARGV[0],
+                         NEW.fencing_token || ' ' || coalesce(NEW.lease_id, '-') || ' ' || NEW.name);
+                       RETURN NEW;
+                     END
+                     $fn$"
+                ),
+            ),
+            (
+                Some(4),
+                format!(
+                    "CREATE TRIGGER {} AFTER INSERT OR UPDATE OR DELETE ON {t}
+                       FOR EACH ROW EXECUTE FUNCTION {function}({})",
+                    quote(NOTIFY),
+                    literal(&self.channel)
+                ),
+            ),
+        ]
+    }
+
+    /// Takes the table lock that keeps cleanup apart from every lock write (see the module
+    /// docs: why tokens survive cleanup).
+    pub(crate) fn cleanup_lock(&self) -> String {
+        format!("LOCK TABLE {} IN SHARE MODE", self.table_q)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_quoted_and_checked() {
+        assert_eq!(quote("a\"b"), "\"a\"\"b\"");
+        assert_eq!(literal("it's"), "'it''s'");
+        assert!(validate("table", "locks", MAX_TABLE_LEN).is_ok());
+        assert!(validate("table", "", MAX_TABLE_LEN).is_err());
+        assert!(validate("table", "a\0b", MAX_TABLE_LEN).is_err());
+        assert!(validate("table", &"x".repeat(51), MAX_TABLE_LEN).is_err());
+        let s = Schema::new("my schema", "Locks");
+        assert_eq!(s.table_q, "\"my schema\".\"Locks\"");
+        assert!(s.channel.starts_with("mongolock_") && s.channel.len() == 26);
+        assert_eq!(s.channel, Schema::new("my schema", "Locks").channel);
+        assert_ne!(s.channel, Schema::new("my schema", "locks").channel);
+    }
+}

@@ -1,0 +1,779 @@
+//! PostgreSQL-specific behaviour against a real server (started by the tests, or
+//! `POSTGRES_URL`): tokens across cleanup, notifications, killed connections, a stopped server,
+//! and typed errors for bad input.
+
+mod pg;
+mod poll;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use mongolock::{
+    AcquireRequest, Attempt, ChangeNotifications, Error, HolderInfo, LeaseId, LockBackend,
+    LockProvider, PostgresBackend, Timeout, WaitStrategy,
+};
+use poll::eventually;
+use tokio::time::Instant;
+
+/// The shared test server's URL, or `None` (skip, reason printed).
+fn url() -> Option<String> {
+    pg::url()
+}
+
+/// A backend on a fresh table, with its connections named `app` in `pg_stat_activity`.
+fn backend_as(url: &str, table: &str, app: &str) -> PostgresBackend {
+    let mut config: tokio_postgres::Config = url.parse().expect("valid URL");
+    config.application_name(app);
+    PostgresBackend::builder_with_config(config)
+        .table(table)
+        .build()
+        .expect("valid options")
+}
+
+/// An administrative connection (for pg_terminate_backend and direct reads).
+async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(conn);
+    client
+}
+
+/// Terminates every connection whose application name is `app`; returns how many.
+async fn terminate(url: &str, app: &str) -> i64 {
+    admin(url)
+        .await
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("terminate")
+        .get(0)
+}
+
+/// The process id of the listening connection named `app`, if one is connected.
+async fn listener_pid(url: &str, app: &str) -> Option<i32> {
+    admin(url)
+        .await
+        .query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("read pg_stat_activity")
+        .map(|r| r.get(0))
+}
+
+fn request(name: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest {
+        name: name.to_owned(),
+        lease_id: LeaseId::random(),
+        ttl,
+        holder: HolderInfo::current(Some("pg-test".into())),
+    }
+}
+
+async fn grant(b: &PostgresBackend, name: &str, ttl: Duration) -> (LeaseId, u64) {
+    let req = request(name, ttl);
+    match b.try_acquire(&req).await.expect("acquire") {
+        Attempt::Acquired(lease) => (req.lease_id, lease.fencing_token),
+        other => panic!("{name}: expected a grant, got {other:?}"),
+    }
+}
+
+fn provider(b: &PostgresBackend, expiry: Duration, wait: WaitStrategy) -> LockProvider {
+    LockProvider::builder(b.clone())
+        .expiry(expiry)
+        .wait_strategy(wait)
+        .build()
+        .expect("valid options")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_growing_after_idle_rows_are_cleaned_up() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("cleanup");
+    let b = PostgresBackend::builder(&url)
+        .table(&table)
+        .cleanup_after(Duration::ZERO)
+        .build()
+        .unwrap();
+    let name = "idle";
+    let mut last = 0;
+    for round in 0..5 {
+        let (lease, token) = grant(&b, name, Duration::from_secs(30)).await;
+        assert!(token > last, "round {round}: token {token} after {last}");
+        last = token;
+        assert!(b.release(name, &lease).await.unwrap());
+        let deleted = b.cleanup().await.unwrap();
+        assert!(
+            deleted >= 1,
+            "round {round}: the released row was not cleaned up"
+        );
+        assert!(
+            b.inspect(name).await.unwrap().is_none(),
+            "round {round}: the row is still there after cleanup"
+        );
+    }
+    // An expired (never released) lease is cleaned up too, and the token still grows.
+    let (_, token) = grant(&b, name, Duration::from_millis(1)).await;
+    assert!(token > last);
+    last = token;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            b.cleanup().await.unwrap() >= 1
+        })
+        .await
+    );
+    let (_, token) = grant(&b, name, Duration::from_secs(30)).await;
+    assert!(
+        token > last,
+        "token {token} after cleanup of an expired lease with {last}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_grow_per_name_while_cleanup_runs_concurrently() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("cleanrace");
+    let b = PostgresBackend::builder(&url)
+        .table(&table)
+        .cleanup_after(Duration::ZERO)
+        .build()
+        .unwrap();
+    b.migrate().await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cleaner = {
+        let (b, stop) = (b.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut deleted = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match b.cleanup().await {
+                    Ok(n) => deleted += n,
+                    // The table lock may time out under load: that is allowed.
+                    Err(e) => assert!(e.is_transient(), "cleanup failed: {e}"),
+                }
+            }
+            deleted
+        })
+    };
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let name = format!("n{w}");
+                let mut tokens = Vec::new();
+                for _ in 0..40 {
+                    let (lease, token) = grant(&b, &name, Duration::from_secs(30)).await;
+                    tokens.push(token);
+                    assert!(b.release(&name, &lease).await.unwrap());
+                }
+                (name, tokens)
+            })
+        })
+        .collect();
+    let mut all = HashMap::new();
+    for w in workers {
+        let (name, tokens) = w.await.unwrap();
+        all.insert(name, tokens);
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let deleted = cleaner.await.unwrap();
+    assert!(deleted > 0, "cleanup never deleted a row during the run");
+    for (name, tokens) in all {
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "{name}: tokens did not strictly grow across cleanup: {tokens:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gives_typed_errors() {
+    let invalid = |r: mongolock::Result<PostgresBackend>, option: &str| match r {
+        Err(Error::InvalidOptions { option: o, reason }) => {
+            assert_eq!(o, option, "{reason}");
+            assert!(!reason.is_empty());
+        }
+        other => panic!("expected InvalidOptions for {option}, got {other:?}"),
+    };
+    invalid(PostgresBackend::builder("postgres://[::1").build(), "url");
+    invalid(
+        PostgresBackend::builder("host=h port=notaport").build(),
+        "url",
+    );
+    let ok = "postgres://u@localhost/db";
+    invalid(PostgresBackend::builder(ok).table("").build(), "table");
+    invalid(PostgresBackend::builder(ok).table("a\0b").build(), "table");
+    invalid(
+        PostgresBackend::builder(ok).table("x".repeat(51)).build(),
+        "table",
+    );
+    invalid(PostgresBackend::builder(ok).schema("").build(), "schema");
+    invalid(
+        PostgresBackend::builder(ok).schema("s".repeat(64)).build(),
+        "schema",
+    );
+    invalid(
+        PostgresBackend::builder(ok).pool_size(0).build(),
+        "pool_size",
+    );
+    invalid(
+        PostgresBackend::builder(ok)
+            .cleanup_every(Some(Duration::ZERO))
+            .build(),
+        "cleanup_every",
+    );
+
+    // Nothing listens on this port: transient, and quick.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let unreachable = PostgresBackend::builder(format!(
+        "postgres://u@127.0.0.1:{port}/db?connect_timeout=2"
+    ))
+    .build()
+    .unwrap();
+    let started = Instant::now();
+    match unreachable.inspect("x").await {
+        Err(e @ Error::Unavailable { .. }) => assert!(e.is_transient()),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    let Some(url) = url() else { return };
+    let b = PostgresBackend::builder(&url)
+        .table(pg::unique_table("bad"))
+        .build()
+        .unwrap();
+    // PostgreSQL text cannot hold NUL: refused with a typed error before anything is sent.
+    let req = request("a\0b", Duration::from_secs(5));
+    assert!(matches!(
+        b.try_acquire(&req).await,
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(
+        b.inspect("a\0b").await,
+        Err(Error::InvalidName { .. })
+    ));
+    // Through the provider too.
+    let p = provider(&b, Duration::from_secs(5), WaitStrategy::default());
+    assert!(matches!(
+        p.try_acquire("a\0b", Duration::from_secs(5), Timeout::Zero)
+            .await,
+        Err(Error::InvalidName { .. })
+    ));
+
+    // A database that does not exist: permanent, with a hint.
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.dbname("mongolock_no_such_database");
+    let missing = PostgresBackend::builder_with_config(config)
+        .build()
+        .unwrap();
+    match missing.inspect("x").await {
+        Err(Error::Backend { message, hint, .. }) => {
+            assert!(message.contains("3D000"), "{message}");
+            assert!(hint.contains("database"), "{hint}");
+        }
+        other => panic!("expected Backend for a missing database, got {other:?}"),
+    }
+
+    // A user without privileges: permanent, with a hint naming the grants.
+    let admin = admin(&url).await;
+    let role = pg::unique_table("nopriv");
+    admin
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN"))
+        .await
+        .unwrap();
+    b.migrate().await.unwrap();
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.user(&role);
+    let denied = PostgresBackend::builder_with_config(config)
+        .table(b.table().split_once('.').unwrap().1)
+        .build()
+        .unwrap();
+    match denied
+        .try_acquire(&request("x", Duration::from_secs(5)))
+        .await
+    {
+        Err(Error::Backend { message, hint, .. }) => {
+            assert!(message.contains("42501"), "{message}");
+            assert!(hint.contains("grant"), "{hint}");
+        }
+        other => panic!("expected Backend for missing privileges, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_at_once() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("wake");
+    let holder_b = backend_as(&url, &table, "wake-holder");
+    let waiter_b = backend_as(&url, &table, "wake-waiter");
+    // Waiters sleep 30-40 s between attempts: only a notification wakes them sooner.
+    let slow = WaitStrategy::random_sleep(Duration::from_secs(30), Duration::from_secs(40));
+    let holder = provider(&holder_b, Duration::from_secs(60), slow.clone());
+    let waiter = provider(&waiter_b, Duration::from_secs(60), slow);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            waiter_b.live_notifications()
+        })
+        .await,
+        "the listener did not come up"
+    );
+    for round in 0..3 {
+        let g = holder.lock("job").unwrap().acquire().await.unwrap();
+        let w = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                waiter
+                    .lock("job")
+                    .unwrap()
+                    .acquire_timeout(Duration::from_secs(25))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released_at = Instant::now();
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        let got = w.await.unwrap().unwrap().unwrap_or_else(|| {
+            panic!("round {round}: the waiter was not woken by the release (token {token})")
+        });
+        let took = released_at.elapsed();
+        assert!(
+            took < Duration::from_secs(15),
+            "round {round}: woken {took:?} after the release"
+        );
+        assert!(got.fencing_token() > token);
+        got.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_is_signalled_to_the_holder_at_once() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("takeover");
+    let holder_b = backend_as(&url, &table, "takeover-holder");
+    let operator = backend_as(&url, &table, "takeover-operator");
+    let holder = provider(&holder_b, Duration::from_secs(60), WaitStrategy::default());
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            holder_b.live_notifications()
+        })
+        .await
+    );
+    let g = holder.lock("role").unwrap().acquire().await.unwrap();
+    assert!(!g.is_lost());
+    let forced_at = Instant::now();
+    assert!(operator.force_release("role").await.unwrap());
+    // The next extension is 20 s away: within 15 s only the notification can tell the holder.
+    tokio::time::timeout(Duration::from_secs(15), g.lost().wait())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the holder was not told of the force-release (token {})",
+                g.fencing_token()
+            )
+        });
+    assert!(g.is_lost(), "reason: {:?}", g.lost_reason());
+    eprintln!(
+        "loss signalled {:?} after the force-release",
+        forced_at.elapsed()
+    );
+    // A takeover by another lease is signalled too.
+    let g = holder.lock("role").unwrap().acquire().await.unwrap();
+    assert!(operator.force_release("role").await.unwrap());
+    let (_, token) = grant(&operator, "role", Duration::from_secs(60)).await;
+    assert!(token > g.fencing_token());
+    tokio::time::timeout(Duration::from_secs(15), g.lost().wait())
+        .await
+        .expect("the holder was not told of the takeover");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_listener_falls_back_and_recovers() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("relisten");
+    let app = format!("relisten-{:x}", rand::random::<u32>());
+    let b = backend_as(&url, &table, &app);
+    let slow = WaitStrategy::random_sleep(Duration::from_secs(30), Duration::from_secs(40));
+    let p = provider(&b, Duration::from_secs(60), slow);
+    assert!(eventually(Duration::from_secs(20), || async { b.live_notifications() }).await);
+    let listen_app = format!("{app} (listen)");
+    let first = listener_pid(&url, &listen_app)
+        .await
+        .expect("a listening connection");
+    let g = p.lock("x").unwrap().acquire().await.unwrap();
+    // A waiter is asleep until the holder's expiry (60 s) when the listener is killed.
+    let w = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            p.lock("x")
+                .unwrap()
+                .acquire_timeout(Duration::from_secs(50))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(terminate(&url, &listen_app).await, 1);
+    // It reconnects on its own, on a new connection.
+    let recovered = eventually(Duration::from_secs(30), || async {
+        let now = listener_pid(&url, &listen_app).await;
+        b.live_notifications() && now.is_some() && now != Some(first)
+    })
+    .await;
+    assert!(
+        recovered,
+        "the listener did not reconnect (first pid {first})"
+    );
+    // And notifications work again: the release wakes the waiter long before its 30 s sleep.
+    let released_at = Instant::now();
+    g.release().await.unwrap();
+    let got = w.await.unwrap().unwrap().expect("the waiter got the lock");
+    assert!(
+        released_at.elapsed() < Duration::from_secs(20),
+        "woken {:?} after the release",
+        released_at.elapsed()
+    );
+    got.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_connections_are_killed_keeps_its_lease() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("killed");
+    let app = format!("killed-{:x}", rand::random::<u32>());
+    let b = backend_as(&url, &table, &app);
+    let p = provider(&b, Duration::from_secs(3), WaitStrategy::default());
+    let g = p.lock("held").unwrap().acquire().await.unwrap();
+    let started = Instant::now();
+    // Kill every connection of the holder, the listener's included, again and again over
+    // several extension periods (every second).
+    while started.elapsed() < Duration::from_secs(5) {
+        terminate(&url, &app).await;
+        terminate(&url, &format!("{app} (listen)")).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    assert!(
+        !g.is_lost(),
+        "the lease was lost after killed connections: {:?}",
+        g.lost_reason()
+    );
+    let info = b.inspect("held").await.unwrap().expect("the row");
+    assert!(info.held, "{info:?}");
+    assert_eq!(info.lease_id.as_ref(), Some(g.lease_id()));
+    assert_eq!(info.fencing_token, g.fencing_token());
+    assert!(g.expires_at() > SystemTime::now() - Duration::from_secs(60));
+    g.release().await.unwrap();
+    assert!(!b.inspect("held").await.unwrap().unwrap().held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_means_loss_by_the_deadline_and_nothing_held_after_restart() {
+    if pg::bin_dir().is_none() {
+        eprintln!("skipped: no PostgreSQL binaries to start a server of this test's own");
+        return;
+    }
+    let server = pg::PgServer::start().expect("start PostgreSQL");
+    let url = server.url();
+    let b = PostgresBackend::builder(format!("{url}?connect_timeout=2"))
+        .table("locks")
+        .build()
+        .unwrap();
+    let p = provider(&b, Duration::from_secs(3), WaitStrategy::default());
+    let g = p.lock("job").unwrap().acquire().await.unwrap();
+    let token = g.fencing_token();
+    let deadline = g.local_deadline();
+    // A waiter of another backend waits through the outage: it must get the lock once the
+    // server is back (polling while the listening connection is down, re-checking once it is
+    // up again).
+    let waiter_b = PostgresBackend::builder(format!("{url}?connect_timeout=2"))
+        .table("locks")
+        .build()
+        .unwrap();
+    let waiter = provider(
+        &waiter_b,
+        Duration::from_secs(3),
+        WaitStrategy::random_sleep(Duration::from_millis(200), Duration::from_millis(400)),
+    );
+    let waiting = tokio::spawn(async move {
+        let got = waiter
+            .lock("job")
+            .unwrap()
+            .acquire_timeout(Duration::from_secs(120))
+            .await;
+        got.map(|g| g.map(|g| (g.fencing_token(), g)))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.stop_immediately().expect("pg_ctl stop -m immediate");
+    let stopped_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(30), g.lost().wait())
+        .await
+        .expect("the lost signal fired");
+    assert!(
+        Instant::now() <= deadline + Duration::from_secs(2),
+        "lost {:?} after the stop, past the local deadline",
+        stopped_at.elapsed()
+    );
+    assert!(g.is_lost());
+    drop(g);
+    server.restart().expect("pg_ctl start");
+    let restarted_at = Instant::now();
+    let (waiter_token, waiter_guard) = waiting
+        .await
+        .unwrap()
+        .expect("the waiter's acquire call")
+        .expect("the waiter got the lock after the restart");
+    eprintln!(
+        "the waiter got the lock {:?} after the restart",
+        restarted_at.elapsed()
+    );
+    assert!(waiter_token > token, "{waiter_token} after {token}");
+    waiter_guard.release().await.unwrap();
+    // Nothing is left held once the lease expired by server time, and the next holder's token
+    // is larger.
+    let other = provider(&b, Duration::from_secs(3), WaitStrategy::default());
+    let next = other
+        .lock("job")
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the lock is free after the restart");
+    assert!(next.fencing_token() > waiter_token);
+    next.release().await.unwrap();
+    let info = b.inspect("job").await.unwrap().unwrap();
+    assert!(!info.held, "{info:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_concurrently_and_repeatedly() {
+    let Some(url) = url() else { return };
+    let schema = pg::unique_table("schema");
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let b = PostgresBackend::builder(&url)
+                .schema(&schema)
+                .table(format!("t{}", i % 3))
+                .build()
+                .unwrap();
+            tokio::spawn(async move {
+                b.migrate().await.unwrap();
+                b.migrate().await.unwrap();
+                grant(&b, &format!("x{i}"), Duration::from_secs(5)).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let list = PostgresBackend::builder(&url)
+        .schema(&schema)
+        .table("t0")
+        .build()
+        .unwrap()
+        .list()
+        .await
+        .unwrap();
+    let names: Vec<&str> = list.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["x0", "x3"]);
+}
+
+/// Counts acquire attempts, delegating everything (the notification hooks included).
+struct CountingAttempts {
+    inner: PostgresBackend,
+    attempts: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl LockBackend for CountingAttempts {
+    async fn try_acquire(&self, req: &AcquireRequest) -> mongolock::Result<Attempt> {
+        self.attempts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.try_acquire(req).await
+    }
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> mongolock::Result<Option<SystemTime>> {
+        self.inner.extend(name, lease_id, ttl).await
+    }
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> mongolock::Result<bool> {
+        self.inner.release(name, lease_id).await
+    }
+    async fn inspect(&self, name: &str) -> mongolock::Result<Option<mongolock::LockInfo>> {
+        self.inner.inspect(name).await
+    }
+    async fn list(&self) -> mongolock::Result<Vec<mongolock::LockInfo>> {
+        self.inner.list().await
+    }
+    async fn force_release(&self, name: &str) -> mongolock::Result<bool> {
+        self.inner.force_release(name).await
+    }
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        self.inner.notifications()
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Nine tasks of one process (one holder, eight waiters, all polling only every 30-40 s) hand
+/// one lock around: each release must wake one waiter at once (a notification), not all eight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handoffs_are_prompt_and_do_not_stampede() {
+    const WAITERS: usize = 8;
+    const HANDOFFS: usize = 40;
+    let Some(url) = url() else { return };
+    let inner = backend_as(&url, &pg::unique_table("handoff"), "handoff");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            inner.live_notifications()
+        })
+        .await
+    );
+    let counting = Arc::new(CountingAttempts {
+        inner,
+        attempts: Default::default(),
+    });
+    let provider = LockProvider::builder_shared(counting.clone())
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_secs(30),
+            Duration::from_secs(40),
+        ))
+        .build()
+        .unwrap();
+    // Uncontended acquire + release, for the report (not asserted).
+    let lock = provider.lock("solo").unwrap();
+    let started = Instant::now();
+    for _ in 0..100 {
+        lock.acquire().await.unwrap().release().await.unwrap();
+    }
+    eprintln!(
+        "postgres uncontended acquire + release: {:?} each",
+        started.elapsed() / 100
+    );
+
+    let before = counting.attempts.load(std::sync::atomic::Ordering::SeqCst);
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let released_at: Arc<std::sync::Mutex<Option<Instant>>> = Default::default();
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let generation = Arc::new(tokio::sync::watch::channel(0_u64).0);
+    let mut tasks = Vec::new();
+    for _ in 0..=WAITERS {
+        let lock = provider.lock("handoff").unwrap();
+        let (inside, tokens, released_at, samples, generation) = (
+            inside.clone(),
+            tokens.clone(),
+            released_at.clone(),
+            samples.clone(),
+            generation.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            use std::sync::atomic::Ordering::SeqCst;
+            let mut rx = generation.subscribe();
+            loop {
+                let g = lock.acquire().await.unwrap();
+                assert_eq!(inside.fetch_add(1, SeqCst), 0, "two holders");
+                tokens.lock().unwrap().push(g.fencing_token());
+                generation.send_modify(|g| *g += 1);
+                let mine = *generation.borrow();
+                if let Some(r) = released_at.lock().unwrap().take() {
+                    samples.lock().unwrap().push(r.elapsed());
+                }
+                let done = samples.lock().unwrap().len() >= HANDOFFS;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                assert!(!g.is_lost(), "a holder was told its lease is gone");
+                inside.fetch_sub(1, SeqCst);
+                if !done {
+                    *released_at.lock().unwrap() = Some(Instant::now());
+                }
+                g.release().await.unwrap();
+                if done {
+                    return;
+                }
+                let _ = rx.wait_for(|g| *g > mine).await;
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("handoffs finished (a waiter was not woken?)")
+            .unwrap();
+    }
+    let tokens = tokens.lock().unwrap().clone();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must grow in acquisition order: {tokens:?}"
+    );
+    let attempts = counting.attempts.load(std::sync::atomic::Ordering::SeqCst) - before;
+    let samples = samples.lock().unwrap().clone();
+    let m = median(samples.clone());
+    eprintln!(
+        "postgres handoff median {m:?}, max {:?}; {:.1} attempts per handoff",
+        samples.iter().max().unwrap(),
+        attempts as f64 / HANDOFFS as f64
+    );
+    // Polling alone sleeps at least 30 s: only notifications make handoffs prompt.
+    assert!(m < Duration::from_secs(5), "median handoff {m:?}");
+    // A stampede would be >= 8 attempts per release.
+    assert!(
+        attempts < HANDOFFS * 6,
+        "{attempts} attempts for {HANDOFFS} handoffs"
+    );
+}
+
+/// With notifications turned off, waiters poll and holders learn of a loss by extension.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_notifications_waiters_poll_and_extension_detects_loss() {
+    let Some(url) = url() else { return };
+    let b = PostgresBackend::builder(&url)
+        .table(pg::unique_table("polling"))
+        .notifications(false)
+        .build()
+        .unwrap();
+    assert!(!b.live_notifications());
+    assert!(b.change_waiter("x").is_none());
+    let p = provider(
+        &b,
+        Duration::from_secs(2),
+        WaitStrategy::random_sleep(Duration::from_millis(20), Duration::from_millis(60)),
+    );
+    let g = p.lock("x").unwrap().acquire().await.unwrap();
+    let w = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            p.lock("x")
+                .unwrap()
+                .acquire_timeout(Duration::from_secs(30))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let token = g.fencing_token();
+    g.release().await.unwrap();
+    let got = w
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the polling waiter got the lock");
+    assert!(got.fencing_token() > token);
+    // A force-release is found by the next extension (every ~0.7 s).
+    assert!(b.force_release("x").await.unwrap());
+    tokio::time::timeout(Duration::from_secs(15), got.lost().wait())
+        .await
+        .expect("the extension found the lease gone");
+    assert!(got.is_lost());
+    assert!(!b.live_notifications());
+}
