@@ -453,16 +453,39 @@ impl StreamCursor {
             return Ok(out);
         }
         let mut scanned_to = self.position;
+        let mut batch_bytes = 0;
         for e in log.from(self.position) {
             if out.len() >= max || self.closed {
                 break;
             }
+            let prev_ts = self.last_ts;
             scanned_to = e.seq + 1;
             self.last_ts = e.change.cluster_time;
             if !self.matches_scope(e) {
                 continue;
             }
             if let Some(d) = self.event_doc(e, store, vars)? {
+                // An event that cannot be sent fails the getMore that reaches it, and every
+                // later one: the stream never moves past it (mongod: BSONObjectTooLarge).
+                let first = out.is_empty();
+                let fits = crate::limits::check_result(&d).and_then(|size| {
+                    batch_bytes += size;
+                    if !first && batch_bytes > crate::wire::MAX_BSON_OBJECT_SIZE {
+                        Err(crate::limits::too_large(batch_bytes))
+                    } else {
+                        Ok(())
+                    }
+                });
+                if let Err(err) = fits {
+                    if out.is_empty() {
+                        self.last_ts = prev_ts;
+                        return Err(err);
+                    }
+                    // Send what fits; the next getMore starts at this event.
+                    self.last_ts = prev_ts;
+                    scanned_to = e.seq;
+                    break;
+                }
                 out.push(d);
             }
             if self.invalidated_by(e) {

@@ -65,6 +65,7 @@ pub mod engine;
 pub mod error;
 mod failpoint;
 mod keys;
+mod limits;
 mod server;
 mod sessions;
 mod state;

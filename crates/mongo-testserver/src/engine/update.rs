@@ -312,6 +312,11 @@ fn parse_operators(update: &Document) -> CommandResult<OperatorUpdate> {
                             )))
                         }
                     };
+                    if to.contains('\0') {
+                        return Err(CommandError::bad_value(
+                            "The 'to' field for $rename cannot contain an embedded null byte",
+                        ));
+                    }
                     if to == *path {
                         return Err(CommandError::bad_value(format!(
                             "The source and target field for $rename must differ: {path}: \"{to}\""
