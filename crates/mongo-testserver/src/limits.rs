@@ -8,6 +8,8 @@
 //! - Field names never contain a NUL byte (BSON cannot encode one): a document that would carry
 //!   one is refused with code 31032 ("Key field cannot contain an embedded null byte") before it
 //!   is stored or returned.
+//! - An `_id` that is a document may not hold `$`-prefixed fields (`DollarPrefixedFieldName`,
+//!   52); elsewhere `$`-prefixed names may be stored (MongoDB 5.0 and later).
 //! - A document returned by a query, an aggregation or a change stream is at most 16 MiB plus
 //!   16 KiB (`BSONObjMaxInternalSize`); larger ones fail with `BSONObjectTooLarge` (10334).
 //!
@@ -116,6 +118,15 @@ pub fn check_storage(doc: &Document, inserting: bool) -> CommandResult<()> {
     }
     if s.nul_regex {
         return Err(nul_regex_error());
+    }
+    if let Some(Bson::Document(id)) = doc.get("_id") {
+        if let Some(name) = id.keys().find(|k| k.starts_with('$')) {
+            return Err(CommandError::new(
+                52,
+                "DollarPrefixedFieldName",
+                format!("_id fields may not contain '$'-prefixed fields: {name} is not valid for storage."),
+            ));
+        }
     }
     if s.depth > MAX_USER_STORAGE_DEPTH {
         let message = if inserting {

@@ -280,3 +280,59 @@ async fn an_event_too_large_to_send_fails_the_stream_and_is_never_skipped() {
     assert_eq!(insert.document_key, Some(doc! {"_id": 2}));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn dollar_prefixed_names_below_the_top_level_can_be_written() {
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let db = c.database("db");
+    let coll = db.collection::<Document>("c");
+    // Inserts accept `$`-prefixed names at any level.
+    coll.insert_one(doc! {"_id": 1, "$price": 5, "pricing": {"$discount": 60}})
+        .await
+        .unwrap();
+    coll.update_one(
+        doc! {"_id": 1},
+        doc! {"$set": {"pricing.$discount": 70, "a.$b": 1}, "$rename": {"pricing.$x": "pricing.$y"}},
+    )
+    .await
+    .unwrap();
+    coll.update_one(doc! {"_id": 2}, doc! {"$setOnInsert": {"n.$m": 1}})
+        .upsert(true)
+        .await
+        .unwrap();
+    let r = ok(
+        &db,
+        doc! {"findAndModify": "c", "query": {"_id": 1}, "update": {"$inc": {"pricing.$discount": 1}}, "new": true},
+    )
+    .await;
+    assert_eq!(
+        r.get_document("value").unwrap(),
+        &doc! {"_id": 1, "$price": 5, "pricing": {"$discount": 71}, "a": {"$b": 1}}
+    );
+    assert_eq!(
+        coll.find_one(doc! {"_id": 2}).await.unwrap().unwrap(),
+        doc! {"_id": 2, "n": {"$m": 1}}
+    );
+    // A top-level `$` name in an update of a stored document is refused.
+    let r = ok(
+        &db,
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"$price": 6}}}]},
+    )
+    .await;
+    let e = r.get_array("writeErrors").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .get_i32("code")
+        .unwrap();
+    assert_eq!(e, 52);
+    // `_id` may not hold `$`-prefixed fields.
+    let r = ok(&db, doc! {"insert": "c", "documents": [{"_id": {"$a": 1}}]}).await;
+    let e = r.get_array("writeErrors").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .get_i32("code")
+        .unwrap();
+    assert_eq!(e, 52);
+    server.shutdown().await;
+}

@@ -121,7 +121,7 @@ fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
         ));
     }
     let parts: Vec<String> = path.split('.').map(str::to_string).collect();
-    for p in &parts {
+    for (i, p) in parts.iter().enumerate() {
         if p.is_empty() {
             return Err(code(
                 56,
@@ -136,7 +136,9 @@ fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
                 "the positional operator '{p}' in update path '{path}' is not supported by mongo-testserver"
             )));
         }
-        if p.starts_with('$') {
+        // Since MongoDB 5.0 only a top-level field may not start with '$' (it would be taken
+        // for an operator); `a.$b` is a valid update path.
+        if i == 0 && p.starts_with('$') {
             return Err(code(
                 52,
                 "DollarPrefixedFieldName",
