@@ -539,11 +539,26 @@ impl Update {
             }
         }
         move_id_first(&mut new_doc);
-        let modified = new_doc != *doc;
+        let modified = match self {
+            // mongod counts a replacement as a no-op only when the replacement document is
+            // byte for byte the stored one (its `_id` included): replacing `{_id: 1, a: 1}`
+            // with `{a: 1}` is a modification (nModified 1, a replace event).
+            Update::Replacement(r) => !binary_equal(doc, r),
+            _ => new_doc != *doc,
+        };
         if modified {
             *doc = new_doc;
         }
         Ok(UpdateOutcome { modified })
+    }
+}
+
+/// Whether two documents encode to the same bytes (types, order, -0.0 and NaN included).
+fn binary_equal(a: &Document, b: &Document) -> bool {
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    match (a.to_writer(&mut x), b.to_writer(&mut y)) {
+        (Ok(()), Ok(())) => x == y,
+        _ => false,
     }
 }
 

@@ -664,3 +664,15 @@ fn modified_flag_matches_document_change() {
         }
     }
 }
+
+#[test]
+fn a_replacement_is_a_no_op_only_when_byte_identical() {
+    let d = doc! {"_id": 1, "a": 1};
+    // Without `_id` the replacement differs from the stored document: modified.
+    let (out, modified) = run(b(doc! {"a": 1}), d.clone());
+    assert!(modified);
+    assert_eq!(out, d);
+    assert!(!run(b(doc! {"_id": 1, "a": 1}), d.clone()).1);
+    assert!(run(b(doc! {"_id": 1, "a": 1.0}), d.clone()).1);
+    assert!(run(b(doc! {"_id": 1, "a": 1, "b": 2}), d).1);
+}
