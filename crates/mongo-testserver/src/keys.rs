@@ -53,7 +53,10 @@ pub fn push_key(value: &Bson, out: &mut Vec<u8>) {
         }
         Bson::String(s) => push_str(out, b's', s),
         Bson::Symbol(s) => push_str(out, b's', s),
-        Bson::Null | Bson::Undefined => out.push(b'0'),
+        Bson::Null => out.push(b'0'),
+        // An empty array is indexed as `undefined`, a key distinct from null: a unique index
+        // holds one `{a: []}` and one `{a: null}`.
+        Bson::Undefined => out.push(b'u'),
         Bson::Boolean(b) => {
             out.push(b'b');
             out.push(u8::from(*b));
