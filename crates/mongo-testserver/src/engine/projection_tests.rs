@@ -157,3 +157,24 @@ fn aggregate_projection() {
         )
     );
 }
+
+#[test]
+fn elem_match_with_operators_tests_the_elements() {
+    let d = doc! {"_id": 1, "s": [1, 7, 9], "m": [{"x": 1}, 4, {"x": 5}]};
+    assert_eq!(
+        p(d.clone(), doc! {"s": {"$elemMatch": {"$gte": 5}}}),
+        doc! {"_id": 1, "s": [7]}
+    );
+    assert_eq!(
+        p(d.clone(), doc! {"s": {"$elemMatch": {"$gt": 5, "$lt": 8}}}),
+        doc! {"_id": 1, "s": [7]}
+    );
+    assert_eq!(
+        p(d.clone(), doc! {"m": {"$elemMatch": {"x": {"$gt": 2}}}}),
+        doc! {"_id": 1, "m": [{"x": 5}]}
+    );
+    assert_eq!(
+        p(d, doc! {"s": {"$elemMatch": {"$gt": 100}}}),
+        doc! {"_id": 1}
+    );
+}
