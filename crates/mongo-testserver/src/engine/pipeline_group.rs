@@ -158,6 +158,8 @@ pub(super) fn group(g: &Group, docs: Vec<Document>, vars: &Vars) -> CommandResul
 
 pub(super) fn unwind(u: &Unwind, docs: Vec<Document>) -> Vec<Document> {
     let parts: Vec<&str> = u.path.split('.').collect();
+    // `includeArrayIndex: "a.idx"` writes the nested field `idx` of `a`.
+    let index_parts: Option<Vec<&str>> = u.index_field.as_ref().map(|f| f.split('.').collect());
     let mut out = Vec::new();
     for d in docs {
         let value = get_doc_path(&d, &parts);
@@ -166,8 +168,8 @@ pub(super) fn unwind(u: &Unwind, docs: Vec<Document>) -> Vec<Document> {
                 for (i, el) in a.iter().enumerate() {
                     let mut nd = d.clone();
                     set_agg_path(&mut nd, &parts, el.clone());
-                    if let Some(f) = &u.index_field {
-                        set_agg_path(&mut nd, &[f.as_str()], Bson::Int64(i as i64));
+                    if let Some(f) = &index_parts {
+                        set_agg_path(&mut nd, f, Bson::Int64(i as i64));
                     }
                     out.push(nd);
                 }
@@ -178,16 +180,16 @@ pub(super) fn unwind(u: &Unwind, docs: Vec<Document>) -> Vec<Document> {
                     if matches!(value, Some(Bson::Array(_))) {
                         crate::engine::path::remove_agg_path(&mut nd, &parts);
                     }
-                    if let Some(f) = &u.index_field {
-                        nd.insert(f.clone(), Bson::Null);
+                    if let Some(f) = &index_parts {
+                        set_agg_path(&mut nd, f, Bson::Null);
                     }
                     out.push(nd);
                 }
             }
             Some(_) => {
                 let mut nd = d.clone();
-                if let Some(f) = &u.index_field {
-                    nd.insert(f.clone(), Bson::Null);
+                if let Some(f) = &index_parts {
+                    set_agg_path(&mut nd, f, Bson::Null);
                 }
                 out.push(nd);
             }
