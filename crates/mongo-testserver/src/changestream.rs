@@ -385,7 +385,15 @@ impl StreamCursor {
             }
             if t.kind != KIND_HIGH_WATER {
                 match log.get(t.seq) {
-                    Some(e) if e.change.cluster_time == t.ts => {}
+                    // A token names an event of this stream: one from another collection is
+                    // not found in it.
+                    Some(e) if e.change.cluster_time == t.ts && cursor.matches_scope(e) => {
+                        // Resuming from the drop that invalidated a stream yields the
+                        // invalidate first.
+                        if t.kind == KIND_EVENT && cursor.invalidated_by(e) {
+                            cursor.pending_invalidate = Some((t.seq, t.ts));
+                        }
+                    }
                     _ => return Err(not_found()),
                 }
             }
