@@ -85,3 +85,38 @@ async fn nan_matches_only_equality_style_comparisons() {
     assert_eq!(ids(doc! {"v": f64::NAN}).await, vec![1]);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn partial_filters_are_limited_to_what_mongodb_allows() {
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let db = c.database("db");
+    let create = |name: &str, filter: Document| {
+        doc! {"createIndexes": "p", "indexes": [{"key": {"a": 1}, "name": name, "partialFilterExpression": filter}]}
+    };
+    db.run_command(create(
+        "ok",
+        doc! {"a": {"$gt": 5}, "b": {"$exists": true}, "t": {"$type": "string"}, "$or": [{"c": 1}, {"d": {"$in": [1, 2]}}]},
+    ))
+    .await
+    .unwrap();
+    for (i, bad) in [
+        doc! {"a": {"$ne": 1}},
+        doc! {"a": {"$regex": "^x"}},
+        doc! {"a": bson::Regex { pattern: "^x".into(), options: String::new() }},
+        doc! {"$expr": {"$eq": ["$a", 1]}},
+        doc! {"a": {"$exists": false}},
+        doc! {"a": {"$not": {"$gt": 1}}},
+        doc! {"$and": [{"a": {"$nin": [1]}}]},
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let e = db
+            .run_command(create(&format!("bad{i}"), bad.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), Some(67), "{bad}");
+    }
+    server.shutdown().await;
+}

@@ -361,7 +361,17 @@ fn parse_index(spec: &Document) -> CommandResult<Index> {
     };
     let partial = match spec.get("partialFilterExpression") {
         None => None,
-        Some(Bson::Document(p)) => Some((p.clone(), Filter::parse(p)?)),
+        Some(Bson::Document(p)) => {
+            let filter = Filter::parse(p)?;
+            check_partial_filter(p).map_err(|expr| {
+                CommandError::new(
+                    67,
+                    "CannotCreateIndex",
+                    format!("unsupported expression in partial index: {expr}"),
+                )
+            })?;
+            Some((p.clone(), filter))
+        }
         Some(_) => {
             return Err(CommandError::type_mismatch(
                 "The field 'partialFilterExpression' must be an object",
@@ -376,6 +386,49 @@ fn parse_index(spec: &Document) -> CommandResult<Index> {
         }
     }
     Ok(Index::new(name, key, unique, sparse, ttl, partial, shown))
+}
+
+/// What a partial index filter may use (MongoDB 7.0): equalities, `$exists: true`, `$gt`,
+/// `$gte`, `$lt`, `$lte`, `$type`, `$in`, and `$and`/`$or` of those. Anything else (`$ne`,
+/// `$regex`, `$expr`, `$not`, `$exists: false`, ...) is answered with the rendered expression.
+fn check_partial_filter(filter: &Document) -> Result<(), String> {
+    let render = |path: &str, op: &str, v: &Bson| format!("{path} {op} {}", crate::keys::render(v));
+    for (k, v) in filter {
+        match (k.as_str(), v) {
+            ("$and" | "$or", Bson::Array(items)) => {
+                for item in items {
+                    if let Bson::Document(d) = item {
+                        check_partial_filter(d)?;
+                    }
+                }
+            }
+            (op, _) if op.starts_with('$') => return Err(render("", op, v)),
+            (path, Bson::Document(d)) if d.keys().next().is_some_and(|o| o.starts_with('$')) => {
+                for (op, arg) in d {
+                    let ok = match op.as_str() {
+                        "$eq" | "$gt" | "$gte" | "$lt" | "$lte" => {
+                            !matches!(arg, Bson::RegularExpression(_))
+                        }
+                        "$type" => true,
+                        "$exists" => crate::engine::expr::truthy(Some(arg)),
+                        "$in" => match arg {
+                            Bson::Array(a) => {
+                                !a.iter().any(|x| matches!(x, Bson::RegularExpression(_)))
+                            }
+                            _ => false,
+                        },
+                        _ => false,
+                    };
+                    if !ok {
+                        return Err(render(path, op, arg));
+                    }
+                }
+            }
+            (path, Bson::RegularExpression(_)) => return Err(render(path, "regex", v)),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Options that make two indexes on the same key different.
