@@ -120,3 +120,85 @@ async fn partial_filters_are_limited_to_what_mongodb_allows() {
     }
     server.shutdown().await;
 }
+
+fn dec(s: &str) -> bson::Bson {
+    bson::Bson::Decimal128(s.parse().unwrap())
+}
+
+#[tokio::test]
+async fn decimal128_is_computed_as_ieee_decimal() {
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let db = c.database("db");
+    let coll = db.collection::<Document>("d");
+    coll.insert_many(vec![
+        doc! {"_id": 1, "a": dec("0.1"), "b": dec("0.2"), "n": dec("10"), "z": dec("-0"), "max": dec("9.999999999999999999999999999999999E+6144")},
+        doc! {"_id": 2, "a": dec("1E-6176")},
+    ])
+    .await
+    .unwrap();
+    let r: Vec<Document> = coll
+        .aggregate(vec![
+            doc! {"$match": {"_id": 1}},
+            doc! {"$project": {
+                "sum": {"$add": ["$a", "$b"]},
+                "neg": {"$multiply": ["$z", 1]},
+                "max": {"$add": ["$max", 0]},
+                "third": {"$divide": [dec("1"), 3]},
+            }},
+        ])
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(r[0].get("sum"), Some(&dec("0.3")));
+    assert_eq!(r[0].get("neg"), Some(&dec("-0")));
+    assert_eq!(
+        r[0].get("max"),
+        Some(&dec("9.999999999999999999999999999999999E+6144"))
+    );
+    assert_eq!(
+        r[0].get("third"),
+        Some(&dec("0.3333333333333333333333333333333333"))
+    );
+
+    // $inc keeps decimal digits: 10 + 5 is 15, not 15.0.
+    coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 5}})
+        .await
+        .unwrap();
+    let d = coll.find_one(doc! {"_id": 1}).await.unwrap().unwrap();
+    assert_eq!(d.get("n"), Some(&dec("15")));
+
+    // Equality across types is numeric and exact.
+    assert_eq!(coll.count_documents(doc! {"a": 0.1}).await.unwrap(), 0);
+    assert_eq!(
+        coll.count_documents(doc! {"a": dec("0.10")}).await.unwrap(),
+        1
+    );
+    assert_eq!(coll.count_documents(doc! {"a": 0}).await.unwrap(), 0);
+    assert_eq!(
+        coll.count_documents(doc! {"a": {"$gt": 0}}).await.unwrap(),
+        2
+    );
+    assert_eq!(coll.count_documents(doc! {"n": 15.0}).await.unwrap(), 1);
+
+    // A unique index sees 1.0 and 1.00 (and 1) as the same key.
+    let u = db.collection::<Document>("du");
+    u.create_index(
+        IndexModel::builder()
+            .keys(doc! {"v": 1})
+            .options(IndexOptions::builder().unique(true).build())
+            .build(),
+    )
+    .await
+    .unwrap();
+    u.insert_one(doc! {"v": dec("1.0")}).await.unwrap();
+    let e = u.insert_one(doc! {"v": dec("1.00")}).await.unwrap_err();
+    assert_eq!(code(&e), Some(11000));
+    let e = u.insert_one(doc! {"v": 1}).await.unwrap_err();
+    assert_eq!(code(&e), Some(11000));
+    u.insert_one(doc! {"v": 0.1}).await.unwrap();
+    u.insert_one(doc! {"v": dec("0.1")}).await.unwrap();
+    server.shutdown().await;
+}

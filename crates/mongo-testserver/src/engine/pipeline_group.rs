@@ -4,7 +4,7 @@ use super::*;
 
 enum Acc {
     Sum(Num),
-    Avg(f64, u64, bool),
+    Avg(Num, u64, bool),
     Extreme(Option<Bson>, bool),
     First(Option<Option<Bson>>),
     Last(Option<Bson>),
@@ -17,7 +17,7 @@ enum Acc {
 fn new_acc(op: &str) -> Acc {
     match op {
         "$sum" => Acc::Sum(Num::I32(0)),
-        "$avg" => Acc::Avg(0.0, 0, false),
+        "$avg" => Acc::Avg(Num::I32(0), 0, false),
         "$min" => Acc::Extreme(None, false),
         "$max" => Acc::Extreme(None, true),
         "$first" => Acc::First(None),
@@ -38,7 +38,7 @@ fn accumulate(acc: &mut Acc, v: Option<Bson>) -> CommandResult<()> {
         }
         Acc::Avg(total, count, dec) => {
             if let Some(n) = v.as_ref().and_then(Num::from_bson) {
-                *total += n.as_f64();
+                *total = num::add(*total, n);
                 *count += 1;
                 *dec |= matches!(n, Num::Dec(_));
             }
@@ -102,11 +102,11 @@ fn finish(acc: Acc) -> Bson {
         Acc::Sum(s) => s.to_bson(),
         Acc::Avg(_, 0, _) => Bson::Null,
         Acc::Avg(t, c, dec) => {
-            let a = t / c as f64;
             if dec {
-                Num::Dec(a).to_bson()
+                let n = crate::engine::decimal::from_i64(c as i64);
+                Num::Dec(crate::engine::decimal::div(t.as_dec(), n)).to_bson()
             } else {
-                Bson::Double(a)
+                Bson::Double(t.as_f64() / c as f64)
             }
         }
         Acc::Extreme(b, _) => b.unwrap_or(Bson::Null),

@@ -153,7 +153,7 @@ fn zero_like(n: Num) -> Bson {
         Num::I32(_) => Bson::Int32(0),
         Num::I64(_) => Bson::Int64(0),
         Num::F64(_) => Bson::Double(0.0),
-        Num::Dec(_) => Num::Dec(0.0).to_bson(),
+        Num::Dec(_) => Num::Dec(crate::engine::decimal::from_i64(0)).to_bson(),
     }
 }
 
