@@ -58,6 +58,16 @@ fn leaf() -> impl Strategy<Value = Bson> {
         name().prop_map(Bson::String),
         any::<bool>().prop_map(Bson::Boolean),
         Just(Bson::Null),
+        prop_oneof![
+            Just("0.1"),
+            Just("1.00"),
+            Just("-0"),
+            Just("NaN"),
+            Just("-Infinity"),
+            Just("1E-6176"),
+            Just("9.999999999999999999999999999999999E+6144"),
+        ]
+        .prop_map(|s| Bson::Decimal128(s.parse().unwrap())),
     ]
 }
 
@@ -148,6 +158,14 @@ fn commands(c: &Case, id: i64) -> Vec<Document> {
             Bson::Document(doc! {"$rename": {key(n2): n0.clone()}}),
             false,
         ),
+        upd(
+            Bson::Document(doc! {"$inc": {"i": v0.clone()}, "$mul": {"m": v1.clone()}}),
+            true,
+        ),
+        doc! {"aggregate": "c", "pipeline": [{"$group": {"_id": null,
+            "s": {"$sum": {"$literal": v0.clone()}},
+            "a": {"$avg": {"$add": [{"$literal": v1.clone()}, {"$literal": v2.clone()}]}},
+        }}], "cursor": {}},
         doc! {"aggregate": "c", "pipeline": [
             {"$project": {"a": to_object.clone(), "b": set_field.clone()}},
             {"$group": {"_id": null, "all": {"$push": "$$ROOT"}}},
