@@ -70,9 +70,11 @@
 //! - **Update operators**: `$set $unset $setOnInsert $inc $mul $min $max $rename $currentDate
 //!   $push (with $each $position $slice $sort) $addToSet $pop $pull $pullAll $bit`, plus
 //!   replacements and pipeline updates. `$`-prefixed names below the top level are allowed
-//!   (MongoDB 5.0+). **Not implemented: the positional operators `$`, `$[]` and
-//!   `$[<identifier>]` with `arrayFilters`**; they are refused with BadValue (2) naming the
-//!   operator.
+//!   (MongoDB 5.0+). The positional operators `$` (the element the query matched, through
+//!   `{a: v}`, `{"a.f": v}`, `{a: {$elemMatch: ..}}` and top-level `$and`), `$[]` and
+//!   `$[<identifier>]` with `arrayFilters` (update and findAndModify), nested as well; the
+//!   errors MongoDB gives for a missing match (2), a missing or unused array filter (2, 9), a
+//!   missing or non-array field (2) and dynamic `$rename` paths (2).
 //! - **Stages**: `$match $project $addFields/$set $unset $replaceRoot/$replaceWith $group
 //!   $sort $skip $limit $count $unwind $changeStream` (update pipelines: `$addFields/$set
 //!   $project $unset $replaceRoot/$replaceWith`). Not implemented (refused by name):

@@ -202,3 +202,133 @@ async fn decimal128_is_computed_as_ieee_decimal() {
     u.insert_one(doc! {"v": dec("0.1")}).await.unwrap();
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn positional_updates_and_array_filters() {
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let db = c.database("db");
+    let coll = db.collection::<Document>("pos");
+    coll.insert_one(doc! {
+        "_id": 1,
+        "grades": [80, 85, 90],
+        "items": [{"n": "a", "q": 1}, {"n": "b", "q": 2}],
+        "m": [[1, 2], [3]],
+    })
+    .await
+    .unwrap();
+    let get = || {
+        let coll = coll.clone();
+        async move { coll.find_one(doc! {"_id": 1}).await.unwrap().unwrap() }
+    };
+    // `$`: the element the query matched.
+    coll.update_one(
+        doc! {"_id": 1, "grades": 85},
+        doc! {"$set": {"grades.$": 82}},
+    )
+    .await
+    .unwrap();
+    coll.update_one(
+        doc! {"_id": 1, "items.n": "b"},
+        doc! {"$inc": {"items.$.q": 10}},
+    )
+    .await
+    .unwrap();
+    coll.update_one(
+        doc! {"_id": 1, "items": {"$elemMatch": {"n": "a", "q": 1}}},
+        doc! {"$set": {"items.$.seen": true}},
+    )
+    .await
+    .unwrap();
+    // `$[]`: every element, also nested.
+    coll.update_one(
+        doc! {"_id": 1},
+        doc! {"$inc": {"grades.$[]": 1, "m.$[].$[]": 1}},
+    )
+    .await
+    .unwrap();
+    // `$[<id>]` with arrayFilters.
+    let r = db
+        .run_command(doc! {"update": "pos", "updates": [{
+            "q": {"_id": 1},
+            "u": {"$set": {"grades.$[hi]": 100, "items.$[e].q": 0}},
+            "arrayFilters": [{"hi": {"$gte": 83}}, {"e.n": "a"}],
+        }]})
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("nModified").unwrap(), 1, "{r}");
+    assert_eq!(
+        get().await,
+        doc! {
+            "_id": 1,
+            "grades": [81, 100, 100],
+            "items": [{"n": "a", "q": 0, "seen": true}, {"n": "b", "q": 12}],
+            "m": [[2, 3], [4]],
+        }
+    );
+    // findAndModify takes arrayFilters too.
+    let r = db
+        .run_command(doc! {
+            "findAndModify": "pos", "query": {"_id": 1},
+            "update": {"$mul": {"grades.$[g]": 2}},
+            "arrayFilters": [{"g": {"$lt": 100}}], "new": true,
+        })
+        .await
+        .unwrap();
+    let value = r.get_document("value").unwrap();
+    assert_eq!(
+        value.get_array("grades").unwrap(),
+        &vec![
+            bson::Bson::Int32(162),
+            bson::Bson::Int32(100),
+            bson::Bson::Int32(100)
+        ]
+    );
+
+    // Errors, with MongoDB's codes.
+    let err = |u: Document, filters: Option<Vec<Document>>, upsert: bool| {
+        let db = db.clone();
+        async move {
+            let mut stmt =
+                doc! {"q": {"_id": if upsert { 2 } else { 1 }}, "u": u, "upsert": upsert};
+            if let Some(f) = filters {
+                stmt.insert("arrayFilters", f);
+            }
+            let r = db
+                .run_command(doc! {"update": "pos", "updates": [stmt]})
+                .await;
+            match r {
+                Ok(r) => r.get_array("writeErrors").unwrap()[0]
+                    .as_document()
+                    .unwrap()
+                    .get_i32("code")
+                    .unwrap(),
+                Err(e) => code(&e).unwrap(),
+            }
+        }
+    };
+    // No array condition in the query for `$`.
+    assert_eq!(err(doc! {"$set": {"grades.$": 1}}, None, false).await, 2);
+    // `$` in an upsert that inserts.
+    assert_eq!(err(doc! {"$set": {"grades.$": 1}}, None, true).await, 2);
+    // An identifier without a filter, a filter without a use.
+    assert_eq!(err(doc! {"$set": {"grades.$[y]": 1}}, None, false).await, 2);
+    assert_eq!(
+        err(
+            doc! {"$set": {"grades.$[]": 1}},
+            Some(vec![doc! {"z": 1}]),
+            false
+        )
+        .await,
+        9
+    );
+    // `$[]` on a missing field or a non-array.
+    assert_eq!(err(doc! {"$set": {"nope.$[]": 1}}, None, false).await, 2);
+    assert_eq!(err(doc! {"$set": {"_id.$[]": 1}}, None, false).await, 2);
+    // `$rename` paths may not be positional.
+    assert_eq!(
+        err(doc! {"$rename": {"grades.$[]": "x"}}, None, false).await,
+        2
+    );
+    server.shutdown().await;
+}

@@ -28,6 +28,7 @@ pub enum Update {
 #[derive(Debug, Clone)]
 pub struct OperatorUpdate {
     ops: Vec<Op>,
+    positional: positional::Positional,
 }
 
 /// What an update did.
@@ -131,10 +132,9 @@ fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
                 ),
             ));
         }
-        if p == "$" || p.starts_with("$[") {
-            return Err(CommandError::bad_value(format!(
-                "the positional operator '{p}' in update path '{path}' is not supported by mongo-testserver"
-            )));
+        if i > 0 && positional::is_positional(p) {
+            positional::check_element(p, path)?;
+            continue;
         }
         // Since MongoDB 5.0 only a top-level field may not start with '$' (it would be taken
         // for an operator); `a.$b` is a valid update path.
@@ -147,6 +147,11 @@ fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
                 ),
             ));
         }
+    }
+    if parts.iter().filter(|p| p.as_str() == "$").count() > 1 {
+        return Err(CommandError::bad_value(format!(
+            "Too many positional (i.e. '$') elements found in path '{path}'"
+        )));
     }
     Ok(parts)
 }
@@ -330,6 +335,16 @@ fn parse_operators(update: &Document) -> CommandResult<OperatorUpdate> {
                         )));
                     }
                     let to_parts = parse_update_path(&to)?;
+                    if parts.iter().any(|p| positional::is_positional(p)) {
+                        return Err(CommandError::bad_value(format!(
+                            "The source field for $rename may not be dynamic: {path}"
+                        )));
+                    }
+                    if to_parts.iter().any(|p| positional::is_positional(p)) {
+                        return Err(CommandError::bad_value(format!(
+                            "The destination field for $rename may not be dynamic: {to}"
+                        )));
+                    }
                     all_paths.push(to.clone());
                     Kind::Rename(to_parts, to)
                 }
@@ -413,7 +428,10 @@ fn parse_operators(update: &Document) -> CommandResult<OperatorUpdate> {
     }
     check_conflicts(&all_paths)?;
     ops.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(OperatorUpdate { ops })
+    Ok(OperatorUpdate {
+        ops,
+        positional: positional::Positional::default(),
+    })
 }
 
 fn check_conflicts(paths: &[String]) -> CommandResult<()> {
@@ -480,6 +498,29 @@ impl Update {
         }
     }
 
+    /// Attaches what positional paths resolve with: the statement's query (for `$`) and its
+    /// `arrayFilters` (for `$[<identifier>]`), checking that every identifier has exactly one
+    /// filter and every filter is used.
+    pub fn with_positional(
+        mut self,
+        query: &Document,
+        array_filters: Option<&Bson>,
+    ) -> CommandResult<Update> {
+        let given = matches!(array_filters, Some(Bson::Array(a)) if !a.is_empty());
+        match &mut self {
+            Update::Operators(ops) => {
+                ops.positional = positional::Positional::new(&ops.ops, query, array_filters)?;
+            }
+            _ if given => {
+                return Err(CommandError::failed_to_parse(
+                    "arrayFilters may only be specified with an update made of update operators",
+                ))
+            }
+            _ => {}
+        }
+        Ok(self)
+    }
+
     /// True for a replacement document.
     pub fn is_replacement(&self) -> bool {
         matches!(self, Update::Replacement(_))
@@ -527,7 +568,21 @@ impl Update {
             Update::Operators(ops) => {
                 let mut work = doc.clone();
                 for op in &ops.ops {
-                    apply_op(&mut work, op, is_insert, vars)?;
+                    if op.parts.iter().any(|p| positional::is_positional(p)) {
+                        let concrete = ops
+                            .positional
+                            .expand(&work, &op.parts, &op.path, is_insert, vars)?;
+                        for parts in concrete {
+                            let one = Op {
+                                path: op.path.clone(),
+                                parts,
+                                kind: op.kind.clone(),
+                            };
+                            apply_op(&mut work, &one, is_insert, vars)?;
+                        }
+                    } else {
+                        apply_op(&mut work, op, is_insert, vars)?;
+                    }
                 }
                 work
             }
@@ -627,6 +682,8 @@ pub fn upsert_seed(filter: &Document) -> CommandResult<Document> {
 
 #[path = "update_apply.rs"]
 mod apply;
+#[path = "update_positional.rs"]
+mod positional;
 use apply::{apply_op, slot};
 
 #[cfg(test)]

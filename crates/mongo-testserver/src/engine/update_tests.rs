@@ -571,8 +571,11 @@ fn parse_errors() {
     assert!(Update::parse(&b(doc! {"$set": {"ab": 1, "a": 1}})).is_ok());
     assert_eq!(parse_err(b(doc! {"$set": {"": 1}})).code, 56);
     assert_eq!(parse_err(b(doc! {"$set": {"a..b": 1}})).code, 56);
-    assert_eq!(parse_err(b(doc! {"$set": {"a.$": 1}})).code, 2);
-    assert_eq!(parse_err(b(doc! {"$set": {"a.$[]": 1}})).code, 2);
+    // Positional paths parse (they are resolved when applied).
+    assert!(Update::parse(&b(doc! {"$set": {"a.$": 1, "b.$[].c.$[x]": 1}})).is_ok());
+    assert_eq!(parse_err(b(doc! {"$set": {"a.$.b.$": 1}})).code, 2);
+    assert_eq!(parse_err(b(doc! {"$set": {"a.$[X]": 1}})).code, 2);
+    assert_eq!(parse_err(b(doc! {"$set": {"$[]": 1}})).code, 52);
     assert_eq!(parse_err(b(doc! {"$set": {"$a": 1}})).code, 52);
     assert_eq!(parse_err(b(doc! {"$set": {"a": 1}, "b": 1})).code, 9);
     assert_eq!(parse_err(Bson::Int32(1)).code, 9);
