@@ -293,7 +293,7 @@ impl StreamCursor {
                     resume_opts += 1;
                 }
                 "allChangesForCluster" => {
-                    let on = v.as_bool().unwrap_or(false);
+                    let on = bool_flag(k, v)?;
                     if on != matches!(scope, Scope::Cluster) {
                         return Err(CommandError::bad_value(
                             "allChangesForCluster must be true exactly when watching the whole cluster (aggregate: 1 on admin)",
@@ -301,7 +301,7 @@ impl StreamCursor {
                     }
                 }
                 "showExpandedEvents" => {
-                    if v.as_bool() == Some(true) {
+                    if bool_flag(k, v)? {
                         return Err(CommandError::bad_value(
                             "showExpandedEvents: true is not supported by this server",
                         ));
@@ -589,6 +589,17 @@ impl StreamCursor {
                 Ok(Some(doc))
             }
         }
+    }
+}
+
+/// A boolean `$changeStream` option (mongod refuses other types with TypeMismatch).
+fn bool_flag(name: &str, v: &Bson) -> CommandResult<bool> {
+    match v {
+        Bson::Boolean(b) => Ok(*b),
+        other => Err(CommandError::type_mismatch(format!(
+            "BSON field '$changeStream.{name}' is the wrong type '{}', expected type 'bool'",
+            crate::engine::compare::type_name(other)
+        ))),
     }
 }
 

@@ -332,3 +332,46 @@ async fn positional_updates_and_array_filters() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn option_types_as_mongodb_checks_them() {
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let db = c.database("db");
+    db.collection::<Document>("o")
+        .insert_one(doc! {"_id": 1, "n": 1})
+        .await
+        .unwrap();
+    // $match must be an object, also as the first stage and on a missing collection.
+    for coll in ["o", "missing"] {
+        let e = db
+            .run_command(doc! {"aggregate": coll, "pipeline": [{"$match": 5}], "cursor": {}})
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), Some(15959));
+    }
+    // Change streams: not on the internal databases; flags are booleans.
+    for internal in ["local", "config"] {
+        let e = c
+            .database(internal)
+            .run_command(doc! {"aggregate": "x", "pipeline": [{"$changeStream": {}}], "cursor": {}})
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), Some(73), "{internal}");
+    }
+    let e = db
+        .run_command(doc! {"aggregate": "o", "pipeline": [{"$changeStream": {"showExpandedEvents": "yes"}}], "cursor": {}})
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), Some(14));
+    // Decimals are booleans and null is an omitted option.
+    let r = db
+        .run_command(doc! {
+            "findAndModify": "o", "query": {"_id": 1}, "update": {"$inc": {"n": 1}},
+            "new": dec("1"), "upsert": dec("0"), "sort": null, "fields": null,
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.get_document("value").unwrap().get_i32("n").unwrap(), 2);
+    server.shutdown().await;
+}

@@ -547,7 +547,11 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
             Some(c) => {
                 check_hint(c, cmd)?;
                 // A leading $match is applied here (with the _id index when possible).
-                match owned.first().and_then(|s| s.get_document("$match").ok()) {
+                match owned
+                    .first()
+                    .filter(|s| s.len() == 1)
+                    .and_then(|s| s.get_document("$match").ok())
+                {
                     Some(m) => {
                         let f = Filter::parse(m)?;
                         let mut out = Vec::new();
@@ -563,7 +567,11 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
             }
         }
     };
-    let rest_stages = if owned.first().is_some_and(|s| s.contains_key("$match")) {
+    // (A `$match` that is not an object is left to the pipeline, which refuses it.)
+    let rest_stages = if owned
+        .first()
+        .is_some_and(|s| s.len() == 1 && s.get_document("$match").is_ok())
+    {
         &owned[1..]
     } else {
         &owned[..]
@@ -622,6 +630,16 @@ fn open_change_stream(
             "$cmd.aggregate".to_owned(),
         ),
     };
+    if matches!(ctx.db, "local" | "config") {
+        return Err(CommandError::new(
+            73,
+            "InvalidNamespace",
+            format!(
+                "$changeStream may not be opened on the internal {} database",
+                ctx.db
+            ),
+        ));
+    }
     if matches!(scope, Scope::Collection(..)) && ctx.db == "admin" {
         return Err(CommandError::new(
             73,
