@@ -756,6 +756,23 @@ impl ElementCondition {
         Ok(ElementCondition { kind })
     }
 
+    /// Does the element match as `$pull` tests it? Operator conditions apply to the element
+    /// as a query applies them to a field, reaching into an element that is itself an array
+    /// (`{$pull: {a: {$gte: 6}}}` removes `[5, 6]`).
+    pub fn matches_as_field(&self, el: &Bson, vars: &Vars) -> CommandResult<bool> {
+        match &self.kind {
+            ElemCond::Value(preds) => {
+                for q in preds {
+                    if !path_pred(q, &[Some(el)], vars)? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+            _ => self.matches(el, vars),
+        }
+    }
+
     /// Does the element match?
     pub fn matches(&self, el: &Bson, vars: &Vars) -> CommandResult<bool> {
         match &self.kind {

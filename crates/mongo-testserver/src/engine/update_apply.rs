@@ -369,7 +369,7 @@ pub(super) fn apply_op(
                     Some(Bson::Array(a)) => {
                         let mut keep = Vec::with_capacity(a.len());
                         for el in a.iter() {
-                            if !cond.matches(el, vars)? {
+                            if !cond.matches_as_field(el, vars)? {
                                 keep.push(el.clone());
                             }
                         }

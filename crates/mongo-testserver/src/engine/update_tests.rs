@@ -679,3 +679,25 @@ fn a_replacement_is_a_no_op_only_when_byte_identical() {
     assert!(run(b(doc! {"_id": 1, "a": 1.0}), d.clone()).1);
     assert!(run(b(doc! {"_id": 1, "a": 1, "b": 2}), d).1);
 }
+
+#[test]
+fn pull_with_operators_on_arrays_of_arrays() {
+    let d = doc! {"_id": 1, "a": [[1, 2], [5, 6], [7]]};
+    let (out, _) = run(
+        b(doc! {"$pull": {"a": {"$elemMatch": {"$gte": 5}}}}),
+        d.clone(),
+    );
+    assert_eq!(out, doc! {"_id": 1, "a": [[1, 2]]});
+    let (out, _) = run(b(doc! {"$pull": {"a": {"$size": 1}}}), d.clone());
+    assert_eq!(out, doc! {"_id": 1, "a": [[1, 2], [5, 6]]});
+    let (out, _) = run(b(doc! {"$pull": {"a": [1, 2]}}), d.clone());
+    assert_eq!(out, doc! {"_id": 1, "a": [[5, 6], [7]]});
+    let (out, _) = run(b(doc! {"$pull": {"a": {"$in": [[7]]}}}), d.clone());
+    assert_eq!(out, doc! {"_id": 1, "a": [[1, 2], [5, 6]]});
+    // A value condition reaches into an element that is an array, as a query does.
+    let (out, _) = run(b(doc! {"$pull": {"a": {"$gte": 6}}}), d.clone());
+    assert_eq!(out, doc! {"_id": 1, "a": [[1, 2]]});
+    // Equality compares whole elements.
+    let (out, _) = run(b(doc! {"$pull": {"a": 7}}), d.clone());
+    assert_eq!(out, d);
+}
