@@ -375,3 +375,38 @@ async fn option_types_as_mongodb_checks_them() {
     assert_eq!(r.get_document("value").unwrap().get_i32("n").unwrap(), 2);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn equivalent_partial_filters_are_the_same_index() {
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let db = c.database("db");
+    let create = |name: &str, filter: Document| {
+        doc! {"createIndexes": "eq", "indexes": [{"key": {"a": 1}, "name": name, "partialFilterExpression": filter}]}
+    };
+    db.run_command(create("p", doc! {"b": 1, "c": {"$gt": 5}}))
+        .await
+        .unwrap();
+    // The same index written differently: nothing to do.
+    let r = db
+        .run_command(create(
+            "p",
+            doc! {"$and": [{"c": {"$gt": 5}}, {"b": {"$eq": 1.0}}]},
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.get_i32("numIndexesBefore").unwrap(),
+        r.get_i32("numIndexesAfter").unwrap(),
+        "{r}"
+    );
+    // Under another name it conflicts with the existing one.
+    let e = db
+        .run_command(create("q", doc! {"c": {"$gt": 5}, "b": 1}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), Some(85));
+    // A different filter on the same key is another index.
+    db.run_command(create("r", doc! {"b": 2})).await.unwrap();
+    server.shutdown().await;
+}

@@ -431,15 +431,60 @@ fn check_partial_filter(filter: &Document) -> Result<(), String> {
     Ok(())
 }
 
-/// Options that make two indexes on the same key different.
+/// Options that make two indexes on the same key different (equivalent partial filters
+/// compare equal).
 fn options_of(spec: &Document) -> Document {
     let mut d = Document::new();
     for (k, v) in spec {
-        if !matches!(k.as_str(), "v" | "key" | "name") {
-            d.insert(k.clone(), v.clone());
+        match (k.as_str(), v) {
+            ("v" | "key" | "name", _) => {}
+            ("partialFilterExpression", Bson::Document(p)) => {
+                d.insert(k.clone(), canonical_filter(p).join("\n"));
+            }
+            _ => {
+                d.insert(k.clone(), v.clone());
+            }
         }
     }
     d
+}
+
+/// A partial filter as a sorted list of its conditions, so that filters MongoDB considers
+/// equivalent — `{a: 1, b: 2}`, `{b: 2, a: {$eq: 1}}`, `{$and: [{a: 1.0}, {b: 2}]}` — are
+/// recognised as the same.
+fn canonical_filter(filter: &Document) -> Vec<String> {
+    let value = |v: &Bson| format!("{:?}", crate::keys::key_of(v));
+    let mut out = Vec::new();
+    for (k, v) in filter {
+        match (k.as_str(), v) {
+            ("$and", Bson::Array(items)) => {
+                for item in items.iter().filter_map(Bson::as_document) {
+                    out.extend(canonical_filter(item));
+                }
+            }
+            ("$or", Bson::Array(items)) => {
+                let mut branches: Vec<String> = items
+                    .iter()
+                    .filter_map(Bson::as_document)
+                    .map(|d| canonical_filter(d).join("&"))
+                    .collect();
+                branches.sort();
+                branches.dedup();
+                out.push(format!("$or({})", branches.join("|")));
+            }
+            (path, Bson::Document(ops))
+                if ops.keys().next().is_some_and(|o| o.starts_with('$')) =>
+            {
+                for (op, arg) in ops {
+                    out.push(format!("{path} {op} {}", value(arg)));
+                }
+            }
+            (path, v) => out.push(format!("{path} $eq {}", value(v))),
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// `createIndexes`.
@@ -487,8 +532,8 @@ pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
                     ),
                 ));
             }
-            let same_partial =
-                existing.partial.as_ref().map(|p| &p.0) == index.partial.as_ref().map(|p| &p.0);
+            let same_partial = existing.partial.as_ref().map(|p| canonical_filter(&p.0))
+                == index.partial.as_ref().map(|p| canonical_filter(&p.0));
             if same_key && same_partial {
                 let msg = if same_name {
                     format!(

@@ -592,5 +592,8 @@ fn field_paths_through_arrays() {
         ok(Bson::String("$a.b".into()), &root),
         Some(bson::bson!([2, [4]]))
     );
-    assert_eq!(ok(Bson::String("$s.x".into()), &root), Some(bson::bson!([])));
+    assert_eq!(
+        ok(Bson::String("$s.x".into()), &root),
+        Some(bson::bson!([]))
+    );
 }
