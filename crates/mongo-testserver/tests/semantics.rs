@@ -373,6 +373,25 @@ async fn option_types_as_mongodb_checks_them() {
         .await
         .unwrap();
     assert_eq!(r.get_document("value").unwrap().get_i32("n").unwrap(), 2);
+    // findAndModify option types and hints.
+    for (field, value, expected) in [
+        ("hint", bson::Bson::Int32(5), 9),
+        ("hint", bson::Bson::String("nope".into()), 2),
+        (
+            "bypassDocumentValidation",
+            bson::Bson::String("x".into()),
+            14,
+        ),
+    ] {
+        let mut cmd =
+            doc! {"findAndModify": "o", "query": {"_id": 1}, "update": {"$inc": {"n": 1}}};
+        cmd.insert(field, value);
+        let e = db.run_command(cmd).await.unwrap_err();
+        assert_eq!(code(&e), Some(expected), "{field}");
+    }
+    db.run_command(doc! {"findAndModify": "o", "query": {"_id": 1}, "update": {"$inc": {"n": 1}}, "hint": "_id_"})
+        .await
+        .unwrap();
     server.shutdown().await;
 }
 

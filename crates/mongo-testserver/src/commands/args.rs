@@ -101,6 +101,16 @@ pub fn get_bool(cmd: &Document, command: &str, field: &str) -> CommandResult<Opt
     }
 }
 
+/// `hint` is an index name or a key pattern (mongod: FailedToParse otherwise).
+pub fn check_hint_type(cmd: &Document) -> CommandResult<()> {
+    match cmd.get("hint") {
+        None | Some(Bson::String(_) | Bson::Document(_)) => Ok(()),
+        Some(_) => Err(CommandError::failed_to_parse(
+            "Hint must be a string or an object",
+        )),
+    }
+}
+
 /// An optional document field.
 pub fn get_doc<'a>(
     cmd: &'a Document,

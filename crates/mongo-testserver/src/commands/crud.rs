@@ -654,6 +654,8 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     let remove = args::get_bool(cmd, name, "remove")?.unwrap_or(false);
     let new = args::get_bool(cmd, name, "new")?.unwrap_or(false);
     let upsert = args::get_bool(cmd, name, "upsert")?.unwrap_or(false);
+    args::get_bool(cmd, name, "bypassDocumentValidation")?;
+    args::check_hint_type(cmd)?;
     args::check_collation(cmd)?;
     let update = match cmd.get("update") {
         Some(u) => Some(Update::parse(u)?.with_positional(query, cmd.get("arrayFilters"))?),
@@ -698,7 +700,10 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     };
     retryable(ctx, cmd, |st| {
         let target = match st.store.coll(ctx.db, coll) {
-            Some(c) => find_one(c, &filter, sort, &vars)?,
+            Some(c) => {
+                super::query::check_hint(c, cmd)?;
+                find_one(c, &filter, sort, &vars)?
+            }
             None => None,
         };
         match (target, &update) {

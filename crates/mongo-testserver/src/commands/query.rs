@@ -50,7 +50,8 @@ fn non_negative(cmd: &Document, command: &str, field: &str) -> CommandResult<Opt
     }
 }
 
-fn check_hint(coll: &Collection, cmd: &Document) -> CommandResult<()> {
+/// A `hint` names an existing index (by name or key pattern); mongod answers BadValue otherwise.
+pub(super) fn check_hint(coll: &Collection, cmd: &Document) -> CommandResult<()> {
     let ok = match cmd.get("hint") {
         None => true,
         Some(Bson::String(name)) => coll.indexes.iter().any(|i| &i.name == name),
