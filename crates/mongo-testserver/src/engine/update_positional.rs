@@ -55,6 +55,18 @@ impl Positional {
         query: &Document,
         array_filters: Option<&Bson>,
     ) -> CommandResult<Positional> {
+        let positional_paths = ops
+            .iter()
+            .any(|op| op.parts.iter().any(|p| is_positional(p)));
+        let no_filters = match array_filters {
+            None | Some(Bson::Null) => true,
+            Some(Bson::Array(a)) => a.is_empty(),
+            Some(_) => false,
+        };
+        if !positional_paths && no_filters {
+            // The common case costs nothing (no copy of the query).
+            return Ok(Positional::default());
+        }
         let mut filters: Vec<(String, Filter)> = Vec::new();
         match array_filters {
             None | Some(Bson::Null) => {}
