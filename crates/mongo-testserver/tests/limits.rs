@@ -326,6 +326,23 @@ async fn dollar_prefixed_names_below_the_top_level_can_be_written() {
         .get_i32("code")
         .unwrap();
     assert_eq!(e, 52);
+    // An upsert that inserts may store one (MongoDB's manual: upserts are validated as
+    // inserts), and a findAndModify upsert as well.
+    let r = ok(
+        &db,
+        doc! {"update": "c", "updates": [{"q": {"_id": 5}, "u": {"$set": {"$hotel": 320}}, "upsert": true}]},
+    )
+    .await;
+    assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
+    let r = ok(
+        &db,
+        doc! {"findAndModify": "c", "query": {"_id": 6}, "update": {"$setOnInsert": {"$room": 1}}, "upsert": true, "new": true},
+    )
+    .await;
+    assert_eq!(
+        r.get_document("value").unwrap(),
+        &doc! {"_id": 6, "$room": 1}
+    );
     // `_id` may not hold `$`-prefixed fields.
     let r = ok(&db, doc! {"insert": "c", "documents": [{"_id": {"$a": 1}}]}).await;
     let e = r.get_array("writeErrors").unwrap()[0]

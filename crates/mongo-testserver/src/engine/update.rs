@@ -156,6 +156,24 @@ fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
     Ok(parts)
 }
 
+/// An update path whose top-level field may start with '$': MongoDB stores such a field when
+/// an upsert inserts (`{$set: {"$hotel": 1}}`), and refuses it when updating a stored document
+/// (checked when applied).
+fn parse_insertable_path(path: &str) -> CommandResult<Vec<String>> {
+    let (first, rest) = path.split_once('.').unwrap_or((path, ""));
+    if !first.starts_with('$') || first == "$" || first.starts_with("$[") {
+        return parse_update_path(path);
+    }
+    let probe = if rest.is_empty() {
+        "x".to_string()
+    } else {
+        format!("x.{rest}")
+    };
+    let mut parts = parse_update_path(&probe)?;
+    parts[0] = first.to_string();
+    Ok(parts)
+}
+
 fn int_of(v: &Bson) -> Option<i64> {
     Num::from_bson(v).and_then(Num::as_i64_exact)
 }
@@ -286,7 +304,11 @@ fn parse_operators(update: &Document) -> CommandResult<OperatorUpdate> {
             ))
         })?;
         for (path, v) in fields {
-            let parts = parse_update_path(path)?;
+            let parts = if matches!(opname.as_str(), "$set" | "$setOnInsert") {
+                parse_insertable_path(path)?
+            } else {
+                parse_update_path(path)?
+            };
             let kind = match opname.as_str() {
                 "$set" => Kind::Set(v.clone()),
                 "$setOnInsert" => Kind::SetOnInsert(v.clone()),

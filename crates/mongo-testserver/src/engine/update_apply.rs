@@ -165,6 +165,17 @@ pub(super) fn apply_op(
 ) -> CommandResult<()> {
     let id = id_desc(doc);
     let path = op.path.as_str();
+    if !is_insert {
+        if let Some(top) = op.parts.first().filter(|p| p.starts_with('$')) {
+            return Err(code(
+                52,
+                "DollarPrefixedFieldName",
+                format!(
+                    "The dollar ($) prefixed field '{top}' in '{path}' is not valid for storage."
+                ),
+            ));
+        }
+    }
     match &op.kind {
         Kind::Set(v) => {
             if let Some(mut s) = slot(doc, &op.parts, true)? {

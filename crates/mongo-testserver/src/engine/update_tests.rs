@@ -576,7 +576,16 @@ fn parse_errors() {
     assert_eq!(parse_err(b(doc! {"$set": {"a.$.b.$": 1}})).code, 2);
     assert_eq!(parse_err(b(doc! {"$set": {"a.$[X]": 1}})).code, 2);
     assert_eq!(parse_err(b(doc! {"$set": {"$[]": 1}})).code, 52);
-    assert_eq!(parse_err(b(doc! {"$set": {"$a": 1}})).code, 52);
+    // A top-level `$` field: stored by an upsert's insert, refused on a stored document.
+    assert_eq!(
+        run_insert(b(doc! {"$set": {"$a": 1}}), doc! {"_id": 1}, true).0,
+        doc! {"_id": 1, "$a": 1}
+    );
+    assert_eq!(
+        apply_err(b(doc! {"$set": {"$a.b": 1}}), doc! {"_id": 1}).code,
+        52
+    );
+    assert_eq!(parse_err(b(doc! {"$inc": {"$a": 1}})).code, 52);
     assert_eq!(parse_err(b(doc! {"$set": {"a": 1}, "b": 1})).code, 9);
     assert_eq!(parse_err(Bson::Int32(1)).code, 9);
     assert!(parse_err(b(doc! {"$bit": {"a": {"and": 1}}}))
