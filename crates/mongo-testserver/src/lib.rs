@@ -70,7 +70,7 @@
 //! - **Update operators**: `$set $unset $setOnInsert $inc $mul $min $max $rename $currentDate
 //!   $push (with $each $position $slice $sort) $addToSet $pop $pull $pullAll $bit`, plus
 //!   replacements and pipeline updates. `$`-prefixed names below the top level are allowed
-//!   (MongoDB 5.0+). The positional operators `$` (the element the query matched, through
+//!   (MongoDB 5.0+); a top-level one only when an upsert inserts. The positional operators `$` (the element the query matched, through
 //!   `{a: v}`, `{"a.f": v}`, `{a: {$elemMatch: ..}}` and top-level `$and`), `$[]` and
 //!   `$[<identifier>]` with `arrayFilters` (update and findAndModify), nested as well; the
 //!   errors MongoDB gives for a missing match (2), a missing or unused array filter (2, 9), a
