@@ -429,3 +429,30 @@ async fn equivalent_partial_filters_are_the_same_index() {
     db.run_command(create("r", doc! {"b": 2})).await.unwrap();
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn ttl_seconds_are_stored_as_an_int() {
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let db = c.database("db");
+    db.run_command(doc! {"createIndexes": "t", "indexes": [{"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 100.7}]})
+        .await
+        .unwrap();
+    // The same index given as an integer is the existing one.
+    db.run_command(doc! {"createIndexes": "t", "indexes": [{"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 100}]})
+        .await
+        .unwrap();
+    let r = db.run_command(doc! {"listIndexes": "t"}).await.unwrap();
+    let batch = r
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap();
+    let ttl = batch[1]
+        .as_document()
+        .unwrap()
+        .get("expireAfterSeconds")
+        .cloned();
+    assert_eq!(ttl, Some(bson::Bson::Int32(100)));
+    server.shutdown().await;
+}

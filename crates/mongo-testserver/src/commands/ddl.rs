@@ -385,6 +385,15 @@ fn parse_index(spec: &Document) -> CommandResult<Index> {
             shown.insert(k.clone(), v.clone());
         }
     }
+    if let Some(secs) = ttl {
+        // Stored as an int, a fractional value truncated (as MongoDB 7.3 and later store it).
+        shown.insert(
+            "expireAfterSeconds",
+            i32::try_from(secs)
+                .map(Bson::Int32)
+                .unwrap_or(Bson::Int64(secs)),
+        );
+    }
     Ok(Index::new(name, key, unique, sparse, ttl, partial, shown))
 }
 
