@@ -104,7 +104,8 @@
 //!   $divide $mod $abs $floor $ceil $trunc`, `$inc $mul`, `$sum $avg`) and compared with other
 //!   numbers exactly; `$sqrt` and `$pow` on decimals are computed in binary and converted.
 //! - **Indexes**: single and compound, unique, sparse, partial (equality, `$exists: true`,
-//!   ranges, `$type`, `$in`, `$and`/`$or`; other filters: CannotCreateIndex, 67), TTL. Not
+//!   ranges, `$type`, `$in`, `$and`/`$or`; other filters: CannotCreateIndex, 67; equivalent
+//!   filters name the same index), TTL (`expireAfterSeconds` stored as an int). Not
 //!   implemented: text, geospatial, hashed, wildcard and hidden indexes, collations.
 
 #![warn(missing_docs)]
