@@ -293,7 +293,7 @@ impl StreamCursor {
                     resume_opts += 1;
                 }
                 "allChangesForCluster" => {
-                    let on = v.as_bool().unwrap_or(false);
+                    let on = bool_flag(k, v)?;
                     if on != matches!(scope, Scope::Cluster) {
                         return Err(CommandError::bad_value(
                             "allChangesForCluster must be true exactly when watching the whole cluster (aggregate: 1 on admin)",
@@ -301,7 +301,7 @@ impl StreamCursor {
                     }
                 }
                 "showExpandedEvents" => {
-                    if v.as_bool() == Some(true) {
+                    if bool_flag(k, v)? {
                         return Err(CommandError::bad_value(
                             "showExpandedEvents: true is not supported by this server",
                         ));
@@ -385,7 +385,15 @@ impl StreamCursor {
             }
             if t.kind != KIND_HIGH_WATER {
                 match log.get(t.seq) {
-                    Some(e) if e.change.cluster_time == t.ts => {}
+                    // A token names an event of this stream: one from another collection is
+                    // not found in it.
+                    Some(e) if e.change.cluster_time == t.ts && cursor.matches_scope(e) => {
+                        // Resuming from the drop that invalidated a stream yields the
+                        // invalidate first.
+                        if t.kind == KIND_EVENT && cursor.invalidated_by(e) {
+                            cursor.pending_invalidate = Some((t.seq, t.ts));
+                        }
+                    }
                     _ => return Err(not_found()),
                 }
             }
@@ -453,16 +461,39 @@ impl StreamCursor {
             return Ok(out);
         }
         let mut scanned_to = self.position;
+        let mut batch_bytes = 0;
         for e in log.from(self.position) {
             if out.len() >= max || self.closed {
                 break;
             }
+            let prev_ts = self.last_ts;
             scanned_to = e.seq + 1;
             self.last_ts = e.change.cluster_time;
             if !self.matches_scope(e) {
                 continue;
             }
             if let Some(d) = self.event_doc(e, store, vars)? {
+                // An event that cannot be sent fails the getMore that reaches it, and every
+                // later one: the stream never moves past it (mongod: BSONObjectTooLarge).
+                let first = out.is_empty();
+                let fits = crate::limits::check_result(&d).and_then(|size| {
+                    batch_bytes += size;
+                    if !first && batch_bytes > crate::wire::MAX_BSON_OBJECT_SIZE {
+                        Err(crate::limits::too_large(batch_bytes))
+                    } else {
+                        Ok(())
+                    }
+                });
+                if let Err(err) = fits {
+                    if out.is_empty() {
+                        self.last_ts = prev_ts;
+                        return Err(err);
+                    }
+                    // Send what fits; the next getMore starts at this event.
+                    self.last_ts = prev_ts;
+                    scanned_to = e.seq;
+                    break;
+                }
                 out.push(d);
             }
             if self.invalidated_by(e) {
@@ -558,6 +589,17 @@ impl StreamCursor {
                 Ok(Some(doc))
             }
         }
+    }
+}
+
+/// A boolean `$changeStream` option (mongod refuses other types with TypeMismatch).
+fn bool_flag(name: &str, v: &Bson) -> CommandResult<bool> {
+    match v {
+        Bson::Boolean(b) => Ok(*b),
+        other => Err(CommandError::type_mismatch(format!(
+            "BSON field '$changeStream.{name}' is the wrong type '{}', expected type 'bool'",
+            crate::engine::compare::type_name(other)
+        ))),
     }
 }
 

@@ -42,18 +42,29 @@ pub fn push_key(value: &Bson, out: &mut Vec<u8>) {
             }
         }
         Bson::Decimal128(d) => {
-            // Decimals compare numerically with other numbers; map the common integral case.
-            match d.to_string().parse::<i64>() {
-                Ok(i) => push_i64(out, i),
-                Err(_) => {
-                    out.push(b'd');
-                    out.extend_from_slice(&d.bytes());
+            // Numerically equal numbers share a key: `1`, `1.0` and Decimal128("1.00"), the
+            // double 0.5 and Decimal128("0.50"); other decimals key on their reduced form.
+            use crate::engine::decimal;
+            let x = decimal::from_bson(d);
+            if x.is_nan() {
+                out.push(b'N');
+            } else if let Some(i) = crate::engine::num::Num::Dec(x).as_i64_exact() {
+                push_i64(out, i);
+            } else {
+                let f = decimal::to_f64(x);
+                if decimal::cmp(decimal::from_f64_for_compare(f), x).is_eq() {
+                    push_key(&Bson::Double(f), out);
+                } else {
+                    push_str(out, b'd', &decimal::canonical(x));
                 }
             }
         }
         Bson::String(s) => push_str(out, b's', s),
         Bson::Symbol(s) => push_str(out, b's', s),
-        Bson::Null | Bson::Undefined => out.push(b'0'),
+        Bson::Null => out.push(b'0'),
+        // An empty array is indexed as `undefined`, a key distinct from null: a unique index
+        // holds one `{a: []}` and one `{a: null}`.
+        Bson::Undefined => out.push(b'u'),
         Bson::Boolean(b) => {
             out.push(b'b');
             out.push(u8::from(*b));
@@ -253,6 +264,14 @@ mod tests {
         assert_eq!(key_of(&Bson::Int64(1)), key_of(&Bson::Int32(1)));
         assert_ne!(key_of(&Bson::Int32(1)), key_of(&Bson::String("1".into())));
         assert_ne!(key_of(&Bson::Double(1.5)), key_of(&Bson::Int32(1)));
+        let dec = |s: &str| Bson::Decimal128(s.parse().unwrap());
+        assert_eq!(key_of(&dec("1.0")), key_of(&dec("1.00")));
+        assert_eq!(key_of(&dec("1.00")), key_of(&Bson::Int32(1)));
+        assert_eq!(key_of(&dec("0.50")), key_of(&Bson::Double(0.5)));
+        assert_eq!(key_of(&dec("1.230")), key_of(&dec("1.23")));
+        assert_ne!(key_of(&dec("0.1")), key_of(&Bson::Double(0.1)));
+        assert_ne!(key_of(&dec("1E-6176")), key_of(&Bson::Int32(0)));
+        assert_eq!(key_of(&dec("-0")), key_of(&Bson::Int32(0)));
     }
 
     #[test]

@@ -51,6 +51,62 @@
 //! last 100 000 events. Transactions, collations other than `simple`, text/geo indexes,
 //! `$lookup`-style stages and anything else not implemented are refused with an error that
 //! names the feature — never silently ignored.
+//!
+//! As in mongod, a command may nest 200 levels (deeper messages are answered with `Overflow`,
+//! 15, and the connection stays open), a stored document 180 (`Overflow` on insert or
+//! update), and a returned document may be at most 16 MiB + 16 KiB (`BSONObjectTooLarge`,
+//! 10334, for an aggregation result or a change event that is larger). Field names with a NUL
+//! byte are refused wherever a command could create one (`$rename`: 2; `$arrayToObject`:
+//! 4940400/4940401; `$setField` and any other path: 31032). No reply is ever replaced by a
+//! dropped connection: a reply that cannot be encoded becomes an error reply, and a change
+//! stream that reaches an event it cannot send fails at that event on every getMore and every
+//! resume — it never skips it.
+//!
+//! # What is implemented
+//! - **Query operators**: `$eq $ne $gt $gte $lt $lte $in $nin $exists $type $size $all
+//!   $elemMatch $mod $regex $not $and $or $nor $expr $comment $bitsAllSet $bitsAllClear
+//!   $bitsAnySet $bitsAnyClear`. Range comparisons never match NaN (`$gte`/`$lte` NaN match
+//!   NaN). Not implemented: `$where`, `$text`, `$jsonSchema`, geospatial operators.
+//! - **Update operators**: `$set $unset $setOnInsert $inc $mul $min $max $rename $currentDate
+//!   $push (with $each $position $slice $sort) $addToSet $pop $pull $pullAll $bit`, plus
+//!   replacements and pipeline updates. `$`-prefixed names below the top level are allowed
+//!   (MongoDB 5.0+); a top-level one only when an upsert inserts. The positional operators `$` (the element the query matched, through
+//!   `{a: v}`, `{"a.f": v}`, `{a: {$elemMatch: ..}}` and top-level `$and`), `$[]` and
+//!   `$[<identifier>]` with `arrayFilters` (update and findAndModify), nested as well; the
+//!   errors MongoDB gives for a missing match (2), a missing or unused array filter (2, 9), a
+//!   missing or non-array field (2) and dynamic `$rename` paths (2).
+//! - **Stages**: `$match $project $addFields/$set $unset $replaceRoot/$replaceWith $group
+//!   $sort $skip $limit $count $unwind $changeStream` (update pipelines: `$addFields/$set
+//!   $project $unset $replaceRoot/$replaceWith`). Not implemented (refused by name):
+//!   `$lookup $graphLookup $unionWith $facet $bucket $bucketAuto $sortByCount $sample $out
+//!   $merge $geoNear $redact $densify $fill $setWindowFields $documents $search
+//!   $changeStreamSplitLargeEvent` and the diagnostic stages.
+//! - **Accumulators**: `$sum $avg $min $max $first $last $push $addToSet $count
+//!   $mergeObjects`. Not implemented: `$stdDevPop $stdDevSamp $top $bottom $topN $bottomN
+//!   $firstN $lastN $maxN $minN $median $percentile $accumulator`.
+//! - **Expression operators**: arithmetic `$add $subtract $multiply $divide $mod $abs $ceil
+//!   $floor $trunc $sqrt $pow`; comparison `$eq $ne $gt $gte $lt $lte $cmp`; boolean `$and $or
+//!   $not`; conditional `$cond $ifNull $switch`; arrays `$arrayElemAt $concatArrays $filter
+//!   $map $reduce $in $indexOfArray $isArray $range $reverseArray $size $slice $first $last
+//!   $allElementsTrue $anyElementTrue $arrayToObject $objectToArray`; objects
+//!   `$mergeObjects $getField $setField $unsetField`; strings `$concat $toLower $toUpper
+//!   $strLenBytes $strLenCP`; types `$type $convert $toBool $toDate $toDecimal $toDouble
+//!   $toInt $toLong $toObjectId $toString $isNumber`; dates `$dateAdd $dateSubtract $dateDiff
+//!   $dateToString $year $month $dayOfMonth $dayOfWeek $dayOfYear $hour $minute $second
+//!   $millisecond`; `$min $max $sum $avg $let $literal`. Any other operator is refused with
+//!   InvalidPipelineOperator (168), among them: `$substr $substrBytes $substrCP $split $trim
+//!   $ltrim $rtrim $regexMatch $regexFind $regexFindAll $replaceOne $replaceAll $indexOfBytes
+//!   $indexOfCP $strcasecmp $round $exp $ln $log $log10` and the trigonometric operators,
+//!   `$zip $sortArray $setUnion $setIntersection $setDifference $setEquals $setIsSubset
+//!   $firstN $lastN $maxN $minN`, `$dateFromString $dateFromParts $dateToParts $dateTrunc
+//!   $week $isoWeek $isoWeekYear $isoDayOfWeek`, `$rand $binarySize $bsonSize $function`.
+//! - **Decimal128** is computed as IEEE 754-2008 decimal128 (`$add $subtract $multiply
+//!   $divide $mod $abs $floor $ceil $trunc`, `$inc $mul`, `$sum $avg`) and compared with other
+//!   numbers exactly; `$sqrt` and `$pow` on decimals are computed in binary and converted.
+//! - **Indexes**: single and compound, unique, sparse, partial (equality, `$exists: true`,
+//!   ranges, `$type`, `$in`, `$and`/`$or`; other filters: CannotCreateIndex, 67; equivalent
+//!   filters name the same index), TTL (`expireAfterSeconds` stored as an int). Not
+//!   implemented: text, geospatial, hashed, wildcard and hidden indexes, collations.
 
 #![warn(missing_docs)]
 // CommandError carries mongod's whole error shape (labels, extra fields); errors are the cold
@@ -65,6 +121,7 @@ pub mod engine;
 pub mod error;
 mod failpoint;
 mod keys;
+mod limits;
 mod server;
 mod sessions;
 mod state;

@@ -11,9 +11,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use crate::commands::{self, Conn, Outcome};
+use crate::error::CommandError;
 use crate::failpoint::FailCommand;
+use crate::limits;
 use crate::state::State;
-use crate::wire::{self, Request};
+use crate::wire::{self, Request, WireError};
 
 /// Server-wide settings fixed at start.
 #[derive(Debug, Clone)]
@@ -110,17 +112,56 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
         let request = match wire::read_request(&mut reader, &mut in_buf).await {
             Ok(Some(r)) => r,
             Ok(None) => break,
+            Err(WireError::TooDeep {
+                request_id,
+                flags,
+                op_query,
+            }) => {
+                // mongod answers (it does not hang up on) a message it refuses to decode.
+                if flags & wire::FLAG_MORE_TO_COME != 0 {
+                    continue;
+                }
+                let reply = commands::error_reply(
+                    &shared,
+                    CommandError::new(
+                        15,
+                        "Overflow",
+                        "BSONObj exceeds maximum nested object depth",
+                    ),
+                );
+                let checksum = flags & wire::FLAG_CHECKSUM_PRESENT != 0;
+                let encoded = if op_query {
+                    wire::encode_op_reply(&mut out_buf, shared.request_id(), request_id, &reply)
+                } else {
+                    wire::encode_msg_reply(
+                        &mut out_buf,
+                        shared.request_id(),
+                        request_id,
+                        &reply,
+                        checksum,
+                    )
+                };
+                if encoded.is_err() || write_half.write_all(&out_buf).await.is_err() {
+                    break;
+                }
+                continue;
+            }
             Err(e) => {
                 tracing::debug!(connection = id, "closing connection: {e}");
                 break;
             }
         };
+        let response_to;
+        let mut checksum = false;
+        let mut op_reply = false;
         let encoded = match request {
             Request::Msg(msg) => {
                 let more_to_come = msg.more_to_come();
-                let checksum = msg.has_checksum();
+                checksum = msg.has_checksum();
                 let request_id = msg.request_id;
-                let outcome = commands::handle(&shared, &mut conn, msg.body, msg.sequences).await;
+                response_to = request_id;
+                let outcome =
+                    handle_msg(&shared, &mut conn, msg.body, msg.sequences, in_buf.len()).await;
                 let reply = match outcome {
                     Outcome::Reply(r) => r,
                     Outcome::Close => break,
@@ -137,6 +178,8 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
                 )
             }
             Request::Query(q) => {
+                response_to = q.request_id;
+                op_reply = true;
                 let reply =
                     match legacy_query(&shared, &mut conn, q.full_collection_name, q.query).await {
                         Some(r) => r,
@@ -145,9 +188,36 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
                 wire::encode_op_reply(&mut out_buf, shared.request_id(), q.request_id, &reply)
             }
         };
-        if let Err(e) = encoded {
-            tracing::warn!(connection = id, "could not encode a reply: {e}");
-            break;
+        let problem = match encoded {
+            Err(e) => Some(CommandError::new(
+                1,
+                "InternalError",
+                format!("the reply could not be encoded as BSON: {e}"),
+            )),
+            Ok(()) if out_buf.len() > wire::MAX_MESSAGE_SIZE => {
+                Some(crate::limits::too_large(out_buf.len()))
+            }
+            Ok(()) => None,
+        };
+        if let Some(error) = problem {
+            // Commands check what they return, so this is a last line of defence: the client
+            // gets an error reply instead of a dropped connection.
+            tracing::warn!(connection = id, "could not send a reply: {error}");
+            let reply = commands::error_reply(&shared, error);
+            let encoded = if op_reply {
+                wire::encode_op_reply(&mut out_buf, shared.request_id(), response_to, &reply)
+            } else {
+                wire::encode_msg_reply(
+                    &mut out_buf,
+                    shared.request_id(),
+                    response_to,
+                    &reply,
+                    checksum,
+                )
+            };
+            if encoded.is_err() {
+                break;
+            }
         }
         if write_half.write_all(&out_buf).await.is_err() {
             break;
@@ -158,6 +228,66 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
         if in_buf.capacity() > 1 << 20 {
             in_buf = Vec::with_capacity(4096);
         }
+    }
+}
+
+/// Requests nesting deeper than this many levels run on a thread of their own with a large
+/// stack: the engine walks commands recursively, and a command may nest up to
+/// [`wire::MAX_NESTING_DEPTH`] levels, which a 2 MiB runtime thread (in a debug build) cannot
+/// always afford. Each level costs a message at least 7 bytes, so small messages skip the check.
+const DEEP_REQUEST_LEVELS: usize = 32;
+/// Stack of the thread that runs a deep request (reserved address space, not memory in use).
+const DEEP_REQUEST_STACK: usize = 256 << 20;
+
+async fn handle_msg(
+    shared: &Arc<Shared>,
+    conn: &mut Conn,
+    body: Document,
+    sequences: Vec<(String, Vec<Document>)>,
+    frame_len: usize,
+) -> Outcome {
+    let deep = frame_len >= 7 * DEEP_REQUEST_LEVELS
+        && (limits::shape(&body, DEEP_REQUEST_LEVELS).depth > DEEP_REQUEST_LEVELS
+            || sequences
+                .iter()
+                .flat_map(|(_, docs)| docs)
+                .any(|d| limits::shape(d, DEEP_REQUEST_LEVELS).depth + 2 > DEEP_REQUEST_LEVELS));
+    if !deep {
+        return commands::handle(shared, conn, body, sequences).await;
+    }
+    let runtime = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let thread_shared = shared.clone();
+    let mut thread_conn = std::mem::replace(conn, Conn::new(conn.id, conn.peer));
+    let spawned = std::thread::Builder::new()
+        .name("mongo-testserver-deep-request".into())
+        .stack_size(DEEP_REQUEST_STACK)
+        .spawn(move || {
+            let outcome = runtime.block_on(commands::handle(
+                &thread_shared,
+                &mut thread_conn,
+                body,
+                sequences,
+            ));
+            let _ = tx.send((outcome, thread_conn));
+        });
+    let failed = |what: String| {
+        Outcome::Reply(commands::error_reply(
+            shared,
+            CommandError::new(1, "InternalError", what),
+        ))
+    };
+    if let Err(e) = spawned {
+        return failed(format!(
+            "could not start a thread for a deeply nested request: {e}"
+        ));
+    }
+    match rx.await {
+        Ok((outcome, back)) => {
+            *conn = back;
+            outcome
+        }
+        Err(_) => failed("the deeply nested request failed".to_string()),
     }
 }
 

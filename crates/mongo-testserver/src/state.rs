@@ -43,6 +43,7 @@ impl State {
         doc: Document,
         vars: &Vars,
     ) -> CommandResult<()> {
+        crate::limits::check_storage(&doc, true)?;
         let (c, _) = self.store.coll_or_create(db, coll)?;
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
         let full = doc.clone();
@@ -71,6 +72,7 @@ impl State {
         replacement: bool,
         vars: &Vars,
     ) -> CommandResult<Document> {
+        crate::limits::check_storage(&new_doc, false)?;
         let c = self
             .store
             .coll_mut(db, coll)

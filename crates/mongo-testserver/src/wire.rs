@@ -2,7 +2,8 @@
 //! OP_REPLY (1) out for the legacy handshake.
 //!
 //! Any malformed frame is a [`WireError`]; the connection that sent it is closed and no other
-//! connection is affected.
+//! connection is affected. A well-formed message that nests deeper than MongoDB accepts is
+//! [`WireError::TooDeep`]: the connection answers it with an error and stays open.
 
 use bson::{Document, RawDocument};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -13,9 +14,11 @@ pub const MAX_MESSAGE_SIZE: usize = 48_000_000;
 pub const MAX_BSON_OBJECT_SIZE: usize = 16 * 1024 * 1024;
 /// Largest command document mongod parses (user maximum plus 16 KiB of command overhead).
 pub const MAX_INTERNAL_BSON_SIZE: usize = MAX_BSON_OBJECT_SIZE + 16 * 1024;
-/// Deepest nesting of documents and arrays accepted in a message (deeper input closes the
-/// connection; this keeps every recursive walk of a document far from the stack limit).
-pub const MAX_NESTING_DEPTH: usize = 180;
+/// Deepest nesting of documents and arrays accepted in a message, the message's own document
+/// being level 1 (mongod's `maxBSONDepth`). Deeper messages are answered with `Overflow` (15)
+/// without being decoded, which keeps every recursive walk of a document far from the stack
+/// limit.
+pub const MAX_NESTING_DEPTH: usize = crate::limits::MAX_BSON_DEPTH;
 
 const OP_REPLY: i32 = 1;
 const OP_QUERY: i32 = 2004;
@@ -38,6 +41,17 @@ pub enum WireError {
     /// The frame is not a valid message.
     #[error("malformed message: {0}")]
     Malformed(String),
+    /// A well-framed message nests documents deeper than [`MAX_NESTING_DEPTH`]; it must be
+    /// answered with an error (unless `moreToCome` is set) and the connection stays open.
+    #[error("BSONObj exceeds maximum nested object depth")]
+    TooDeep {
+        /// The client's requestID.
+        request_id: i32,
+        /// The OP_MSG flag bits (0 for OP_QUERY).
+        flags: u32,
+        /// Whether the message was an OP_QUERY (answered with OP_REPLY).
+        op_query: bool,
+    },
 }
 
 fn malformed(msg: impl Into<String>) -> WireError {
@@ -329,7 +343,12 @@ fn check_depth(raw: &RawDocument) -> Result<(), WireError> {
         };
         if let Some(child) = child {
             if stack.len() + 1 > MAX_NESTING_DEPTH {
-                return Err(malformed("BSON nesting too deep"));
+                // parse_request fills in the header fields.
+                return Err(WireError::TooDeep {
+                    request_id: 0,
+                    flags: 0,
+                    op_query: false,
+                });
             }
             stack.push(child.iter_elements());
         }
@@ -341,11 +360,23 @@ fn check_depth(raw: &RawDocument) -> Result<(), WireError> {
 pub fn parse_request(bytes: &[u8]) -> Result<Request, WireError> {
     let request_id = read_i32(bytes, 4)?;
     let op_code = read_i32(bytes, 12)?;
-    match op_code {
+    let result = match op_code {
         OP_MSG => parse_msg(bytes, request_id).map(Request::Msg),
         OP_QUERY => parse_query(bytes, request_id).map(Request::Query),
         other => Err(malformed(format!("unsupported opcode {other}"))),
-    }
+    };
+    result.map_err(|e| match e {
+        WireError::TooDeep { .. } => WireError::TooDeep {
+            request_id,
+            flags: if op_code == OP_MSG {
+                read_u32(bytes, HEADER_LEN).unwrap_or(0)
+            } else {
+                0
+            },
+            op_query: op_code == OP_QUERY,
+        },
+        other => other,
+    })
 }
 
 fn parse_msg(bytes: &[u8], request_id: i32) -> Result<MsgRequest, WireError> {
@@ -550,8 +581,22 @@ mod tests {
         for _ in 0..300 {
             d = doc! {"a": d};
         }
-        let bytes = encode_msg_request(1, &d).unwrap();
-        assert!(parse_request(&bytes).is_err());
+        let bytes = encode_msg_request(7, &d).unwrap();
+        assert!(matches!(
+            parse_request(&bytes),
+            Err(WireError::TooDeep {
+                request_id: 7,
+                op_query: false,
+                ..
+            })
+        ));
+        // 200 levels (the message's document included) are accepted.
+        let mut d = doc! {"x": 1};
+        for _ in 1..MAX_NESTING_DEPTH {
+            d = doc! {"a": d};
+        }
+        let bytes = encode_msg_request(8, &d).unwrap();
+        assert!(parse_request(&bytes).is_ok());
     }
 
     #[test]

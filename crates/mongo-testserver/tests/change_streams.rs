@@ -312,3 +312,44 @@ async fn ttl_monitor_deletes_expired_documents_and_emits_deletes() {
     assert_eq!(r.get_i32("was").unwrap(), 1);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn resuming_at_a_drop_invalidates_and_foreign_tokens_are_refused() {
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let db = c.database("db");
+    let coll = db.collection::<Document>("dropped");
+    let mut stream = coll.watch().await.unwrap();
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    coll.drop().await.unwrap();
+    let insert = next(&mut stream).await;
+    let drop_event = next(&mut stream).await;
+    assert_eq!(drop_event.operation_type, OperationType::Drop);
+    for start_after in [false, true] {
+        let cmd = if start_after {
+            doc! {"startAfter": bson::to_bson(&drop_event.id).unwrap()}
+        } else {
+            doc! {"resumeAfter": bson::to_bson(&drop_event.id).unwrap()}
+        };
+        let r = db
+            .run_command(
+                doc! {"aggregate": "dropped", "pipeline": [{"$changeStream": cmd}], "cursor": {}},
+            )
+            .await
+            .unwrap();
+        let batch = r
+            .get_document("cursor")
+            .unwrap()
+            .get_array("firstBatch")
+            .unwrap();
+        let first = batch[0].as_document().unwrap();
+        assert_eq!(first.get_str("operationType").unwrap(), "invalidate");
+    }
+    // A token of the "dropped" collection does not resume a stream on another collection.
+    let err = db
+        .run_command(doc! {"aggregate": "other", "pipeline": [{"$changeStream": {"resumeAfter": bson::to_bson(&insert.id).unwrap()}}], "cursor": {}})
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), Some(280));
+    server.shutdown().await;
+}

@@ -438,3 +438,58 @@ async fn odd_arguments_get_replies_not_crashes() {
     assert_eq!(r.get_f64("ok"), Ok(1.0));
     server.shutdown().await;
 }
+
+/// The bytes of `{x: {x: ... {x: 1}}}` nested `levels` deep, built without recursion.
+fn deep_bson(levels: usize) -> Vec<u8> {
+    // Innermost: {x: 1}.
+    let mut doc = vec![0u8; 4];
+    doc.extend_from_slice(&[0x10, b'x', 0, 1, 0, 0, 0, 0]);
+    let len = doc.len() as i32;
+    doc[..4].copy_from_slice(&len.to_le_bytes());
+    for _ in 1..levels {
+        let mut outer = vec![0u8; 4];
+        outer.extend_from_slice(&[0x03, b'x', 0]);
+        outer.extend_from_slice(&doc);
+        outer.push(0);
+        let len = outer.len() as i32;
+        outer[..4].copy_from_slice(&len.to_le_bytes());
+        doc = outer;
+    }
+    doc
+}
+
+#[tokio::test]
+async fn messages_nested_too_deep_are_answered_with_overflow() {
+    let server = TestServer::start().await.unwrap();
+    let mut s = TcpStream::connect(server.addr()).await.unwrap();
+    for levels in [300, 20_000] {
+        // {find: "c", filter: <deep>, $db: "db"}, spliced by hand: the driver-side encoders
+        // recurse, the server must not.
+        let head = wire::encode_msg_request(5, &doc! {"find": "c"}).unwrap();
+        let body_start = 16 + 4 + 1;
+        let mut body = head[body_start..head.len() - 1].to_vec();
+        body.extend_from_slice(&[0x03]);
+        body.extend_from_slice(b"filter\0");
+        body.extend_from_slice(&deep_bson(levels));
+        let tail = bson::to_vec(&doc! {"$db": "db"}).unwrap();
+        body.extend_from_slice(&tail[4..tail.len() - 1]);
+        body.push(0);
+        let len = body.len() as i32;
+        body[..4].copy_from_slice(&len.to_le_bytes());
+        let mut frame = head[..body_start].to_vec();
+        frame.extend_from_slice(&body);
+        let len = frame.len() as i32;
+        frame[..4].copy_from_slice(&len.to_le_bytes());
+        s.write_all(&frame).await.unwrap();
+        let reply = read_frame(&mut s).await.unwrap();
+        let Request::Msg(m) = wire::parse_request(&reply).unwrap() else {
+            panic!("expected OP_MSG");
+        };
+        assert_eq!(m.body.get_i32("code").unwrap(), 15, "{}", m.body);
+        assert_eq!(i32::from_le_bytes(reply[8..12].try_into().unwrap()), 5);
+    }
+    // The same connection keeps working.
+    let r = command(&mut s, doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0);
+    server.shutdown().await;
+}

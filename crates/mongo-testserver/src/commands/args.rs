@@ -75,7 +75,8 @@ fn wrong_type(command: &str, field: &str, v: &Bson, expected: &str) -> CommandEr
 /// An optional integer field.
 pub fn get_i64(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<i64>> {
     match cmd.get(field) {
-        None => Ok(None),
+        // mongod treats null as an omitted optional field.
+        None | Some(Bson::Null) => Ok(None),
         Some(v) => as_i64(v)
             .map(Some)
             .ok_or_else(|| wrong_type(command, field, v, "[long, int, decimal, double]")),
@@ -90,11 +91,22 @@ pub fn get_bool(cmd: &Document, command: &str, field: &str) -> CommandResult<Opt
         Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) => {
             Ok(as_i64(v).map(|i| i != 0).or(Some(true)))
         }
+        Some(Bson::Decimal128(d)) => Ok(Some(!crate::engine::decimal::from_bson(d).is_zero())),
         Some(v) => Err(wrong_type(
             command,
             field,
             v,
             "[bool, long, int, decimal, double]",
+        )),
+    }
+}
+
+/// `hint` is an index name or a key pattern (mongod: FailedToParse otherwise).
+pub fn check_hint_type(cmd: &Document) -> CommandResult<()> {
+    match cmd.get("hint") {
+        None | Some(Bson::String(_) | Bson::Document(_)) => Ok(()),
+        Some(_) => Err(CommandError::failed_to_parse(
+            "Hint must be a string or an object",
         )),
     }
 }
@@ -106,7 +118,7 @@ pub fn get_doc<'a>(
     field: &str,
 ) -> CommandResult<Option<&'a Document>> {
     match cmd.get(field) {
-        None => Ok(None),
+        None | Some(Bson::Null) => Ok(None),
         Some(Bson::Document(d)) => Ok(Some(d)),
         Some(v) => Err(wrong_type(command, field, v, "object")),
     }

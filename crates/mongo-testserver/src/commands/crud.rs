@@ -368,13 +368,7 @@ fn parse_update_statement(
         match k.as_str() {
             "q" | "u" | "upsert" | "multi" | "hint" | "upsertSupplied" => {}
             "collation" => args::check_collation(stmt)?,
-            "arrayFilters" => {
-                if !matches!(stmt.get("arrayFilters"), Some(Bson::Array(a)) if a.is_empty()) {
-                    return Err(CommandError::bad_value(
-                        "arrayFilters are not supported by this server",
-                    ));
-                }
-            }
+            "arrayFilters" => {}
             "c" => {
                 return Err(CommandError::bad_value(
                     "update constants ('c') are not supported by this server",
@@ -405,7 +399,7 @@ fn parse_update_statement(
             "BSON field 'update.updates.u' is missing but a required field",
         )
     })?;
-    let update = Update::parse(u)?;
+    let update = Update::parse(u)?.with_positional(filter_doc, stmt.get("arrayFilters"))?;
     let upsert = args::get_bool(stmt, "update.updates", "upsert")?.unwrap_or(false);
     let multi = args::get_bool(stmt, "update.updates", "multi")?.unwrap_or(false);
     if multi && update.is_replacement() {
@@ -660,16 +654,11 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     let remove = args::get_bool(cmd, name, "remove")?.unwrap_or(false);
     let new = args::get_bool(cmd, name, "new")?.unwrap_or(false);
     let upsert = args::get_bool(cmd, name, "upsert")?.unwrap_or(false);
+    args::get_bool(cmd, name, "bypassDocumentValidation")?;
+    args::check_hint_type(cmd)?;
     args::check_collation(cmd)?;
-    if let Some(af) = cmd.get("arrayFilters") {
-        if !matches!(af, Bson::Array(a) if a.is_empty()) {
-            return Err(CommandError::bad_value(
-                "arrayFilters are not supported by this server",
-            ));
-        }
-    }
     let update = match cmd.get("update") {
-        Some(u) => Some(Update::parse(u)?),
+        Some(u) => Some(Update::parse(u)?.with_positional(query, cmd.get("arrayFilters"))?),
         None => None,
     };
     match (&update, remove) {
@@ -711,7 +700,10 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     };
     retryable(ctx, cmd, |st| {
         let target = match st.store.coll(ctx.db, coll) {
-            Some(c) => find_one(c, &filter, sort, &vars)?,
+            Some(c) => {
+                super::query::check_hint(c, cmd)?;
+                find_one(c, &filter, sort, &vars)?
+            }
             None => None,
         };
         match (target, &update) {

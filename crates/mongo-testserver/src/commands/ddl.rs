@@ -361,7 +361,17 @@ fn parse_index(spec: &Document) -> CommandResult<Index> {
     };
     let partial = match spec.get("partialFilterExpression") {
         None => None,
-        Some(Bson::Document(p)) => Some((p.clone(), Filter::parse(p)?)),
+        Some(Bson::Document(p)) => {
+            let filter = Filter::parse(p)?;
+            check_partial_filter(p).map_err(|expr| {
+                CommandError::new(
+                    67,
+                    "CannotCreateIndex",
+                    format!("unsupported expression in partial index: {expr}"),
+                )
+            })?;
+            Some((p.clone(), filter))
+        }
         Some(_) => {
             return Err(CommandError::type_mismatch(
                 "The field 'partialFilterExpression' must be an object",
@@ -375,18 +385,115 @@ fn parse_index(spec: &Document) -> CommandResult<Index> {
             shown.insert(k.clone(), v.clone());
         }
     }
+    if let Some(secs) = ttl {
+        // Stored as an int, a fractional value truncated (as MongoDB 7.3 and later store it).
+        shown.insert(
+            "expireAfterSeconds",
+            i32::try_from(secs)
+                .map(Bson::Int32)
+                .unwrap_or(Bson::Int64(secs)),
+        );
+    }
     Ok(Index::new(name, key, unique, sparse, ttl, partial, shown))
 }
 
-/// Options that make two indexes on the same key different.
+/// What a partial index filter may use (MongoDB 7.0): equalities, `$exists: true`, `$gt`,
+/// `$gte`, `$lt`, `$lte`, `$type`, `$in`, and `$and`/`$or` of those. Anything else (`$ne`,
+/// `$regex`, `$expr`, `$not`, `$exists: false`, ...) is answered with the rendered expression.
+fn check_partial_filter(filter: &Document) -> Result<(), String> {
+    let render = |path: &str, op: &str, v: &Bson| format!("{path} {op} {}", crate::keys::render(v));
+    for (k, v) in filter {
+        match (k.as_str(), v) {
+            ("$and" | "$or", Bson::Array(items)) => {
+                for item in items {
+                    if let Bson::Document(d) = item {
+                        check_partial_filter(d)?;
+                    }
+                }
+            }
+            (op, _) if op.starts_with('$') => return Err(render("", op, v)),
+            (path, Bson::Document(d)) if d.keys().next().is_some_and(|o| o.starts_with('$')) => {
+                for (op, arg) in d {
+                    let ok = match op.as_str() {
+                        "$eq" | "$gt" | "$gte" | "$lt" | "$lte" => {
+                            !matches!(arg, Bson::RegularExpression(_))
+                        }
+                        "$type" => true,
+                        "$exists" => crate::engine::expr::truthy(Some(arg)),
+                        "$in" => match arg {
+                            Bson::Array(a) => {
+                                !a.iter().any(|x| matches!(x, Bson::RegularExpression(_)))
+                            }
+                            _ => false,
+                        },
+                        _ => false,
+                    };
+                    if !ok {
+                        return Err(render(path, op, arg));
+                    }
+                }
+            }
+            (path, Bson::RegularExpression(_)) => return Err(render(path, "regex", v)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Options that make two indexes on the same key different (equivalent partial filters
+/// compare equal).
 fn options_of(spec: &Document) -> Document {
     let mut d = Document::new();
     for (k, v) in spec {
-        if !matches!(k.as_str(), "v" | "key" | "name") {
-            d.insert(k.clone(), v.clone());
+        match (k.as_str(), v) {
+            ("v" | "key" | "name", _) => {}
+            ("partialFilterExpression", Bson::Document(p)) => {
+                d.insert(k.clone(), canonical_filter(p).join("\n"));
+            }
+            _ => {
+                d.insert(k.clone(), v.clone());
+            }
         }
     }
     d
+}
+
+/// A partial filter as a sorted list of its conditions, so that filters MongoDB considers
+/// equivalent — `{a: 1, b: 2}`, `{b: 2, a: {$eq: 1}}`, `{$and: [{a: 1.0}, {b: 2}]}` — are
+/// recognised as the same.
+fn canonical_filter(filter: &Document) -> Vec<String> {
+    let value = |v: &Bson| format!("{:?}", crate::keys::key_of(v));
+    let mut out = Vec::new();
+    for (k, v) in filter {
+        match (k.as_str(), v) {
+            ("$and", Bson::Array(items)) => {
+                for item in items.iter().filter_map(Bson::as_document) {
+                    out.extend(canonical_filter(item));
+                }
+            }
+            ("$or", Bson::Array(items)) => {
+                let mut branches: Vec<String> = items
+                    .iter()
+                    .filter_map(Bson::as_document)
+                    .map(|d| canonical_filter(d).join("&"))
+                    .collect();
+                branches.sort();
+                branches.dedup();
+                out.push(format!("$or({})", branches.join("|")));
+            }
+            (path, Bson::Document(ops))
+                if ops.keys().next().is_some_and(|o| o.starts_with('$')) =>
+            {
+                for (op, arg) in ops {
+                    out.push(format!("{path} {op} {}", value(arg)));
+                }
+            }
+            (path, v) => out.push(format!("{path} $eq {}", value(v))),
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// `createIndexes`.
@@ -434,8 +541,8 @@ pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
                     ),
                 ));
             }
-            let same_partial =
-                existing.partial.as_ref().map(|p| &p.0) == index.partial.as_ref().map(|p| &p.0);
+            let same_partial = existing.partial.as_ref().map(|p| canonical_filter(&p.0))
+                == index.partial.as_ref().map(|p| canonical_filter(&p.0));
             if same_key && same_partial {
                 let msg = if same_name {
                     format!(

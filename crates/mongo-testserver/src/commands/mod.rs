@@ -275,6 +275,12 @@ fn is_stream_command(shared: &Shared, name: &str, body: &Document) -> bool {
     }
 }
 
+/// The reply to a request that failed before it reached a command (or whose reply could not be
+/// sent): the error with the usual `operationTime` and `$clusterTime`.
+pub fn error_reply(shared: &Shared, error: CommandError) -> Document {
+    finish(shared, &Document::new(), Err(error))
+}
+
 fn finish(shared: &Shared, body: &Document, result: CommandResult<Document>) -> Document {
     finish_labeled(shared, body, result)
 }

@@ -14,7 +14,6 @@ use crate::cursors::{Cursor, CursorKind};
 use crate::engine::expr::Vars;
 use crate::engine::matcher::Filter;
 use crate::error::{CommandError, CommandResult};
-use crate::keys::doc_size;
 use crate::store::Collection;
 use crate::wire::MAX_BSON_OBJECT_SIZE;
 
@@ -23,13 +22,14 @@ const DEFAULT_FIRST_BATCH: usize = 101;
 /// How long a change-stream getMore waits for events when the client does not say.
 const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
 
-/// Takes up to `max` documents (and at most 16 MiB, but at least one document).
-fn take_batch(rest: &mut VecDeque<Document>, max: usize) -> Vec<Document> {
+/// Takes up to `max` documents (and at most 16 MiB, but at least one document). A document
+/// that cannot be returned (see `limits::check_result`) fails the batch, as in mongod.
+fn take_batch(rest: &mut VecDeque<Document>, max: usize) -> CommandResult<Vec<Document>> {
     let mut out = Vec::new();
     let mut size = 0;
     while out.len() < max {
         let Some(d) = rest.front() else { break };
-        let s = doc_size(d);
+        let s = crate::limits::check_result(d)?;
         if !out.is_empty() && size + s > MAX_BSON_OBJECT_SIZE {
             break;
         }
@@ -38,7 +38,7 @@ fn take_batch(rest: &mut VecDeque<Document>, max: usize) -> Vec<Document> {
             out.push(d);
         }
     }
-    out
+    Ok(out)
 }
 
 fn non_negative(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<i64>> {
@@ -50,7 +50,8 @@ fn non_negative(cmd: &Document, command: &str, field: &str) -> CommandResult<Opt
     }
 }
 
-fn check_hint(coll: &Collection, cmd: &Document) -> CommandResult<()> {
+/// A `hint` names an existing index (by name or key pattern); mongod answers BadValue otherwise.
+pub(super) fn check_hint(coll: &Collection, cmd: &Document) -> CommandResult<()> {
     let ok = match cmd.get("hint") {
         None => true,
         Some(Bson::String(name)) => coll.indexes.iter().any(|i| &i.name == name),
@@ -198,7 +199,7 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         }
     }
     let first_max = batch_size.unwrap_or(DEFAULT_FIRST_BATCH);
-    let first = take_batch(&mut rest, first_max);
+    let first = take_batch(&mut rest, first_max)?;
     let id = if single_batch {
         0
     } else {
@@ -264,7 +265,14 @@ pub async fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
                         "cannot set maxTimeMS on getMore command for a non-awaitData cursor",
                     ));
                 }
-                let batch = take_batch(rest, batch_size.unwrap_or(usize::MAX));
+                let batch = match take_batch(rest, batch_size.unwrap_or(usize::MAX)) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // As in mongod, an error ends the cursor.
+                        st.cursors.remove(id);
+                        return Err(e);
+                    }
+                };
                 let ns = cursor.ns.clone();
                 let next_id = if rest.is_empty() {
                     st.cursors.remove(id);
@@ -540,7 +548,11 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
             Some(c) => {
                 check_hint(c, cmd)?;
                 // A leading $match is applied here (with the _id index when possible).
-                match owned.first().and_then(|s| s.get_document("$match").ok()) {
+                match owned
+                    .first()
+                    .filter(|s| s.len() == 1)
+                    .and_then(|s| s.get_document("$match").ok())
+                {
                     Some(m) => {
                         let f = Filter::parse(m)?;
                         let mut out = Vec::new();
@@ -556,14 +568,18 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
             }
         }
     };
-    let rest_stages = if owned.first().is_some_and(|s| s.contains_key("$match")) {
+    // (A `$match` that is not an object is left to the pipeline, which refuses it.)
+    let rest_stages = if owned
+        .first()
+        .is_some_and(|s| s.len() == 1 && s.get_document("$match").is_ok())
+    {
         &owned[1..]
     } else {
         &owned[..]
     };
     let results = run_pipeline(rest_stages, docs, &vars)?;
     let mut rest: VecDeque<Document> = results.into();
-    let first = take_batch(&mut rest, batch_size.unwrap_or(DEFAULT_FIRST_BATCH));
+    let first = take_batch(&mut rest, batch_size.unwrap_or(DEFAULT_FIRST_BATCH))?;
     let id = open_query_cursor(ctx, coll, &ns, rest, false);
     Ok(doc! {"cursor": {"firstBatch": first, "id": id, "ns": ns}})
 }
@@ -615,6 +631,16 @@ fn open_change_stream(
             "$cmd.aggregate".to_owned(),
         ),
     };
+    if matches!(ctx.db, "local" | "config") {
+        return Err(CommandError::new(
+            73,
+            "InvalidNamespace",
+            format!(
+                "$changeStream may not be opened on the internal {} database",
+                ctx.db
+            ),
+        ));
+    }
     if matches!(scope, Scope::Collection(..)) && ctx.db == "admin" {
         return Err(CommandError::new(
             73,

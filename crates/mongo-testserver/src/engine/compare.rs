@@ -36,12 +36,7 @@ pub fn type_rank(v: &Bson) -> u8 {
 
 /// A decimal128 as an `f64` (NaN when it cannot be read).
 pub fn decimal_to_f64(d: &bson::Decimal128) -> f64 {
-    let s = d.to_string();
-    match s.as_str() {
-        "Infinity" => f64::INFINITY,
-        "-Infinity" => f64::NEG_INFINITY,
-        _ => s.parse::<f64>().unwrap_or(f64::NAN),
-    }
+    super::decimal::to_f64(super::decimal::from_bson(d))
 }
 
 /// Compares an `i64` with an `f64` exactly (NaN is less than every integer).
@@ -87,17 +82,28 @@ fn cmp_f64(a: f64, b: f64) -> Ordering {
 
 /// Compares two numbers of any numeric BSON type by value. Non-numbers compare as equal.
 pub fn compare_numbers(a: &Bson, b: &Bson) -> Ordering {
+    use super::decimal;
     enum N {
         I(i64),
         F(f64),
+        D(decimal::Decimal),
     }
     fn n(v: &Bson) -> N {
         match v {
             Bson::Int32(i) => N::I(i64::from(*i)),
             Bson::Int64(i) => N::I(*i),
             Bson::Double(f) => N::F(*f),
-            Bson::Decimal128(d) => N::F(decimal_to_f64(d)),
+            Bson::Decimal128(d) => N::D(decimal::from_bson(d)),
             _ => N::F(0.0),
+        }
+    }
+    // With a decimal on either side the comparison is decimal: integers convert exactly,
+    // doubles rounded to 34 digits (so the double 0.1 is not Decimal128("0.1")).
+    fn d(x: N) -> decimal::Decimal {
+        match x {
+            N::I(i) => decimal::from_i64(i),
+            N::F(f) => decimal::from_f64_for_compare(f),
+            N::D(d) => d,
         }
     }
     match (n(a), n(b)) {
@@ -105,6 +111,7 @@ pub fn compare_numbers(a: &Bson, b: &Bson) -> Ordering {
         (N::I(x), N::F(y)) => cmp_i64_f64(x, y),
         (N::F(x), N::I(y)) => cmp_i64_f64(y, x).reverse(),
         (N::F(x), N::F(y)) => cmp_f64(x, y),
+        (x, y) => decimal::cmp(d(x), d(y)),
     }
 }
 

@@ -113,14 +113,12 @@ pub fn convert(v: &Bson, to: &str) -> CommandResult<Bson> {
                     ))
                 }),
             Bson::Decimal128(_) => Ok(v.clone()),
-            Bson::Boolean(b) => Ok(Bson::Decimal128(f64_to_decimal(if *b { 1.0 } else { 0.0 }))),
-            Bson::DateTime(d) => Ok(Bson::Decimal128(f64_to_decimal(d.timestamp_millis() as f64))),
-            Bson::Int32(i) => Ok(Bson::Decimal128(f64_to_decimal(f64::from(*i)))),
-            Bson::Int64(i) => Ok(Bson::Decimal128(
-                i.to_string()
-                    .parse()
-                    .unwrap_or_else(|_| f64_to_decimal(*i as f64)),
-            )),
+            // Integers exactly; a double rounded to 15 significant digits (2.5 gives
+            // Decimal128("2.50000000000000")), as MongoDB converts them.
+            Bson::Boolean(b) => Ok(Bson::Decimal128(exact_decimal(i64::from(*b)))),
+            Bson::DateTime(d) => Ok(Bson::Decimal128(exact_decimal(d.timestamp_millis()))),
+            Bson::Int32(i) => Ok(Bson::Decimal128(exact_decimal(i64::from(*i)))),
+            Bson::Int64(i) => Ok(Bson::Decimal128(exact_decimal(*i))),
             Bson::Double(f) => Ok(Bson::Decimal128(f64_to_decimal(*f))),
             other => Err(unsupported(other, "decimal")),
         },
@@ -238,6 +236,10 @@ pub fn to_string(v: &Bson) -> CommandResult<String> {
         Bson::DateTime(d) => Ok(format_iso(d.timestamp_millis())),
         other => Err(unsupported(other, "string")),
     }
+}
+
+fn exact_decimal(i: i64) -> bson::Decimal128 {
+    super::decimal::to_bson(super::decimal::from_i64(i))
 }
 
 #[cfg(test)]

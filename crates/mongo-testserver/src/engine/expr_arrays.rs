@@ -239,11 +239,12 @@ impl Ctx<'_> {
         };
         let mut out = Document::new();
         for el in arr {
-            let (k, v) = match el {
+            // mongod's codes for a NUL byte in a key: 4940400 ([k, v] pairs), 4940401 ({k, v}).
+            let (k, v, nul_code) = match el {
                 Bson::Array(mut pair) if pair.len() == 2 => {
                     let v = pair.pop().unwrap_or(Bson::Null);
                     let k = pair.pop().unwrap_or(Bson::Null);
-                    (k, v)
+                    (k, v, 4940400)
                 }
                 Bson::Document(mut d)
                     if d.len() == 2 && d.contains_key("k") && d.contains_key("v") =>
@@ -251,6 +252,7 @@ impl Ctx<'_> {
                     (
                         d.remove("k").unwrap_or(Bson::Null),
                         d.remove("v").unwrap_or(Bson::Null),
+                        4940401,
                     )
                 }
                 other => {
@@ -269,6 +271,12 @@ impl Ctx<'_> {
                     ),
                 ));
             };
+            if k.contains('\0') {
+                return Err(loc(
+                    nul_code,
+                    "Key field cannot contain an embedded null byte",
+                ));
+            }
             out.insert(k, v);
         }
         Ok(Some(Bson::Document(out)))

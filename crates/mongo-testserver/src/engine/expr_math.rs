@@ -41,8 +41,11 @@ impl Ctx<'_> {
                 let delta = match acc {
                     Num::I32(i) => i64::from(i),
                     Num::I64(i) => i,
-                    Num::F64(f) | Num::Dec(f) => num::f64_to_i64_exact(f.round())
-                        .ok_or_else(|| loc(16612, format!("$add: date overflow adding {f}")))?,
+                    Num::F64(_) | Num::Dec(_) => {
+                        let f = acc.as_f64();
+                        num::f64_to_i64_exact(f.round())
+                            .ok_or_else(|| loc(16612, format!("$add: date overflow adding {f}")))?
+                    }
                 };
                 let r = ms
                     .checked_add(delta)
@@ -139,12 +142,11 @@ impl Ctx<'_> {
         if b.is_zero() {
             return Err(CommandError::bad_value("can't $divide by zero"));
         }
-        let r = a.as_f64() / b.as_f64();
         Ok(Some(
             if matches!(a, Num::Dec(_)) || matches!(b, Num::Dec(_)) {
-                Num::Dec(r).to_bson()
+                Num::Dec(crate::engine::decimal::div(a.as_dec(), b.as_dec())).to_bson()
             } else {
-                Bson::Double(r)
+                Bson::Double(a.as_f64() / b.as_f64())
             },
         ))
     }
@@ -163,7 +165,9 @@ impl Ctx<'_> {
                     .unwrap_or(0)
                     .wrapping_rem(b.as_i64_exact().unwrap_or(1)),
             ),
-            (Num::Dec(_), _) | (_, Num::Dec(_)) => Num::Dec(a.as_f64() % b.as_f64()),
+            (Num::Dec(_), _) | (_, Num::Dec(_)) => {
+                Num::Dec(crate::engine::decimal::rem(a.as_dec(), b.as_dec()))
+            }
             _ => Num::F64(a.as_f64() % b.as_f64()),
         };
         Ok(Some(r.to_bson()))
@@ -200,7 +204,8 @@ impl Ctx<'_> {
                 ));
             }
             return Ok(Some(match n {
-                Num::Dec(x) => Num::Dec(x.sqrt()).to_bson(),
+                // Computed in binary and converted (digits past the 15th are not exact).
+                Num::Dec(_) => Num::dec_from_f64(n.as_f64().sqrt()).to_bson(),
                 other => Bson::Double(other.as_f64().sqrt()),
             }));
         }
@@ -215,7 +220,7 @@ impl Ctx<'_> {
             },
             Num::I32(_) | Num::I64(_) => n,
             Num::F64(x) => Num::F64(f(x)),
-            Num::Dec(x) => Num::Dec(f(x)),
+            Num::Dec(x) => Num::Dec(crate::engine::decimal::unary(op, x)),
         };
         Ok(Some(r.to_bson()))
     }
@@ -248,7 +253,8 @@ impl Ctx<'_> {
         let r = a.as_f64().powf(b.as_f64());
         Ok(Some(
             if matches!(a, Num::Dec(_)) || matches!(b, Num::Dec(_)) {
-                Num::Dec(r).to_bson()
+                // Computed in binary and converted (digits past the 15th are not exact).
+                Num::dec_from_f64(r).to_bson()
             } else {
                 Bson::Double(r)
             },
@@ -319,12 +325,14 @@ impl Ctx<'_> {
             return Ok(Some(Bson::Null));
         }
         let dec = nums.iter().any(|n| matches!(n, Num::Dec(_)));
-        let total: f64 = nums.iter().map(|n| n.as_f64()).sum();
-        let avg = total / nums.len() as f64;
+        let count = nums.len();
         Ok(Some(if dec {
-            Num::Dec(avg).to_bson()
+            let total = nums.into_iter().fold(Num::I32(0), num::add);
+            let n = crate::engine::decimal::from_i64(count as i64);
+            Num::Dec(crate::engine::decimal::div(total.as_dec(), n)).to_bson()
         } else {
-            Bson::Double(avg)
+            let total: f64 = nums.iter().map(|n| n.as_f64()).sum();
+            Bson::Double(total / count as f64)
         }))
     }
 }

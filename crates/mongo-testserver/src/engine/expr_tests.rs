@@ -584,3 +584,16 @@ fn validation() {
         }
     }
 }
+
+#[test]
+fn field_paths_through_arrays() {
+    let root = doc! {"a": [1, {"b": 2}, [{"b": 4}, 5], {"c": 1}], "s": [1, 2]};
+    assert_eq!(
+        ok(Bson::String("$a.b".into()), &root),
+        Some(bson::bson!([2, [4]]))
+    );
+    assert_eq!(
+        ok(Bson::String("$s.x".into()), &root),
+        Some(bson::bson!([]))
+    );
+}

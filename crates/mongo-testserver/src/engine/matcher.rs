@@ -594,6 +594,16 @@ fn in_single(items: &[InItem], x: Option<&Bson>) -> CommandResult<bool> {
 }
 
 /// Evaluates a predicate against one value (`None` = missing), without array expansion.
+/// A double or decimal NaN.
+fn is_nan(v: &Bson) -> bool {
+    match v {
+        Bson::Double(f) => f.is_nan(),
+        // Decimal128 NaN: the combination field's top five bits are 11111.
+        Bson::Decimal128(d) => d.bytes()[15] & 0x7C == 0x7C,
+        _ => false,
+    }
+}
+
 fn single(p: &Pred, x: Option<&Bson>, vars: &Vars) -> CommandResult<bool> {
     Ok(match p {
         Pred::Eq(v) => eq_single(v, x),
@@ -606,6 +616,10 @@ fn single(p: &Pred, x: Option<&Bson>, vars: &Vars) -> CommandResult<bool> {
                     || (matches!(v, Bson::Null) && matches!(x, Bson::Undefined));
                 if !bracket_ok {
                     false
+                } else if is_nan(x) || is_nan(v) {
+                    // Range comparisons never match NaN (nor anything against NaN); only the
+                    // equality part of $gte/$lte matches NaN with NaN.
+                    *or_equal && is_nan(x) && is_nan(v)
                 } else {
                     let o = compare(x, v);
                     o == *dir || (*or_equal && o == Ordering::Equal)
@@ -740,6 +754,23 @@ impl ElementCondition {
             other => ElemCond::Equal(other.clone()),
         };
         Ok(ElementCondition { kind })
+    }
+
+    /// Does the element match as `$pull` tests it? Operator conditions apply to the element
+    /// as a query applies them to a field, reaching into an element that is itself an array
+    /// (`{$pull: {a: {$gte: 6}}}` removes `[5, 6]`).
+    pub fn matches_as_field(&self, el: &Bson, vars: &Vars) -> CommandResult<bool> {
+        match &self.kind {
+            ElemCond::Value(preds) => {
+                for q in preds {
+                    if !path_pred(q, &[Some(el)], vars)? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+            _ => self.matches(el, vars),
+        }
     }
 
     /// Does the element match?

@@ -404,3 +404,21 @@ fn plain_value_is_eq_and_comparisons_agree_with_compare() {
         }
     }
 }
+
+#[test]
+fn range_comparisons_never_match_nan() {
+    let nan = doc! {"a": f64::NAN};
+    assert!(!m(doc! {"a": {"$lt": 10}}, nan.clone()));
+    assert!(!m(doc! {"a": {"$gt": -10}}, nan.clone()));
+    assert!(!m(doc! {"a": {"$gt": f64::NAN}}, nan.clone()));
+    assert!(!m(doc! {"a": {"$lt": f64::NAN}}, doc! {"a": 1}));
+    assert!(!m(doc! {"a": {"$gt": f64::NAN}}, doc! {"a": 1}));
+    // Equality-style comparisons do match NaN.
+    assert!(m(doc! {"a": {"$gte": f64::NAN}}, nan.clone()));
+    assert!(m(doc! {"a": {"$lte": f64::NAN}}, nan.clone()));
+    assert!(m(doc! {"a": f64::NAN}, nan.clone()));
+    assert!(m(doc! {"a": {"$in": [f64::NAN]}}, nan.clone()));
+    let dec_nan: bson::Decimal128 = "NaN".parse().unwrap();
+    assert!(!m(doc! {"a": {"$lt": 10}}, doc! {"a": dec_nan}));
+    assert!(m(doc! {"a": {"$gte": f64::NAN}}, doc! {"a": dec_nan}));
+}

@@ -14,6 +14,7 @@
 pub mod compare;
 pub mod convert;
 pub mod date;
+pub mod decimal;
 pub mod diff;
 pub mod expr;
 pub mod matcher;

@@ -2,11 +2,12 @@
 //!
 //! int32 op int32 gives int32 unless it overflows (then int64); int64 overflowing gives double in
 //! aggregation (update operators report an error instead, see [`checked_add`]); any double makes
-//! a double; any decimal makes a decimal (decimal arithmetic is carried out in `f64`).
+//! a double; any decimal makes a decimal, computed as IEEE 754-2008 decimal128 (see
+//! [`super::decimal`]).
 
 use bson::{Bson, Decimal128};
 
-use super::compare::decimal_to_f64;
+use super::decimal::{self, Decimal};
 
 /// A number of one of BSON's numeric types.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -17,8 +18,8 @@ pub enum Num {
     I64(i64),
     /// double
     F64(f64),
-    /// decimal128 (held as `f64`)
-    Dec(f64),
+    /// decimal128
+    Dec(Decimal),
 }
 
 impl Num {
@@ -28,7 +29,7 @@ impl Num {
             Bson::Int32(i) => Some(Num::I32(*i)),
             Bson::Int64(i) => Some(Num::I64(*i)),
             Bson::Double(f) => Some(Num::F64(*f)),
-            Bson::Decimal128(d) => Some(Num::Dec(decimal_to_f64(d))),
+            Bson::Decimal128(d) => Some(Num::Dec(decimal::from_bson(d))),
             _ => None,
         }
     }
@@ -39,7 +40,7 @@ impl Num {
             Num::I32(i) => Bson::Int32(i),
             Num::I64(i) => Bson::Int64(i),
             Num::F64(f) => Bson::Double(f),
-            Num::Dec(f) => Bson::Decimal128(f64_to_decimal(f)),
+            Num::Dec(d) => Bson::Decimal128(decimal::to_bson(d)),
         }
     }
 
@@ -48,8 +49,25 @@ impl Num {
         match self {
             Num::I32(i) => f64::from(i),
             Num::I64(i) => i as f64,
-            Num::F64(f) | Num::Dec(f) => f,
+            Num::F64(f) => f,
+            Num::Dec(d) => decimal::to_f64(d),
         }
+    }
+
+    /// As a decimal: integers exactly, doubles rounded to 15 digits (as MongoDB converts an
+    /// operand of mixed arithmetic).
+    pub fn as_dec(self) -> Decimal {
+        match self {
+            Num::I32(i) => decimal::from_i64(i64::from(i)),
+            Num::I64(i) => decimal::from_i64(i),
+            Num::F64(f) => decimal::from_f64(f),
+            Num::Dec(d) => d,
+        }
+    }
+
+    /// A double converted to decimal as MongoDB converts it (15 significant digits).
+    pub fn dec_from_f64(f: f64) -> Num {
+        Num::Dec(decimal::from_f64(f))
     }
 
     /// The exact integer value, if the number is integral and fits an `i64`.
@@ -57,13 +75,17 @@ impl Num {
         match self {
             Num::I32(i) => Some(i64::from(i)),
             Num::I64(i) => Some(i),
-            Num::F64(f) | Num::Dec(f) => f64_to_i64_exact(f),
+            Num::F64(f) => f64_to_i64_exact(f),
+            Num::Dec(d) => decimal::to_i64_exact(d),
         }
     }
 
     /// True if the value is zero.
     pub fn is_zero(self) -> bool {
-        self.as_f64() == 0.0
+        match self {
+            Num::Dec(d) => d.is_zero(),
+            other => other.as_f64() == 0.0,
+        }
     }
 
     fn rank(self) -> u8 {
@@ -88,17 +110,9 @@ pub fn f64_to_i64_exact(f: f64) -> Option<i64> {
     }
 }
 
-/// An `f64` as a decimal128 value.
+/// An `f64` as a decimal128 value, rounded to 15 significant digits as MongoDB converts it.
 pub fn f64_to_decimal(f: f64) -> Decimal128 {
-    let s = if f.is_nan() {
-        "NaN".to_string()
-    } else if f.is_infinite() {
-        if f > 0.0 { "Infinity" } else { "-Infinity" }.to_string()
-    } else {
-        format!("{f:?}")
-    };
-    s.parse()
-        .unwrap_or_else(|_| Decimal128::from_bytes([0; 16]))
+    decimal::to_bson(decimal::from_f64(f))
 }
 
 #[derive(Clone, Copy)]
@@ -138,7 +152,14 @@ fn checked(op: Op, a: Num, b: Num) -> Option<Num> {
             }
         }
         2 => Some(Num::F64(float_op(op, a.as_f64(), b.as_f64()))),
-        _ => Some(Num::Dec(float_op(op, a.as_f64(), b.as_f64()))),
+        _ => {
+            let (x, y) = (a.as_dec(), b.as_dec());
+            Some(Num::Dec(match op {
+                Op::Add => decimal::add(x, y),
+                Op::Sub => decimal::sub(x, y),
+                Op::Mul => decimal::mul(x, y),
+            }))
+        }
     }
 }
 
@@ -188,7 +209,12 @@ mod tests {
             Num::F64(i64::MAX as f64 + 1.0)
         );
         assert_eq!(add(Num::I32(1), Num::F64(0.5)), Num::F64(1.5));
-        assert_eq!(add(Num::Dec(1.0), Num::F64(0.5)), Num::Dec(1.5));
+        let dec = |s: &str| Num::from_bson(&Bson::Decimal128(s.parse().unwrap())).unwrap();
+        assert_eq!(
+            add(dec("1.0"), Num::F64(0.5)).to_bson(),
+            dec("1.500000000000000").to_bson()
+        );
+        assert_eq!(add(dec("10"), Num::I32(5)).to_bson(), dec("15").to_bson());
         assert_eq!(mul(Num::I32(1 << 20), Num::I32(1 << 20)), Num::I64(1 << 40));
         assert_eq!(sub(Num::I32(1), Num::I32(3)), Num::I32(-2));
         assert_eq!(checked_add(Num::I64(i64::MAX), Num::I32(1)), None);
@@ -196,11 +222,20 @@ mod tests {
 
     #[test]
     fn decimals_round_trip() {
-        let d = Num::Dec(2.5).to_bson();
-        assert_eq!(Num::from_bson(&d), Some(Num::Dec(2.5)));
-        assert_eq!(
-            Num::from_bson(&Num::Dec(f64::INFINITY).to_bson()),
-            Some(Num::Dec(f64::INFINITY))
-        );
+        for s in ["2.5", "-0", "Infinity", "1E-6176", "1.00"] {
+            let b = Bson::Decimal128(s.parse().unwrap());
+            assert_eq!(Num::from_bson(&b).unwrap().to_bson(), b);
+        }
+        let b = Bson::Decimal128("1E+2".parse().unwrap());
+        assert_eq!(Num::from_bson(&b).unwrap().as_i64_exact(), Some(100));
+        for (s, want) in [
+            ("-1E+2", Some(-100)),
+            ("-5.0", Some(-5)),
+            ("0.5", None),
+            ("1E+30", None),
+        ] {
+            let b = Bson::Decimal128(s.parse().unwrap());
+            assert_eq!(Num::from_bson(&b).unwrap().as_i64_exact(), want, "{s}");
+        }
     }
 }

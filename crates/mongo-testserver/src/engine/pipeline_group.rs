@@ -4,7 +4,7 @@ use super::*;
 
 enum Acc {
     Sum(Num),
-    Avg(f64, u64, bool),
+    Avg(Num, u64, bool),
     Extreme(Option<Bson>, bool),
     First(Option<Option<Bson>>),
     Last(Option<Bson>),
@@ -17,7 +17,7 @@ enum Acc {
 fn new_acc(op: &str) -> Acc {
     match op {
         "$sum" => Acc::Sum(Num::I32(0)),
-        "$avg" => Acc::Avg(0.0, 0, false),
+        "$avg" => Acc::Avg(Num::I32(0), 0, false),
         "$min" => Acc::Extreme(None, false),
         "$max" => Acc::Extreme(None, true),
         "$first" => Acc::First(None),
@@ -38,7 +38,7 @@ fn accumulate(acc: &mut Acc, v: Option<Bson>) -> CommandResult<()> {
         }
         Acc::Avg(total, count, dec) => {
             if let Some(n) = v.as_ref().and_then(Num::from_bson) {
-                *total += n.as_f64();
+                *total = num::add(*total, n);
                 *count += 1;
                 *dec |= matches!(n, Num::Dec(_));
             }
@@ -102,11 +102,11 @@ fn finish(acc: Acc) -> Bson {
         Acc::Sum(s) => s.to_bson(),
         Acc::Avg(_, 0, _) => Bson::Null,
         Acc::Avg(t, c, dec) => {
-            let a = t / c as f64;
             if dec {
-                Num::Dec(a).to_bson()
+                let n = crate::engine::decimal::from_i64(c as i64);
+                Num::Dec(crate::engine::decimal::div(t.as_dec(), n)).to_bson()
             } else {
-                Bson::Double(a)
+                Bson::Double(t.as_f64() / c as f64)
             }
         }
         Acc::Extreme(b, _) => b.unwrap_or(Bson::Null),
@@ -158,6 +158,8 @@ pub(super) fn group(g: &Group, docs: Vec<Document>, vars: &Vars) -> CommandResul
 
 pub(super) fn unwind(u: &Unwind, docs: Vec<Document>) -> Vec<Document> {
     let parts: Vec<&str> = u.path.split('.').collect();
+    // `includeArrayIndex: "a.idx"` writes the nested field `idx` of `a`.
+    let index_parts: Option<Vec<&str>> = u.index_field.as_ref().map(|f| f.split('.').collect());
     let mut out = Vec::new();
     for d in docs {
         let value = get_doc_path(&d, &parts);
@@ -166,8 +168,8 @@ pub(super) fn unwind(u: &Unwind, docs: Vec<Document>) -> Vec<Document> {
                 for (i, el) in a.iter().enumerate() {
                     let mut nd = d.clone();
                     set_agg_path(&mut nd, &parts, el.clone());
-                    if let Some(f) = &u.index_field {
-                        set_agg_path(&mut nd, &[f.as_str()], Bson::Int64(i as i64));
+                    if let Some(f) = &index_parts {
+                        set_agg_path(&mut nd, f, Bson::Int64(i as i64));
                     }
                     out.push(nd);
                 }
@@ -178,16 +180,16 @@ pub(super) fn unwind(u: &Unwind, docs: Vec<Document>) -> Vec<Document> {
                     if matches!(value, Some(Bson::Array(_))) {
                         crate::engine::path::remove_agg_path(&mut nd, &parts);
                     }
-                    if let Some(f) = &u.index_field {
-                        nd.insert(f.clone(), Bson::Null);
+                    if let Some(f) = &index_parts {
+                        set_agg_path(&mut nd, f, Bson::Null);
                     }
                     out.push(nd);
                 }
             }
             Some(_) => {
                 let mut nd = d.clone();
-                if let Some(f) = &u.index_field {
-                    nd.insert(f.clone(), Bson::Null);
+                if let Some(f) = &index_parts {
+                    set_agg_path(&mut nd, f, Bson::Null);
                 }
                 out.push(nd);
             }

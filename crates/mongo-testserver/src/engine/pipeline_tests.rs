@@ -180,6 +180,15 @@ fn group_and_unwind() {
     assert_eq!(out[1].get("i"), Some(&Bson::Int64(1)));
     assert_eq!(out[2].get("i"), Some(&Bson::Null));
     assert_eq!(rerr(vec![doc! {"$unwind": "tags"}]).code, 28818);
+    // A dotted includeArrayIndex writes a nested field.
+    let out = r(vec![
+        doc! {"$match": {"_id": 1}},
+        doc! {"$unwind": {"path": "$tags", "includeArrayIndex": "meta.idx"}},
+    ]);
+    assert_eq!(
+        out[1],
+        doc! {"_id": 1, "x": 3, "g": "a", "tags": "q", "meta": {"idx": 1i64}}
+    );
 }
 
 #[test]

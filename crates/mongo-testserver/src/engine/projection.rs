@@ -8,7 +8,7 @@
 use bson::{Bson, Document};
 
 use super::expr::{self, Vars};
-use super::matcher::Filter;
+use super::matcher::ElementCondition;
 use super::path::set_agg_path;
 use crate::error::{CommandError, CommandResult};
 
@@ -28,7 +28,7 @@ enum PNode {
     Sub(Vec<(String, PNode)>),
     Computed,
     Slice(Option<i64>, i64),
-    ElemMatch(Box<Filter>),
+    ElemMatch(Box<ElementCondition>),
 }
 
 fn loc(code: i32, msg: impl Into<String>) -> CommandError {
@@ -298,7 +298,9 @@ fn parse_level(
                     if let Some(exc) = &modes.exclusion {
                         return Err(loc(31254, format!("Cannot do exclusion on field {exc} in inclusion projection")));
                     }
-                    insert_node(tree, &parts, PNode::ElemMatch(Box::new(Filter::parse(cond)?)), &full)?;
+                    // As the query operator: `{$elemMatch: {$gte: 5}}` tests the elements themselves.
+                    let cond = ElementCondition::parse(&Bson::Document(cond.clone()))?;
+                    insert_node(tree, &parts, PNode::ElemMatch(Box::new(cond)), &full)?;
                     continue;
                 }
                 expr::validate(v)?;
@@ -385,11 +387,9 @@ fn include(doc: &Document, tree: &[(String, PNode)], vars: &Vars) -> CommandResu
             PNode::ElemMatch(f) => {
                 if let Bson::Array(a) = v {
                     for el in a {
-                        if let Bson::Document(d) = el {
-                            if f.matches(d, vars)? {
-                                out.insert(k.clone(), Bson::Array(vec![el.clone()]));
-                                break;
-                            }
+                        if f.matches(el, vars)? {
+                            out.insert(k.clone(), Bson::Array(vec![el.clone()]));
+                            break;
                         }
                     }
                 }

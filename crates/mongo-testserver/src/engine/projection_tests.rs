@@ -157,3 +157,40 @@ fn aggregate_projection() {
         )
     );
 }
+
+#[test]
+fn elem_match_with_operators_tests_the_elements() {
+    let d = doc! {"_id": 1, "s": [1, 7, 9], "m": [{"x": 1}, 4, {"x": 5}]};
+    assert_eq!(
+        p(d.clone(), doc! {"s": {"$elemMatch": {"$gte": 5}}}),
+        doc! {"_id": 1, "s": [7]}
+    );
+    assert_eq!(
+        p(d.clone(), doc! {"s": {"$elemMatch": {"$gt": 5, "$lt": 8}}}),
+        doc! {"_id": 1, "s": [7]}
+    );
+    assert_eq!(
+        p(d.clone(), doc! {"m": {"$elemMatch": {"x": {"$gt": 2}}}}),
+        doc! {"_id": 1, "m": [{"x": 5}]}
+    );
+    assert_eq!(
+        p(d, doc! {"s": {"$elemMatch": {"$gt": 100}}}),
+        doc! {"_id": 1}
+    );
+}
+
+#[test]
+fn paths_through_arrays_of_scalars() {
+    let d = doc! {"_id": 1, "a": [1, {"b": 2, "c": 3}, [{"b": 4}, 5]], "s": [1, 2]};
+    // Inclusion keeps the documents' fields and drops scalars inside the arrays.
+    assert_eq!(
+        p(d.clone(), doc! {"a.b": 1}),
+        doc! {"_id": 1, "a": [{"b": 2}, [{"b": 4}]]}
+    );
+    assert_eq!(p(d.clone(), doc! {"s.x": 1, "_id": 0}), doc! {"s": []});
+    // Exclusion keeps the scalars.
+    assert_eq!(
+        p(d, doc! {"a.b": 0}),
+        doc! {"_id": 1, "a": [1, {"c": 3}, [{}, 5]], "s": [1, 2]}
+    );
+}

@@ -28,6 +28,7 @@ pub enum Update {
 #[derive(Debug, Clone)]
 pub struct OperatorUpdate {
     ops: Vec<Op>,
+    positional: positional::Positional,
 }
 
 /// What an update did.
@@ -121,7 +122,7 @@ fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
         ));
     }
     let parts: Vec<String> = path.split('.').map(str::to_string).collect();
-    for p in &parts {
+    for (i, p) in parts.iter().enumerate() {
         if p.is_empty() {
             return Err(code(
                 56,
@@ -131,12 +132,13 @@ fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
                 ),
             ));
         }
-        if p == "$" || p.starts_with("$[") {
-            return Err(CommandError::bad_value(format!(
-                "the positional operator '{p}' in update path '{path}' is not supported by mongo-testserver"
-            )));
+        if i > 0 && positional::is_positional(p) {
+            positional::check_element(p, path)?;
+            continue;
         }
-        if p.starts_with('$') {
+        // Since MongoDB 5.0 only a top-level field may not start with '$' (it would be taken
+        // for an operator); `a.$b` is a valid update path.
+        if i == 0 && p.starts_with('$') {
             return Err(code(
                 52,
                 "DollarPrefixedFieldName",
@@ -146,6 +148,29 @@ fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
             ));
         }
     }
+    if parts.iter().filter(|p| p.as_str() == "$").count() > 1 {
+        return Err(CommandError::bad_value(format!(
+            "Too many positional (i.e. '$') elements found in path '{path}'"
+        )));
+    }
+    Ok(parts)
+}
+
+/// An update path whose top-level field may start with '$': MongoDB stores such a field when
+/// an upsert inserts (`{$set: {"$hotel": 1}}`), and refuses it when updating a stored document
+/// (checked when applied).
+fn parse_insertable_path(path: &str) -> CommandResult<Vec<String>> {
+    let (first, rest) = path.split_once('.').unwrap_or((path, ""));
+    if !first.starts_with('$') || first == "$" || first.starts_with("$[") {
+        return parse_update_path(path);
+    }
+    let probe = if rest.is_empty() {
+        "x".to_string()
+    } else {
+        format!("x.{rest}")
+    };
+    let mut parts = parse_update_path(&probe)?;
+    parts[0] = first.to_string();
     Ok(parts)
 }
 
@@ -279,7 +304,11 @@ fn parse_operators(update: &Document) -> CommandResult<OperatorUpdate> {
             ))
         })?;
         for (path, v) in fields {
-            let parts = parse_update_path(path)?;
+            let parts = if matches!(opname.as_str(), "$set" | "$setOnInsert") {
+                parse_insertable_path(path)?
+            } else {
+                parse_update_path(path)?
+            };
             let kind = match opname.as_str() {
                 "$set" => Kind::Set(v.clone()),
                 "$setOnInsert" => Kind::SetOnInsert(v.clone()),
@@ -312,6 +341,11 @@ fn parse_operators(update: &Document) -> CommandResult<OperatorUpdate> {
                             )))
                         }
                     };
+                    if to.contains('\0') {
+                        return Err(CommandError::bad_value(
+                            "The 'to' field for $rename cannot contain an embedded null byte",
+                        ));
+                    }
                     if to == *path {
                         return Err(CommandError::bad_value(format!(
                             "The source and target field for $rename must differ: {path}: \"{to}\""
@@ -323,6 +357,16 @@ fn parse_operators(update: &Document) -> CommandResult<OperatorUpdate> {
                         )));
                     }
                     let to_parts = parse_update_path(&to)?;
+                    if parts.iter().any(|p| positional::is_positional(p)) {
+                        return Err(CommandError::bad_value(format!(
+                            "The source field for $rename may not be dynamic: {path}"
+                        )));
+                    }
+                    if to_parts.iter().any(|p| positional::is_positional(p)) {
+                        return Err(CommandError::bad_value(format!(
+                            "The destination field for $rename may not be dynamic: {to}"
+                        )));
+                    }
                     all_paths.push(to.clone());
                     Kind::Rename(to_parts, to)
                 }
@@ -406,7 +450,10 @@ fn parse_operators(update: &Document) -> CommandResult<OperatorUpdate> {
     }
     check_conflicts(&all_paths)?;
     ops.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(OperatorUpdate { ops })
+    Ok(OperatorUpdate {
+        ops,
+        positional: positional::Positional::default(),
+    })
 }
 
 fn check_conflicts(paths: &[String]) -> CommandResult<()> {
@@ -473,6 +520,29 @@ impl Update {
         }
     }
 
+    /// Attaches what positional paths resolve with: the statement's query (for `$`) and its
+    /// `arrayFilters` (for `$[<identifier>]`), checking that every identifier has exactly one
+    /// filter and every filter is used.
+    pub fn with_positional(
+        mut self,
+        query: &Document,
+        array_filters: Option<&Bson>,
+    ) -> CommandResult<Update> {
+        let given = matches!(array_filters, Some(Bson::Array(a)) if !a.is_empty());
+        match &mut self {
+            Update::Operators(ops) => {
+                ops.positional = positional::Positional::new(&ops.ops, query, array_filters)?;
+            }
+            _ if given => {
+                return Err(CommandError::failed_to_parse(
+                    "arrayFilters may only be specified with an update made of update operators",
+                ))
+            }
+            _ => {}
+        }
+        Ok(self)
+    }
+
     /// True for a replacement document.
     pub fn is_replacement(&self) -> bool {
         matches!(self, Update::Replacement(_))
@@ -520,7 +590,21 @@ impl Update {
             Update::Operators(ops) => {
                 let mut work = doc.clone();
                 for op in &ops.ops {
-                    apply_op(&mut work, op, is_insert, vars)?;
+                    if op.parts.iter().any(|p| positional::is_positional(p)) {
+                        let concrete = ops
+                            .positional
+                            .expand(&work, &op.parts, &op.path, is_insert, vars)?;
+                        for parts in concrete {
+                            let one = Op {
+                                path: op.path.clone(),
+                                parts,
+                                kind: op.kind.clone(),
+                            };
+                            apply_op(&mut work, &one, is_insert, vars)?;
+                        }
+                    } else {
+                        apply_op(&mut work, op, is_insert, vars)?;
+                    }
                 }
                 work
             }
@@ -532,11 +616,26 @@ impl Update {
             }
         }
         move_id_first(&mut new_doc);
-        let modified = new_doc != *doc;
+        let modified = match self {
+            // mongod counts a replacement as a no-op only when the replacement document is
+            // byte for byte the stored one (its `_id` included): replacing `{_id: 1, a: 1}`
+            // with `{a: 1}` is a modification (nModified 1, a replace event).
+            Update::Replacement(r) => !binary_equal(doc, r),
+            _ => new_doc != *doc,
+        };
         if modified {
             *doc = new_doc;
         }
         Ok(UpdateOutcome { modified })
+    }
+}
+
+/// Whether two documents encode to the same bytes (types, order, -0.0 and NaN included).
+fn binary_equal(a: &Document, b: &Document) -> bool {
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    match (a.to_writer(&mut x), b.to_writer(&mut y)) {
+        (Ok(()), Ok(())) => x == y,
+        _ => false,
     }
 }
 
@@ -605,6 +704,8 @@ pub fn upsert_seed(filter: &Document) -> CommandResult<Document> {
 
 #[path = "update_apply.rs"]
 mod apply;
+#[path = "update_positional.rs"]
+mod positional;
 use apply::{apply_op, slot};
 
 #[cfg(test)]

@@ -153,7 +153,7 @@ fn zero_like(n: Num) -> Bson {
         Num::I32(_) => Bson::Int32(0),
         Num::I64(_) => Bson::Int64(0),
         Num::F64(_) => Bson::Double(0.0),
-        Num::Dec(_) => Num::Dec(0.0).to_bson(),
+        Num::Dec(_) => Num::Dec(crate::engine::decimal::from_i64(0)).to_bson(),
     }
 }
 
@@ -165,6 +165,17 @@ pub(super) fn apply_op(
 ) -> CommandResult<()> {
     let id = id_desc(doc);
     let path = op.path.as_str();
+    if !is_insert {
+        if let Some(top) = op.parts.first().filter(|p| p.starts_with('$')) {
+            return Err(code(
+                52,
+                "DollarPrefixedFieldName",
+                format!(
+                    "The dollar ($) prefixed field '{top}' in '{path}' is not valid for storage."
+                ),
+            ));
+        }
+    }
     match &op.kind {
         Kind::Set(v) => {
             if let Some(mut s) = slot(doc, &op.parts, true)? {
@@ -369,7 +380,7 @@ pub(super) fn apply_op(
                     Some(Bson::Array(a)) => {
                         let mut keep = Vec::with_capacity(a.len());
                         for el in a.iter() {
-                            if !cond.matches(el, vars)? {
+                            if !cond.matches_as_field(el, vars)? {
                                 keep.push(el.clone());
                             }
                         }

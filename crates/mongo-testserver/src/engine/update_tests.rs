@@ -571,9 +571,21 @@ fn parse_errors() {
     assert!(Update::parse(&b(doc! {"$set": {"ab": 1, "a": 1}})).is_ok());
     assert_eq!(parse_err(b(doc! {"$set": {"": 1}})).code, 56);
     assert_eq!(parse_err(b(doc! {"$set": {"a..b": 1}})).code, 56);
-    assert_eq!(parse_err(b(doc! {"$set": {"a.$": 1}})).code, 2);
-    assert_eq!(parse_err(b(doc! {"$set": {"a.$[]": 1}})).code, 2);
-    assert_eq!(parse_err(b(doc! {"$set": {"$a": 1}})).code, 52);
+    // Positional paths parse (they are resolved when applied).
+    assert!(Update::parse(&b(doc! {"$set": {"a.$": 1, "b.$[].c.$[x]": 1}})).is_ok());
+    assert_eq!(parse_err(b(doc! {"$set": {"a.$.b.$": 1}})).code, 2);
+    assert_eq!(parse_err(b(doc! {"$set": {"a.$[X]": 1}})).code, 2);
+    assert_eq!(parse_err(b(doc! {"$set": {"$[]": 1}})).code, 52);
+    // A top-level `$` field: stored by an upsert's insert, refused on a stored document.
+    assert_eq!(
+        run_insert(b(doc! {"$set": {"$a": 1}}), doc! {"_id": 1}, true).0,
+        doc! {"_id": 1, "$a": 1}
+    );
+    assert_eq!(
+        apply_err(b(doc! {"$set": {"$a.b": 1}}), doc! {"_id": 1}).code,
+        52
+    );
+    assert_eq!(parse_err(b(doc! {"$inc": {"$a": 1}})).code, 52);
     assert_eq!(parse_err(b(doc! {"$set": {"a": 1}, "b": 1})).code, 9);
     assert_eq!(parse_err(Bson::Int32(1)).code, 9);
     assert!(parse_err(b(doc! {"$bit": {"a": {"and": 1}}}))
@@ -663,4 +675,38 @@ fn modified_flag_matches_document_change() {
             }
         }
     }
+}
+
+#[test]
+fn a_replacement_is_a_no_op_only_when_byte_identical() {
+    let d = doc! {"_id": 1, "a": 1};
+    // Without `_id` the replacement differs from the stored document: modified.
+    let (out, modified) = run(b(doc! {"a": 1}), d.clone());
+    assert!(modified);
+    assert_eq!(out, d);
+    assert!(!run(b(doc! {"_id": 1, "a": 1}), d.clone()).1);
+    assert!(run(b(doc! {"_id": 1, "a": 1.0}), d.clone()).1);
+    assert!(run(b(doc! {"_id": 1, "a": 1, "b": 2}), d).1);
+}
+
+#[test]
+fn pull_with_operators_on_arrays_of_arrays() {
+    let d = doc! {"_id": 1, "a": [[1, 2], [5, 6], [7]]};
+    let (out, _) = run(
+        b(doc! {"$pull": {"a": {"$elemMatch": {"$gte": 5}}}}),
+        d.clone(),
+    );
+    assert_eq!(out, doc! {"_id": 1, "a": [[1, 2]]});
+    let (out, _) = run(b(doc! {"$pull": {"a": {"$size": 1}}}), d.clone());
+    assert_eq!(out, doc! {"_id": 1, "a": [[1, 2], [5, 6]]});
+    let (out, _) = run(b(doc! {"$pull": {"a": [1, 2]}}), d.clone());
+    assert_eq!(out, doc! {"_id": 1, "a": [[5, 6], [7]]});
+    let (out, _) = run(b(doc! {"$pull": {"a": {"$in": [[7]]}}}), d.clone());
+    assert_eq!(out, doc! {"_id": 1, "a": [[1, 2], [5, 6]]});
+    // A value condition reaches into an element that is an array, as a query does.
+    let (out, _) = run(b(doc! {"$pull": {"a": {"$gte": 6}}}), d.clone());
+    assert_eq!(out, doc! {"_id": 1, "a": [[1, 2]]});
+    // Equality compares whole elements.
+    let (out, _) = run(b(doc! {"$pull": {"a": 7}}), d.clone());
+    assert_eq!(out, d);
 }

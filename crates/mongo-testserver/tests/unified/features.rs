@@ -165,7 +165,6 @@ fn argument_skip(op: &str, arg: &str) -> Option<String> {
         (_, "collation") => "collation",
         (_, "hint") => "index hints",
         (_, "let") => "let variables",
-        (_, "arrayFilters") => "arrayFilters",
         (_, "session") => "explicit sessions",
         (_, "allowDiskUse") => "allowDiskUse",
         (_, "min" | "max" | "returnKey" | "showRecordId") => "min/max/returnKey/showRecordId",
@@ -209,9 +208,6 @@ fn scan(value: &Bson, ctx: Context) -> Option<String> {
                 }
                 if k.starts_with('$') && !allowed(ctx, k) {
                     return Some(k.clone());
-                }
-                if matches!(ctx, Context::UpdateDocument) && k.contains(".$") {
-                    return Some(format!("positional update path {k}"));
                 }
                 if let Some(found) = scan(v, ctx) {
                     return Some(found);
