@@ -20,8 +20,8 @@ pub enum Update {
     Operators(OperatorUpdate),
     /// A replacement document (`{a: 1}`; `{}` replaces with an empty document).
     Replacement(Document),
-    /// An aggregation pipeline (`[{$set: ...}, ...]`).
-    Pipeline(Vec<Document>),
+    /// An aggregation pipeline (`[{$set: ...}, ...]`), parsed once.
+    Pipeline(pipeline::Parsed),
 }
 
 /// The operators of an operator-style update, in application order.
@@ -446,8 +446,7 @@ impl Update {
                         }
                     }
                 }
-                pipeline::validate_update_pipeline(&docs)?;
-                Ok(Update::Pipeline(docs))
+                Ok(Update::Pipeline(pipeline::Parsed::parse_update(&docs)?))
             }
             Bson::Document(d) => {
                 let first_is_op = d.keys().next().is_some_and(|k| k.starts_with('$'));
@@ -516,7 +515,7 @@ impl Update {
                 }
                 out
             }
-            Update::Pipeline(stages) => pipeline::run_update_pipeline(stages, doc, vars)?,
+            Update::Pipeline(stages) => pipeline::run_parsed_update_pipeline(stages, doc, vars)?,
             Update::Operators(ops) => {
                 let mut work = doc.clone();
                 for op in &ops.ops {
