@@ -33,6 +33,7 @@ use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
 use mongolock::{LockProvider, MongoBackend};
 
+mod ops;
 mod scale;
 mod stats;
 
@@ -307,6 +308,7 @@ fn main() {
         Some("--scale-worker") => return scale::scale_worker(&args[1..]),
         Some("--handoff-worker") => return scale::handoff_worker(&args[1..]),
         Some("--scale") => return scale::scale(args.iter().any(|a| a == "--quick")),
+        Some("--ops") => return ops::ops(env_usize("BENCH_PAIRS", 2000)),
         _ => {}
     }
     let handoff_procs = env_usize("BENCH_HANDOFF_PROCS", 32);

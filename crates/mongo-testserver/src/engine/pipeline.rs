@@ -531,6 +531,15 @@ impl Parsed {
         parse_all(stages, true).map(Parsed)
     }
 
+    /// [`Parsed::parse_update`] of stages borrowed from a command (not cloned first).
+    pub fn parse_update_refs(stages: &[&Document]) -> CommandResult<Parsed> {
+        stages
+            .iter()
+            .map(|s| parse_stage(s, true))
+            .collect::<CommandResult<_>>()
+            .map(Parsed)
+    }
+
     /// Whether the pipeline has no stages.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

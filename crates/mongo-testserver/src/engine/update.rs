@@ -437,7 +437,7 @@ impl Update {
                 let mut docs = Vec::with_capacity(stages.len());
                 for s in stages {
                     match s {
-                        Bson::Document(d) => docs.push(d.clone()),
+                        Bson::Document(d) => docs.push(d),
                         other => {
                             return Err(CommandError::type_mismatch(format!(
                                 "Each element of the 'pipeline' array must be an object, found {}",
@@ -446,7 +446,9 @@ impl Update {
                         }
                     }
                 }
-                Ok(Update::Pipeline(pipeline::Parsed::parse_update(&docs)?))
+                Ok(Update::Pipeline(pipeline::Parsed::parse_update_refs(
+                    &docs,
+                )?))
             }
             Bson::Document(d) => {
                 let first_is_op = d.keys().next().is_some_and(|k| k.starts_with('$'));
@@ -492,6 +494,24 @@ impl Update {
         is_insert: bool,
         vars: &Vars,
     ) -> CommandResult<UpdateOutcome> {
+        match self.apply_to(doc, is_insert, vars)? {
+            Some(new_doc) => {
+                *doc = new_doc;
+                Ok(UpdateOutcome { modified: true })
+            }
+            None => Ok(UpdateOutcome { modified: false }),
+        }
+    }
+
+    /// [`apply`](Self::apply) without changing `doc`: the new document, or `None` when the
+    /// update leaves it as it is. Saves a copy of `doc` when the caller keeps the original
+    /// anyway (the stored version).
+    pub fn apply_to(
+        &self,
+        doc: &Document,
+        is_insert: bool,
+        vars: &Vars,
+    ) -> CommandResult<Option<Document>> {
         let original_id = doc.get("_id").cloned();
         let mut new_doc = match self {
             Update::Replacement(r) => {
@@ -531,11 +551,7 @@ impl Update {
             }
         }
         move_id_first(&mut new_doc);
-        let modified = new_doc != *doc;
-        if modified {
-            *doc = new_doc;
-        }
-        Ok(UpdateOutcome { modified })
+        Ok((new_doc != *doc).then_some(new_doc))
     }
 }
 
