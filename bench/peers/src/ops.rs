@@ -110,6 +110,28 @@ async fn pair_today(coll: &Collection<Document>, name: &str, small_release: bool
     assert_eq!(r.matched_count, 1);
 }
 
+/// The acquire as `findAndModify` with an operator update (no pipeline; not a valid lock
+/// acquire, only to price the pipeline) and the minimal release.
+async fn pair_fam_operators(coll: &Collection<Document>, name: &str) {
+    let mine = lease_id();
+    coll.find_one_and_update(
+        doc! { "_id": name },
+        doc! { "$set": { "leaseId": &mine, "expiresAt": mongodb::bson::DateTime::now() }, "$inc": { "fencingToken": 1_i64 } },
+    )
+    .upsert(true)
+    .return_document(ReturnDocument::After)
+    .projection(doc! { "leaseId": 1, "fencingToken": 1, "acquiredAt": 1, "expiresAt": 1 })
+    .await
+    .unwrap()
+    .unwrap();
+    coll.update_one(
+        doc! { "_id": name, "leaseId": &mine },
+        doc! { "$set": { "leaseId": Bson::Null } },
+    )
+    .await
+    .unwrap();
+}
+
 /// What a polling peer sends: an update with operators and a delete-free release.
 async fn pair_minimal(coll: &Collection<Document>, name: &str) {
     let mine = lease_id();
@@ -150,7 +172,12 @@ pub fn ops(pairs: usize) {
                 while stream.next().await.is_some() {}
             });
             let mut rows = Vec::new();
-            for variant in ["today", "small release", "minimal (peer-like)"] {
+            for variant in [
+                "today",
+                "small release",
+                "findAndModify, operators",
+                "minimal (peer-like)",
+            ] {
                 let name = format!("ops-{variant}");
                 let run = |n: usize| {
                     let coll = coll.clone();
@@ -160,6 +187,9 @@ pub fn ops(pairs: usize) {
                             match variant {
                                 "today" => pair_today(&coll, &name, false).await,
                                 "small release" => pair_today(&coll, &name, true).await,
+                                "findAndModify, operators" => {
+                                    pair_fam_operators(&coll, &name).await
+                                }
                                 _ => pair_minimal(&coll, &name).await,
                             }
                         }

@@ -73,7 +73,9 @@
 //! # Wake-ups, without a stampede
 //! An acquirer registers for the name's next change before each attempt; an event wakes the
 //! longest-waiting registered acquirer of the name in this process (one per event), which
-//! retries at once. With the stream healthy, a busy acquirer otherwise sleeps until the holder's
+//! retries at once — except a grant by another backend (the name is held again; the release or
+//! expiry before it is what lets a waiter in), which reaches observers and holders only, as
+//! this backend's own grants do. With the stream healthy, a busy acquirer otherwise sleeps until the holder's
 //! reported expiry (a crashed holder writes nothing). Observers
 //! ([`wait_for_change`](crate::LockBackend::wait_for_change)) are all woken.
 //!
@@ -643,6 +645,15 @@ fn dispatch(hub: &Hub, ev: &Document, target: &Target) {
         Event::Name(name, change) if ev.get_str("operationType") == Ok("replace") => {
             hub.dispatch_unless_known(&name, change)
         }
+        // Another backend's grant: the name is held again, so no acquirer of this process
+        // retries for it (as for this backend's own grants, dispatched in-process); observers
+        // and holders hear of it. The release before it (an event too) is what wakes one.
+        Event::Name(
+            name,
+            change @ Change::Lease {
+                lease_id: Some(_), ..
+            },
+        ) => hub.dispatch_grant(&name, change),
         Event::Name(name, change) => hub.dispatch(&name, change),
         Event::All => hub.wake_all(true),
         Event::Ignore => {}
