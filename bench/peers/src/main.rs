@@ -4,21 +4,34 @@
 //! ```text
 //! cargo run --release --manifest-path bench/peers/Cargo.toml
 //! BENCH_PAIRS=500 BENCH_HANDOFFS=50 cargo run --release --manifest-path bench/peers/Cargo.toml
+//! BENCH_LIBS=cs,mla cargo run --release --manifest-path bench/peers/Cargo.toml   # some libraries
+//! cargo run --release --manifest-path bench/peers/Cargo.toml -- --scale [--quick]
+//! cargo run --release --manifest-path bench/peers/Cargo.toml -- --ops
 //! ```
 //!
 //! The server runs in a child process (this binary re-executed with `--serve`), so the client
 //! CPU figures (`getrusage` of this process) do not include it; its CPU is read from
 //! `/proc/<pid>/stat` (Linux). Set `MONGODB_URI` to measure against another server instead
-//! (server CPU is then not reported).
+//! (server CPU is then not reported). Each library runs in a spawned task (on the runtime's
+//! worker threads, as application code does).
 //!
-//! Per library:
+//! Per library (`BENCH_LIBS`: `cs`, `poll`, `dlm`, `mla`, `mdl`; default all):
 //! * uncontended acquire + release per second (`BENCH_PAIRS` pairs on one name, after a
 //!   warm-up of 100);
-//! * server commands per acquisition (the driver's command monitoring: every command the
-//!   library's client sent during the phase, `getMore`s of change streams included);
+//! * server commands per acquisition, counted by the server (`serverStatus`
+//!   `metrics.commands`, the drivers' `hello`s left out): every command the library sent
+//!   during the phase, `getMore`s of change streams included. Counting at the server keeps the
+//!   cost of counting out of the client's CPU figures;
 //! * client and server CPU per acquisition (µs) over the same phase;
 //! * handoff p50 / p99 with 8 tasks contending for one name (time from the holder starting
 //!   its release to the next holder holding), `BENCH_HANDOFFS` handoffs.
+//!
+//! Then acquire attempts (`findAndModify`s at the server) per handoff with
+//! `BENCH_HANDOFF_PROCS` (default 32; 0: skip) mongolock *processes* contending for one name,
+//! change streams on, for `BENCH_HANDOFF_SECS` (default 5).
+//!
+//! `--scale` prints the scale table (processes × names, see `scale.rs`); `--ops` prices the
+//! shapes of the acquire and release commands with the driver alone (`ops.rs`).
 //!
 //! Peers poll; they are given a 10 ms poll interval (the default of `distributed-lock-mongo`;
 //! `mongo-lock-async` has no default and `mongodb-lock`'s is 500 ms).

@@ -257,7 +257,7 @@ pub fn scale(quick: bool) {
          releases a random name of N for {secs} s; then every name held once (spread over the \
          processes) for memory; a fresh server per cell; {cores} cores\n"
     );
-    println!("| processes | names | acquisitions/s | server commands/s | attempts / acquisition | change-stream cursors | locks held | server memory / held lock | client memory / held lock |");
+    println!("| processes | names | acquisitions/s | server commands/s | findAndModify / acquisition | change-stream cursors | locks held | server memory / held lock | client memory / held lock |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for c in &cells {
         let kib = |b: f64| format!("{:.2} KiB", b / 1024.0);
@@ -283,7 +283,8 @@ pub fn scale(quick: bool) {
         );
     }
     println!(
-        "\nMemory per held lock is the RSS growth while every name is acquired once and held \
+        "\nfindAndModify / acquisition counts acquire attempts, plus the two extra writes of a \
+         name's first acquisition (fencing epoch, token stamp). Memory per held lock is the RSS growth while every name is acquired once and held \
          (\"—\": under 100 locks, below what RSS resolves); server memory includes the change \
          event each grant logs."
     );

@@ -246,8 +246,9 @@ pub(crate) async fn run<A: Attempts + ?Sized>(
             Timeout::After(_) | Timeout::Forever => attempts.change_waiter(),
         };
         // A finite budget also bounds a hung attempt (blocked connection, unreachable server):
-        // stop waiting at the deadline, with a little grace for the last try. The attempt task
-        // owns its result, so abandoning it is safe.
+        // stop waiting at the deadline, with a little grace for the last try. An abandoned
+        // attempt completes in a task of its own (`finish_on_drop`), which owns its result, so
+        // abandoning it is safe.
         let limit = match timeout {
             Timeout::After(_) => deadline.map(|d| d.max(Instant::now() + LAST_ATTEMPT_GRACE)),
             Timeout::Zero | Timeout::Forever => None,

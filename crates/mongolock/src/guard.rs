@@ -533,7 +533,9 @@ impl LockGuard {
                     Ok(())
                 }
                 Ok(false) => {
-                    shared.mark_lost("the lease was ended or taken by someone else before its release");
+                    shared.mark_lost(
+                        "the lease was ended or taken by someone else before its release",
+                    );
                     Err(Error::LeaseLost {
                         name: shared.name.to_string(),
                     })
