@@ -97,7 +97,7 @@ pub fn scale_worker(args: &[String]) {
     // Warm up (opens the change stream and the connection pool).
     rt.block_on(async {
         let g = provider
-            .lock(&format!("warm-{index}"))
+            .lock(format!("warm-{index}"))
             .unwrap()
             .acquire()
             .await
@@ -134,7 +134,7 @@ pub fn scale_worker(args: &[String]) {
         for j in (index..names).step_by(procs) {
             guards.push(
                 provider
-                    .lock(&format!("h{j}"))
+                    .lock(format!("h{j}"))
                     .unwrap()
                     .acquire()
                     .await
