@@ -4,42 +4,65 @@
 //! ```text
 //! cargo run --release --manifest-path bench/peers/Cargo.toml
 //! BENCH_PAIRS=500 BENCH_HANDOFFS=50 cargo run --release --manifest-path bench/peers/Cargo.toml
+//! BENCH_LIBS=cs,mla cargo run --release --manifest-path bench/peers/Cargo.toml   # some libraries
+//! cargo run --release --manifest-path bench/peers/Cargo.toml -- --scale [--quick]
+//! cargo run --release --manifest-path bench/peers/Cargo.toml -- --ops
 //! ```
 //!
 //! The server runs in a child process (this binary re-executed with `--serve`), so the client
 //! CPU figures (`getrusage` of this process) do not include it; its CPU is read from
 //! `/proc/<pid>/stat` (Linux). Set `MONGODB_URI` to measure against another server instead
-//! (server CPU is then not reported).
+//! (server CPU is then not reported). Each library runs in a spawned task (on the runtime's
+//! worker threads, as application code does).
 //!
-//! Per library:
+//! Per library (`BENCH_LIBS`: `cs`, `poll`, `dlm`, `mla`, `mdl`; default all):
 //! * uncontended acquire + release per second (`BENCH_PAIRS` pairs on one name, after a
 //!   warm-up of 100);
-//! * server commands per acquisition (the driver's command monitoring: every command the
-//!   library's client sent during the phase, `getMore`s of change streams included);
+//! * server commands per acquisition, counted by the server (`serverStatus`
+//!   `metrics.commands`, the drivers' `hello`s left out): every command the library sent
+//!   during the phase, `getMore`s of change streams included. Counting at the server keeps the
+//!   cost of counting out of the client's CPU figures;
 //! * client and server CPU per acquisition (µs) over the same phase;
 //! * handoff p50 / p99 with 8 tasks contending for one name (time from the holder starting
 //!   its release to the next holder holding), `BENCH_HANDOFFS` handoffs.
+//!
+//! Then acquire attempts (`findAndModify`s at the server) per handoff with
+//! `BENCH_HANDOFF_PROCS` (default 32; 0: skip) mongolock *processes* contending for one name,
+//! change streams on, for `BENCH_HANDOFF_SECS` (default 5).
+//!
+//! `--scale` prints the scale table (processes × names, see `scale.rs`); `--ops` prices the
+//! shapes of the acquire and release commands with the driver alone (`ops.rs`).
 //!
 //! Peers poll; they are given a 10 ms poll interval (the default of `distributed-lock-mongo`;
 //! `mongo-lock-async` has no default and `mongodb-lock`'s is 500 ms).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::traits::{DistributedLock, LockHandle};
-use mongodb::event::command::CommandEvent;
-use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
 use mongolock::{LockProvider, MongoBackend};
+
+mod ops;
+mod scale;
+mod stats;
 
 const POLL: Duration = Duration::from_millis(10);
 const TTL: Duration = Duration::from_secs(30);
 const WAITERS: usize = 8;
 const WARMUP: usize = 100;
+
+/// Whether the library with key `key` (`cs`, `poll`, `dlm`, `mla`, `mdl`) is measured:
+/// `BENCH_LIBS` is a comma-separated list of keys (default: all).
+fn selected(key: &str) -> bool {
+    match std::env::var("BENCH_LIBS") {
+        Ok(list) if !list.trim().is_empty() => list.split(',').any(|k| k.trim() == key),
+        _ => true,
+    }
+}
 
 fn env_usize(key: &str, default: usize) -> usize {
     std::env::var(key)
@@ -95,6 +118,10 @@ impl Server {
         }
     }
 
+    fn pid(&self) -> Option<u32> {
+        Some(self.child.as_ref()?.id())
+    }
+
     fn cpu(&self) -> Option<Duration> {
         proc_cpu(self.child.as_ref()?.id())
     }
@@ -123,18 +150,11 @@ fn serve() {
     });
 }
 
-/// A client whose sent commands are counted.
-async fn counting_client(uri: &str, app: &str) -> (Client, Arc<AtomicU64>) {
-    let sent = Arc::new(AtomicU64::new(0));
+/// A client for one library (its commands are counted by the server: see [`stats`]).
+async fn client(uri: &str, app: &str) -> Client {
     let mut opts = ClientOptions::parse(uri).await.expect("uri");
     opts.app_name = Some(app.to_owned());
-    let s = sent.clone();
-    opts.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
-        if let CommandEvent::Started(_) = ev {
-            s.fetch_add(1, Ordering::Relaxed);
-        }
-    }));
-    (Client::with_options(opts).expect("client"), sent)
+    Client::with_options(opts).expect("client")
 }
 
 /// One library under test: one acquire + release, and a contended loop for handoffs.
@@ -212,7 +232,7 @@ struct Row {
 async fn measure(
     name: &'static str,
     lib: Lib,
-    sent: &AtomicU64,
+    admin: &Client,
     server: &Server,
     pairs: usize,
     handoffs: usize,
@@ -223,13 +243,15 @@ async fn measure(
     }
     // Let background work of the warm-up (a lingering stream, background releases) settle.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (c0, s0, n0) = (own_cpu(), server.cpu(), sent.load(Ordering::SeqCst));
+    let n0 = stats::server_stats(admin).await.commands;
+    let (c0, s0) = (own_cpu(), server.cpu());
     let t0 = Instant::now();
     for _ in 0..pairs {
         lib.acquire(&key).await.release().await;
     }
     let elapsed = t0.elapsed();
-    let (c1, s1, n1) = (own_cpu(), server.cpu(), sent.load(Ordering::SeqCst));
+    let (c1, s1) = (own_cpu(), server.cpu());
+    let n1 = stats::server_stats(admin).await.commands;
     let n = pairs as f64;
     let server_us = match (s0, s1) {
         (Some(a), Some(b)) => Some((b - a).as_secs_f64() * 1e6 / n),
@@ -293,57 +315,96 @@ async fn measure(
 }
 
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some("--serve") {
-        return serve();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("--serve") => return serve(),
+        Some("--scale-worker") => return scale::scale_worker(&args[1..]),
+        Some("--handoff-worker") => return scale::handoff_worker(&args[1..]),
+        Some("--scale") => return scale::scale(args.iter().any(|a| a == "--quick")),
+        Some("--ops") => return ops::ops(env_usize("BENCH_PAIRS", 2000)),
+        _ => {}
     }
+    let handoff_procs = env_usize("BENCH_HANDOFF_PROCS", 32);
     let pairs = env_usize("BENCH_PAIRS", 2000);
     let handoffs = env_usize("BENCH_HANDOFFS", 200);
-    let server = Server::start();
+    let server = Arc::new(Server::start());
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let rows = rt.block_on(async {
-        let mut rows = Vec::new();
-        for (name, streams) in [
-            ("mongolock (change streams)", true),
-            ("mongolock (polling)", false),
-        ] {
-            let (client, sent) = counting_client(&server.uri, name).await;
-            let backend = MongoBackend::builder(&client.database("bench_mongolock"))
-                .collection(if streams { "locks_cs" } else { "locks_poll" })
-                .change_streams(streams)
-                .build()
-                .unwrap();
-            let provider = LockProvider::builder(backend).build().unwrap();
-            let lib = Lib::Mongolock(provider);
-            rows.push(measure(name, lib, &sent, &server, pairs, handoffs).await);
-        }
-        {
-            let name = "distributed-lock-mongo 0.2";
-            let (client, sent) = counting_client(&server.uri, name).await;
-            let lib = Lib::DistributedLockMongo(client.database("bench_dlm"));
-            rows.push(measure(name, lib, &sent, &server, pairs, handoffs).await);
-        }
-        {
-            let name = "mongo-lock-async 0.4";
-            let (client, sent) = counting_client(&server.uri, name).await;
-            mongo_lock_async::prepare_database(&client).await.unwrap();
-            let lib = Lib::MongoLockAsync(client);
-            rows.push(measure(name, lib, &sent, &server, pairs, handoffs).await);
-        }
-        {
-            let name = "mongodb-lock 0.3";
-            let (client, sent) = counting_client(&server.uri, name).await;
-            let mutex = mongodb_lock::Mutex::new(&client.database("bench_mdl"), "locks")
-                .await
-                .unwrap();
-            // The guards borrow the mutex for as long as the benchmark runs.
-            let lib = Lib::MongodbLock(Box::leak(Box::new(mutex)));
-            rows.push(measure(name, lib, &sent, &server, pairs, handoffs).await);
-        }
-        // mongodb-lock releases in a background task: let the last one finish.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        rows
+    let srv = server.clone();
+    // Everything runs in a spawned task, on the runtime's worker threads, as application code
+    // does (not on the thread that called `block_on`).
+    let rows = rt.block_on(async move {
+        let server = srv;
+        tokio::spawn(async move {
+            let admin = client(&server.uri, "bench-admin").await;
+            let mut rows = Vec::new();
+            for (name, streams) in [
+                ("mongolock (change streams)", true),
+                ("mongolock (polling)", false),
+            ] {
+                if !selected(if streams { "cs" } else { "poll" }) {
+                    continue;
+                }
+                let client = client(&server.uri, name).await;
+                let backend = MongoBackend::builder(&client.database("bench_mongolock"))
+                    .collection(if streams { "locks_cs" } else { "locks_poll" })
+                    .change_streams(streams)
+                    .build()
+                    .unwrap();
+                let provider = LockProvider::builder(backend).build().unwrap();
+                let lib = Lib::Mongolock(provider);
+                rows.push(measure(name, lib, &admin, &server, pairs, handoffs).await);
+            }
+            if selected("dlm") {
+                let name = "distributed-lock-mongo 0.2";
+                let client = client(&server.uri, name).await;
+                let lib = Lib::DistributedLockMongo(client.database("bench_dlm"));
+                rows.push(measure(name, lib, &admin, &server, pairs, handoffs).await);
+            }
+            if selected("mla") {
+                let name = "mongo-lock-async 0.4";
+                let client = client(&server.uri, name).await;
+                mongo_lock_async::prepare_database(&client).await.unwrap();
+                let lib = Lib::MongoLockAsync(client);
+                rows.push(measure(name, lib, &admin, &server, pairs, handoffs).await);
+            }
+            if selected("mdl") {
+                let name = "mongodb-lock 0.3";
+                let client = client(&server.uri, name).await;
+                let mutex = mongodb_lock::Mutex::new(&client.database("bench_mdl"), "locks")
+                    .await
+                    .unwrap();
+                // The guards borrow the mutex for as long as the benchmark runs.
+                let lib = Lib::MongodbLock(Box::leak(Box::new(mutex)));
+                rows.push(measure(name, lib, &admin, &server, pairs, handoffs).await);
+            }
+            // mongodb-lock releases in a background task: let the last one finish.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            rows
+        })
+        .await
+        .expect("benchmark task")
     });
     print_table(&rows, pairs, handoffs);
+    if handoff_procs > 0 {
+        let secs = env_usize("BENCH_HANDOFF_SECS", 5) as f64;
+        let h = scale::handoff_procs(&server.uri, handoff_procs, secs);
+        println!(
+            "\nmongolock (change streams), {} processes contending for one name for {} s (each \
+             holds it 1 ms, then sits out 5 ms):\n",
+            h.procs, h.secs
+        );
+        println!(
+            "| handoffs/s | acquire attempts (findAndModify) per handoff | getMore per handoff |"
+        );
+        println!("|---:|---:|---:|");
+        let n = h.acquisitions.max(1) as f64;
+        println!(
+            "| {:.0} | {:.2} | {:.2} |",
+            h.acquisitions as f64 / h.secs,
+            h.attempts as f64 / n,
+            h.get_mores as f64 / n
+        );
+    }
 }
 
 fn print_table(rows: &[Row], pairs: usize, handoffs: usize) {
@@ -368,7 +429,7 @@ fn print_table(rows: &[Row], pairs: usize, handoffs: usize) {
             r.handoff_p99_ms
         );
     }
-    let ours = &rows[0];
+    let Some(ours) = rows.first() else { return };
     println!("\nRatios, {} / peer:\n", ours.name);
     println!("| peer | throughput | commands | client CPU | handoff p50 |");
     println!("|---|---:|---:|---:|---:|");

@@ -220,7 +220,9 @@ pub enum Scope {
 pub struct StreamCursor {
     scope: Scope,
     update_lookup: bool,
-    stages: Vec<Document>,
+    /// The later stages, parsed once at open; a stage that does not parse fails the first
+    /// event that reaches it, as before.
+    stages: Result<crate::engine::pipeline::Parsed, CommandError>,
     /// Next sequence number to read.
     position: u64,
     /// Cluster time of the last thing returned (for high-water-mark tokens).
@@ -343,7 +345,7 @@ impl StreamCursor {
         let mut cursor = StreamCursor {
             scope,
             update_lookup,
-            stages: stages.to_vec(),
+            stages: crate::engine::pipeline::Parsed::parse(stages),
             position: log.next_seq(),
             last_ts: now,
             pending_invalidate: None,
@@ -572,10 +574,11 @@ impl StreamCursor {
         if let Some(u) = &e.change.update_description {
             d.insert("updateDescription", u.clone());
         }
-        if self.stages.is_empty() {
+        let stages = self.stages.as_ref().map_err(Clone::clone)?;
+        if stages.is_empty() {
             return Ok(Some(d));
         }
-        let mut out = crate::engine::pipeline::run(&self.stages, vec![d], vars)?;
+        let mut out = stages.run(vec![d], vars)?;
         match out.pop() {
             None => Ok(None),
             Some(doc) => {

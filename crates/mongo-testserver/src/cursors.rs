@@ -59,6 +59,16 @@ impl Cursors {
     }
 
     /// Whether the cursor is a change stream.
+    /// How many cursors are open, and how many of them are change streams.
+    pub fn open_counts(&self) -> (usize, usize) {
+        let streams = self
+            .map
+            .values()
+            .filter(|c| matches!(c.kind, CursorKind::Stream(_)))
+            .count();
+        (self.map.len(), streams)
+    }
+
     pub fn is_stream(&self, id: i64) -> bool {
         matches!(
             self.map.get(&id),

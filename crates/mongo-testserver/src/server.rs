@@ -43,6 +43,85 @@ pub struct Shared {
     pub ttl_changed: tokio::sync::Notify,
     next_conn_id: AtomicI64,
     next_request_id: AtomicI32,
+    /// Commands received, per name (`serverStatus` reports them as `metrics.commands`).
+    pub command_counts: CommandCounts,
+    /// Connections open now.
+    pub connections_current: AtomicI64,
+}
+
+/// Counters of received commands by name, as mongod's `serverStatus().metrics.commands.<name>.total`
+/// (lock-free: one relaxed increment per command).
+pub struct CommandCounts {
+    counts: Vec<AtomicU64>,
+}
+
+impl CommandCounts {
+    /// Names counted separately; every other name is counted under `<other>`.
+    pub const NAMES: &'static [&'static str] = &[
+        "hello",
+        "isMaster",
+        "ping",
+        "buildInfo",
+        "endSessions",
+        "listDatabases",
+        "setParameter",
+        "getParameter",
+        "configureFailPoint",
+        "serverStatus",
+        "whatsmyuri",
+        "insert",
+        "update",
+        "delete",
+        "findAndModify",
+        "find",
+        "getMore",
+        "killCursors",
+        "count",
+        "distinct",
+        "aggregate",
+        "create",
+        "drop",
+        "dropDatabase",
+        "listCollections",
+        "createIndexes",
+        "listIndexes",
+        "dropIndexes",
+        "<other>",
+    ];
+
+    fn new() -> CommandCounts {
+        CommandCounts {
+            counts: Self::NAMES.iter().map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Counts one command named `name` (aliases count under their canonical name).
+    pub fn count(&self, name: &str) {
+        let canonical = match name {
+            "ismaster" => "isMaster",
+            "buildinfo" => "buildInfo",
+            "findandmodify" => "findAndModify",
+            "deleteIndexes" => "dropIndexes",
+            other => other,
+        };
+        let i = Self::NAMES
+            .iter()
+            .position(|n| *n == canonical)
+            .unwrap_or(Self::NAMES.len() - 1);
+        if let Some(c) = self.counts.get(i) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `(name, total)` for every name counted at least once.
+    pub fn totals(&self) -> Vec<(&'static str, u64)> {
+        Self::NAMES
+            .iter()
+            .zip(&self.counts)
+            .map(|(n, c)| (*n, c.load(Ordering::Relaxed)))
+            .filter(|(_, c)| *c > 0)
+            .collect()
+    }
 }
 
 impl Shared {
@@ -60,6 +139,8 @@ impl Shared {
             ttl_changed: tokio::sync::Notify::new(),
             next_conn_id: AtomicI64::new(1),
             next_request_id: AtomicI32::new(1),
+            command_counts: CommandCounts::new(),
+            connections_current: AtomicI64::new(0),
         }
     }
 
@@ -102,6 +183,14 @@ pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 }
 
 async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, id: i64) {
+    struct Open<'a>(&'a AtomicI64);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    shared.connections_current.fetch_add(1, Ordering::Relaxed);
+    let _open = Open(&shared.connections_current);
     let _ = stream.set_nodelay(true);
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = BufReader::with_capacity(16 * 1024, read_half);

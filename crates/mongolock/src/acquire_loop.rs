@@ -5,11 +5,15 @@
 //! an [`Attempts`] implementation.
 //!
 //! # Cancellation safety
-//! Each attempt runs in its own spawned task ([`spawn_attempt`]) that owns its result. If the
-//! attempt grants a lease, the task wraps it in a guard and sends it through a oneshot channel;
-//! if the caller has dropped the acquire future (the receiver is gone) or drops the value
-//! unread, the guard's `Drop` releases the lease in the background. That release is therefore
-//! always sent *after* the grant arrived, never racing ahead of an in-flight acquire.
+//! Each attempt runs to completion even when the caller stops waiting for it
+//! ([`spawn_attempt`], built on [`finish_on_drop`]): it runs in the caller's task (no task
+//! spawn per attempt), and if the caller drops it after it started and before it completed,
+//! the rest of it — the same future, with its request possibly in flight — is moved into a task
+//! of its own on the runtime that started it. If the attempt grants a lease, it wraps it in a
+//! guard; when nobody receives that guard (the acquire future was dropped), the guard is dropped
+//! and its `Drop` releases the lease in the background. That release is therefore always sent
+//! *after* the grant arrived, never racing ahead of an in-flight acquire. A panic inside an
+//! attempt is caught and reported as an error, as it was when every attempt had its own task.
 //!
 //! # No orphan grants
 //! One lease id serves every attempt of one acquire call, so a retry after a lost reply takes
@@ -38,10 +42,13 @@
 //! takeover after a crash comes late by the difference (at most [`LIVE_WAIT_CAP`] per wait).
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use tokio::sync::oneshot;
+use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use crate::backend::{ChangeWaiter, LeaseId};
@@ -110,27 +117,68 @@ pub(crate) trait Attempts: Send + Sync {
     fn describe(&self) -> String;
 }
 
-/// Runs `attempt` in its own task and returns its result. If the caller drops the returned
-/// future, a granted value is dropped inside the task, which releases its lease.
+/// Runs `attempt` to completion and returns its result; if the caller drops the returned
+/// future half-way, the attempt completes in a task of its own and a granted value is dropped
+/// there, which releases its lease (see [`finish_on_drop`]). A panic in the attempt is returned
+/// as an error.
 pub(crate) async fn spawn_attempt<G, F>(attempt: F) -> Result<Step<G>>
 where
     G: Send + 'static,
     F: Future<Output = Result<Step<G>>> + Send + 'static,
 {
-    let (tx, rx) = oneshot::channel::<Result<Step<G>>>();
-    tokio::spawn(async move {
-        let outcome = attempt.await;
-        // If the caller is gone the value comes back here and is dropped: a guard in it
-        // releases its lease in the background.
-        drop(tx.send(outcome));
-    });
-    rx.await.map_err(|_| {
-        Error::backend(
-            "the acquire attempt task ended without a result (the backend panicked or the \
-             runtime is shutting down)",
+    // The attempt owns everything it uses ('static), so a panic cannot leave state of the
+    // caller half-updated: asserting unwind safety is sound.
+    match finish_on_drop(AssertUnwindSafe(attempt).catch_unwind()).await {
+        Ok(outcome) => outcome,
+        Err(_panic) => Err(Error::backend(
+            "the acquire attempt panicked (in the lock backend)",
             "check the logs for a panic in the lock backend",
-        )
-    })?
+        )),
+    }
+}
+
+/// Runs `fut` in the caller's task, like `fut.await`, except that if the caller drops the
+/// returned future after it started and before it completed, the rest of `fut` runs to
+/// completion in a new task on the runtime it started on, and its output is dropped there.
+///
+/// This gives what a `tokio::spawn` + join per operation gives (the operation is never cut
+/// short half-way: a request in flight gets its reply handled, a granted lease gets its guard,
+/// whose `Drop` releases it), without the cost of a task per operation in the common case where
+/// the caller waits. A future dropped before its first poll never started and is simply
+/// dropped. If the runtime is shutting down, the rest is dropped with it (as a spawned task
+/// would be).
+pub(crate) async fn finish_on_drop<T, F>(fut: F) -> T
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    struct Detach<T: Send + 'static> {
+        fut: Option<Pin<Box<dyn Future<Output = T> + Send + 'static>>>,
+        runtime: Option<tokio::runtime::Handle>,
+    }
+    impl<T: Send + 'static> Drop for Detach<T> {
+        fn drop(&mut self) {
+            if let (Some(fut), Some(runtime)) = (self.fut.take(), self.runtime.take()) {
+                runtime.spawn(async move {
+                    drop(fut.await);
+                });
+            }
+        }
+    }
+    let mut detach = Detach {
+        fut: Some(Box::pin(fut)),
+        // Polled, so inside a runtime; without one (a custom executor) the rest would be
+        // dropped instead, as a spawn would have failed.
+        runtime: tokio::runtime::Handle::try_current().ok(),
+    };
+    let out = std::future::poll_fn(|cx| match detach.fut.as_mut() {
+        Some(f) => f.as_mut().poll(cx),
+        // `fut` is only taken after it completed, and then this closure is not polled again.
+        None => Poll::Pending,
+    })
+    .await;
+    detach.fut = None;
+    out
 }
 
 /// Releases an acquire call's lease id when the call ends without a lease after an attempt
@@ -198,8 +246,9 @@ pub(crate) async fn run<A: Attempts + ?Sized>(
             Timeout::After(_) | Timeout::Forever => attempts.change_waiter(),
         };
         // A finite budget also bounds a hung attempt (blocked connection, unreachable server):
-        // stop waiting at the deadline, with a little grace for the last try. The attempt task
-        // owns its result, so abandoning it is safe.
+        // stop waiting at the deadline, with a little grace for the last try. An abandoned
+        // attempt completes in a task of its own (`finish_on_drop`), which owns its result, so
+        // abandoning it is safe.
         let limit = match timeout {
             Timeout::After(_) => deadline.map(|d| d.max(Instant::now() + LAST_ATTEMPT_GRACE)),
             Timeout::Zero | Timeout::Forever => None,

@@ -32,8 +32,9 @@
 //! Once loss is signalled, [`LockGuard::extend`] returns `false` without contacting the server.
 //!
 //! # Release
-//! [`LockGuard::release`], the release when a guard is dropped, and the clean-up release of an
-//! acquire attempt whose outcome is unknown all run in their own task and are bounded by the
+//! The release when a guard is dropped and the clean-up release of an acquire attempt whose
+//! outcome is unknown run in their own task; [`LockGuard::release`] runs in the caller's task and
+//! moves to a task of its own if its future is dropped half-way. All are bounded by the
 //! [release timeout](crate::LockProviderBuilder::release_timeout) (default 5 s): a connection
 //! that stops answering cannot hold a caller longer than that. A release that did not complete
 //! is given up; the lease then expires by itself. Backends make release idempotent for the
@@ -350,7 +351,7 @@ impl std::fmt::Debug for LockGuard {
 
 impl LockGuard {
     /// Wraps a fresh grant of a named lock and starts its watchdog. Must run inside a Tokio
-    /// runtime (it does: it is called from the spawned attempt task).
+    /// runtime (it does: it is called from the acquire attempt).
     pub(crate) fn start(
         provider: &ProviderInner,
         name: Arc<str>,
@@ -518,13 +519,13 @@ impl LockGuard {
     ///   never past the lease's local deadline); the lease then expires by itself.
     ///
     /// # Cancel safety
-    /// The release runs in its own task: dropping this future half-way (a timeout, a
-    /// `select!`) still ends the lease, within the release timeout.
+    /// Dropping this future half-way (a timeout, a `select!`) still ends the lease, within the
+    /// release timeout: the rest of the release then runs in a task of its own.
     pub async fn release(mut self) -> Result<()> {
         self.finished = true;
         self.watchdog.abort();
         let shared = self.shared.clone();
-        let task = self.runtime.spawn(async move {
+        let release = async move {
             match bounded_release(&shared).await {
                 Ok(true) => {
                     shared.mark_ended();
@@ -532,7 +533,9 @@ impl LockGuard {
                     Ok(())
                 }
                 Ok(false) => {
-                    shared.mark_lost("the lease was ended or taken by someone else before its release");
+                    shared.mark_lost(
+                        "the lease was ended or taken by someone else before its release",
+                    );
                     Err(Error::LeaseLost {
                         name: shared.name.to_string(),
                     })
@@ -542,8 +545,14 @@ impl LockGuard {
                     Err(e)
                 }
             }
-        });
-        match task.await {
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Runs in this task; if this future is dropped half-way, the rest runs in a task of
+            // its own (`finish_on_drop`), so the release still completes.
+            return crate::acquire_loop::finish_on_drop(release).await;
+        }
+        // Awaited outside any Tokio runtime: run it on the guard's runtime.
+        match self.runtime.spawn(release).await {
             Ok(result) => result,
             Err(join_error) => {
                 self.shared.mark_ended();

@@ -99,7 +99,8 @@ impl Lock {
     ///
     /// # Cancel safety
     /// Cancel-safe: dropping the future never leaves a lease held. A grant that arrives after
-    /// the drop is released by its attempt task, and a grant whose reply was lost is released
+    /// the drop is released by the attempt (which completes in a task of its own when its future
+    /// is dropped half-way), and a grant whose reply was lost is released
     /// in the background (within the release timeout).
     pub async fn acquire(&self) -> Result<LockGuard> {
         loop {

@@ -159,6 +159,22 @@ async fn lose_replies(t: &TestDb, app: &str, commands: &[&str]) {
     .await;
 }
 
+/// [`lose_replies`], each lost reply also delayed by `block_ms` (so that an attempt surely
+/// outlasts a short acquire budget, however fast the server and the client are).
+async fn lose_slow_replies(t: &TestDb, app: &str, commands: &[&str], block_ms: i32) {
+    t.fail_point(
+        Bson::Document(doc! { "times": 2 }),
+        doc! {
+            "failCommands": commands.to_vec(),
+            "appName": app,
+            "blockConnection": true,
+            "blockTimeMS": block_ms,
+            "writeConcernError": { "code": 91, "codeName": "ShutdownInProgress", "errmsg": "injected: reply lost" },
+        },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
     let t = test_database().await;
@@ -174,12 +190,13 @@ async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
         // Create the document and stamp its token first, so the faulted attempt is the single
         // findAndModify of a grant.
         common::take_once(&provider, &name).await;
-        lose_replies(&t, &app, &["findAndModify"]).await;
+        // Each lost reply also comes 20 ms late, so the first attempt (the driver's try and its
+        // retry) outlasts the 1 ms budget below and the call gives up instead of retrying. (A
+        // retry within the budget would take over the grant — same lease id — and succeed.)
+        lose_slow_replies(&t, &app, &["findAndModify"], 20).await;
         let lock = provider.lock(name.clone()).unwrap();
         let result = match form {
             "try_acquire" => lock.try_acquire().await,
-            // Long enough for the retry: the retry takes over the grant (same lease id), so the
-            // call succeeds; a budget of zero retries is the try_acquire case above.
             _ => lock.acquire_timeout(Duration::from_millis(1)).await,
         };
         t.fail_point_off().await;

@@ -266,11 +266,26 @@ pub fn configure_fail_point(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Docu
 }
 
 /// `serverStatus` (a minimal subset).
+/// `serverStatus`: identity, plus the counters benchmarks read, in mongod's shape:
+/// `connections.current`, `metrics.commands.<name>.total` (commands received, this one
+/// included), `metrics.cursor.open.total` (and, specific to this server,
+/// `metrics.cursor.open.changeStreams`).
 pub fn server_status(ctx: &Ctx<'_>, _cmd: &Document) -> CommandResult<Document> {
+    let (open, streams) = ctx.shared.lock().cursors.open_counts();
+    let mut commands = Document::new();
+    for (name, total) in ctx.shared.command_counts.totals() {
+        commands.insert(name, doc! {"total": total as i64});
+    }
+    let current = ctx.shared.connections_current.load(Ordering::Relaxed);
     Ok(doc! {
         "host": ctx.shared.config.host.clone(),
         "version": VERSION,
         "process": "mongod",
         "localTime": DateTime::now(),
+        "connections": {"current": current as i32},
+        "metrics": {
+            "commands": commands,
+            "cursor": {"open": {"total": open as i64, "changeStreams": streams as i64}},
+        },
     })
 }

@@ -264,14 +264,16 @@ fn apply_update(
     vars: &Vars,
     want: Want,
 ) -> CommandResult<(Option<Document>, bool)> {
-    let mut work = st
+    let stored = st
         .store
         .coll(db, coll)
         .and_then(|c| c.get(rid))
-        .cloned()
         .ok_or_else(|| CommandError::new(1, "InternalError", "record vanished"))?;
-    let old_id = work.get("_id").cloned().unwrap_or(Bson::Null);
-    let outcome = update.apply(&mut work, false, vars)?;
+    let old_id = stored.get("_id").cloned().unwrap_or(Bson::Null);
+    let Some(mut work) = update.apply_to(stored, false, vars)? else {
+        // Unchanged: the stored document is both versions.
+        return Ok(((want != Want::Nothing).then(|| stored.clone()), false));
+    };
     match work.get("_id") {
         None => {
             let mut d = Document::new();
@@ -290,10 +292,6 @@ fn apply_update(
             ));
         }
         Some(_) => {}
-    }
-    if !outcome.modified {
-        // Unchanged: the working copy is both versions.
-        return Ok(((want != Want::Nothing).then_some(work), false));
     }
     check_update_size(&work)?;
     let after = (want == Want::After).then(|| work.clone());

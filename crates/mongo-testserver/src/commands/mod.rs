@@ -131,6 +131,7 @@ pub async fn handle(
         }
     }
 
+    shared.command_counts.count(&name);
     let is_stream = is_stream_command(shared, &name, &body);
 
     // Fail point.

@@ -661,6 +661,8 @@ impl Ctx<'_> {
                 for (i, v) in self.eval_all(arg)?.into_iter().enumerate() {
                     match v {
                         None | Some(Bson::Null) | Some(Bson::Undefined) => {}
+                        // The first object is the result so far as it is (no re-insertion).
+                        Some(Bson::Document(d)) if out.is_empty() => out = d,
                         Some(Bson::Document(d)) => {
                             for (k, x) in d {
                                 out.insert(k, x);

@@ -514,6 +514,43 @@ pub fn validate_update_pipeline(stages: &[Document]) -> CommandResult<()> {
     parse_all(stages, true).map(|_| ())
 }
 
+/// A pipeline parsed once (stage arguments, filters, projections, field paths) and run many
+/// times: an update pipeline applied to each matched document, or a change stream's stages
+/// applied to each event.
+#[derive(Debug, Clone)]
+pub struct Parsed(Vec<Stage>);
+
+impl Parsed {
+    /// Parses and validates an aggregation pipeline (as [`validate`]).
+    pub fn parse(stages: &[Document]) -> CommandResult<Parsed> {
+        parse_all(stages, false).map(Parsed)
+    }
+
+    /// Parses and validates an update pipeline (as [`validate_update_pipeline`]).
+    pub fn parse_update(stages: &[Document]) -> CommandResult<Parsed> {
+        parse_all(stages, true).map(Parsed)
+    }
+
+    /// [`Parsed::parse_update`] of stages borrowed from a command (not cloned first).
+    pub fn parse_update_refs(stages: &[&Document]) -> CommandResult<Parsed> {
+        stages
+            .iter()
+            .map(|s| parse_stage(s, true))
+            .collect::<CommandResult<_>>()
+            .map(Parsed)
+    }
+
+    /// Whether the pipeline has no stages.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Runs the stages over `docs` (as [`run`]).
+    pub fn run(&self, docs: Vec<Document>, vars: &Vars) -> CommandResult<Vec<Document>> {
+        run_parsed(&self.0, docs, vars)
+    }
+}
+
 /// Validates a whole aggregation pipeline without running it.
 pub fn validate(stages: &[Document]) -> CommandResult<()> {
     parse_all(stages, false).map(|_| ())
@@ -633,8 +670,16 @@ pub fn run_update_pipeline(
     doc: &Document,
     vars: &Vars,
 ) -> CommandResult<Document> {
-    let parsed = parse_all(stages, true)?;
-    let mut out = run_parsed(&parsed, vec![doc.clone()], vars)?;
+    run_parsed_update_pipeline(&Parsed::parse_update(stages)?, doc, vars)
+}
+
+/// [`run_update_pipeline`] with a pipeline parsed by [`Parsed::parse_update`].
+pub fn run_parsed_update_pipeline(
+    parsed: &Parsed,
+    doc: &Document,
+    vars: &Vars,
+) -> CommandResult<Document> {
+    let mut out = run_parsed(&parsed.0, vec![doc.clone()], vars)?;
     let mut result = out.pop().unwrap_or_default();
     if let Some(id) = doc.get("_id") {
         match result.get("_id") {

@@ -20,8 +20,8 @@ pub enum Update {
     Operators(OperatorUpdate),
     /// A replacement document (`{a: 1}`; `{}` replaces with an empty document).
     Replacement(Document),
-    /// An aggregation pipeline (`[{$set: ...}, ...]`).
-    Pipeline(Vec<Document>),
+    /// An aggregation pipeline (`[{$set: ...}, ...]`), parsed once.
+    Pipeline(pipeline::Parsed),
 }
 
 /// The operators of an operator-style update, in application order.
@@ -484,7 +484,7 @@ impl Update {
                 let mut docs = Vec::with_capacity(stages.len());
                 for s in stages {
                     match s {
-                        Bson::Document(d) => docs.push(d.clone()),
+                        Bson::Document(d) => docs.push(d),
                         other => {
                             return Err(CommandError::type_mismatch(format!(
                                 "Each element of the 'pipeline' array must be an object, found {}",
@@ -493,8 +493,9 @@ impl Update {
                         }
                     }
                 }
-                pipeline::validate_update_pipeline(&docs)?;
-                Ok(Update::Pipeline(docs))
+                Ok(Update::Pipeline(pipeline::Parsed::parse_update_refs(
+                    &docs,
+                )?))
             }
             Bson::Document(d) => {
                 let first_is_op = d.keys().next().is_some_and(|k| k.starts_with('$'));
@@ -563,6 +564,24 @@ impl Update {
         is_insert: bool,
         vars: &Vars,
     ) -> CommandResult<UpdateOutcome> {
+        match self.apply_to(doc, is_insert, vars)? {
+            Some(new_doc) => {
+                *doc = new_doc;
+                Ok(UpdateOutcome { modified: true })
+            }
+            None => Ok(UpdateOutcome { modified: false }),
+        }
+    }
+
+    /// [`apply`](Self::apply) without changing `doc`: the new document, or `None` when the
+    /// update leaves it as it is. Saves a copy of `doc` when the caller keeps the original
+    /// anyway (the stored version).
+    pub fn apply_to(
+        &self,
+        doc: &Document,
+        is_insert: bool,
+        vars: &Vars,
+    ) -> CommandResult<Option<Document>> {
         let original_id = doc.get("_id").cloned();
         let mut new_doc = match self {
             Update::Replacement(r) => {
@@ -586,7 +605,7 @@ impl Update {
                 }
                 out
             }
-            Update::Pipeline(stages) => pipeline::run_update_pipeline(stages, doc, vars)?,
+            Update::Pipeline(stages) => pipeline::run_parsed_update_pipeline(stages, doc, vars)?,
             Update::Operators(ops) => {
                 let mut work = doc.clone();
                 for op in &ops.ops {
@@ -623,10 +642,7 @@ impl Update {
             Update::Replacement(r) => !binary_equal(doc, r),
             _ => new_doc != *doc,
         };
-        if modified {
-            *doc = new_doc;
-        }
-        Ok(UpdateOutcome { modified })
+        Ok(modified.then_some(new_doc))
     }
 }
 

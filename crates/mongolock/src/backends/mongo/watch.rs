@@ -72,10 +72,12 @@
 //! # Wake-ups, without a stampede
 //! An acquirer registers for the name's next change before each attempt; an event wakes the
 //! longest-waiting registered acquirer of the name in this process (one per event), which
-//! retries at once. Grants wake no acquirer (they free nothing). A release wakes one only when
-//! its handoff (`next`) designates this backend or nobody; otherwise one after the fallback
-//! delay, if nothing else happened to the name meanwhile (`queue.rs`). With the stream healthy, a busy acquirer otherwise sleeps until the holder's
-//! reported expiry (a crashed holder writes nothing). Observers
+//! retries at once. Grants, this backend's or another's, wake no acquirer (the name is held
+//! again; the release or expiry before a grant is what lets a waiter in); observers and holders
+//! hear of them. A release wakes one only when its handoff (`next`) designates this backend or
+//! nobody; otherwise one after the fallback delay, if nothing else happened to the name
+//! meanwhile (`queue.rs`). With the stream healthy, a busy acquirer otherwise sleeps until the
+//! holder's reported expiry (a crashed holder writes nothing). Observers
 //! ([`wait_for_change`](crate::LockBackend::wait_for_change)) are all woken.
 //!
 //! # Early loss detection

@@ -1,0 +1,370 @@
+//! Costs as processes and names grow (`--scale`), and acquire attempts per handoff with many
+//! waiting processes (run after the peer table).
+//!
+//! Every process is this binary re-executed as a worker (`--scale-worker`,
+//! `--handoff-worker`) with its own `mongodb::Client` and `LockProvider` (change streams on),
+//! driven over stdin/stdout lines so that all workers start and stop together. The server's
+//! own counters (`serverStatus`) give commands, `findAndModify`s (acquire attempts) and open
+//! change-stream cursors; `/proc/<pid>/status` gives memory.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mongodb::Client;
+use mongolock::{LockProvider, MongoBackend};
+
+use crate::stats::{rss_bytes, server_stats};
+use crate::Server;
+
+/// A worker process and its line protocol.
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Worker {
+    fn spawn(args: &[String]) -> Worker {
+        let mut child = Command::new(std::env::current_exe().expect("current exe"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a worker process");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Worker {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        let _ = writeln!(self.stdin, "{line}");
+        let _ = self.stdin.flush();
+    }
+
+    /// The next line, split into words (panics if the worker died).
+    fn recv(&mut self) -> Vec<String> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("worker output");
+        assert!(!line.is_empty(), "a worker process ended early");
+        line.split_whitespace().map(str::to_owned).collect()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads one line from stdin (the parent's instruction).
+fn wait_line() -> String {
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    line.trim().to_owned()
+}
+
+async fn provider(uri: &str, db: &str) -> LockProvider {
+    let client = Client::with_uri_str(uri).await.expect("client");
+    let backend = MongoBackend::builder(&client.database(db))
+        .collection("locks")
+        .change_streams(true)
+        .build()
+        .expect("backend");
+    LockProvider::builder(backend).build().expect("provider")
+}
+
+fn own_rss() -> u64 {
+    rss_bytes(std::process::id()).unwrap_or(0)
+}
+
+/// `--scale-worker URI NAMES SECS INDEX PROCS`: acquire + release random names of `NAMES` for
+/// `SECS` (after "go"), report the count; then (after "hold") hold its share of `NAMES` other
+/// names and report the RSS it grew by.
+pub fn scale_worker(args: &[String]) {
+    let uri = args[0].clone();
+    let names: usize = args[1].parse().expect("names");
+    let secs: f64 = args[2].parse().expect("secs");
+    let index: usize = args[3].parse().expect("index");
+    let procs: usize = args[4].parse().expect("procs");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let provider = rt.block_on(provider(&uri, "bench_scale"));
+    // Warm up (opens the change stream and the connection pool).
+    rt.block_on(async {
+        let g = provider
+            .lock(format!("warm-{index}"))
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+    });
+    println!("ready");
+    wait_line();
+    let p = provider.clone();
+    let (count, elapsed) = rt.block_on(async move {
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let mut count = 0_u64;
+            let mut x = (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            while t0.elapsed().as_secs_f64() < secs {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let name = format!("n{}", x % names as u64);
+                let g = p.lock(&name).unwrap().acquire().await.unwrap();
+                g.release().await.unwrap();
+                count += 1;
+            }
+            (count, t0.elapsed().as_secs_f64())
+        })
+        .await
+        .unwrap()
+    });
+    println!("count {count} {elapsed}");
+    wait_line();
+    let before = own_rss();
+    let guards = rt.block_on(async {
+        let mut guards = Vec::new();
+        for j in (index..names).step_by(procs) {
+            guards.push(
+                provider
+                    .lock(format!("h{j}"))
+                    .unwrap()
+                    .acquire()
+                    .await
+                    .unwrap(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        guards
+    });
+    let after = own_rss();
+    println!("held {} {}", guards.len(), after as i64 - before as i64);
+    wait_line();
+    std::mem::forget(guards); // the server goes away with the cell
+}
+
+/// One cell of the scale table.
+struct Cell {
+    procs: usize,
+    names: usize,
+    acq_per_sec: f64,
+    commands_per_sec: f64,
+    attempts_per_acq: f64,
+    streams: Option<u64>,
+    held: u64,
+    server_bytes_per_lock: Option<f64>,
+    client_bytes_per_lock: f64,
+}
+
+fn cell(procs: usize, names: usize, secs: f64, rt: &tokio::runtime::Runtime) -> Cell {
+    let server = Server::start();
+    let admin = rt
+        .block_on(Client::with_uri_str(&server.uri))
+        .expect("admin client");
+    let mut workers: Vec<Worker> = (0..procs)
+        .map(|i| {
+            Worker::spawn(&[
+                "--scale-worker".into(),
+                server.uri.clone(),
+                names.to_string(),
+                secs.to_string(),
+                i.to_string(),
+                procs.to_string(),
+            ])
+        })
+        .collect();
+    for w in &mut workers {
+        assert_eq!(w.recv()[0], "ready");
+    }
+    let s0 = rt.block_on(server_stats(&admin));
+    let t0 = Instant::now();
+    for w in &mut workers {
+        w.send("go");
+    }
+    std::thread::sleep(Duration::from_secs_f64(secs / 2.0));
+    let mid = rt.block_on(server_stats(&admin));
+    let mut acq_per_sec = 0.0;
+    let mut acquisitions = 0_u64;
+    for w in &mut workers {
+        let r = w.recv();
+        let (count, elapsed): (u64, f64) = (r[1].parse().unwrap(), r[2].parse().unwrap());
+        acquisitions += count;
+        acq_per_sec += count as f64 / elapsed;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let s1 = rt.block_on(server_stats(&admin));
+    // Hold every name once, spread over the processes.
+    std::thread::sleep(Duration::from_millis(300));
+    let srv0 = server.pid().and_then(rss_bytes);
+    for w in &mut workers {
+        w.send("hold");
+    }
+    let (mut held, mut client_bytes) = (0_u64, 0_i64);
+    for w in &mut workers {
+        let r = w.recv();
+        held += r[1].parse::<u64>().unwrap();
+        client_bytes += r[2].parse::<i64>().unwrap();
+    }
+    let srv1 = server.pid().and_then(rss_bytes);
+    for w in &mut workers {
+        w.send("exit");
+    }
+    drop(workers);
+    Cell {
+        procs,
+        names,
+        acq_per_sec,
+        commands_per_sec: (s1.commands - s0.commands) as f64 / wall,
+        attempts_per_acq: (s1.find_and_modify - s0.find_and_modify) as f64
+            / acquisitions.max(1) as f64,
+        streams: mid.change_streams,
+        held,
+        server_bytes_per_lock: match (srv0, srv1) {
+            (Some(a), Some(b)) => Some((b as f64 - a as f64) / held.max(1) as f64),
+            _ => None,
+        },
+        client_bytes_per_lock: client_bytes as f64 / held.max(1) as f64,
+    }
+}
+
+/// `--scale [--quick]`: the table.
+pub fn scale(quick: bool) {
+    let procs: &[usize] = if quick { &[1, 10, 30] } else { &[1, 10, 100] };
+    let names: &[usize] = if quick {
+        &[1, 100, 1000]
+    } else {
+        &[1, 100, 10_000]
+    };
+    let secs = if quick { 1.0 } else { 3.0 };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut cells = Vec::new();
+    for &p in procs {
+        for &n in names {
+            eprintln!("scale: {p} processes × {n} names ...");
+            cells.push(cell(p, n, secs, &rt));
+        }
+    }
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "\nmongolock (change streams on) at scale: each process one task that acquires and \
+         releases a random name of N for {secs} s; then every name held once (spread over the \
+         processes) for memory; a fresh server per cell; {cores} cores\n"
+    );
+    println!("| processes | names | acquisitions/s | server commands/s | findAndModify / acquisition | change-stream cursors | locks held | server memory / held lock | client memory / held lock |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for c in &cells {
+        let kib = |b: f64| format!("{:.2} KiB", b / 1024.0);
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} |",
+            c.procs,
+            c.names,
+            c.acq_per_sec,
+            c.commands_per_sec,
+            c.attempts_per_acq,
+            c.streams.map_or("n/a".into(), |s| s.to_string()),
+            c.held,
+            if c.held >= 100 {
+                c.server_bytes_per_lock.map_or("n/a".into(), kib)
+            } else {
+                "—".into()
+            },
+            if c.held >= 100 {
+                kib(c.client_bytes_per_lock)
+            } else {
+                "—".into()
+            },
+        );
+    }
+    println!(
+        "\nfindAndModify / acquisition counts acquire attempts, plus the two extra writes of a \
+         name's first acquisition (fencing epoch, token stamp). Memory per held lock is the RSS growth while every name is acquired once and held \
+         (\"—\": under 100 locks, below what RSS resolves); server memory includes the change \
+         event each grant logs."
+    );
+}
+
+/// `--handoff-worker URI`: after "go", acquire the contended name, hold it 1 ms, release, sit
+/// out 5 ms (so the next holder is another process), until "stop"; report the count.
+pub fn handoff_worker(args: &[String]) {
+    let uri = args[0].clone();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let provider = rt.block_on(provider(&uri, "bench_handoff"));
+    rt.block_on(async {
+        let g = provider.lock("warm").unwrap().acquire().await.unwrap();
+        g.release().await.unwrap();
+    });
+    println!("ready");
+    wait_line();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let p = provider.clone();
+    let task = rt.spawn(async move {
+        let mut count = 0_u64;
+        while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            let g = p.lock("contended").unwrap().acquire().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            g.release().await.unwrap();
+            count += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        count
+    });
+    wait_line();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // A waiter may wait for a release that never comes once the others stopped: give up after
+    // a while.
+    let count = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(3), task).await })
+        .map(|r| r.unwrap())
+        .unwrap_or(0);
+    println!("count {count}");
+}
+
+/// Acquire attempts per handoff with `procs` waiting processes (one name, change streams on).
+pub struct HandoffProcs {
+    pub procs: usize,
+    pub acquisitions: u64,
+    pub attempts: u64,
+    pub get_mores: u64,
+    pub secs: f64,
+}
+
+pub fn handoff_procs(uri: &str, procs: usize, secs: f64) -> HandoffProcs {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let admin = rt
+        .block_on(Client::with_uri_str(uri))
+        .expect("admin client");
+    let mut workers: Vec<Worker> = (0..procs)
+        .map(|_| Worker::spawn(&["--handoff-worker".into(), uri.to_owned()]))
+        .collect();
+    for w in &mut workers {
+        assert_eq!(w.recv()[0], "ready");
+    }
+    let s0 = rt.block_on(server_stats(&admin));
+    for w in &mut workers {
+        w.send("go");
+    }
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    for w in &mut workers {
+        w.send("stop");
+    }
+    let mut acquisitions = 0;
+    for w in &mut workers {
+        acquisitions += w.recv()[1].parse::<u64>().unwrap();
+    }
+    let s1 = rt.block_on(server_stats(&admin));
+    HandoffProcs {
+        procs,
+        acquisitions,
+        attempts: s1.find_and_modify - s0.find_and_modify,
+        get_mores: s1.get_more - s0.get_more,
+        secs,
+    }
+}
