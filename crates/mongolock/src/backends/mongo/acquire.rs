@@ -131,8 +131,8 @@ fn acquire_pipeline(
         ACQUIRED_AT: "$$NOW",
         EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
         HOLDER: { "$literal": holder_doc(&req.holder) },
-        WAITERS: queue::after_grant(queueing.mark, ttl_millis(req.ttl), queueing.requeue),
-        RESERVED: Bson::Null,
+        WAITERS: queue::on_grant(queueing.mark, ttl_millis(req.ttl), queueing.requeue),
+        RESERVED: queue::clear_reservation(),
     };
     let busy = if queueing.register {
         Bson::Document(doc! { "$mergeObjects": [

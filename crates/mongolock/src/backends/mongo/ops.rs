@@ -72,7 +72,7 @@ pub(super) async fn release(
         .projection(doc! { queue::NEXT: 1 })
         .await
         .map_err(|e| classify(e, "release (findAndModify)"))?;
-    Ok(doc.map(|d| queue::Handoff::of(d.get(queue::NEXT))))
+    Ok(doc.map(|d| queue::Handoff::of(d.get(queue::NEXT), Some(lease_id.as_str()))))
 }
 
 pub(super) async fn force_release(

@@ -109,7 +109,7 @@ pub(super) fn after_busy(mark: &str) -> Document {
 
 /// The queue after a grant to `mark` of a lease of `ttl_ms`: without its entry, and with it
 /// at the end when `requeue`.
-pub(super) fn after_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Document {
+fn after_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Document {
     let others = doc! { "$filter": {
         "input": live(),
         "cond": { "$ne": ["$$this.m", { "$literal": mark }] },
@@ -148,17 +148,41 @@ pub(super) fn pop(released: &str, applies: &Document, reserve: bool) -> Document
             { "m": "$$first", "until": { "$add": ["$$NOW", fallback_ms()] } },
         ] },
     } };
+    // Only a lock with a queue is handed off: without one the fields are left alone, and the
+    // event (no `next` in it) wakes one acquirer per process, as designating nobody would.
+    let applies = doc! { "$and": [applies.clone(), queued()] };
     let mut set = doc! {
         NEXT: { "$cond": [applies.clone(), next, "$next"] },
         WAITERS: { "$cond": [applies.clone(), rest, "$waiters"] },
     };
     if reserve {
-        set.insert(
-            RESERVED,
-            doc! { "$cond": [applies.clone(), reserved, "$reserved"] },
-        );
+        set.insert(RESERVED, doc! { "$cond": [applies, reserved, "$reserved"] });
     }
     set
+}
+
+/// Aggregation expression: the queue has entries (live or not).
+fn queued() -> Document {
+    doc! { "$gt": [{ "$size": { "$ifNull": ["$waiters", []] } }, 0] }
+}
+
+/// The `waiters` value of a grant's new lease fields: [`after_grant`] when the lock has a
+/// queue or the grant requeues, else nothing (`$$REMOVE`: an unqueued lock gets no field).
+pub(super) fn on_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Bson {
+    if requeue {
+        return Bson::Document(after_grant(mark, ttl_ms, true));
+    }
+    Bson::Document(doc! { "$cond": [
+        { "$isArray": "$waiters" },
+        after_grant(mark, ttl_ms, false),
+        "$$REMOVE",
+    ] })
+}
+
+/// The `reserved` value of a grant's new lease fields: a reservation is cleared, an absent one
+/// stays absent.
+pub(super) fn clear_reservation() -> Document {
+    doc! { "$cond": [{ "$ifNull": ["$reserved", false] }, Bson::Null, "$$REMOVE"] }
 }
 
 fn marks_of_live() -> Document {
@@ -192,15 +216,18 @@ pub(crate) enum Handoff {
 
 impl Handoff {
     /// The handoff recorded in a `next` value (`"<mark>/<released>"`, an empty mark for
-    /// nobody).
-    pub(super) fn of(next: Option<&Bson>) -> Handoff {
-        match next {
-            Some(Bson::String(s)) => match s.split_once('/') {
-                Some(("", _)) => Handoff::Nobody,
-                Some((mark, _)) => Handoff::To(mark.to_owned()),
-                None => Handoff::Unknown,
-            },
-            _ => Handoff::Unknown,
+    /// nobody), if it was written by the release of `released` (`None`: the value is known to
+    /// be new, e.g. it is among an update event's changed fields). A release of a lock without
+    /// a queue leaves an older `next` in place: that one is [`Handoff::Unknown`].
+    pub(super) fn of(next: Option<&Bson>, released: Option<&str>) -> Handoff {
+        let Some(Bson::String(s)) = next else {
+            return Handoff::Unknown;
+        };
+        match s.split_once('/') {
+            Some((_, after)) if released.is_some_and(|r| r != after) => Handoff::Unknown,
+            Some(("", _)) => Handoff::Nobody,
+            Some((mark, _)) => Handoff::To(mark.to_owned()),
+            None => Handoff::Unknown,
         }
     }
 

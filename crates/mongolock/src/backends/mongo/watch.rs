@@ -502,6 +502,7 @@ fn names_pipeline(own: &str) -> Vec<Document> {
             full(LEASE_ID): 1,
             full(TOKEN): 1,
             full(NEXT): 1,
+            full(LAST_RELEASED): 1,
         } },
     ]
 }
@@ -651,7 +652,19 @@ fn interpret<'a>(ev: &'a Document, target: &Target) -> Event<'a> {
                 "delete" => Change::Unknown,
                 _ => lease_change(fields),
             };
-            let handoff = Handoff::of(fields.and_then(|f| f.get(NEXT)));
+            // An update event carries `next` only when this write changed it; a whole document
+            // carries the last one, which is this release's only if it names the released id.
+            let handoff = match op {
+                "update" => Handoff::of(fields.and_then(|f| f.get(NEXT)), None),
+                _ => Handoff::of(
+                    fields.and_then(|f| f.get(NEXT)),
+                    Some(
+                        fields
+                            .and_then(|f| f.get_str(LAST_RELEASED).ok())
+                            .unwrap_or(""),
+                    ),
+                ),
+            };
             Event::Name(Cow::Borrowed(name.as_str()), change, handoff)
         }
         "drop" | "dropDatabase" | "rename" | "invalidate" => Event::All,
@@ -1057,11 +1070,21 @@ mod tests {
         let nobody = doc! {
             "operationType": "replace",
             "documentKey": { "_id": "a" },
-            "fullDocument": { "leaseId": Bson::Null, "next": "/y" },
+            "fullDocument": { "leaseId": Bson::Null, "next": "/y", "lastReleased": "y" },
         };
         assert_eq!(
             interpret_names(&nobody),
             Event::Name("a".into(), lease(None, None), Handoff::Nobody)
+        );
+        // A whole document whose `next` is from an earlier release (this one had no queue).
+        let stale = doc! {
+            "operationType": "replace",
+            "documentKey": { "_id": "a" },
+            "fullDocument": { "leaseId": Bson::Null, "next": "m-/y", "lastReleased": "z" },
+        };
+        assert_eq!(
+            interpret_names(&stale),
+            Event::Name("a".into(), lease(None, None), Handoff::Unknown)
         );
         assert!(Handoff::To("m-".into()).wakes("m-"));
         assert!(!Handoff::To("m-".into()).wakes("n-"));
