@@ -155,8 +155,9 @@
 //! (expiry / 3), automatic extension, wait strategy between attempts, application name stored
 //! as holder metadata, plus the lock field and the write concern (`w: "majority"` by default).
 //! Waiting forms take a [`Timeout`] like [`Lock`](crate::Lock): zero = one attempt, a duration,
-//! or forever. Each attempt runs in its own task, so dropping a waiting future never leaves a
-//! document locked with nobody to release it. Transient errors (network, failover) are retried
+//! or forever. An attempt that is dropped half-way finishes in a task of its own (the same
+//! acquire loop as named locks), so dropping a waiting future never leaves a document locked
+//! with nobody to release it. Transient errors (network, failover) are retried
 //! within the caller's wait budget; permanent ones are returned with a hint.
 //!
 //! A claim retried after a transient error whose reply was lost may have locked a document that
