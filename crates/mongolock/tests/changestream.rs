@@ -105,66 +105,10 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Nine tasks (one holder, eight waiters) hand one lock around `handoffs` times. Checks that
-/// there are never two holders, that tokens grow in acquisition order and that no holder is
-/// wrongly told its lease is gone; returns the handoff latencies (release → next holder).
+/// Nine tasks (one holder, eight waiters) hand one lock around `handoffs` times (see
+/// [`mongolock::testing::hand_around`]); returns the handoff latencies.
 async fn handoffs(provider: &LockProvider, handoffs: usize) -> Vec<Duration> {
-    const WAITERS: usize = 8;
-    let name = unique("handoff");
-    let inside = Arc::new(AtomicUsize::new(0));
-    let tokens = Arc::new(Mutex::new(Vec::new()));
-    let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
-    let samples = Arc::new(Mutex::new(Vec::new()));
-    // Bumped by every acquisition: a task that released sits out until someone else holds the
-    // lock, so every release is a handoff to one of the waiters.
-    let generation = Arc::new(tokio::sync::watch::channel(0_u64).0);
-    let mut tasks = Vec::new();
-    for _ in 0..=WAITERS {
-        let lock = provider.lock(name.clone()).unwrap();
-        let (inside, tokens, released_at, samples, generation) = (
-            inside.clone(),
-            tokens.clone(),
-            released_at.clone(),
-            samples.clone(),
-            generation.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut rx = generation.subscribe();
-            loop {
-                let g = lock.acquire().await.unwrap();
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                tokens.lock().unwrap().push(g.fencing_token());
-                generation.send_modify(|g| *g += 1);
-                let mine = *generation.borrow();
-                if let Some(r) = released_at.lock().unwrap().take() {
-                    samples.lock().unwrap().push(r.elapsed());
-                }
-                let done = samples.lock().unwrap().len() >= handoffs;
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                assert!(!g.is_lost(), "a holder was told its lease is gone");
-                inside.fetch_sub(1, Ordering::SeqCst);
-                if !done {
-                    *released_at.lock().unwrap() = Some(Instant::now());
-                }
-                g.release().await.unwrap();
-                if done {
-                    return;
-                }
-                let _ = rx.wait_for(|g| *g > mine).await;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let tokens = tokens.lock().unwrap();
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens must grow in acquisition order: {tokens:?}"
-    );
-    let samples = samples.lock().unwrap().clone();
-    assert!(samples.len() >= handoffs);
-    samples
+    mongolock::testing::hand_around(provider, &unique("handoff"), 8, handoffs).await
 }
 
 /// With the change stream open, an uncontended acquire + release costs exactly two commands:

@@ -1194,33 +1194,25 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Nine tasks of one process (one holder, eight waiters, polling only every 30-40 s) hand one
-/// lock around 30 times: each release wakes one waiter at once — not all eight (fewer than six
-/// attempts per handoff) — tokens grow in acquisition order and no holder is told its lease is
-/// gone while it holds it.
-pub async fn handoffs_are_prompt_and_do_not_stampede(backend: Arc<dyn LockBackend>) {
-    const WAITERS: usize = 8;
-    const HANDOFFS: usize = 30;
-    let name = unique_name("handoff");
-    until_live(&backend).await;
-    let counting = Arc::new(CountingAll {
-        inner: backend.clone(),
-        acquires: AtomicUsize::new(0),
-    });
-    let p = LockProvider::builder_shared(counting.clone())
-        .wait_strategy(slow_polling())
-        .build()
-        .expect("valid options");
+/// `waiters + 1` tasks of one provider hand the lock `name` around until `handoffs` handoffs
+/// happened (a task that released sits out until someone else holds the lock, so every release
+/// is a handoff). Asserts that there are never two holders, that no holder is told its lease is
+/// gone while it holds it, that tokens grow in acquisition order and that the tasks finish
+/// within 120 s; returns the handoff latencies (release → next holder).
+pub async fn hand_around(
+    provider: &LockProvider,
+    name: &str,
+    waiters: usize,
+    handoffs: usize,
+) -> Vec<Duration> {
     let inside = Arc::new(AtomicUsize::new(0));
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
     let samples = Arc::new(Mutex::new(Vec::new()));
-    // Bumped by every acquisition: a task that released sits out until someone else holds the
-    // lock, so every release is a handoff to one of the waiters.
     let generation = Arc::new(tokio::sync::watch::channel(0_u64).0);
     let mut tasks = Vec::new();
-    for _ in 0..=WAITERS {
-        let lock = p.lock(name.clone()).unwrap();
+    for _ in 0..=waiters {
+        let lock = provider.lock(name).expect("valid name");
         let (inside, tokens, released_at, samples, generation) = (
             inside.clone(),
             tokens.clone(),
@@ -1231,7 +1223,7 @@ pub async fn handoffs_are_prompt_and_do_not_stampede(backend: Arc<dyn LockBacken
         tasks.push(tokio::spawn(async move {
             let mut rx = generation.subscribe();
             loop {
-                let g = lock.acquire().await.unwrap();
+                let g = lock.acquire().await.expect("acquire");
                 assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
                 tokens.lock().unwrap().push(g.fencing_token());
                 generation.send_modify(|g| *g += 1);
@@ -1239,14 +1231,14 @@ pub async fn handoffs_are_prompt_and_do_not_stampede(backend: Arc<dyn LockBacken
                 if let Some(r) = released_at.lock().unwrap().take() {
                     samples.lock().unwrap().push(r.elapsed());
                 }
-                let done = samples.lock().unwrap().len() >= HANDOFFS;
+                let done = samples.lock().unwrap().len() >= handoffs;
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 assert!(!g.is_lost(), "a holder was told its lease is gone");
                 inside.fetch_sub(1, Ordering::SeqCst);
                 if !done {
                     *released_at.lock().unwrap() = Some(Instant::now());
                 }
-                g.release().await.unwrap();
+                g.release().await.expect("release");
                 if done {
                     return;
                 }
@@ -1266,8 +1258,34 @@ pub async fn handoffs_are_prompt_and_do_not_stampede(backend: Arc<dyn LockBacken
         tokens.windows(2).all(|w| w[0] < w[1]),
         "{name}: tokens must grow in acquisition order: {tokens:?}"
     );
-    let attempts = counting.acquires.load(Ordering::SeqCst);
     let samples = samples.lock().unwrap().clone();
+    assert!(
+        samples.len() >= handoffs,
+        "{name}: {} handoffs",
+        samples.len()
+    );
+    samples
+}
+
+/// Nine tasks of one process (one holder, eight waiters, polling only every 30-40 s) hand one
+/// lock around 30 times: each release wakes one waiter at once — not all eight (fewer than six
+/// attempts per handoff) — tokens grow in acquisition order and no holder is told its lease is
+/// gone while it holds it.
+pub async fn handoffs_are_prompt_and_do_not_stampede(backend: Arc<dyn LockBackend>) {
+    const WAITERS: usize = 8;
+    const HANDOFFS: usize = 30;
+    let name = unique_name("handoff");
+    until_live(&backend).await;
+    let counting = Arc::new(CountingAll {
+        inner: backend.clone(),
+        acquires: AtomicUsize::new(0),
+    });
+    let p = LockProvider::builder_shared(counting.clone())
+        .wait_strategy(slow_polling())
+        .build()
+        .expect("valid options");
+    let samples = hand_around(&p, &name, WAITERS, HANDOFFS).await;
+    let attempts = counting.acquires.load(Ordering::SeqCst);
     let m = median(samples.clone());
     eprintln!(
         "{name}: handoff median {m:?}, max {:?}; {:.1} attempts per handoff",
