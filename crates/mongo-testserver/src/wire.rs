@@ -164,15 +164,17 @@ fn read_document(bytes: &[u8], at: usize, limit: usize) -> Result<(Document, usi
         .ok_or_else(|| malformed("BSON document overruns the message"))?;
     let raw =
         RawDocument::from_bytes(slice).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
+    // The fast decoder refuses nesting deeper than MAX_NESTING_DEPTH (among everything else
+    // it does not handle); the slow path then says why.
+    if let Some(doc) = fast::parse_document(slice) {
+        return Ok((doc, end));
+    }
     // Each nesting level takes at least 7 bytes: smaller documents cannot be too deep.
     if slice.len() >= 7 * MAX_NESTING_DEPTH {
         check_depth(raw)?;
     }
-    let doc = match fast::parse_document(slice) {
-        Some(d) => d,
-        // Unusual types or invalid input: the bson crate decides (and explains the error).
-        None => Document::try_from(raw).map_err(|e| malformed(format!("invalid BSON: {e}")))?,
-    };
+    // Unusual types or invalid input: the bson crate decides (and explains the error).
+    let doc = Document::try_from(raw).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
     Ok((doc, end))
 }
 
@@ -185,6 +187,8 @@ mod fast {
     struct Reader<'a> {
         bytes: &'a [u8],
         pos: usize,
+        /// Nesting level of the document or array being read (the top level is 1).
+        depth: usize,
     }
 
     impl<'a> Reader<'a> {
@@ -232,7 +236,11 @@ mod fast {
 
     /// Parses a whole document (the slice must be exactly one document).
     pub fn parse_document(bytes: &[u8]) -> Option<Document> {
-        let mut r = Reader { bytes, pos: 0 };
+        let mut r = Reader {
+            bytes,
+            pos: 0,
+            depth: 0,
+        };
         let d = document(&mut r)?;
         (r.pos == bytes.len()).then_some(d)
     }
@@ -256,6 +264,11 @@ mod fast {
     /// Reads a length-prefixed list of elements (a document's or an array's), giving each key
     /// and value to `each`; `None` when the bytes are malformed or `each` refuses an element.
     fn elements(r: &mut Reader<'_>, mut each: impl FnMut(&str, Bson) -> Option<()>) -> Option<()> {
+        if r.depth >= super::MAX_NESTING_DEPTH {
+            // Too deep: the caller's slow path reports it.
+            return None;
+        }
+        r.depth += 1;
         let start = r.pos;
         let len = r.i32()?;
         if len < 5 {
@@ -277,6 +290,7 @@ mod fast {
                 return None;
             }
         }
+        r.depth -= 1;
         (r.pos == end).then_some(())
     }
 

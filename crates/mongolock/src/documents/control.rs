@@ -12,7 +12,7 @@ use mongodb::options::ReturnDocument;
 use super::state::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT};
 use super::{classify, Inner};
 use crate::backend::{LeaseId, LockInfo};
-use crate::backends::mongo::document::release_update;
+use crate::backends::mongo::document::{release_update, released_before};
 use crate::error::Result;
 use crate::guard::LeaseControl;
 
@@ -107,7 +107,21 @@ async fn release(inner: &Inner, id: Option<&Bson>, lease_id: &LeaseId) -> Result
         .upsert(false)
         .await
         .map_err(|e| classify(e, "release document lock (update)", field))?;
-    Ok(r.matched_count == 1)
+    if r.matched_count == 1 {
+        return Ok(true);
+    }
+    // Not ours any more: released by an earlier try of this release, or ended by someone else.
+    let mut before = released_before(&format!("{field}."), lease_id.as_str());
+    if let Some(id) = id {
+        before.insert("_id", id.clone());
+    }
+    let found = inner
+        .reads
+        .find_one(before)
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(|e| classify(e, "release document lock (find)", field))?;
+    Ok(found.is_some())
 }
 
 /// Releases, in the background and within the release timeout, the lease id of a lock or

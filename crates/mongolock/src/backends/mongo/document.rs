@@ -74,15 +74,18 @@ pub(crate) fn ttl_millis(ttl: Duration) -> i64 {
 /// document, `"<field>."` for a lock embedded in a user's document): the filter to add to the
 /// document's `_id` and the update pipeline.
 ///
-/// The pipeline ends the lease only while `leaseId` is ours — `leaseId: null`,
-/// `expiresAt: min(expiresAt, $$NOW)`, the fencing token kept — and appends our lease id to
-/// `released` (the last [`RELEASED_KEPT`]) and records it in [`LAST_RELEASED`]. The filter also matches a document whose
-/// `released` holds our lease id, without changing it: so a release whose first try was
-/// applied but whose reply was lost matches again when retried and reports success, while a
-/// lease that someone else ended (expiry and takeover, force-release) matches nothing, because
-/// only the holder's own release ever writes its id into `released`. A retry reports a
-/// spurious loss only if more than [`RELEASED_KEPT`] other leases were released in between (or
-/// the document was removed by TTL cleanup): the safe direction.
+/// The filter matches the document only while `leaseId` is ours, so the pipeline is
+/// unconditional: `leaseId: null`, `expiresAt: min(expiresAt, $$NOW)`, the fencing token kept;
+/// our lease id appended to `released` (the last [`RELEASED_KEPT`]) and recorded in
+/// [`LAST_RELEASED`].
+///
+/// When it matches nothing, the lease is not ours any more: either someone else ended it
+/// (expiry and takeover, force-release), or this is a retry of a release whose first try was
+/// applied but whose reply was lost. [`released_before`] tells them apart: only the holder's
+/// own release ever writes its id into `released`, so a retry finds it there and reports
+/// success, while a lease that someone else ended never appears. A retry reports a spurious
+/// loss only if more than [`RELEASED_KEPT`] other leases were released in between (or the
+/// document was removed by TTL cleanup): the safe direction.
 ///
 /// With `queue` (named locks: `Some(reserve)`), the release also pops the first waiting process
 /// of the lock's queue into `next`, and with `reserve` reserves the lock for it (see
@@ -97,42 +100,29 @@ pub(crate) fn release_update(
     let released_path = format!("{prefix}{RELEASED}");
     let last_released_path = format!("{prefix}{LAST_RELEASED}");
     let ours = doc! { "$literal": lease_id };
-    let mine = doc! { "$eq": [format!("${lease_path}"), ours.clone()] };
-    let keep = |path: &str| Bson::String(format!("${path}"));
-    let filter = doc! {
-        "$or": [
-            { lease_path.as_str(): lease_id },
-            { released_path.as_str(): lease_id },
-        ]
-    };
+    let filter = doc! { lease_path.as_str(): lease_id };
     let mut set = doc! {
-            lease_path.as_str(): { "$cond": [mine.clone(), Bson::Null, keep(&lease_path)] },
-            expires_path.as_str(): { "$cond": [
-                mine.clone(),
-                { "$min": [keep(&expires_path), "$$NOW"] },
-                keep(&expires_path),
+        lease_path.as_str(): Bson::Null,
+        expires_path.as_str(): { "$min": [format!("${expires_path}"), "$$NOW"] },
+        released_path.as_str(): { "$slice": [
+            { "$concatArrays": [
+                { "$ifNull": [format!("${released_path}"), []] },
+                [ours.clone()],
             ] },
-            released_path.as_str(): { "$cond": [
-                mine.clone(),
-                { "$slice": [
-                    { "$concatArrays": [
-                        { "$ifNull": [keep(&released_path), []] },
-                        [ours.clone()],
-                    ] },
-                    -RELEASED_KEPT,
-                ] },
-                keep(&released_path),
-            ] },
-            last_released_path.as_str(): { "$cond": [
-                mine.clone(),
-                ours,
-                keep(&last_released_path),
-            ] },
+            -RELEASED_KEPT,
+        ] },
+        last_released_path.as_str(): ours,
     };
     if let Some(reserve) = queue {
-        set.extend(super::queue::pop(lease_id, &mine, reserve));
+        set.extend(super::queue::pop(lease_id, reserve));
     }
     (filter, vec![doc! { "$set": set }])
+}
+
+/// The filter (to add to the document's `_id`, if known) that finds a lock whose holder
+/// released `lease_id` itself: the check after a [`release_update`] that matched nothing.
+pub(crate) fn released_before(prefix: &str, lease_id: &str) -> Document {
+    doc! { format!("{prefix}{RELEASED}"): lease_id }
 }
 
 pub(crate) fn holder_doc(h: &HolderInfo) -> Document {

@@ -122,9 +122,11 @@
 //! # Release is idempotent for the holder
 //! A release whose reply was lost (and whose driver retry failed too) is retried by the core.
 //! Release therefore records the released lease id in `released` (the last 8) in the same
-//! write, and a retry that finds its id there reports success; a lease that someone else ended
-//! never appears there, so [`Error::LeaseLost`](crate::Error::LeaseLost) means just that. The
-//! filter and pipeline are in `document.rs` (`release_update`), shared with document locks.
+//! write. The release matches the document only while the lease is ours (one command); when it
+//! matches nothing, one read looks for the id in `released`: a retry finds it there and reports
+//! success, while a lease that someone else ended never appears there, so
+//! [`Error::LeaseLost`](crate::Error::LeaseLost) means just that. The filter and pipeline are in
+//! `document.rs` (`release_update`), shared with document locks.
 //!
 //! # Errors
 //! Network errors, server selection timeouts, pool clears, the retryable error labels and the
@@ -415,7 +417,8 @@ impl LockBackend for MongoBackend {
     }
 
     async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
-        let released = ops::release(&self.coll, name, lease_id, self.fair_handoff).await;
+        let released =
+            ops::release(&self.coll, &self.reads, name, lease_id, self.fair_handoff).await;
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.watch.released(lease_id);
         // The stream leaves out this backend's own releases: its waiters are told here (after

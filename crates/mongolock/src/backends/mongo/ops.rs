@@ -22,7 +22,7 @@ fn end_lease(reserve: bool) -> Vec<Document> {
         LEASE_ID: null,
         EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
     };
-    set.extend(queue::pop(&forced, &doc! { "$literal": true }, reserve));
+    set.extend(queue::pop(&forced, reserve));
     vec![doc! { "$set": set }]
 }
 
@@ -57,9 +57,12 @@ pub(super) async fn extend(
 }
 
 /// Ends our lease. `Ok(None)`: it was not ours (any more). `Ok(Some(handoff))`: released (or
-/// released before, for a retry), and whom the release handed the lock to.
+/// released before, for a retry), and whom the release handed the lock to. One command when
+/// the lease was ours; otherwise a second one, a read through `reads` (the primary, majority
+/// read concern), looks for the lease id among those released by their holders.
 pub(super) async fn release(
     coll: &Collection<Document>,
+    reads: &Collection<Document>,
     name: &str,
     lease_id: &LeaseId,
     reserve: bool,
@@ -72,7 +75,21 @@ pub(super) async fn release(
         .projection(doc! { queue::NEXT: 1 })
         .await
         .map_err(|e| classify(e, "release (findAndModify)"))?;
-    Ok(doc.map(|d| queue::Handoff::of(d.get(queue::NEXT), Some(lease_id.as_str()))))
+    if let Some(d) = doc {
+        return Ok(Some(queue::Handoff::of(
+            d.get(queue::NEXT),
+            Some(lease_id.as_str()),
+        )));
+    }
+    // Not ours any more: released by an earlier try of this release, or ended by someone else.
+    let mut before = document::released_before("", lease_id.as_str());
+    before.insert("_id", name);
+    let found = reads
+        .find_one(before)
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(|e| classify(e, "release (find)"))?;
+    Ok(found.map(|_| queue::Handoff::Unknown))
 }
 
 pub(super) async fn force_release(

@@ -125,9 +125,9 @@ fn after_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Document {
 }
 
 /// The `$set` fields of a release of `released` (a lease id, or any unique string for a
-/// force-release): pop the first live entry into `next`. `applies` is the release's condition
-/// (the lease was ours); otherwise both fields stay as they are.
-pub(super) fn pop(released: &str, applies: &Document, reserve: bool) -> Document {
+/// force-release) whose filter matched only a lock it ends: pop the first live entry into
+/// `next`.
+pub(super) fn pop(released: &str, reserve: bool) -> Document {
     let next = doc! { "$let": {
         "vars": { "live": live() },
         "in": { "$concat": [
@@ -150,7 +150,7 @@ pub(super) fn pop(released: &str, applies: &Document, reserve: bool) -> Document
     } };
     // Only a lock with a queue is handed off: without one the fields are left alone, and the
     // event (no `next` in it) wakes one acquirer per process, as designating nobody would.
-    let applies = doc! { "$and": [applies.clone(), queued()] };
+    let applies = queued();
     let mut set = doc! {
         NEXT: { "$cond": [applies.clone(), next, "$next"] },
         WAITERS: { "$cond": [applies.clone(), rest, "$waiters"] },
