@@ -84,10 +84,12 @@ pub fn find_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
 pub struct CliPlan {
     /// The `mongolock` binary.
     pub bin: PathBuf,
-    /// MongoDB URI and database.
+    /// MongoDB URI or PostgreSQL URL.
     pub uri: String,
-    /// Database.
+    /// Database (MongoDB).
     pub db: String,
+    /// Lock collection (MongoDB) or `schema.table` (PostgreSQL).
+    pub collection: String,
     /// Concurrent `mongolock exec` loops.
     pub loops: usize,
     /// SIGKILL / SIGSTOP mongolock processes.
@@ -198,7 +200,7 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
             "--db",
             &plan.db,
             "--collection",
-            "cli_locks",
+            &plan.collection,
         ])
         .args(["exec", "--ttl", "1s", "--grace", "300ms", "cli-lock", "--"])
         .args(["sh", "-c", SCRIPT])
