@@ -1,7 +1,9 @@
-//! The short torture run CI does: a few worker processes for a few seconds with a few faults of
-//! every kind. Asserts zero violations *and* that every fault kind actually happened (so that a
-//! run that injected nothing cannot pass). The checker's ability to detect violations is tested
-//! by its unit tests (planted overlaps, repeated tokens, stale writes, writes after loss).
+//! The short torture runs CI does: a few worker processes for a few seconds with a few faults of
+//! every kind, on MongoDB (the embedded server), PostgreSQL (a cluster the run starts) and the
+//! memory backend. Each asserts zero violations *and* that every fault kind actually happened
+//! (so that a run that injected nothing cannot pass). The checker's ability to detect violations
+//! is tested by its unit tests (planted overlaps, repeated tokens, stale writes, writes after
+//! loss) and, for the PostgreSQL history, by `tests/postgres_history.rs`.
 
 use std::path::Path;
 use std::process::Command;
@@ -118,4 +120,93 @@ fn short_memory_run_has_no_violation() {
     assert!(json["acquisitions"].as_u64().unwrap() >= 100, "{json:#}");
     assert!(count(&json, "faults", "dropped_acquire") >= 1, "{json:#}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn short_postgres_run_with_every_fault_kind_has_no_violation() {
+    let external = std::env::var("POSTGRES_URL").is_ok_and(|u| !u.is_empty());
+    if !external && mongolock::testing::postgres_server::bin_dir().is_none() {
+        eprintln!(
+            "skipped: {}",
+            mongolock::testing::postgres_server::NO_BINARIES
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("torture-test-pg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let summary = dir.join("summary.json");
+    let json = run(
+        &[
+            "--backend",
+            "postgres",
+            "--workers",
+            "3",
+            "--tasks",
+            "3",
+            "--duration",
+            "20s",
+            "--seed",
+            "7",
+            "--fault-interval",
+            "150ms",
+            "--cold-names",
+            "100",
+            "--cli-faults",
+            "--run-dir",
+            dir.to_str().unwrap(),
+        ],
+        &summary,
+    );
+    assert!(json["acquisitions"].as_u64().unwrap() >= 200, "{json:#}");
+    for kind in [
+        "sigkill",
+        "sigstop",
+        "terminate_listener",
+        "terminate_connection",
+    ] {
+        assert!(
+            count(&json, "faults", kind) >= 1,
+            "no {kind} injected: {json:#}"
+        );
+        assert!(
+            count(&json, "faults_fired", kind) >= 1,
+            "no {kind} fired: {json:#}"
+        );
+    }
+    for kind in ["dropped_acquire", "dropped_release"] {
+        assert!(count(&json, "faults", kind) >= 1, "no {kind}: {json:#}");
+    }
+    assert!(
+        json["ttl_deletes"].as_u64().unwrap() >= 1,
+        "no row deleted by cleanup: {json:#}"
+    );
+    assert!(
+        json["ran_out"].as_u64().unwrap() >= 1,
+        "no lease ran out: {json:#}"
+    );
+    assert!(
+        json["restarts"].as_u64().unwrap() >= 1,
+        "no worker restarted: {json:#}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fault_kinds_of_another_backend_are_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mongolock-torture"))
+        .args([
+            "--backend",
+            "postgres",
+            "--faults",
+            "sigkill,block_connection",
+        ])
+        .output()
+        .expect("run mongolock-torture");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("\"block_connection\" does not apply to the postgres backend")
+            && stderr.contains("terminate_listener"),
+        "{stderr}"
+    );
 }
