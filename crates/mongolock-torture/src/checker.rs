@@ -144,12 +144,23 @@ pub struct Checker {
     accepted: u64,
     inversions: u64,
     max_inversion_us: i64,
+    strict_release_order: bool,
 }
 
 impl Checker {
     /// An empty checker.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty checker for a backend whose release and grant times are taken after the row
+    /// is locked (PostgreSQL's `clock_timestamp()`): a grant stamped before the preceding
+    /// release of its name is then an overlap, not a stamp inversion.
+    pub fn strict_release_order() -> Self {
+        Checker {
+            strict_release_order: true,
+            ..Self::default()
+        }
     }
 
     fn violate(&mut self, kind: ViolationKind, evidence: String) {
@@ -164,7 +175,7 @@ impl Checker {
     pub fn grant(&mut self, grant: Grant) {
         self.grants += 1;
         if let Some(prev) = self.last_grant.get(&grant.name) {
-            if prev.released && grant.start_us < prev.end_us {
+            if prev.released && !self.strict_release_order && grant.start_us < prev.end_us {
                 // Not an overlap: the release came first in write order (the change stream
                 // shows it before this grant), but `$$NOW` is fixed when a command *starts*, so
                 // a grant that started before the release was applied carries an earlier time.
@@ -172,15 +183,20 @@ impl Checker {
                 self.max_inversion_us = self.max_inversion_us.max(prev.end_us - grant.start_us);
             } else if grant.start_us < prev.end_us {
                 let evidence = format!(
-                    "name {:?}: lease {} (tokens {:?}, holder {:?}) held [{}, {}) (never released) \
+                    "name {:?}: lease {} (tokens {:?}, holder {:?}) held [{}, {}) ({}) \
                      but lease {} (tokens {:?}, holder {:?}) was granted at {}, {} µs before the \
-                     earlier lease expired",
+                     earlier lease ended",
                     grant.name,
                     prev.lease,
                     prev.tokens,
                     prev.holder,
                     fmt_time(prev.start_us),
                     fmt_time(prev.end_us),
+                    if prev.released {
+                        "then released"
+                    } else {
+                        "never released"
+                    },
                     grant.lease,
                     grant.tokens,
                     grant.holder,
@@ -390,6 +406,17 @@ mod tests {
         c.grant(grant("a", "l2", 2, 9, 20));
         assert_eq!(c.total(), 0);
         assert_eq!(c.release_stamp_inversions(), (1, 1));
+    }
+
+    #[test]
+    fn strict_release_order_reports_a_grant_stamped_before_the_release() {
+        let mut c = Checker::strict_release_order();
+        c.grant(grant("a", "l1", 1, 0, 10));
+        c.grant(grant("a", "l2", 2, 10, 20));
+        assert_eq!(c.total(), 0);
+        c.grant(grant("a", "l3", 3, 19, 30));
+        assert_eq!(c.counts().get(&ViolationKind::Overlap), Some(&1));
+        assert!(c.first()[0].evidence.contains("then released"));
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! Check (6): `mongolock exec` commands on one lock never overlap. Each command runs
-//! `mkdir D && sleep r && rmdir D` on a shared directory D that must not exist when it starts;
-//! a failed `mkdir` is an overlap and is appended to a log. With `--cli-faults`, `mongolock`
-//! processes (not their commands) are SIGKILLed or SIGSTOPped for longer than the lease.
+//! Check (6): `mongolock exec` commands on one lock never overlap. Each command prepares a
+//! directory holding its owner record (fencing token and pid), then renames it to a shared
+//! path D and sleeps: rename(2) onto an existing (never empty) D fails, so D always names its
+//! owner. A failed rename while D's owner is still running is an overlap and is appended to a
+//! log; a D whose owner is dead was left by a command killed before it could clean up (not an
+//! overlap) and is replaced. With `--cli-faults`, `mongolock` processes (not their commands) are
+//! SIGKILLed or SIGSTOPped for longer than the lease.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,30 +19,29 @@ use tokio::process::Command;
 use tokio::sync::watch;
 
 /// The command each `mongolock exec` runs. A TERM (mongolock stopping it after losing the lock)
-/// removes the directory if this command created it.
-const SCRIPT: &str = r#"trap 'if [ -n "$M" ]; then rm -f "$D.owner"; rmdir "$D"; fi; exit 143' TERM
-if ! mkdir "$D" 2>/dev/null; then
-  owner=$(cat "$D.owner" 2>/dev/null)
+/// removes D if this command created it. (An earlier version made D with `mkdir` and wrote the
+/// owner next to it afterwards: a command killed between the two left an ownerless D that every
+/// later command reported as an overlap.)
+const SCRIPT: &str = r#"trap 'if [ -n "$M" ]; then rm -rf "$D"; fi; rm -rf "$T"; exit 143' TERM
+T="$D.new.$$"
+mkdir "$T" && echo "$MONGOLOCK_FENCING_TOKEN $$" > "$T/owner" || exit 98
+if ! mv -T "$T" "$D" 2>/dev/null; then
+  owner=$(cat "$D/owner" 2>/dev/null)
   pid=${owner#* }
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
     echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN started while the command with token ${owner% *} (pid $pid) was still running" >> "$LOG"
+    rm -rf "$T"
     exit 99
   fi
-  if [ -z "$owner" ]; then
-    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN started while another command (owner not yet recorded) held $D" >> "$LOG"
-    exit 99
-  fi
-  # Left behind by a command killed with SIGKILL before it could clean up: not an overlap.
+  # Left behind by a command killed before it could clean up: not an overlap.
   echo "stale: $owner" >> "$LOG.stale"
-  rm -f "$D.owner"; rmdir "$D" 2>/dev/null
-  mkdir "$D" || { echo "overlap: token $MONGOLOCK_FENCING_TOKEN lost a race for $D" >> "$LOG"; exit 99; }
+  rm -rf "$D"
+  mv -T "$T" "$D" 2>/dev/null || { echo "overlap: token $MONGOLOCK_FENCING_TOKEN lost a race for $D" >> "$LOG"; rm -rf "$T"; exit 99; }
 fi
 M=1
-echo "$MONGOLOCK_FENCING_TOKEN $$" > "$D.owner"
 sleep "$R" &
 wait $!
-rm -f "$D.owner"
-rmdir "$D"
+rm -rf "$D"
 "#;
 
 /// Where to find the `mongolock` binary: `--mongolock-bin` / `MONGOLOCK_BIN`, else next to this
@@ -84,10 +86,12 @@ pub fn find_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
 pub struct CliPlan {
     /// The `mongolock` binary.
     pub bin: PathBuf,
-    /// MongoDB URI and database.
+    /// MongoDB URI or PostgreSQL URL.
     pub uri: String,
-    /// Database.
+    /// Database (MongoDB).
     pub db: String,
+    /// Lock collection (MongoDB) or `schema.table` (PostgreSQL).
+    pub collection: String,
     /// Concurrent `mongolock exec` loops.
     pub loops: usize,
     /// SIGKILL / SIGSTOP mongolock processes.
@@ -132,8 +136,7 @@ const CLI_TTL: Duration = Duration::from_secs(1);
 /// Runs the loops until `stop`; returns what happened.
 pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     let shared = plan.dir.join("cli-mutex");
-    let _ = std::fs::remove_file(shared.with_extension("owner"));
-    let _ = std::fs::remove_dir(&shared);
+    let _ = std::fs::remove_dir_all(&shared);
     let log = plan.dir.join("cli-overlaps.log");
     let counters: Arc<Counters> = Arc::new(Default::default());
     let mut loops = Vec::new();
@@ -198,7 +201,7 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
             "--db",
             &plan.db,
             "--collection",
-            "cli_locks",
+            &plan.collection,
         ])
         .args(["exec", "--ttl", "1s", "--grace", "300ms", "cli-lock", "--"])
         .args(["sh", "-c", SCRIPT])

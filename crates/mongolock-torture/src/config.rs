@@ -6,11 +6,15 @@ use std::path::PathBuf;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::options::Backend;
+
 /// Environment variable carrying a worker's [`WorkerConfig`] as JSON.
 pub const WORKER_CONFIG_ENV: &str = "MONGOLOCK_TORTURE_WORKER";
 
 /// Application name of the workers' MongoDB clients: fail points are aimed at it, so the
-/// recorder, the fault injector and the final checks are never hit.
+/// recorder, the fault injector and the final checks are never hit. On PostgreSQL, the prefix
+/// of the `application_name` of the workers' lock connections (`pg_terminate_backend` picks
+/// among them).
 pub const WORKER_APP_NAME: &str = "torture-worker";
 
 /// Lock collection of the named locks and elections.
@@ -25,9 +29,11 @@ pub const ELECTION_ROLE: &str = "leader";
 /// A worker's configuration.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WorkerConfig {
-    /// MongoDB URI (unused by the memory backend).
+    /// The backend (MongoDB or PostgreSQL; the memory backend runs no worker process).
+    pub backend: Backend,
+    /// MongoDB URI or PostgreSQL URL (unused by the memory backend).
     pub uri: String,
-    /// Database of the run.
+    /// Database of the run (PostgreSQL: the schema).
     pub db: String,
     /// Worker id (`w3`) and incarnation (restarts after SIGKILL).
     pub worker: String,
@@ -45,6 +51,8 @@ pub struct WorkerConfig {
     pub jobs: usize,
     /// Delay after expiry before the TTL index may delete a lock document (whole seconds).
     pub cleanup_after_secs: u64,
+    /// PostgreSQL: the period of this worker's background cleanup (ms), if it runs one.
+    pub cleanup_every_ms: Option<u64>,
     /// Whether the worker's lock backend polls instead of following the change stream.
     pub polling: bool,
     /// Whether futures are dropped at random points.

@@ -1,11 +1,17 @@
-//! Rebuilds, from a collection's change events, the history of every lock name (grants,
-//! extensions, releases, deletions) and of every resource (accepted fenced writes).
+//! Rebuilds the history of every lock name (grants, extensions, releases, deletions) and of
+//! every resource (accepted fenced writes).
 //!
-//! It relies only on the documented shape of the documents (`leaseId`, `fencingToken`,
-//! `acquiredAt`, `expiresAt`, optionally under a lock field such as `_lock`), ignores every other
-//! field, and keeps a copy of each document to which it applies `updatedFields` /
-//! `removedFields` (with dotted paths), so it never depends on `fullDocument: "updateLookup"`
-//! (which shows the document as it is *now*, not as the write left it).
+//! The core, [`LockHistory::apply_state`], takes each written version of a lock's fields
+//! ([`LockState`]) or its deletion, in write order per name. Two inputs feed it:
+//!
+//! * MongoDB: [`LockHistory::apply`] reads a collection's change events, relying only on the
+//!   documented shape of the documents (`leaseId`, `fencingToken`, `acquiredAt`, `expiresAt`,
+//!   optionally under a lock field such as `_lock`), ignoring every other field. It keeps a copy
+//!   of each document to which it applies `updatedFields` / `removedFields` (with dotted paths),
+//!   so it never depends on `fullDocument: "updateLookup"` (which shows the document as it is
+//!   *now*, not as the write left it).
+//! * PostgreSQL: the rows of the history table filled by the harness's own trigger on the lock
+//!   table (`postgres.rs`), each already a [`LockState`] with microsecond times.
 
 use std::collections::HashMap;
 
@@ -121,7 +127,22 @@ impl Open {
     }
 }
 
-/// Per name: the stored copy of the document and the lease open on it.
+/// The lock fields of one written version of a lock document or row.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockState {
+    /// The lease id (`None`: no lease, e.g. after a release).
+    pub lease: Option<String>,
+    /// The fencing token (`None`: not stamped yet).
+    pub token: Option<u64>,
+    /// Server time (µs) of the grant.
+    pub acquired_us: Option<i64>,
+    /// Server time (µs) of the expiry.
+    pub expires_us: Option<i64>,
+    /// The holder's application name.
+    pub holder: String,
+}
+
+/// Per name: the stored copy of the document (MongoDB) and the lease open on it.
 #[derive(Default)]
 struct NameState {
     doc: Document,
@@ -162,32 +183,63 @@ impl LockHistory {
         self.deletes
     }
 
-    /// One change of the document of `name`; returns the grants it closed.
+    /// One change of the document of `name` (a MongoDB change event); returns the grants it
+    /// closed.
     pub fn apply(&mut self, name: &str, change: Change) -> Vec<Grant> {
+        let doc = match change {
+            Change::Delete => return self.apply_state(name, None),
+            Change::Full(doc) => doc,
+            Change::Update { updated, removed } => {
+                let mut doc = self
+                    .names
+                    .get_mut(name)
+                    .map(|s| std::mem::take(&mut s.doc))
+                    .unwrap_or_default();
+                apply_update(&mut doc, &updated, &removed);
+                doc
+            }
+        };
+        let state = LockState {
+            lease: match self.field(&doc, "leaseId") {
+                Some(Bson::String(s)) => Some(s.clone()),
+                _ => None,
+            },
+            token: uint(self.field(&doc, "fencingToken")),
+            acquired_us: micros(self.field(&doc, "acquiredAt")),
+            expires_us: micros(self.field(&doc, "expiresAt")),
+            holder: match self.field(&doc, "holder.app") {
+                Some(Bson::String(s)) => s.clone(),
+                _ => String::new(),
+            },
+        };
+        let closed = self.apply_state(name, Some(state));
+        if let Some(s) = self.names.get_mut(name) {
+            s.doc = doc;
+        }
+        closed
+    }
+
+    /// One written version of the lock fields of `name` (`None`: the document or row was
+    /// deleted), in write order per name; returns the grants it closed.
+    pub fn apply_state(&mut self, name: &str, written: Option<LockState>) -> Vec<Grant> {
         let mut closed = Vec::new();
         let mut state = self.names.remove(name).unwrap_or_default();
-        match change {
-            Change::Delete => {
-                self.deletes += 1;
-                if let Some(open) = state.open.take() {
-                    closed.push(open.close(name, false));
-                }
-                // Forget the name entirely: its next document starts afresh (tokens are still
-                // compared by the checker, which remembers them).
-                return closed;
+        let Some(written) = written else {
+            self.deletes += 1;
+            if let Some(open) = state.open.take() {
+                closed.push(open.close(name, false));
             }
-            Change::Full(doc) => state.doc = doc,
-            Change::Update { updated, removed } => {
-                apply_update(&mut state.doc, &updated, &removed);
-            }
-        }
-        let lease = match self.field(&state.doc, "leaseId") {
-            Some(Bson::String(s)) => Some(s.clone()),
-            _ => None,
+            // Forget the name entirely: its next document starts afresh (tokens are still
+            // compared by the checker, which remembers them).
+            return closed;
         };
-        let token = uint(self.field(&state.doc, "fencingToken"));
-        let acquired = micros(self.field(&state.doc, "acquiredAt"));
-        let expires = micros(self.field(&state.doc, "expiresAt"));
+        let LockState {
+            lease,
+            token,
+            acquired_us: acquired,
+            expires_us: expires,
+            holder,
+        } = written;
         match lease {
             Some(lease) => {
                 let continuing = state.open.as_ref().is_some_and(|o| o.lease == lease);
@@ -208,10 +260,6 @@ impl LockHistory {
                     }
                     self.grants_opened += 1;
                     let start = acquired.unwrap_or(i64::MIN);
-                    let holder = match self.field(&state.doc, "holder.app") {
-                        Some(Bson::String(s)) => s.clone(),
-                        _ => String::new(),
-                    };
                     state.open = Some(Open {
                         lease,
                         holder,

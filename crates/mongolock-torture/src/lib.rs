@@ -1,16 +1,44 @@
 //! # mongolock-torture
 //!
 //! A torture test of mongolock: worker processes (this program re-executed) lock a mix of hot,
-//! cold and expiring names through the public API only, make fenced writes to a resource
-//! collection, and log what they did, while faults are injected at random (fail points, SIGKILL,
-//! SIGSTOP, dropped futures). An independent checker reads the lock and resource collections'
-//! change streams, the workers' logs and the final state, and reports every violation of the
-//! contract.
+//! cold and expiring names through the public API only, make fenced writes to a resource, and
+//! log what they did, while faults are injected at random. An independent checker reads the
+//! history of the lock and resource storage, the workers' logs and the final state, and reports
+//! every violation of the contract.
 //!
-//! * `options.rs`: command-line options; `run.rs`: the orchestrator;
+//! Backends (`--backend`):
+//!
+//! * `mongo` (default): the embedded test server or `--uri`; the history comes from the lock,
+//!   jobs and resource collections' change streams; faults: `failCommand` fail points, SIGKILL,
+//!   SIGSTOP, dropped futures, and with `--cli-faults` SIGKILL / SIGSTOP of `mongolock exec`.
+//! * `postgres`: a cluster the run starts (`initdb` / `pg_ctl` in a temporary directory, as the
+//!   `postgres` user when root: `mongolock::testing::postgres_server`, shared with the library's
+//!   tests) or `--postgres-url` / `POSTGRES_URL`, in a schema of the run's own. The history comes
+//!   from the harness's own triggers on the lock and resource tables (see [`postgres`]); faults:
+//!   SIGKILL, SIGSTOP, dropped futures, `pg_terminate_backend` of the workers' listening and
+//!   pooled connections, and the CLI faults (`mongolock --uri postgres://... exec`). Two workers
+//!   run the idle-row cleanup every `--ttl-monitor` with `cleanup_after` `--cleanup-after-secs`,
+//!   so rows are deleted and re-created under load. Release and grant times are both taken after
+//!   the row lock, so the checker also counts a grant stamped before the preceding release as an
+//!   overlap ([`checker::Checker::strict_release_order`]).
+//! * `memory`: one process, many tasks, dropped futures only.
+//!
+//! `--faults` takes the kinds of the chosen backend ([`faults::FaultKind::of_backend`]); a kind
+//! of another backend is refused with an error listing the applicable ones.
+//!
+//! ```text
+//! cargo build -p mongolock-cli    # for the `mongolock exec` check (else it is skipped)
+//! cargo run -p mongolock-torture -- --workers 8 --duration 120s --cli-faults
+//! cargo run -p mongolock-torture -- --backend postgres --workers 8 --duration 120s --cli-faults
+//! ```
+//!
+//! * `options.rs`: command-line options; `run.rs`: the orchestrator; `store.rs`: the database
+//!   of a run (server, storage, recorder) per backend;
 //! * `supervisor.rs`: worker processes; `worker.rs`: what a worker does; `worklog.rs`: its log;
-//! * `faults.rs`: fault injection; `resource.rs`: the fenced resource;
-//! * `recorder.rs` + `history.rs`: the independent history; `checker.rs`: the rules;
+//! * `faults.rs`: fault injection; `resource.rs`: the fenced resource (MongoDB, memory);
+//! * `recorder.rs` + `history.rs`: the independent history (MongoDB change streams; the grant
+//!   reconstruction is shared with PostgreSQL); `postgres.rs`: the PostgreSQL history triggers,
+//!   resource table and connection faults; `checker.rs`: the rules;
 //! * `cli_check.rs`: `mongolock exec` overlap check; `summary.rs`: the summary line.
 
 pub mod checker;
@@ -19,9 +47,11 @@ pub mod config;
 pub mod faults;
 pub mod history;
 pub mod options;
+pub mod postgres;
 pub mod recorder;
 pub mod resource;
 pub mod run;
+pub mod store;
 pub mod summary;
 pub mod supervisor;
 pub mod worker;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
 
 /// Torture test of mongolock: worker processes lock a mix of names under random faults; an
 /// independent checker reads the lock and resource collections (through change streams) and the
@@ -27,12 +28,27 @@ pub enum Sub {
 }
 
 /// The backend under test.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// MongoDB (the embedded test server, or `--uri`).
     Mongo,
+    /// PostgreSQL (a cluster of the run's own, started with `initdb` / `pg_ctl`, or
+    /// `--postgres-url` / `POSTGRES_URL`).
+    Postgres,
     /// The in-memory backend, in one process with many tasks.
     Memory,
+}
+
+impl Backend {
+    /// Short name used in the summary.
+    pub fn label(self) -> &'static str {
+        match self {
+            Backend::Mongo => "mongo",
+            Backend::Postgres => "postgres",
+            Backend::Memory => "memory",
+        }
+    }
 }
 
 /// Options of a run.
@@ -42,6 +58,11 @@ pub struct RunArgs {
     /// are then used only with --failpoints (they need enableTestCommands).
     #[arg(long, env = "MONGODB_URI", hide_env_values = true)]
     pub uri: Option<String>,
+    /// PostgreSQL URL of an existing server for `--backend postgres` (the run creates a schema
+    /// of its own there); default: start a cluster with `initdb` / `pg_ctl` in a temporary
+    /// directory. A `postgres://` `--uri` is taken as this too.
+    #[arg(long, env = "POSTGRES_URL", hide_env_values = true)]
+    pub postgres_url: Option<String>,
     /// Use fail points against --uri (the deployment must run with enableTestCommands=1).
     #[arg(long)]
     pub failpoints: bool,
@@ -78,19 +99,24 @@ pub struct RunArgs {
     /// Mean time between two injected faults.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "250ms")]
     pub fault_interval: Duration,
-    /// Fault kinds to inject, comma-separated (transient_error, duplicate_key, write_conflict,
-    /// shutdown, close_connection, block_connection, sigkill, sigstop), `all` or `none`.
+    /// Fault kinds to inject, comma-separated, `all` (every kind of the backend) or `none`.
+    /// MongoDB: transient_error, duplicate_key, write_conflict, shutdown, close_connection,
+    /// block_connection (fail points), sigkill, sigstop. PostgreSQL: sigkill, sigstop,
+    /// terminate_listener, terminate_connection (`pg_terminate_backend` of a worker's listening
+    /// or pooled connection). Memory: none (futures are dropped unless --no-dropped-futures).
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Do not drop acquire / release futures at random points.
     #[arg(long)]
     pub no_dropped_futures: bool,
-    /// TTL monitor period of the embedded server.
+    /// TTL monitor period of the embedded server; PostgreSQL: the period of the idle-row
+    /// cleanup run by two of the workers.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub ttl_monitor: Duration,
     /// Delay after expiry before a lock document may be TTL-deleted (whole seconds). 2 s or
     /// more exercises the first acquisition that creates the document with its epoch (a
     /// window of half the delay); below 2 s every new document is stamped after its creation.
+    /// PostgreSQL: the workers' `cleanup_after`.
     #[arg(long, default_value_t = 2)]
     pub cleanup_after_secs: u64,
     /// Skip the `mongolock exec` check.

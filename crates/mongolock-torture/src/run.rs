@@ -1,28 +1,23 @@
-//! The orchestrator: starts the server (or uses `--uri`), the recorder, the workers, the fault
-//! injector and the CLI check; stops when enough acquisitions were recorded or the time is up;
-//! drains the workers, checks that nothing is held once every lease expired, and runs the
-//! checker over everything.
+//! The orchestrator: starts the server and the recorder ([`crate::store`]), the workers, the
+//! fault injector and the CLI check; stops when enough acquisitions were recorded or the time
+//! is up; drains the workers, checks that nothing is held once every lease expired, and runs
+//! the checker over everything. The memory backend runs its workers as tasks of this process.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mongodb::bson::{doc, Bson, Document};
-use mongodb::options::ClientOptions;
-use mongodb::{Client, Database};
 use mongolock::{LockProvider, MemoryBackend};
 use rand::Rng;
 use tokio::sync::watch;
 
 use crate::checker::Checker;
 use crate::cli_check::{self, CliPlan};
-use crate::config::{WorkerConfig, JOBS_COLLECTION, JOBS_LOCK_FIELD, LOCK_COLLECTION};
+use crate::config::WorkerConfig;
 use crate::faults::{self, FaultCounts, FaultKind, FaultPlan};
-use crate::history::{micros, LockHistory, ResourceHistory};
 use crate::options::{Backend, RunArgs};
-use crate::recorder::{self, Followed, Progress};
-use crate::resource::{MemoryResource, RESOURCE_COLLECTION};
+use crate::resource::MemoryResource;
+use crate::store::Store;
 use crate::summary::Summary;
 use crate::supervisor::Supervisor;
 use crate::worker::{self, Env, Sink};
@@ -34,20 +29,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
-    }
-}
-
-/// The fault kinds selected by `--faults`.
-fn fault_kinds(spec: &str) -> Result<Vec<FaultKind>, AnyError> {
-    match spec.trim() {
-        "all" => Ok(FaultKind::ALL.to_vec()),
-        "none" | "" => Ok(Vec::new()),
-        list => list
-            .split(',')
-            .map(|s| {
-                FaultKind::parse(s.trim()).ok_or_else(|| format!("unknown fault kind {s:?}").into())
-            })
-            .collect(),
     }
 }
 
@@ -123,123 +104,36 @@ fn report(summary: &Summary, args: &RunArgs, dir: &std::path::Path) -> Result<i3
 /// Runs the torture test; returns the process exit status.
 pub async fn run(args: RunArgs) -> Result<i32, AnyError> {
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
+    let kinds = FaultKind::parse_list(&args.faults, args.backend)?;
     match args.backend {
-        Backend::Mongo => run_mongo(args, seed).await,
+        Backend::Mongo | Backend::Postgres => {
+            let store = Store::start(&args, seed).await?;
+            // Fail points need the embedded server or --failpoints; signals always work.
+            let kinds = kinds
+                .into_iter()
+                .filter(|k| store.fail_points() || !k.is_fail_point())
+                .collect();
+            run_processes(args, seed, kinds, store).await
+        }
         Backend::Memory => run_memory(args, seed).await,
     }
 }
 
-async fn client(uri: &str, app: &str) -> Result<Client, AnyError> {
-    let mut options = ClientOptions::parse(uri).await?;
-    options.app_name = Some(app.to_owned());
-    options.server_selection_timeout = Some(Duration::from_secs(10));
-    Ok(Client::with_options(options)?)
-}
-
-/// A lease found held after the end: name, lease id, expiry (µs).
-type Held = (String, String, i64);
-
-/// Finds leases still held (server time) in `coll` with lock fields under `prefix`.
-async fn still_held(
-    db: &Database,
-    coll: &str,
-    prefix: &str,
-    name_of: fn(&Bson) -> Option<String>,
-) -> Result<Vec<Held>, AnyError> {
-    let mut held = Vec::new();
-    let filter = doc! {
-        format!("{prefix}leaseId"): { "$type": "string" },
-        "$expr": { "$gt": [format!("${prefix}expiresAt"), "$$NOW"] },
-    };
-    let mut cursor = db.collection::<Document>(coll).find(filter).await?;
-    while cursor.advance().await? {
-        let d: Document = cursor.deserialize_current()?;
-        let name = d.get("_id").and_then(name_of).unwrap_or_default();
-        let at = |f: &str| crate::history::get_path(&d, &format!("{prefix}{f}")).cloned();
-        let lease = match at("leaseId") {
-            Some(Bson::String(s)) => s,
-            _ => String::new(),
-        };
-        held.push((name, lease, micros(at("expiresAt").as_ref()).unwrap_or(0)));
-    }
-    Ok(held)
-}
-
-async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
-    let kinds = fault_kinds(&args.faults)?;
-    let (server, uri) = match &args.uri {
-        Some(u) if !u.is_empty() => (None, u.clone()),
-        _ => {
-            let server = mongo_testserver::TestServer::builder()
-                .ttl_monitor_interval(args.ttl_monitor)
-                .start_background()?;
-            let uri = server.uri();
-            (Some(server), uri)
-        }
-    };
-    let fail_points_ok = server.is_some() || args.failpoints;
-    let kinds: Vec<FaultKind> = kinds
-        .into_iter()
-        .filter(|k| fail_points_ok || matches!(k, FaultKind::Sigkill | FaultKind::Sigstop))
-        .collect();
+/// A run with worker processes over `store` (MongoDB or PostgreSQL).
+async fn run_processes(
+    args: RunArgs,
+    seed: u64,
+    kinds: Vec<FaultKind>,
+    mut store: Store,
+) -> Result<i32, AnyError> {
+    let backend = store.backend();
     let dir = run_dir(&args, seed)?;
-    let control = client(&uri, "torture-control").await?;
-    let db_name = format!("torture_{seed:x}");
-    let db = control.database(&db_name);
-    let recorder_client = client(&uri, "torture-recorder").await?;
-    let rdb = recorder_client.database(&db_name);
-
-    // The recorder starts before anything is written.
-    let checker = Arc::new(Mutex::new(Checker::new()));
-    let progress = Arc::new(Progress::default());
-    let mut followers = Vec::new();
-    for (coll, followed) in [
-        (
-            LOCK_COLLECTION,
-            Followed::Locks {
-                history: LockHistory::new(None),
-                name: recorder::string_id,
-            },
-        ),
-        (
-            JOBS_COLLECTION,
-            Followed::Locks {
-                history: LockHistory::new(Some(JOBS_LOCK_FIELD)),
-                name: recorder::job_id,
-            },
-        ),
-        (
-            RESOURCE_COLLECTION,
-            Followed::Resource(ResourceHistory::new()),
-        ),
-    ] {
-        // Create the collection first: a change stream on a missing collection works on
-        // MongoDB, but an explicit collection makes the start point unambiguous.
-        let _ = db.create_collection(coll).await;
-        followers.push(
-            recorder::follow(
-                rdb.collection(coll),
-                followed,
-                checker.clone(),
-                progress.clone(),
-            )
-            .await?,
-        );
-    }
-    let jobs: Vec<Document> = (0..args.jobs as i64)
-        .map(|i| doc! { "_id": i, "job": true })
-        .collect();
-    if !jobs.is_empty() {
-        db.collection::<Document>(JOBS_COLLECTION)
-            .insert_many(jobs)
-            .await?;
-    }
-
     let started = Instant::now();
     let exe = std::env::current_exe()?;
     let base = WorkerConfig {
-        uri: uri.clone(),
-        db: db_name.clone(),
+        backend,
+        uri: store.uri().to_owned(),
+        db: store.db().to_owned(),
         worker: String::new(),
         seed,
         tasks: args.tasks,
@@ -248,10 +142,12 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
         cold_names: args.cold_names,
         jobs: args.jobs,
         cleanup_after_secs: args.cleanup_after_secs,
+        cleanup_every_ms: None,
         polling: false,
         drop_futures: !args.no_dropped_futures,
         log: PathBuf::new(),
     };
+    let cleanup_every = (args.ttl_monitor.as_millis() as u64).max(1);
     let supervisor = Arc::new(Supervisor::start(
         exe,
         &dir,
@@ -260,6 +156,8 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             worker: format!("w{id}.{inc}"),
             seed: base.seed ^ ((id as u64) << 32) ^ (inc << 48) ^ 0x9e37_79b9,
             polling: id % 2 == 1,
+            // PostgreSQL: two workers run the idle-row cleanup (the TTL monitor's part).
+            cleanup_every_ms: (id < 2).then_some(cleanup_every),
             log,
             ..base.clone()
         }),
@@ -274,7 +172,7 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             lease: args.lease,
             seed: seed ^ 0xfa17,
         },
-        control.database("admin"),
+        store.fault_target().await?,
         supervisor.clone(),
         counts.clone(),
         stop_rx.clone(),
@@ -286,8 +184,9 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             tokio::spawn(cli_check::run(
                 CliPlan {
                     bin,
-                    uri: uri.clone(),
-                    db: db_name.clone(),
+                    uri: store.uri().to_owned(),
+                    db: store.db().to_owned(),
+                    collection: store.cli_collection(),
                     loops: args.cli_loops,
                     faults: args.cli_faults,
                     dir: dir.clone(),
@@ -303,11 +202,20 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
 
     let goal = Goal::from(&args);
     let mut last_print = Instant::now();
-    while !goal.reached(progress.grants.load(Ordering::Relaxed)) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    // PostgreSQL counts with a query: not too often.
+    let poll = if backend == Backend::Postgres {
+        Duration::from_millis(500)
+    } else {
+        Duration::from_millis(100)
+    };
+    let acquisitions_at_stop = loop {
+        tokio::time::sleep(poll).await;
+        let n = store.acquisitions().await;
+        if goal.reached(n) {
+            break n;
+        }
         if last_print.elapsed() >= Duration::from_secs(10) {
             last_print = Instant::now();
-            let n = progress.grants.load(Ordering::Relaxed);
             eprintln!(
                 "torture: {:.0}s: {n} acquisitions ({:.0}/s), {} restarts",
                 started.elapsed().as_secs_f64(),
@@ -315,8 +223,7 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
                 supervisor.restarts()
             );
         }
-    }
-    let acquisitions_at_stop = progress.grants.load(Ordering::Relaxed);
+    };
     let duration = started.elapsed();
 
     // Stop faults (every pause ends, the fail point is turned off), then the workers' loops.
@@ -330,35 +237,11 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
     // (5): with the workers alive (a leaked lease would still be extended), wait until every
     // lease has had time to expire, then nothing may be held.
     tokio::time::sleep(args.lease * 2 + Duration::from_secs(1)).await;
-    let mut held = still_held(&db, LOCK_COLLECTION, "", recorder::string_id).await?;
-    held.extend(
-        still_held(
-            &db,
-            JOBS_COLLECTION,
-            &format!("{JOBS_LOCK_FIELD}."),
-            recorder::job_id,
-        )
-        .await?,
-    );
+    let held = store.still_held().await?;
     supervisor.exit().await;
 
-    // End markers, then the recorder finishes.
-    for coll in [LOCK_COLLECTION, JOBS_COLLECTION, RESOURCE_COLLECTION] {
-        db.collection::<Document>(coll)
-            .insert_one(recorder::end_marker())
-            .await?;
-    }
-    for f in followers {
-        if tokio::time::timeout(Duration::from_secs(120), f)
-            .await
-            .is_err()
-        {
-            eprintln!("torture: the recorder did not reach the end marker within 120 s");
-        }
-    }
-
-    // The recorder is done (or gave up): the checker is ours now.
-    let mut c = std::mem::take(&mut *lock(&checker));
+    let recorded = store.finish().await?;
+    let mut c = recorded.checker;
     for (name, lease, expires) in &held {
         c.held_after_end(name, lease, *expires);
     }
@@ -383,30 +266,25 @@ async fn run_mongo(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
     };
     let faults = lock(&counts).clone();
     let mut summary = Summary::new(
-        "mongo",
+        backend,
         seed,
         args.workers,
-        acquisitions_at_stop,
+        recorded.acquisitions.unwrap_or(acquisitions_at_stop),
         &totals,
         &faults,
         &c,
         duration,
     );
-    summary.ttl_deletes = progress.deletes.load(Ordering::Relaxed);
+    summary.ttl_deletes = recorded.deletes;
     summary.restarts = supervisor.restarts();
-    summary.recorder_resumes = (
-        progress.resumes.load(Ordering::Relaxed),
-        progress.gaps.load(Ordering::Relaxed),
-    );
+    summary.recorder_resumes = recorded.resumes;
     summary.cli = cli_text;
     let mut status = report(&summary, &args, &dir)?;
     if summary.recorder_resumes.1 > 0 {
         eprintln!("torture: the recorder's history is incomplete; the run proves nothing");
         status = status.max(3);
     }
-    if let Some(s) = server {
-        s.shutdown().await;
-    }
+    store.close(summary.violations_total > 0, &dir).await;
     Ok(status)
 }
 
@@ -422,6 +300,7 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
     let mut envs = Vec::new();
     for id in 0..args.workers {
         let cfg = WorkerConfig {
+            backend: Backend::Memory,
             uri: String::new(),
             db: String::new(),
             worker: format!("m{id}"),
@@ -432,6 +311,7 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             cold_names: args.cold_names,
             jobs: 0,
             cleanup_after_secs: 0,
+            cleanup_every_ms: None,
             polling: false,
             drop_futures: !args.no_dropped_futures,
             log: dir.join(format!("worker-{id}-0.jsonl")),
@@ -501,7 +381,7 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
     }
     let totals = read_logs(&dir, &mut checker)?;
     let mut summary = Summary::new(
-        "memory",
+        Backend::Memory,
         seed,
         args.workers,
         acquisitions,

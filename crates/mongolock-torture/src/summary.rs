@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::checker::{Checker, ViolationKind};
 use crate::faults::{FaultCounts, FaultKind};
+use crate::options::Backend;
 use crate::worklog::LogTotals;
 
 /// Everything a run reports.
@@ -18,7 +19,8 @@ pub struct Summary {
     pub seed: u64,
     /// Worker processes (or task groups).
     pub workers: usize,
-    /// Acquisitions recorded by the independent recorder (MongoDB) or the workers (memory).
+    /// Acquisitions recorded by the independent recorder (MongoDB: change streams;
+    /// PostgreSQL: the history trigger) or the workers (memory).
     pub acquisitions: u64,
     /// Acquisitions the workers logged.
     pub worker_grants: u64,
@@ -34,13 +36,14 @@ pub struct Summary {
     pub lost_seen: u64,
     /// Leases left to run out.
     pub ran_out: u64,
-    /// TTL deletions of lock documents seen.
+    /// TTL deletions of lock documents seen (PostgreSQL: rows deleted by cleanup).
     pub ttl_deletes: u64,
     /// Worker restarts.
     pub restarts: u64,
-    /// Faults injected by kind (fail points configured, signals sent, futures dropped).
+    /// Faults injected by kind (fail points configured, signals sent, connections terminated,
+    /// futures dropped); the kinds of the backend only.
     pub faults: BTreeMap<String, u64>,
-    /// Commands hit by fail points, by kind.
+    /// Commands hit by fail points, by kind (other kinds: as injected).
     pub faults_fired: BTreeMap<String, u64>,
     /// Violations by kind.
     pub violations: BTreeMap<String, u64>,
@@ -66,7 +69,7 @@ impl Summary {
     /// Builds the summary.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        backend: &str,
+        backend: Backend,
         seed: u64,
         workers: usize,
         acquisitions: u64,
@@ -75,13 +78,14 @@ impl Summary {
         checker: &Checker,
         duration: Duration,
     ) -> Self {
-        let mut fault_map: BTreeMap<String, u64> = FaultKind::ALL
+        let kinds = FaultKind::of_backend(backend);
+        let mut fault_map: BTreeMap<String, u64> = kinds
             .iter()
             .map(|k| (k.label().to_owned(), *faults.injected.get(k).unwrap_or(&0)))
             .collect();
         fault_map.insert("dropped_acquire".into(), totals.dropped_acquires);
         fault_map.insert("dropped_release".into(), totals.dropped_releases);
-        let fired = FaultKind::ALL
+        let fired = kinds
             .iter()
             .map(|k| (k.label().to_owned(), *faults.fired.get(k).unwrap_or(&0)))
             .collect();
@@ -91,7 +95,7 @@ impl Summary {
             .collect();
         let secs = duration.as_secs_f64();
         Summary {
-            backend: backend.to_owned(),
+            backend: backend.label().to_owned(),
             seed,
             workers,
             acquisitions,

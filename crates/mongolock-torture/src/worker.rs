@@ -1,7 +1,8 @@
 //! A worker: loops over the public API only (`acquire`, `try_acquire`, `acquire_timeout`,
-//! document `lock` / `claim`, election `campaign` / `run_until`), makes fenced writes inside the
-//! critical sections, and logs what it did. Runs as a process of its own (`mongolock-torture
-//! worker`, MongoDB) or as tasks of the orchestrator (memory backend).
+//! document `lock` / `claim` (MongoDB), election `campaign` / `run_until`), makes fenced writes
+//! inside the critical sections, and logs what it did. Runs as a process of its own
+//! (`mongolock-torture worker`, MongoDB and PostgreSQL) or as tasks of the orchestrator (memory
+//! backend).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,7 @@ use mongodb::bson::{doc, Document};
 use mongodb::Collection;
 use mongolock::documents::DocumentLocks;
 use mongolock::election::Election;
-use mongolock::{LockGuard, LockProvider, MemoryBackend, Timeout};
+use mongolock::{LockBackend, LockGuard, LockProvider, MemoryBackend, PostgresBackend, Timeout};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -22,6 +23,8 @@ use crate::config::{
     pick_cold, pick_hot, WorkerConfig, ELECTION_ROLE, JOBS_COLLECTION, JOBS_LOCK_FIELD,
     LOCK_COLLECTION, WORKER_APP_NAME, WORKER_CONFIG_ENV,
 };
+use crate::options::Backend;
+use crate::postgres::PgResource;
 use crate::resource::{fenced_write, FencedWrite, MemoryResource, RESOURCE_COLLECTION};
 use crate::worklog::{now_us, EndHow, LogLine, WorkLog};
 
@@ -30,6 +33,8 @@ use crate::worklog::{now_us, EndHow, LogLine, WorkLog};
 pub enum Sink {
     /// The resource collection.
     Mongo(Collection<Document>),
+    /// The resource table.
+    Postgres(Arc<PgResource>),
     /// The in-memory resource; closed grants are collected for the checker (the memory backend
     /// has no change stream to record them independently), timed with the backend's clock.
     Memory {
@@ -113,7 +118,7 @@ impl Env {
     fn memory_now(&self) -> Option<i64> {
         match &self.sink {
             Sink::Memory { backend, .. } => Some(system_us(backend.now())),
-            Sink::Mongo(_) => None,
+            Sink::Mongo(_) | Sink::Postgres(_) => None,
         }
     }
 
@@ -181,6 +186,13 @@ impl Env {
                 Ok(ok) => Some(ok),
                 Err(e) => {
                     self.error("fenced_write", e.kind.to_string());
+                    None
+                }
+            },
+            Sink::Postgres(resource) => match resource.write(&write).await {
+                Ok(ok) => Some(ok),
+                Err(e) => {
+                    self.error("fenced_write", e);
                     None
                 }
             },
@@ -486,30 +498,12 @@ pub async fn run_loops(env: Arc<Env>) {
     }
 }
 
-/// `mongolock-torture worker`: one worker process. Reads its configuration from the
-/// environment; on stdin, `stop` ends the loops (it then answers `drained` on stdout, keeping
-/// its runtime alive so that a leaked lease would still be extended) and `exit` (or EOF) ends
-/// the process.
-pub async fn worker_main() -> Result<(), String> {
-    let raw =
-        std::env::var(WORKER_CONFIG_ENV).map_err(|_| format!("{WORKER_CONFIG_ENV} is not set"))?;
-    let cfg: WorkerConfig = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
-    let mut options = mongodb::options::ClientOptions::parse(&cfg.uri)
-        .await
-        .map_err(|e| e.to_string())?;
-    options.app_name = Some(WORKER_APP_NAME.to_owned());
-    options.server_selection_timeout = Some(Duration::from_secs(5));
-    let client = mongodb::Client::with_options(options).map_err(|e| e.to_string())?;
-    let db = client.database(&cfg.db);
-    let lease = lease_of(&cfg);
-    // Every other worker polls instead of following the change stream: both wake-up paths are
-    // exercised, and the server has fewer streams to feed.
-    let backend = mongolock::MongoBackend::builder(&db)
-        .collection(LOCK_COLLECTION)
-        .cleanup_after(Duration::from_secs(cfg.cleanup_after_secs))
-        .change_streams(!cfg.polling)
-        .build()
-        .map_err(|e| e.to_string())?;
+/// The two providers of a worker over `backend`: extended automatically, and not.
+fn providers(
+    backend: impl LockBackend + Clone + 'static,
+    cfg: &WorkerConfig,
+) -> Result<(LockProvider, LockProvider), String> {
+    let lease = lease_of(cfg);
     let app = format!("torture {}", cfg.worker);
     let auto = LockProvider::builder(backend.clone())
         .expiry(lease)
@@ -519,18 +513,96 @@ pub async fn worker_main() -> Result<(), String> {
     let manual = LockProvider::builder(backend)
         .expiry(lease)
         .auto_extend(false)
-        .app_name(app.clone())
-        .build()
-        .map_err(|e| e.to_string())?;
-    let docs = DocumentLocks::builder(&db.collection::<Document>(JOBS_COLLECTION))
-        .field(JOBS_LOCK_FIELD)
-        .expiry(lease)
         .app_name(app)
         .build()
         .map_err(|e| e.to_string())?;
-    let sink = Sink::Mongo(db.collection(RESOURCE_COLLECTION));
+    Ok((auto, manual))
+}
+
+/// A MongoDB worker's providers, document locks and resource.
+async fn mongo_env(
+    cfg: &WorkerConfig,
+) -> Result<
+    (
+        LockProvider,
+        LockProvider,
+        Option<DocumentLocks<Document>>,
+        Sink,
+    ),
+    String,
+> {
+    let mut options = mongodb::options::ClientOptions::parse(&cfg.uri)
+        .await
+        .map_err(|e| e.to_string())?;
+    options.app_name = Some(WORKER_APP_NAME.to_owned());
+    options.server_selection_timeout = Some(Duration::from_secs(5));
+    let client = mongodb::Client::with_options(options).map_err(|e| e.to_string())?;
+    let db = client.database(&cfg.db);
+    // Every other worker polls instead of following the change stream: both wake-up paths are
+    // exercised, and the server has fewer streams to feed.
+    let backend = mongolock::MongoBackend::builder(&db)
+        .collection(LOCK_COLLECTION)
+        .cleanup_after(Duration::from_secs(cfg.cleanup_after_secs))
+        .change_streams(!cfg.polling)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (auto, manual) = providers(backend, cfg)?;
+    let docs = DocumentLocks::builder(&db.collection::<Document>(JOBS_COLLECTION))
+        .field(JOBS_LOCK_FIELD)
+        .expiry(lease_of(cfg))
+        .app_name(format!("torture {}", cfg.worker))
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok((
+        auto,
+        manual,
+        Some(docs),
+        Sink::Mongo(db.collection(RESOURCE_COLLECTION)),
+    ))
+}
+
+/// A PostgreSQL worker's providers (on the run's schema; connections named after
+/// [`WORKER_APP_NAME`] so that the fault injector can find them) and resource. Every other
+/// worker polls instead of listening; some run the idle-row cleanup.
+fn postgres_env(cfg: &WorkerConfig) -> Result<(LockProvider, LockProvider, Sink), String> {
+    let config = crate::postgres::config(&cfg.uri, &format!("{WORKER_APP_NAME} {}", cfg.worker))
+        .map_err(|e| e.to_string())?;
+    let backend = PostgresBackend::builder_with_config(config)
+        .schema(cfg.db.clone())
+        .table(LOCK_COLLECTION)
+        .notifications(!cfg.polling)
+        .cleanup_after(Duration::from_secs(cfg.cleanup_after_secs))
+        .cleanup_every(cfg.cleanup_every_ms.map(Duration::from_millis))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (auto, manual) = providers(backend, cfg)?;
+    let resource_config =
+        crate::postgres::config(&cfg.uri, &format!("torture-resource {}", cfg.worker))
+            .map_err(|e| e.to_string())?;
+    let sink = Sink::Postgres(Arc::new(PgResource::new(resource_config, &cfg.db)));
+    Ok((auto, manual, sink))
+}
+
+/// `mongolock-torture worker`: one worker process. Reads its configuration from the
+/// environment; on stdin, `stop` ends the loops (it then answers `drained` on stdout, keeping
+/// its runtime alive so that a leaked lease would still be extended) and `exit` (or EOF) ends
+/// the process.
+pub async fn worker_main() -> Result<(), String> {
+    let raw =
+        std::env::var(WORKER_CONFIG_ENV).map_err(|_| format!("{WORKER_CONFIG_ENV} is not set"))?;
+    let cfg: WorkerConfig = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
+    let (auto, manual, docs, sink) = match cfg.backend {
+        Backend::Mongo => mongo_env(&cfg).await?,
+        Backend::Postgres => {
+            let (auto, manual, sink) = postgres_env(&cfg)?;
+            (auto, manual, None, sink)
+        }
+        Backend::Memory => {
+            return Err("the memory backend runs no worker process".into());
+        }
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let env = Arc::new(Env::new(cfg, auto, manual, Some(docs), sink, stop_rx)?);
+    let env = Arc::new(Env::new(cfg, auto, manual, docs, sink, stop_rx)?);
     let loops = tokio::spawn(run_loops(env.clone()));
 
     let mut lines = BufReader::new(tokio::io::stdin()).lines();

@@ -1,7 +1,9 @@
-//! The short torture run CI does: a few worker processes for a few seconds with a few faults of
-//! every kind. Asserts zero violations *and* that every fault kind actually happened (so that a
-//! run that injected nothing cannot pass). The checker's ability to detect violations is tested
-//! by its unit tests (planted overlaps, repeated tokens, stale writes, writes after loss).
+//! The short torture runs CI does: a few worker processes for a few seconds with a few faults of
+//! every kind, on MongoDB (the embedded server), PostgreSQL (a cluster the run starts) and the
+//! memory backend. Each asserts zero violations *and* that every fault kind actually happened
+//! (so that a run that injected nothing cannot pass). The checker's ability to detect violations
+//! is tested by its unit tests (planted overlaps, repeated tokens, stale writes, writes after
+//! loss) and, for the PostgreSQL history, by `tests/postgres_history.rs`.
 
 use std::path::Path;
 use std::process::Command;
@@ -33,41 +35,35 @@ fn count(json: &Value, section: &str, key: &str) -> u64 {
     json[section][key].as_u64().unwrap_or(0)
 }
 
-#[test]
-fn short_mongo_run_with_every_fault_kind_has_no_violation() {
-    let dir = std::env::temp_dir().join(format!("torture-test-{}", std::process::id()));
+/// A 20-second run with worker processes on `backend`: zero violations, at least 200
+/// acquisitions, every kind in `kinds` injected and fired, futures dropped, documents (rows)
+/// deleted by TTL (cleanup), a lease left to run out and a worker restarted.
+fn short_process_run(backend: &str, fault_interval: &str, extra: &[&str], kinds: &[&str]) {
+    let dir = std::env::temp_dir().join(format!("torture-test-{backend}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let summary = dir.join("summary.json");
-    let json = run(
-        &[
-            "--workers",
-            "3",
-            "--tasks",
-            "3",
-            "--duration",
-            "20s",
-            "--seed",
-            "7",
-            "--fault-interval",
-            "120ms",
-            "--cold-names",
-            "100",
-            "--run-dir",
-            dir.to_str().unwrap(),
-        ],
-        &summary,
-    );
+    let mut args = vec![
+        "--backend",
+        backend,
+        "--workers",
+        "3",
+        "--tasks",
+        "3",
+        "--duration",
+        "20s",
+        "--seed",
+        "7",
+        "--fault-interval",
+        fault_interval,
+        "--cold-names",
+        "100",
+        "--run-dir",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let json = run(&args, &summary);
     assert!(json["acquisitions"].as_u64().unwrap() >= 200, "{json:#}");
-    for kind in [
-        "transient_error",
-        "duplicate_key",
-        "write_conflict",
-        "shutdown",
-        "close_connection",
-        "block_connection",
-        "sigkill",
-        "sigstop",
-    ] {
+    for kind in kinds {
         assert!(
             count(&json, "faults", kind) >= 1,
             "no {kind} injected: {json:#}"
@@ -82,7 +78,7 @@ fn short_mongo_run_with_every_fault_kind_has_no_violation() {
     }
     assert!(
         json["ttl_deletes"].as_u64().unwrap() >= 1,
-        "no TTL deletion: {json:#}"
+        "no TTL deletion (cleanup): {json:#}"
     );
     assert!(
         json["ran_out"].as_u64().unwrap() >= 1,
@@ -93,6 +89,25 @@ fn short_mongo_run_with_every_fault_kind_has_no_violation() {
         "no worker restarted: {json:#}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn short_mongo_run_with_every_fault_kind_has_no_violation() {
+    short_process_run(
+        "mongo",
+        "120ms",
+        &[],
+        &[
+            "transient_error",
+            "duplicate_key",
+            "write_conflict",
+            "shutdown",
+            "close_connection",
+            "block_connection",
+            "sigkill",
+            "sigstop",
+        ],
+    );
 }
 
 #[test]
@@ -118,4 +133,48 @@ fn short_memory_run_has_no_violation() {
     assert!(json["acquisitions"].as_u64().unwrap() >= 100, "{json:#}");
     assert!(count(&json, "faults", "dropped_acquire") >= 1, "{json:#}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn short_postgres_run_with_every_fault_kind_has_no_violation() {
+    let external = std::env::var("POSTGRES_URL").is_ok_and(|u| !u.is_empty());
+    if !external && mongolock::testing::postgres_server::bin_dir().is_none() {
+        eprintln!(
+            "skipped: {}",
+            mongolock::testing::postgres_server::NO_BINARIES
+        );
+        return;
+    }
+    // The CLI faults run `mongolock --uri postgres://... exec` (when the binary was built).
+    short_process_run(
+        "postgres",
+        "150ms",
+        &["--cli-faults"],
+        &[
+            "sigkill",
+            "sigstop",
+            "terminate_listener",
+            "terminate_connection",
+        ],
+    );
+}
+
+#[test]
+fn fault_kinds_of_another_backend_are_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mongolock-torture"))
+        .args([
+            "--backend",
+            "postgres",
+            "--faults",
+            "sigkill,block_connection",
+        ])
+        .output()
+        .expect("run mongolock-torture");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("\"block_connection\" does not apply to the postgres backend")
+            && stderr.contains("terminate_listener"),
+        "{stderr}"
+    );
 }

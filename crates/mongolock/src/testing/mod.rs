@@ -39,6 +39,9 @@ use async_trait::async_trait;
 use rand::Rng;
 use tokio::time::Instant;
 
+#[cfg(all(feature = "postgres", unix))]
+pub mod postgres_server;
+
 /// A backend on isolated storage, plus whatever must stay alive while it is used (a test
 /// server), and the capabilities it declares.
 pub struct Env {

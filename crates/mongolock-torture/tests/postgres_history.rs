@@ -1,0 +1,111 @@
+//! The PostgreSQL history is independent of the library: changes written to the lock and
+//! resource tables by plain SQL (as a broken library would) reach the checker through the
+//! harness's triggers, and the checker reports them.
+
+use std::time::Duration;
+
+use mongolock::testing::postgres_server::{shared_url, NO_BINARIES};
+use mongolock::{LockProvider, PostgresBackend};
+use mongolock_torture::checker::{Checker, ViolationKind};
+use mongolock_torture::postgres::{self, quote};
+use mongolock_torture::resource::FencedWrite;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_overlap_repeated_token_and_stale_write_are_reported() {
+    let url = match shared_url() {
+        Ok(Some(url)) => url,
+        Ok(None) => {
+            eprintln!("skipped: {NO_BINARIES}");
+            return;
+        }
+        Err(e) => panic!("start PostgreSQL: {e}"),
+    };
+    let schema = format!("history_test_{:x}", rand::random::<u32>());
+    let client = postgres::connect(&postgres::config(&url, "history-test").unwrap())
+        .await
+        .unwrap();
+    postgres::install(&client, &url, &schema).await.unwrap();
+    let locks = format!("{}.locks", quote(&schema));
+
+    // A real grant through the library, held (not extended) for 30 s.
+    let backend = PostgresBackend::builder(&url)
+        .schema(schema.clone())
+        .table("locks")
+        .notifications(false)
+        .cleanup_every(None)
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend)
+        .expiry(Duration::from_secs(30))
+        .auto_extend(false)
+        .build()
+        .unwrap();
+    let guard = provider.lock("n").unwrap().acquire().await.unwrap();
+    let token = guard.fencing_token() as i64;
+
+    // An intruder takes the name while the lease runs (overlap), is released, and a third
+    // lease gets the intruder's token again (repeated token).
+    client
+        .batch_execute(&format!(
+            "UPDATE {locks} SET lease_id = 'intruder', fencing_token = fencing_token + 1,
+                    acquired_at = clock_timestamp(), expires_at = clock_timestamp() + interval '1 s'
+              WHERE name = 'n';
+             UPDATE {locks} SET lease_id = NULL, expires_at = clock_timestamp() WHERE name = 'n';
+             UPDATE {locks} SET lease_id = 'repeat', acquired_at = clock_timestamp(),
+                    expires_at = clock_timestamp() + interval '1 s'
+              WHERE name = 'n';"
+        ))
+        .await
+        .unwrap();
+
+    // The resource accepts token+1, then (bypassing its rule) token.
+    let resource = postgres::PgResource::new(
+        postgres::config(&url, "history-test-resource").unwrap(),
+        &schema,
+    );
+    let write = |token: i64, id: &str| FencedWrite {
+        name: "n".into(),
+        token: token as u64,
+        write_id: id.into(),
+        worker: "test".into(),
+    };
+    assert!(resource.write(&write(token + 1, "w1")).await.unwrap());
+    assert!(!resource.write(&write(token, "refused")).await.unwrap());
+    client
+        .batch_execute(&format!(
+            "UPDATE {}.resource SET max_token = {token}, last_write_id = 'stale' WHERE name = 'n'",
+            quote(&schema)
+        ))
+        .await
+        .unwrap();
+
+    let mut checker = Checker::strict_release_order();
+    let totals = postgres::read_histories(&client, &schema, &mut checker)
+        .await
+        .unwrap();
+    assert_eq!(totals.grants, 3, "{totals:?}");
+    let counts = checker.counts();
+    let evidence: Vec<String> = checker.first().iter().map(|v| v.to_string()).collect();
+    assert_eq!(
+        counts.get(&ViolationKind::Overlap),
+        Some(&1),
+        "{evidence:#?}"
+    );
+    assert_eq!(
+        counts.get(&ViolationKind::TokenNotIncreasing),
+        Some(&1),
+        "{evidence:#?}"
+    );
+    assert_eq!(
+        counts.get(&ViolationKind::StaleWriteAccepted),
+        Some(&1),
+        "{evidence:#?}"
+    );
+    assert_eq!(checker.total(), 3, "{evidence:#?}");
+    assert!(
+        evidence.iter().any(|e| e.contains("intruder")),
+        "{evidence:#?}"
+    );
+    drop(guard);
+    postgres::drop_schema(&client, &schema).await.unwrap();
+}
