@@ -57,7 +57,7 @@
 //! update), and a returned document may be at most 16 MiB + 16 KiB (`BSONObjectTooLarge`,
 //! 10334, for an aggregation result or a change event that is larger). Field names with a NUL
 //! byte are refused wherever a command could create one (`$rename`: 2; `$arrayToObject`:
-//! 4940400/4940401; `$setField` and any other path: 31032). No reply is ever replaced by a
+//! 4940400/4940401; `$setField`/`$unsetField`/`$getField`: 9534700; a field path: 16411; any other path: 31032). No reply is ever replaced by a
 //! dropped connection: a reply that cannot be encoded becomes an error reply, and a change
 //! stream that reaches an event it cannot send fails at that event on every getMore and every
 //! resume — it never skips it.

@@ -7,7 +7,8 @@
 //!   fail with `Overflow` (15).
 //! - Field names never contain a NUL byte (BSON cannot encode one): a document that would carry
 //!   one is refused with code 31032 ("Key field cannot contain an embedded null byte") before it
-//!   is stored or returned.
+//!   is stored or returned. (`$setField`/`$unsetField`/`$getField` refuse a NUL in `field` up
+//!   front, with MongoDB's 9534700, and field paths with one with 16411.)
 //! - An `_id` that is a document may not hold `$`-prefixed fields (`DollarPrefixedFieldName`,
 //!   52); elsewhere `$`-prefixed names may be stored (MongoDB 5.0 and later).
 //! - A document returned by a query, an aggregation or a change stream is at most 16 MiB plus

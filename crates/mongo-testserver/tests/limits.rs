@@ -57,15 +57,16 @@ async fn nul_bytes_in_field_names_are_refused_on_every_write_path() {
     .await;
     assert_eq!(write_error(r), 2);
 
-    // Pipeline updates: $setField, $arrayToObject ([k, v] and {k, v} forms), $replaceWith.
+    // Pipeline updates: $setField (refused up front, 9534700), $arrayToObject ([k, v] and {k, v}
+    // forms), $replaceWith.
     let cases: Vec<(Bson, i32)> = vec![
         (
             bson::bson!([{"$set": {"n": {"$setField": {"field": "b\0", "input": {}, "value": 1}}}}]),
-            31032,
+            9534700,
         ),
         (
             bson::bson!([{"$replaceWith": {"$setField": {"field": "b\0", "input": "$$ROOT", "value": 1}}}]),
-            31032,
+            9534700,
         ),
         (
             bson::bson!([{"$set": {"n": {"$arrayToObject": [[["b\0", 1]]]}}}]),
@@ -99,7 +100,7 @@ async fn nul_bytes_in_field_names_are_refused_on_every_write_path() {
         doc! {"update": "c", "updates": [{"q": {"_id": 3}, "u": cases[0].0.clone(), "upsert": true}]},
     )
     .await;
-    assert_eq!(write_error(r), 31032);
+    assert_eq!(write_error(r), 9534700);
 
     // Aggregation results that would carry such a name fail the same way.
     let agg = |expr: Bson| {
@@ -115,7 +116,7 @@ async fn nul_bytes_in_field_names_are_refused_on_every_write_path() {
             agg(bson::bson!({"$setField": {"field": "a\0", "input": {}, "value": 1}}))
         )
         .await,
-        31032
+        9534700
     );
 
     // Nothing was stored: the collection holds the one original document and reads fine.

@@ -214,6 +214,27 @@ pub fn validate(expr: &Bson) -> CommandResult<()> {
             if s == "$" || s == "$$" {
                 return Err(loc(16872, format!("'{s}' is not a valid field path")));
             }
+            if s.starts_with("$$") {
+                return Ok(());
+            }
+            // A field path: every component non-empty, without NUL, not `$`-prefixed.
+            for part in s[1..].split('.') {
+                if part.is_empty() {
+                    return Err(loc(
+                        15998,
+                        "FieldPath field names may not be empty strings.",
+                    ));
+                }
+                if part.contains('\0') {
+                    return Err(loc(16411, "FieldPath field names may not contain '\\0'."));
+                }
+                if part.starts_with('$') {
+                    return Err(loc(
+                        16410,
+                        format!("FieldPath field names may not start with '$'. Consider using $getField or $setField. ({part})"),
+                    ));
+                }
+            }
             Ok(())
         }
         _ => Ok(()),

@@ -76,6 +76,12 @@ impl Ctx<'_> {
                 ))
             }
         };
+        if field.contains('\0') {
+            return Err(loc(
+                9534700,
+                format!("{op}: 'field' cannot contain an embedded null byte"),
+            ));
+        }
         let input = match input_e {
             None => Some(Bson::Document(self.root.clone())),
             Some(e) => self.eval(e)?,

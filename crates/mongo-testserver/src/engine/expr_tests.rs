@@ -597,3 +597,36 @@ fn field_paths_through_arrays() {
         Some(bson::bson!([]))
     );
 }
+
+#[test]
+fn field_paths_and_field_names_with_nul_or_empty_parts_are_refused() {
+    for (path, code) in [
+        ("$a..b", 15998),
+        ("$a.", 15998),
+        ("$a\0b", 16411),
+        ("$a.\0", 16411),
+        ("$a.$b", 16410),
+    ] {
+        let e = doc! {"$add": [path, 1]};
+        match validate(&b(e)) {
+            Ok(()) => panic!("{path:?} was accepted"),
+            Err(err) => assert_eq!(err.code, code, "{path:?}"),
+        }
+    }
+    // Variables and ordinary paths still pass.
+    for ok_path in ["$$NOW", "$$ROOT.a", "$a.b", "$a"] {
+        assert!(
+            validate(&b(doc! {"$add": [ok_path, 1]})).is_ok(),
+            "{ok_path:?}"
+        );
+    }
+    for field in ["\0a", "a\0", "\0"] {
+        for e in [
+            doc! {"$setField": {"field": field, "input": {}, "value": true}},
+            doc! {"$unsetField": {"field": field, "input": {}}},
+            doc! {"$getField": {"field": {"$literal": field}, "input": {}}},
+        ] {
+            assert_eq!(err_code(b(e.clone())), 9534700, "{e:?}");
+        }
+    }
+}
