@@ -122,6 +122,7 @@ pub mod error;
 mod failpoint;
 mod keys;
 mod limits;
+mod range_index;
 mod server;
 mod sessions;
 mod state;

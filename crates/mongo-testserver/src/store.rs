@@ -2,11 +2,13 @@
 //!
 //! A collection keeps its documents in insertion order (`BTreeMap` keyed by an increasing record
 //! id) and finds a document by `_id` in O(1) through a hash map from the canonical key of the `_id`
-//! (see [`crate::keys`]). Unique secondary indexes keep the same kind of map per index; other
-//! indexes are metadata only (queries scan). Nothing here locks: the whole store lives inside the
-//! server's single mutex (see the crate docs).
+//! (see [`crate::keys`]). Unique secondary indexes keep the same kind of map per index, and
+//! every plain index keeps the ordered entries of its first field, which queries use to read
+//! only the documents their conditions point at (`range_index.rs`). Nothing here locks: the
+//! whole store lives inside the server's single mutex (see the crate docs).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 
@@ -14,6 +16,7 @@ use crate::engine::expr::Vars;
 use crate::engine::matcher::Filter;
 use crate::error::{CommandError, CommandResult};
 use crate::keys::{self, KeyBytes};
+use crate::range_index::{self, RangeIndex, ScanCounters};
 
 /// Record id: position of a document in insertion order.
 pub type RecordId = u64;
@@ -23,6 +26,8 @@ pub type RecordId = u64;
 pub struct Store {
     /// Databases by name.
     pub dbs: BTreeMap<String, Database>,
+    /// Keys and documents examined by queries, over every collection.
+    pub counters: Arc<ScanCounters>,
 }
 
 /// One database.
@@ -51,11 +56,12 @@ impl Store {
         coll: &str,
     ) -> CommandResult<(&mut Collection, bool)> {
         validate_names(db, coll)?;
+        let counters = self.counters.clone();
         let database = self.dbs.entry(db.to_owned()).or_default();
         let mut created = false;
         let c = database.colls.entry(coll.to_owned()).or_insert_with(|| {
             created = true;
-            Collection::new(db, coll, Document::new())
+            Collection::new(db, coll, Document::new(), counters)
         });
         Ok((c, created))
     }
@@ -105,6 +111,8 @@ pub struct Index {
     pub spec: Document,
     /// Entries of a unique secondary index: key → record.
     entries: HashMap<KeyBytes, RecordId>,
+    /// Ordered entries of the first field, when queries can use them (`range_index.rs`).
+    range: Option<RangeIndex>,
 }
 
 impl Index {
@@ -119,6 +127,7 @@ impl Index {
             partial: None,
             spec: doc! {"v": 2, "key": {"_id": 1}, "name": "_id_"},
             entries: HashMap::new(),
+            range: None,
         }
     }
 
@@ -132,6 +141,7 @@ impl Index {
         partial: Option<(Document, Filter)>,
         spec: Document,
     ) -> Index {
+        let range = RangeIndex::for_key(&key, partial.is_some(), sparse);
         Index {
             name,
             key,
@@ -141,6 +151,7 @@ impl Index {
             partial,
             spec,
             entries: HashMap::new(),
+            range,
         }
     }
 
@@ -272,11 +283,12 @@ pub struct Collection {
     next_rid: RecordId,
     /// Indexes; the first is always `_id_`.
     pub indexes: Vec<Index>,
+    counters: Arc<ScanCounters>,
 }
 
 impl Collection {
     /// A new empty collection with its `_id` index.
-    pub fn new(db: &str, coll: &str, options: Document) -> Collection {
+    pub fn new(db: &str, coll: &str, options: Document, counters: Arc<ScanCounters>) -> Collection {
         Collection {
             ns: format!("{db}.{coll}"),
             uuid: bson::Uuid::new(),
@@ -285,7 +297,20 @@ impl Collection {
             ids: HashMap::new(),
             next_rid: 1,
             indexes: vec![Index::id_index()],
+            counters,
         }
+    }
+
+    /// The records a query with `filter` has to examine, in natural order, when an index
+    /// serves it (`None`: every record). See `range_index.rs`.
+    pub fn candidates(&self, filter: &Filter) -> Option<Vec<RecordId>> {
+        let ranges = self.indexes.iter().filter_map(|i| i.range.as_ref());
+        range_index::candidates(filter, ranges, &self.counters)
+    }
+
+    /// Counts documents a query examined (`serverStatus` `metrics.queryExecutor.scannedObjects`).
+    pub fn examined(&self, n: u64) {
+        self.counters.examined(n);
     }
 
     /// Number of documents.
@@ -392,6 +417,9 @@ impl Collection {
             }
         }
         self.ids.insert(id_key, rid);
+        for range in self.indexes.iter_mut().filter_map(|i| i.range.as_mut()) {
+            range.insert(rid, &doc);
+        }
         self.docs.insert(rid, doc);
         Ok(rid)
     }
@@ -416,6 +444,12 @@ impl Collection {
                 }
             }
         }
+        if let Some(old) = self.docs.get(&rid) {
+            for range in self.indexes.iter_mut().filter_map(|i| i.range.as_mut()) {
+                range.remove(rid, old);
+                range.insert(rid, &new_doc);
+            }
+        }
         match self.docs.get_mut(&rid) {
             Some(slot) => Ok(std::mem::replace(slot, new_doc)),
             None => Err(CommandError::new(
@@ -433,6 +467,9 @@ impl Collection {
             self.ids.remove(&keys::key_of(id));
         }
         self.remove_unique_keys(&doc, rid, vars);
+        for range in self.indexes.iter_mut().filter_map(|i| i.range.as_mut()) {
+            range.remove(rid, &doc);
+        }
         Some(doc)
     }
 
@@ -453,6 +490,11 @@ impl Collection {
                 }
             }
             index.entries = entries;
+        }
+        if let Some(range) = index.range.as_mut() {
+            for (&rid, doc) in &self.docs {
+                range.insert(rid, doc);
+            }
         }
         self.indexes.push(index);
         Ok(())

@@ -269,9 +269,20 @@ pub fn configure_fail_point(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Docu
 /// `serverStatus`: identity, plus the counters benchmarks read, in mongod's shape:
 /// `connections.current`, `metrics.commands.<name>.total` (commands received, this one
 /// included), `metrics.cursor.open.total` (and, specific to this server,
-/// `metrics.cursor.open.changeStreams`).
+/// `metrics.cursor.open.changeStreams`), `metrics.queryExecutor.scanned` (index keys read by
+/// queries and writes) and `scannedObjects` (documents they examined).
 pub fn server_status(ctx: &Ctx<'_>, _cmd: &Document) -> CommandResult<Document> {
-    let (open, streams) = ctx.shared.lock().cursors.open_counts();
+    let (open, streams, scanned, scanned_objects) = {
+        let st = ctx.shared.lock();
+        let (open, streams) = st.cursors.open_counts();
+        let counters = &st.store.counters;
+        (
+            open,
+            streams,
+            counters.keys.load(Ordering::Relaxed),
+            counters.objects.load(Ordering::Relaxed),
+        )
+    };
     let mut commands = Document::new();
     for (name, total) in ctx.shared.command_counts.totals() {
         commands.insert(name, doc! {"total": total as i64});
@@ -286,6 +297,7 @@ pub fn server_status(ctx: &Ctx<'_>, _cmd: &Document) -> CommandResult<Document> 
         "metrics": {
             "commands": commands,
             "cursor": {"open": {"total": open as i64, "changeStreams": streams as i64}},
+            "queryExecutor": {"scanned": scanned as i64, "scannedObjects": scanned_objects as i64},
         },
     })
 }

@@ -186,6 +186,7 @@ pub(super) fn find_one(
                 let doc = coll.get(rid).ok_or_else(|| {
                     CommandError::new(1, "InternalError", "index points at no record")
                 })?;
+                coll.examined(1);
                 Ok(if filter.matches(doc, vars)? {
                     Some(rid)
                 } else {
@@ -217,13 +218,33 @@ pub(super) fn find_one(
                 .map(|r| r as RecordId))
         }
         _ => {
-            for (rid, doc) in coll.iter() {
+            let mut examined = 0;
+            let mut found = None;
+            for (rid, doc) in examine(coll, filter) {
+                examined += 1;
                 if filter.matches(doc, vars)? {
-                    return Ok(Some(rid));
+                    found = Some(rid);
+                    break;
                 }
             }
-            Ok(None)
+            coll.examined(examined);
+            Ok(found)
         }
+    }
+}
+
+/// The records a query with `filter` examines, in natural order: the candidates of an index
+/// that serves the filter, else every record.
+fn examine<'c>(
+    coll: &'c Collection,
+    filter: &Filter,
+) -> Box<dyn Iterator<Item = (RecordId, &'c Document)> + 'c> {
+    match coll.candidates(filter) {
+        Some(rids) => Box::new(
+            rids.into_iter()
+                .filter_map(move |rid| coll.get(rid).map(|d| (rid, d))),
+        ),
+        None => Box::new(coll.iter()),
     }
 }
 
@@ -237,11 +258,14 @@ pub(super) fn find_all(
         return Ok(find_one(coll, filter, None, vars)?.into_iter().collect());
     }
     let mut out = Vec::new();
-    for (rid, doc) in coll.iter() {
+    let mut examined = 0;
+    for (rid, doc) in examine(coll, filter) {
+        examined += 1;
         if filter.matches(doc, vars)? {
             out.push(rid);
         }
     }
+    coll.examined(examined);
     Ok(out)
 }
 

@@ -64,12 +64,16 @@ pub fn create(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
             format!("Collection {}.{} already exists.", ctx.db, coll),
         ));
     }
+    let counters = st.store.counters.clone();
     st.store
         .dbs
         .entry(ctx.db.to_owned())
         .or_default()
         .colls
-        .insert(coll.to_owned(), Collection::new(ctx.db, coll, options));
+        .insert(
+            coll.to_owned(),
+            Collection::new(ctx.db, coll, options, counters),
+        );
     st.clock.tick();
     std::mem::drop(st);
     Ok(args::with_write_concern_error(ctx, cmd, Document::new()))

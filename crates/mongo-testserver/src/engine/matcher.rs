@@ -62,6 +62,90 @@ enum Pred {
     Mod(i64, i64),
 }
 
+/// The index keys that can satisfy one predicate (see [`Filter::index_scans`]): a key equal to
+/// the value (null: also undefined and missing), or the keys of the value's type below or
+/// above it (inclusive when the flag is set), the type bracketing MongoDB applies to ranges.
+#[derive(Debug, Clone)]
+pub enum Probe {
+    /// Keys equal to the value.
+    Point(Bson),
+    /// Keys of the value's type below it.
+    Below(Bson, bool),
+    /// Keys of the value's type above it.
+    Above(Bson, bool),
+}
+
+/// Probes of the index on `path`.
+#[derive(Debug, Clone)]
+pub struct Scan {
+    /// The indexed path.
+    pub path: String,
+    /// Their union holds every matching key.
+    pub probes: Vec<Probe>,
+}
+
+fn scans(n: &Node, indexed: &dyn Fn(&str) -> bool) -> Vec<Vec<Scan>> {
+    match n {
+        Node::And(c) => c.iter().flat_map(|x| scans(x, indexed)).collect(),
+        Node::Or(c) if !c.is_empty() => {
+            let mut union = Vec::new();
+            for x in c {
+                match scans(x, indexed).into_iter().next() {
+                    Some(way) => union.extend(way),
+                    None => return Vec::new(),
+                }
+            }
+            vec![union]
+        }
+        Node::Path { path, preds } if indexed(path) => preds
+            .iter()
+            .filter_map(probes)
+            .map(|probes| {
+                vec![Scan {
+                    path: path.clone(),
+                    probes,
+                }]
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The probes covering every value `p` accepts; `None` when no probe can (arrays, regexes,
+/// NaN, MinKey/MaxKey and every other operator).
+fn probes(p: &Pred) -> Option<Vec<Probe>> {
+    fn point(v: &Bson) -> Option<Probe> {
+        let plain = !matches!(
+            v,
+            Bson::Array(_) | Bson::RegularExpression(_) | Bson::MinKey | Bson::MaxKey
+        ) && !is_nan(v);
+        plain.then(|| Probe::Point(v.clone()))
+    }
+    match p {
+        Pred::Eq(v) => point(v).map(|p| vec![p]),
+        Pred::In(items) => items
+            .iter()
+            .map(|i| match i {
+                InItem::Value(v) => point(v),
+                InItem::Regex(_) => None,
+            })
+            .collect(),
+        Pred::Cmp(_, or_equal, Bson::Null) => Some(if *or_equal {
+            vec![Probe::Point(Bson::Null)]
+        } else {
+            Vec::new()
+        }),
+        Pred::Cmp(dir, or_equal, v) => {
+            point(v)?;
+            Some(vec![match dir {
+                Ordering::Less => Probe::Below(v.clone(), *or_equal),
+                _ => Probe::Above(v.clone(), *or_equal),
+            }])
+        }
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone)]
 enum InItem {
     Value(Bson),
@@ -109,6 +193,15 @@ impl Filter {
             }
         }
         find(&self.root)
+    }
+
+    /// Ways to find, through probes of single-field indexes, a superset of the documents this
+    /// filter matches: each entry is one way, a union of [`Scan`]s on paths for which
+    /// `indexed` is true (one entry per indexable conjunct; an `$or` only when every branch is
+    /// indexable). Empty when no index serves the filter. Every candidate must still be tested
+    /// with [`Filter::matches`].
+    pub fn index_scans(&self, indexed: &dyn Fn(&str) -> bool) -> Vec<Vec<Scan>> {
+        scans(&self.root, indexed)
     }
 
     /// True if the filter uses `$expr` anywhere. mongod refuses `$expr` in the query of every
