@@ -43,7 +43,10 @@
 //!
 //! Parsing (commands, filters, updates) happens before the lock is taken and replies are
 //! encoded after it is released, so critical sections are short; lookups by `_id` use a hash
-//! index. Connections are independent tasks: a malformed frame closes only its own connection.
+//! index, and other queries and writes the ordered entries of a plain index's first field when
+//! their filter allows (`range_index.rs`: equality, `$in`, ranges, `$and`, `$or` of indexable
+//! branches; `serverStatus` `metrics.queryExecutor.scanned`/`scannedObjects` count what they
+//! examined). Connections are independent tasks: a malformed frame closes only its own connection.
 //!
 //! # Limits
 //! Documents over 16 MiB are refused with mongod's errors, messages over 48 MB close the
