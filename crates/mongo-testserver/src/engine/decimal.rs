@@ -139,6 +139,37 @@ pub fn unary(op: &str, d: Dec) -> Dec {
     }
 }
 
+/// Working precision for `$sqrt` and `$pow`: decNumber's arbitrary-precision numbers (12 units
+/// of 3 digits), set to decimal128's 34 digits, so each result is rounded once.
+type Wide = dec::Decimal<12>;
+
+fn wide_context() -> Context<Wide> {
+    let mut cx = Context::<Wide>::default();
+    // 34 is within the 36 digits a Wide holds; decNumber computes powers and roots only in a
+    // context whose exponents stay within ±999999 (else the result is NaN), and decimal128's
+    // range (emax 6144) is within it.
+    let _ = cx.set_precision(34);
+    let _ = cx.set_max_exponent(6144);
+    let _ = cx.set_min_exponent(-6143);
+    cx
+}
+
+/// `$sqrt` of a decimal, correctly rounded to 34 digits.
+pub fn sqrt(d: Dec) -> Dec {
+    let mut cx = wide_context();
+    let mut w = Wide::from(d);
+    cx.sqrt(&mut w);
+    w.to_decimal128()
+}
+
+/// `$pow` with a decimal operand: `a` raised to `b`, to 34 digits.
+pub fn pow(a: Dec, b: Dec) -> Dec {
+    let mut cx = wide_context();
+    let mut x = Wide::from(a);
+    cx.pow(&mut x, &Wide::from(b));
+    x.to_decimal128()
+}
+
 /// MongoDB's order of two decimals: NaN equals NaN and sorts below every number; `-0 == 0`.
 pub fn cmp(a: Dec, b: Dec) -> Ordering {
     match (a.is_nan(), b.is_nan()) {

@@ -204,8 +204,7 @@ impl Ctx<'_> {
                 ));
             }
             return Ok(Some(match n {
-                // Computed in binary and converted (digits past the 15th are not exact).
-                Num::Dec(_) => Num::dec_from_f64(n.as_f64().sqrt()).to_bson(),
+                Num::Dec(d) => Num::Dec(crate::engine::decimal::sqrt(d)).to_bson(),
                 other => Bson::Double(other.as_f64().sqrt()),
             }));
         }
@@ -250,15 +249,12 @@ impl Ctx<'_> {
                 }
             }
         }
-        let r = a.as_f64().powf(b.as_f64());
-        Ok(Some(
-            if matches!(a, Num::Dec(_)) || matches!(b, Num::Dec(_)) {
-                // Computed in binary and converted (digits past the 15th are not exact).
-                Num::dec_from_f64(r).to_bson()
-            } else {
-                Bson::Double(r)
-            },
-        ))
+        if matches!(a, Num::Dec(_)) || matches!(b, Num::Dec(_)) {
+            // In decimal: a double operand converts as in arithmetic (15 digits).
+            let r = crate::engine::decimal::pow(a.as_dec(), b.as_dec());
+            return Ok(Some(Num::Dec(r).to_bson()));
+        }
+        Ok(Some(Bson::Double(a.as_f64().powf(b.as_f64()))))
     }
 
     /// The values `$min`, `$max`, `$sum` and `$avg` work on in an expression: each operand's

@@ -630,3 +630,20 @@ fn field_paths_and_field_names_with_nul_or_empty_parts_are_refused() {
         }
     }
 }
+
+#[test]
+fn sqrt_and_pow_of_decimals_are_computed_in_decimal() {
+    let dec = |s: &str| Bson::Decimal128(s.parse().unwrap());
+    // 34 significant digits, where a binary double would give 17.
+    assert_eq!(
+        val(b(doc! {"$sqrt": dec("2")})),
+        dec("1.414213562373095048801688724209698")
+    );
+    assert_eq!(val(b(doc! {"$sqrt": dec("0.25")})), dec("0.5"));
+    assert_eq!(val(b(doc! {"$pow": [dec("1.1"), 2]})), dec("1.21"));
+    assert_eq!(
+        val(b(doc! {"$pow": [2, dec("0.5")]})),
+        dec("1.414213562373095048801688724209698")
+    );
+    assert_eq!(err_code(b(doc! {"$sqrt": dec("-1")})), 28714);
+}
