@@ -79,6 +79,7 @@
 //! Requires a Tokio runtime with the time driver enabled (`#[tokio::main]` has it).
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acquire_loop;
 pub mod backend;
