@@ -90,7 +90,14 @@ pub struct GlobalArgs {
 
     /// Database holding the lock collection (MongoDB; for PostgreSQL the database is the
     /// URI's).
-    #[arg(long, global = true, env = "MONGOLOCK_DB", default_value = DEFAULT_DB, value_name = "NAME")]
+    #[arg(
+        long,
+        global = true,
+        env = "MONGOLOCK_DB",
+        hide_env_values = true,
+        default_value = DEFAULT_DB,
+        value_name = "NAME"
+    )]
     pub db: String,
 
     /// Lock collection (MongoDB), or lock table as [SCHEMA.]TABLE (PostgreSQL; the default
@@ -99,6 +106,7 @@ pub struct GlobalArgs {
         long,
         global = true,
         env = "MONGOLOCK_COLLECTION",
+        hide_env_values = true,
         default_value = DEFAULT_COLLECTION,
         value_name = "NAME"
     )]
@@ -205,7 +213,9 @@ Exits with status 3 when there is no lock with that name.")]
                       --force is required: the old holder may still be running.",
         after_help = "\
 Examples:
-  mongolock release --force nightly-report"
+  mongolock release --force nightly-report
+
+Exits with status 3 when the lock was not held (nothing was released)."
     )]
     Release(ReleaseArgs),
 

@@ -88,10 +88,17 @@ impl Connection {
             ),
             other => describe_lock_error(other),
         };
-        CliError::failure(one_line(&redact(
-            &format!("{context}: {detail}"),
-            &self.uri,
-        )))
+        // Bad input (a lock name, options) is a usage error, like a bad flag.
+        let code = match e {
+            mongolock::Error::InvalidName { .. } | mongolock::Error::InvalidOptions { .. } => {
+                crate::exit::USAGE
+            }
+            _ => crate::exit::FAILURE,
+        };
+        CliError::with_code(
+            code,
+            one_line(&redact(&format!("{context}: {detail}"), &self.uri)),
+        )
     }
 }
 

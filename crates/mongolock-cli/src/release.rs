@@ -31,11 +31,12 @@ pub async fn run(global: &GlobalArgs, args: ReleaseArgs) -> Result<i32, CliError
              previous holder learns of the loss at its next renewal\n",
             args.name
         ))?;
+        Ok(exit::SUCCESS)
     } else {
-        write_stdout(&format!(
-            "lock {:?} is not held; nothing to release\n",
-            args.name
-        ))?;
+        // A distinct status, so that a script can tell "released" from "nobody held it".
+        Err(CliError::with_code(
+            exit::NOT_FOUND,
+            format!("lock {:?} is not held; nothing to release", args.name),
+        ))
     }
-    Ok(exit::SUCCESS)
 }

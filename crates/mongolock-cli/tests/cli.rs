@@ -335,8 +335,8 @@ async fn list_and_inspect_show_holder_token_and_expiry() {
     let out = env.run(&["list"]).await;
     assert!(text(&out.stdout).contains("released"), "{}", describe(&out));
     let out = env.run(&["release", "--force", "reports:daily"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-    assert!(text(&out.stdout).contains("not held"), "{}", describe(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    assert!(text(&out.stderr).contains("not held"), "{}", describe(&out));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -529,4 +529,22 @@ async fn usage_errors_exit_2_and_every_command_has_help_with_examples() {
     }
     let out = Command::new(BIN).arg("--help").output().await.expect("run");
     assert!(text(&out.stdout).contains("Exit statuses:"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invalid_lock_name_is_a_usage_error() {
+    let env = Env::new("badname").await;
+    for args in [
+        vec!["inspect", ""],
+        vec!["exec", "", "--", "true"],
+        vec!["release", "--force", ""],
+    ] {
+        let out = env.run(&args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", describe(&out));
+        assert!(
+            text(&out.stderr).contains("invalid lock name"),
+            "{args:?}: {}",
+            describe(&out)
+        );
+    }
 }
