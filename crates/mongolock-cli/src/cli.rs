@@ -226,7 +226,9 @@ Exits with status 3 when the lock was not held (nothing was released)."
                       One worker is killed with SIGKILL while it holds the lock; another takes \
                       over once the dead worker's lease has expired. A live timeline is printed, \
                       then a summary: acquisitions, handoff latencies, failover time, and a check \
-                      that fencing tokens strictly increased and no two holders overlapped.",
+                      that fencing tokens strictly increased and no two holders overlapped. \
+                      The connection options (--uri, --db, --collection) are not used: the demo \
+                      never touches a database of yours.",
         after_help = "\
 Examples:
   mongolock demo
