@@ -439,7 +439,9 @@ fn main() {
         .expect("benchmark task")
     });
     let (rows, pg_row) = rows;
-    print_table(&rows, pairs, handoffs);
+    if !rows.is_empty() {
+        print_table(&rows, pairs, handoffs);
+    }
     if let (Some(row), Some(pg)) = (&pg_row, &pg_server) {
         print_pg_row(row, pg, pairs, handoffs);
     }
