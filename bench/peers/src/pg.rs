@@ -26,8 +26,15 @@ use crate::proc_cpu;
 /// server (`POSTGRES_URL`).
 pub struct PgServer {
     url: String,
-    /// `(dir, bin, run_as)` of a cluster we started.
-    ours: Option<(PathBuf, PathBuf, Option<(u32, u32)>)>,
+    /// The cluster, when we started it.
+    ours: Option<Cluster>,
+}
+
+struct Cluster {
+    dir: PathBuf,
+    bin: PathBuf,
+    /// `(uid, gid)` of the `postgres` user when running as root.
+    run_as: Option<(u32, u32)>,
 }
 
 fn bin_dir() -> Option<PathBuf> {
@@ -146,7 +153,7 @@ impl PgServer {
         );
         PgServer {
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
-            ours: Some((dir, bin, run_as)),
+            ours: Some(Cluster { dir, bin, run_as }),
         }
     }
 
@@ -157,7 +164,7 @@ impl PgServer {
     /// CPU of the postmaster and all its children (the server's processes); `None` for a
     /// server we did not start.
     pub fn cpu(&self) -> Option<Duration> {
-        let (dir, _, _) = self.ours.as_ref()?;
+        let dir = &self.ours.as_ref()?.dir;
         let pidfile = std::fs::read_to_string(dir.join("data/postmaster.pid")).ok()?;
         let postmaster: u32 = pidfile.lines().next()?.trim().parse().ok()?;
         let mut total = proc_cpu(postmaster)?;
@@ -189,7 +196,7 @@ impl PgServer {
 
 impl Drop for PgServer {
     fn drop(&mut self) {
-        if let Some((dir, bin, run_as)) = self.ours.take() {
+        if let Some(Cluster { dir, bin, run_as }) = self.ours.take() {
             let data = dir.join("data").display().to_string();
             let mut cmd = Command::new(bin.join("pg_ctl"));
             cmd.args(["-D", &data, "-m", "immediate", "-w", "stop"])
