@@ -30,6 +30,12 @@
 //! `BENCH_HANDOFF_PROCS` (default 32; 0: skip) mongolock *processes* contending for one name,
 //! change streams on, for `BENCH_HANDOFF_SECS` (default 5).
 //!
+//! `pg` is mongolock's `PostgresBackend` (LISTEN/NOTIFY on) against a PostgreSQL the benchmark
+//! starts itself (`pg.rs`; `POSTGRES_URL` for an existing server), measured the same way, with
+//! statements counted by `pg_stat_statements` in place of commands, and its own 32-process
+//! handoff run (acquire statements per handoff). A different server: not a comparison of the
+//! two databases.
+//!
 //! `--scale` prints the scale table (processes × names, see `scale.rs`); `--ops` prices the
 //! shapes of the acquire and release commands with the driver alone (`ops.rs`).
 //!
@@ -47,6 +53,7 @@ use mongodb::{Client, Database};
 use mongolock::{LockProvider, MongoBackend};
 
 mod ops;
+mod pg;
 mod scale;
 mod stats;
 
@@ -219,6 +226,36 @@ impl Held {
     }
 }
 
+/// Where a phase's server-side counts and CPU come from.
+enum Meter<'a> {
+    /// Commands counted by `serverStatus`; CPU of the mongo-testserver process.
+    Mongo {
+        admin: &'a Client,
+        server: &'a Server,
+    },
+    /// Statements counted by `pg_stat_statements`; CPU of the postgres processes.
+    Pg {
+        stats: &'a pg::PgStats,
+        server: &'a pg::PgServer,
+    },
+}
+
+impl Meter<'_> {
+    async fn commands(&self) -> u64 {
+        match self {
+            Meter::Mongo { admin, .. } => stats::server_stats(admin).await.commands,
+            Meter::Pg { stats, .. } => stats.statements().await,
+        }
+    }
+
+    fn server_cpu(&self) -> Option<Duration> {
+        match self {
+            Meter::Mongo { server, .. } => server.cpu(),
+            Meter::Pg { server, .. } => server.cpu(),
+        }
+    }
+}
+
 struct Row {
     name: &'static str,
     per_sec: f64,
@@ -232,8 +269,7 @@ struct Row {
 async fn measure(
     name: &'static str,
     lib: Lib,
-    admin: &Client,
-    server: &Server,
+    meter: &Meter<'_>,
     pairs: usize,
     handoffs: usize,
 ) -> Row {
@@ -243,15 +279,15 @@ async fn measure(
     }
     // Let background work of the warm-up (a lingering stream, background releases) settle.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let n0 = stats::server_stats(admin).await.commands;
-    let (c0, s0) = (own_cpu(), server.cpu());
+    let n0 = meter.commands().await;
+    let (c0, s0) = (own_cpu(), meter.server_cpu());
     let t0 = Instant::now();
     for _ in 0..pairs {
         lib.acquire(&key).await.release().await;
     }
     let elapsed = t0.elapsed();
-    let (c1, s1) = (own_cpu(), server.cpu());
-    let n1 = stats::server_stats(admin).await.commands;
+    let (c1, s1) = (own_cpu(), meter.server_cpu());
+    let n1 = meter.commands().await;
     let n = pairs as f64;
     let server_us = match (s0, s1) {
         (Some(a), Some(b)) => Some((b - a).as_secs_f64() * 1e6 / n),
@@ -328,14 +364,21 @@ fn main() {
     let pairs = env_usize("BENCH_PAIRS", 2000);
     let handoffs = env_usize("BENCH_HANDOFFS", 200);
     let server = Arc::new(Server::start());
+    let pg_server = selected("pg").then(|| Arc::new(pg::PgServer::start()));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let srv = server.clone();
+    let pg_srv = pg_server.clone();
     // Everything runs in a spawned task, on the runtime's worker threads, as application code
     // does (not on the thread that called `block_on`).
     let rows = rt.block_on(async move {
         let server = srv;
+        let pg_server = pg_srv;
         tokio::spawn(async move {
             let admin = client(&server.uri, "bench-admin").await;
+            let meter = Meter::Mongo {
+                admin: &admin,
+                server: &server,
+            };
             let mut rows = Vec::new();
             for (name, streams) in [
                 ("mongolock (change streams)", true),
@@ -352,20 +395,20 @@ fn main() {
                     .unwrap();
                 let provider = LockProvider::builder(backend).build().unwrap();
                 let lib = Lib::Mongolock(provider);
-                rows.push(measure(name, lib, &admin, &server, pairs, handoffs).await);
+                rows.push(measure(name, lib, &meter, pairs, handoffs).await);
             }
             if selected("dlm") {
                 let name = "distributed-lock-mongo 0.2";
                 let client = client(&server.uri, name).await;
                 let lib = Lib::DistributedLockMongo(client.database("bench_dlm"));
-                rows.push(measure(name, lib, &admin, &server, pairs, handoffs).await);
+                rows.push(measure(name, lib, &meter, pairs, handoffs).await);
             }
             if selected("mla") {
                 let name = "mongo-lock-async 0.4";
                 let client = client(&server.uri, name).await;
                 mongo_lock_async::prepare_database(&client).await.unwrap();
                 let lib = Lib::MongoLockAsync(client);
-                rows.push(measure(name, lib, &admin, &server, pairs, handoffs).await);
+                rows.push(measure(name, lib, &meter, pairs, handoffs).await);
             }
             if selected("mdl") {
                 let name = "mongodb-lock 0.3";
@@ -375,17 +418,34 @@ fn main() {
                     .unwrap();
                 // The guards borrow the mutex for as long as the benchmark runs.
                 let lib = Lib::MongodbLock(Box::leak(Box::new(mutex)));
-                rows.push(measure(name, lib, &admin, &server, pairs, handoffs).await);
+                rows.push(measure(name, lib, &meter, pairs, handoffs).await);
             }
             // mongodb-lock releases in a background task: let the last one finish.
             tokio::time::sleep(Duration::from_millis(500)).await;
-            rows
+            let mut pg_row = None;
+            if let Some(pg) = &pg_server {
+                let name = "mongolock on PostgreSQL (LISTEN/NOTIFY)";
+                let stats = pg::PgStats::connect(pg.url()).await;
+                let meter = Meter::Pg {
+                    stats: &stats,
+                    server: pg,
+                };
+                let lib = Lib::Mongolock(pg::provider(pg.url(), "bench_locks"));
+                pg_row = Some(measure(name, lib, &meter, pairs, handoffs).await);
+            }
+            (rows, pg_row)
         })
         .await
         .expect("benchmark task")
     });
-    print_table(&rows, pairs, handoffs);
-    if handoff_procs > 0 {
+    let (rows, pg_row) = rows;
+    if !rows.is_empty() {
+        print_table(&rows, pairs, handoffs);
+    }
+    if let (Some(row), Some(pg)) = (&pg_row, &pg_server) {
+        print_pg_row(row, pg, pairs, handoffs);
+    }
+    if handoff_procs > 0 && selected("cs") {
         let secs = env_usize("BENCH_HANDOFF_SECS", 5) as f64;
         let h = scale::handoff_procs(&server.uri, handoff_procs, secs);
         println!(
@@ -405,6 +465,52 @@ fn main() {
             h.get_mores as f64 / n
         );
     }
+    if let (Some(pg), true) = (&pg_server, handoff_procs > 0) {
+        let secs = env_usize("BENCH_HANDOFF_SECS", 5) as f64;
+        let h = scale::handoff_procs_pg(pg, handoff_procs, secs);
+        println!(
+            "\nmongolock on PostgreSQL (LISTEN/NOTIFY), {} processes contending for one name for \
+             {} s (each holds it 1 ms, then sits out 5 ms):\n",
+            h.procs, h.secs
+        );
+        println!("| handoffs/s | acquire statements per handoff | statements per handoff |");
+        println!("|---:|---:|---:|");
+        let n = h.acquisitions.max(1) as f64;
+        println!(
+            "| {:.0} | {:.2} | {:.2} |",
+            h.acquisitions as f64 / h.secs,
+            h.attempts as f64 / n,
+            h.get_mores as f64 / n
+        );
+    }
+}
+
+/// The PostgreSQL row, in a table of its own: another server, statements instead of commands.
+fn print_pg_row(r: &Row, pg: &pg::PgServer, pairs: usize, handoffs: usize) {
+    let server = if pg.cpu().is_some() {
+        "a PostgreSQL the benchmark started (fsync and synchronous_commit as configured)"
+    } else {
+        "POSTGRES_URL"
+    };
+    println!(
+        "\nmongolock's PostgresBackend against {server}; {pairs} pairs, {handoffs} handoffs \
+         among {WAITERS} tasks. A different server from the rows above: not a comparison of \
+         the databases.\n"
+    );
+    println!(
+        "| library | acquire+release/s | statements / acq. | client CPU µs / acq. | server CPU µs / acq. | handoff p50 ms | handoff p99 ms |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {} | {:.0} | {:.2} | {:.0} | {} | {:.2} | {:.2} |",
+        r.name,
+        r.per_sec,
+        r.commands,
+        r.client_us,
+        r.server_us.map_or("n/a".into(), |s| format!("{s:.0}")),
+        r.handoff_p50_ms,
+        r.handoff_p99_ms
+    );
 }
 
 fn print_table(rows: &[Row], pairs: usize, handoffs: usize) {

@@ -70,6 +70,9 @@ fn wait_line() -> String {
 }
 
 async fn provider(uri: &str, db: &str) -> LockProvider {
+    if uri.starts_with("postgres") {
+        return crate::pg::provider(uri, db);
+    }
     let client = Client::with_uri_str(uri).await.expect("client");
     let backend = MongoBackend::builder(&client.database(db))
         .collection("locks")
@@ -365,6 +368,41 @@ pub fn handoff_procs(uri: &str, procs: usize, secs: f64) -> HandoffProcs {
         acquisitions,
         attempts: s1.find_and_modify - s0.find_and_modify,
         get_mores: s1.get_more - s0.get_more,
+        secs,
+    }
+}
+
+/// [`handoff_procs`] on PostgreSQL: `attempts` counts executions of the acquire statement and
+/// `get_mores` (reused field) every statement, both from `pg_stat_statements`.
+pub fn handoff_procs_pg(pg: &crate::pg::PgServer, procs: usize, secs: f64) -> HandoffProcs {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let stats = rt.block_on(crate::pg::PgStats::connect(pg.url()));
+    let mut workers: Vec<Worker> = (0..procs)
+        .map(|_| Worker::spawn(&["--handoff-worker".into(), pg.url().to_owned()]))
+        .collect();
+    for w in &mut workers {
+        assert_eq!(w.recv()[0], "ready");
+    }
+    let (a0, s0) =
+        rt.block_on(async { (stats.acquire_attempts().await, stats.statements().await) });
+    for w in &mut workers {
+        w.send("go");
+    }
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    for w in &mut workers {
+        w.send("stop");
+    }
+    let mut acquisitions = 0;
+    for w in &mut workers {
+        acquisitions += w.recv()[1].parse::<u64>().unwrap();
+    }
+    let (a1, s1) =
+        rt.block_on(async { (stats.acquire_attempts().await, stats.statements().await) });
+    HandoffProcs {
+        procs,
+        acquisitions,
+        attempts: a1 - a0,
+        get_mores: s1 - s0,
         secs,
     }
 }

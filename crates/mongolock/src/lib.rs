@@ -101,7 +101,7 @@ pub use backends::memory::MemoryBackend;
 #[cfg(feature = "mongodb")]
 pub use backends::mongo::{MongoBackend, MongoBackendBuilder};
 #[cfg(feature = "postgres")]
-pub use backends::postgres::{PostgresBackend, PostgresBackendBuilder};
+pub use backends::postgres::{PostgresBackend, PostgresBackendBuilder, SslMode as PostgresSslMode};
 pub use error::{BoxError, Error, Result};
 pub use guard::{LockGuard, LostSignal};
 pub use holder::HolderInfo;

@@ -67,12 +67,69 @@ pub(crate) fn is_missing_table(e: &tokio_postgres::Error) -> bool {
     matches!(e.code(), Some(c) if *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INVALID_SCHEMA_NAME)
 }
 
+/// What a cancelled statement means, for `57014` (statement timeout) and `55P03` (lock
+/// timeout).
+fn timeout_note(code: &str, message: &str) -> Option<&'static str> {
+    match code {
+        "55P03" => Some(
+            "the statement waited longer than lock_timeout for a lock: another session holds \
+             the lock row or table (a transaction left open on it? see pg_stat_activity); \
+             retried within the caller's budget",
+        ),
+        "57014" if message.contains("statement timeout") => Some(
+            "the statement ran longer than statement_timeout (PostgresBackendBuilder::\
+             statement_timeout); the server is overloaded or a session blocks the lock table; \
+             retried within the caller's budget",
+        ),
+        _ => None,
+    }
+}
+
+/// Whether `e` or one of its sources says `text`.
+fn chain_mentions(e: &(dyn std::error::Error + 'static), text: &str) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.to_string().contains(text) {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
 /// Maps a client error from operation `op` (for the message).
 pub(crate) fn map(op: &str, e: tokio_postgres::Error) -> Error {
-    let message = format!("{op}: {}", describe(&e));
+    let mut message = format!("{op}: {}", describe(&e));
+    if e.as_db_error().is_none() {
+        if let Some(tls) = super::tls::tls_failure(&e) {
+            return Error::Backend {
+                message: format!("{op}: TLS handshake with the server failed: {tls}"),
+                code: None,
+                hint: "the server's certificate was not accepted: check that sslrootcert is the \
+                       CA that signed it and, with sslmode=verify-full, that the host in the \
+                       connection string is a name (or IP address) the certificate lists; or \
+                       use sslmode=require to encrypt without checking it"
+                    .into(),
+                source: Some(Box::new(e)),
+            };
+        }
+        if chain_mentions(&e, "server does not support TLS") {
+            return Error::Backend {
+                message: format!("{message}: the server does not support TLS"),
+                code: None,
+                hint: "the server does not accept TLS connections (ssl = off); turn ssl on in \
+                       postgresql.conf, or use sslmode=prefer or disable"
+                    .into(),
+                source: Some(Box::new(e)),
+            };
+        }
+    }
     match e.as_db_error() {
         Some(db) => {
             let code = db.code().code().to_owned();
+            if let Some(note) = timeout_note(&code, db.message()) {
+                message = format!("{message}: {note}");
+            }
             if is_transient_state(&code) || is_missing_table(&e) {
                 // A missing table is created again by the next attempt (see `schema.rs`).
                 Error::Unavailable {

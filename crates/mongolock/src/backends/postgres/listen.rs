@@ -50,7 +50,9 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, Config, NoTls, Notification};
+use tokio_postgres::{AsyncMessage, Config, Notification};
+
+use super::tls::MakeTls;
 
 use super::errors;
 use crate::backend::{ChangeWaiter, LeaseId};
@@ -144,6 +146,7 @@ fn dispatch(hub: &Hub, payload: &str) {
 pub(crate) struct Listener {
     hub: Arc<Hub>,
     config: Config,
+    tls: MakeTls,
     channel: String,
     /// Dropping the sender (with the backend) stops the task.
     task: Mutex<Option<oneshot::Sender<()>>>,
@@ -162,7 +165,7 @@ impl std::fmt::Debug for Listener {
 
 impl Listener {
     /// A listener whose connection opens on first need; `enabled: false` means never (poll).
-    pub(crate) fn new(config: Config, channel: String, enabled: bool) -> Listener {
+    pub(crate) fn new(config: Config, tls: MakeTls, channel: String, enabled: bool) -> Listener {
         Listener {
             hub: Hub::new(if enabled {
                 Status::Idle
@@ -170,6 +173,7 @@ impl Listener {
                 Status::Unavailable
             }),
             config,
+            tls,
             channel,
             task: Mutex::new(None),
             held: Mutex::new(HashMap::new()),
@@ -200,6 +204,7 @@ impl Listener {
         runtime.spawn(run(
             self.hub.clone(),
             self.config.clone(),
+            self.tls.clone(),
             self.channel.clone(),
             stopped,
         ));
@@ -334,9 +339,9 @@ struct Open {
 }
 
 /// Connects and runs `LISTEN`.
-async fn open(config: &Config, channel: &str) -> Result<Open, String> {
+async fn open(config: &Config, tls: &MakeTls, channel: &str) -> Result<Open, String> {
     let (client, mut connection) = config
-        .connect(NoTls)
+        .connect(tls.clone())
         .await
         .map_err(|e| errors::describe(&e))?;
     let (tx, notifications) = mpsc::unbounded_channel();
@@ -388,7 +393,13 @@ fn retry_backoff() -> crate::wait::Backoff {
 }
 
 /// The listening task; see the [module docs](self).
-async fn run(hub: Arc<Hub>, config: Config, channel: String, mut stopped: oneshot::Receiver<()>) {
+async fn run(
+    hub: Arc<Hub>,
+    config: Config,
+    tls: MakeTls,
+    channel: String,
+    mut stopped: oneshot::Receiver<()>,
+) {
     let _running = Running(hub.clone());
     let mut retry = retry_backoff();
     let mut warned = false;
@@ -396,7 +407,7 @@ async fn run(hub: Arc<Hub>, config: Config, channel: String, mut stopped: onesho
     loop {
         let opened = tokio::select! {
             _ = &mut stopped => return,
-            r = tokio::time::timeout(PING_TIMEOUT, open(&config, &channel)) => {
+            r = tokio::time::timeout(PING_TIMEOUT, open(&config, &tls, &channel)) => {
                 r.unwrap_or_else(|_| Err(format!("no answer within {PING_TIMEOUT:?}")))
             }
         };

@@ -10,8 +10,37 @@
 //! chosen: it brings compile-time query macros, a runtime abstraction and drivers for other
 //! databases that mongolock does not use, and its listener reconnects inside `recv`, while
 //! mongolock wants to see each lost connection to switch waiters to polling and make them
-//! re-check. Connections are made without TLS ([`tokio_postgres::NoTls`]); a connection string
-//! with `sslmode=require` is refused by [`PostgresBackendBuilder::build`].
+//! re-check.
+//!
+//! # TLS
+//! libpq's `sslmode` (`disable`, `prefer` (the default), `require`, `verify-ca`, `verify-full`)
+//! and `sslrootcert` (a PEM file, or `system`), in the connection string or with
+//! [`PostgresBackendBuilder::ssl_mode`] and [`PostgresBackendBuilder::ssl_root_cert`], on
+//! [`rustls`](https://docs.rs/rustls) with the `ring` provider (through
+//! [`tokio-postgres-rustls`](https://docs.rs/tokio-postgres-rustls)). The semantics are
+//! libpq's: `prefer` and `require` encrypt without checking the server's certificate unless
+//! root certificates are given (`sslrootcert`, or `~/.postgresql/root.crt` when it exists),
+//! then they check the chain as `verify-ca` does; `verify-ca` checks the chain to a given
+//! root; `verify-full` also checks that the certificate names the host of the connection
+//! string (or its IP address). A certificate that is not accepted, or a server without TLS
+//! under `require` or stricter, is [`Error::Backend`](crate::Error) (retrying does not help)
+//! with a hint. Client certificates (`sslcert`, `sslkey`) and `sslmode=allow` are refused by
+//! [`PostgresBackendBuilder::build`]. TLS is part of the `postgres` feature rather than a
+//! feature of its own: a connection to a hosted database needs it, and `rustls` with `ring`
+//! is already in the default build (the MongoDB driver uses them).
+//!
+//! # Statement and lock timeouts
+//! Every pooled connection runs with `statement_timeout` (default
+//! [`DEFAULT_STATEMENT_TIMEOUT`], [`PostgresBackendBuilder::statement_timeout`]) and
+//! `lock_timeout` (three quarters of it), set once when the pool opens the connection. A lock statement waits for the row lock of its name, which
+//! other lock statements hold for microseconds; a session that keeps the row locked (a
+//! `SELECT ... FOR UPDATE` in a transaction left open, a stuck migration) would otherwise
+//! block the statement, and the pooled connection under it, for as long as that session
+//! lives. With the timeouts the server cancels the statement instead, and the operation
+//! returns [`Error::Unavailable`](crate::Error) saying which timeout fired (the core retries it
+//! within the caller's budget: an extension until the lease's local deadline). Keep the
+//! timeout well below the shortest lease TTL you use, so that an extension blocked by such a
+//! session has time to fail and be retried before the lease's deadline.
 //!
 //! # The lock table
 //! One row per lock name, in a configurable schema and table (default
@@ -125,13 +154,17 @@ mod listen;
 mod ops;
 mod schema;
 
+mod tls;
+
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
 
 use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LockBackend, LockInfo,
@@ -139,6 +172,8 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use listen::Listener;
 use schema::Schema;
+
+pub use tls::SslMode;
 
 /// The client configuration type ([`tokio_postgres::Config`]), for
 /// [`PostgresBackend::builder_with_config`] without a direct dependency on `tokio-postgres`.
@@ -161,6 +196,9 @@ pub const DEFAULT_POOL_SIZE: usize = 8;
 
 /// Connect timeout used when the connection string sets none.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default `statement_timeout` and `lock_timeout` of the pooled connections.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long cleanup waits for the table lock before giving up until next time.
 const CLEANUP_LOCK_TIMEOUT: &str = "2s";
@@ -209,7 +247,10 @@ impl std::fmt::Debug for PostgresBackend {
 #[must_use]
 #[derive(Debug)]
 pub struct PostgresBackendBuilder {
-    config: std::result::Result<tokio_postgres::Config, String>,
+    config: Result<tokio_postgres::Config>,
+    ssl_mode: Option<SslMode>,
+    ssl_root_cert: Option<tls::RootCert>,
+    statement_timeout: Option<Duration>,
     schema: String,
     table: String,
     pool_size: usize,
@@ -260,17 +301,44 @@ impl PostgresBackendBuilder {
         self
     }
 
+    /// Whether and how to use TLS; overrides the connection string's `sslmode` (default: the
+    /// connection string's, else [`SslMode::Prefer`], as libpq). See the
+    /// [module docs](self#tls).
+    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
+        self.ssl_mode = Some(mode);
+        self
+    }
+
+    /// A PEM file with the root certificates the server's certificate must chain to (libpq's
+    /// `sslrootcert`); overrides the connection string's. Needed by
+    /// [`SslMode::VerifyCa`] and [`SslMode::VerifyFull`] unless `~/.postgresql/root.crt`
+    /// exists; with [`SslMode::Prefer`] or [`SslMode::Require`] it turns the chain check on.
+    pub fn ssl_root_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ssl_root_cert = Some(tls::RootCert::File(path.into()));
+        self
+    }
+
+    /// `statement_timeout` of the pooled connections (default [`DEFAULT_STATEMENT_TIMEOUT`],
+    /// 5 s; whole milliseconds, at least 1 ms), with `lock_timeout` at three quarters of it:
+    /// how long one lock statement may run, and wait for a row or table lock, before the
+    /// server cancels it, which the operation reports as [`Error::Unavailable`] naming the
+    /// timeout. `None` leaves the server's settings.
+    /// Keep it well below the shortest lease TTL (see the [module docs](self#statement-and-lock-timeouts)).
+    pub fn statement_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
     /// Validates the options and builds the backend. Connects to nothing: the pool connects
     /// on first use.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for an unparsable connection string, one that requires TLS
-    /// (`sslmode=require`, not supported yet), a bad schema or table name, a zero pool size or
-    /// a zero cleanup period.
+    /// [`Error::InvalidOptions`] for an unparsable connection string, an unsupported TLS
+    /// parameter (`sslmode=allow`, client certificates), `verify-ca`/`verify-full` without
+    /// root certificates, an unreadable `sslrootcert`, a bad schema or table name, a zero pool
+    /// size, a zero cleanup period or a statement timeout under 1 ms.
     pub fn build(self) -> Result<PostgresBackend> {
-        let mut config = self
-            .config
-            .map_err(|reason| Error::invalid_option("url", reason))?;
+        let mut config = self.config?;
         schema::validate("schema", &self.schema, schema::MAX_SCHEMA_LEN)?;
         schema::validate("table", &self.table, schema::MAX_TABLE_LEN)?;
         if self.pool_size == 0 {
@@ -285,13 +353,22 @@ impl PostgresBackendBuilder {
                 "a zero period would run cleanup without pause; use None to turn it off",
             ));
         }
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(Error::invalid_option(
-                "url",
-                "sslmode=require asks for TLS, which the PostgreSQL backend does not support \
-                 yet; connect without it (sslmode=disable or prefer) over a trusted network",
-            ));
-        }
+        let timeout_ms = match self.statement_timeout {
+            Some(t) if t.as_millis() == 0 => {
+                return Err(Error::invalid_option(
+                    "statement_timeout",
+                    "PostgreSQL counts timeouts in whole milliseconds and 0 turns them off; \
+                     use at least 1 ms, or None to leave the server's settings",
+                ))
+            }
+            Some(t) => Some(
+                u64::try_from(t.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .min(i32::MAX as u64),
+            ),
+            None => None,
+        };
+        let tls = tls::connector(&mut config, self.ssl_mode, self.ssl_root_cert.as_ref())?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
         }
@@ -304,12 +381,25 @@ impl PostgresBackendBuilder {
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(manager)
+        let mut pool = Pool::builder(manager);
+        if let Some(ms) = timeout_ms {
+            // A lock wait ends a little before the statement would, so that it is reported as
+            // what it is (a lock held elsewhere) rather than as a slow statement.
+            let lock_ms = (ms * 3 / 4).max(1);
+            let set = format!("SET statement_timeout = {ms}; SET lock_timeout = {lock_ms}");
+            pool = pool.post_create(Hook::async_fn(move |client, _| {
+                let set = set.clone();
+                Box::pin(
+                    async move { client.batch_execute(&set).await.map_err(HookError::Backend) },
+                )
+            }));
+        }
+        let pool = pool
             .max_size(self.pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(timeout))
@@ -325,7 +415,12 @@ impl PostgresBackendBuilder {
             listen_config.get_application_name().unwrap_or("mongolock")
         );
         listen_config.application_name(&listen_name);
-        let listener = Listener::new(listen_config, schema.channel.clone(), self.notifications);
+        let listener = Listener::new(
+            listen_config,
+            tls,
+            schema.channel.clone(),
+            self.notifications,
+        );
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 pool,
@@ -346,24 +441,37 @@ impl PostgresBackend {
     /// (`postgres://user:password@host:5432/db?connect_timeout=5`) or key-value pairs
     /// (`host=localhost user=app dbname=app`). It is parsed by
     /// [`build`](PostgresBackendBuilder::build).
+    ///
+    /// Besides what [`tokio_postgres::Config`] parses, it takes libpq's `sslmode=verify-ca`,
+    /// `sslmode=verify-full` and `sslrootcert` (see the [module docs](self#tls)).
     pub fn builder(url: impl AsRef<str>) -> PostgresBackendBuilder {
-        let config = url
-            .as_ref()
-            .parse::<tokio_postgres::Config>()
-            .map_err(|e| format!("not a PostgreSQL connection string: {e}"));
-        Self::builder_inner(config)
+        let (config, params) = match tls::split_params(url.as_ref()) {
+            Ok((rest, params)) => (
+                rest.parse::<tokio_postgres::Config>().map_err(|e| {
+                    Error::invalid_option("url", format!("not a PostgreSQL connection string: {e}"))
+                }),
+                params,
+            ),
+            Err(e) => (Err(e), tls::TlsParams::default()),
+        };
+        let mut builder = Self::builder_inner(config);
+        builder.ssl_mode = params.mode;
+        builder.ssl_root_cert = params.root_cert;
+        builder
     }
 
-    /// Starts building a backend from a parsed client configuration.
+    /// Starts building a backend from a parsed client configuration (its `sslmode` is used
+    /// unless [`PostgresBackendBuilder::ssl_mode`] says otherwise).
     pub fn builder_with_config(config: tokio_postgres::Config) -> PostgresBackendBuilder {
         Self::builder_inner(Ok(config))
     }
 
-    fn builder_inner(
-        config: std::result::Result<tokio_postgres::Config, String>,
-    ) -> PostgresBackendBuilder {
+    fn builder_inner(config: Result<tokio_postgres::Config>) -> PostgresBackendBuilder {
         PostgresBackendBuilder {
             config,
+            ssl_mode: None,
+            ssl_root_cert: None,
+            statement_timeout: Some(DEFAULT_STATEMENT_TIMEOUT),
             schema: DEFAULT_SCHEMA.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
             pool_size: DEFAULT_POOL_SIZE,
