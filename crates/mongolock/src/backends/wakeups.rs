@@ -45,6 +45,15 @@ pub(crate) enum Change {
     Unknown,
 }
 
+/// A [`Change::Lease`] (for tests).
+#[cfg(test)]
+pub(crate) fn lease(id: Option<&str>, token: Option<u64>) -> Change {
+    Change::Lease {
+        lease_id: id.map(str::to_owned),
+        token,
+    }
+}
+
 /// Notification state of a hub (one per backend).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -472,10 +481,7 @@ mod tests {
     #[tokio::test]
     async fn replace_events_showing_the_known_lease_wake_nobody() {
         let hub = Hub::new(Status::Live);
-        let lease = |id: Option<&str>, t: u64| Change::Lease {
-            lease_id: id.map(str::to_owned),
-            token: Some(t),
-        };
+        let lease = |id: Option<&str>, t: u64| lease(id, Some(t));
         // The first event about a name is news (nothing known yet).
         let w = hub.change_waiter("x");
         dispatch_unless_known(&hub, "x", lease(Some("a"), 1));

@@ -716,16 +716,10 @@ fn log_unavailable(ns: &str, e: &mongodb::error::Error) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backends::wakeups::lease;
 
     fn interpret_names(ev: &Document) -> Event<'_> {
         interpret(ev, &Target::Names)
-    }
-
-    fn lease(id: Option<&str>, token: Option<u64>) -> Change {
-        Change::Lease {
-            lease_id: id.map(str::to_owned),
-            token,
-        }
     }
 
     #[test]

@@ -276,13 +276,7 @@ impl<F: Feed> Notifier<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lease(id: Option<&str>, token: Option<u64>) -> Change {
-        Change::Lease {
-            lease_id: id.map(str::to_owned),
-            token,
-        }
-    }
+    use crate::backends::wakeups::lease;
 
     #[test]
     fn holders_judge_changes_by_lease_id_and_token() {

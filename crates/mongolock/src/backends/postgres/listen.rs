@@ -213,13 +213,7 @@ async fn open(config: &Config, channel: &str) -> Result<Open, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lease(id: Option<&str>, token: Option<u64>) -> Change {
-        Change::Lease {
-            lease_id: id.map(str::to_owned),
-            token,
-        }
-    }
+    use crate::backends::wakeups::lease;
 
     #[test]
     fn payloads_are_parsed() {
