@@ -388,33 +388,6 @@ async fn demo_runs_and_exits_zero() {
 }
 
 /// Runs mongolock with `uri` and checks for one clean error line.
-async fn assert_clean_failure(uri: &str, expect: &str) {
-    let started = Instant::now();
-    let child = Command::new(BIN)
-        .args(["--uri", uri, "list"])
-        .env_remove("MONGODB_URI")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let out = finish(child, Duration::from_secs(30)).await;
-    assert_eq!(out.status.code(), Some(1), "{uri}: {}", describe(&out));
-    let stderr = text(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{uri}: one line expected: {stderr}");
-    assert!(lines[0].starts_with("mongolock: "), "{stderr}");
-    assert!(
-        lines[0].contains(expect),
-        "{uri}: expected {expect:?} in {stderr}"
-    );
-    assert!(!stderr.contains("secretpw"), "password leaked: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(out.stdout.is_empty());
-    assert!(started.elapsed() < Duration::from_secs(20));
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_uris_and_unreachable_servers_fail_with_one_clean_line() {
     // A port with nothing listening.
