@@ -11,46 +11,12 @@ use std::time::{Duration, Instant};
 use common::*;
 use mongo_testserver::TestServer;
 use serde_json::Value;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn six_exec_processes_never_overlap_and_tokens_strictly_increase() {
     let env = Env::new("six").await;
-    // Inside the lock: claim a directory that must not exist, record the token, hold briefly.
-    let script = "mkdir \"$D/held\" || { echo OVERLAP; exit 99; }; \
-                  echo \"$MONGOLOCK_NAME $MONGOLOCK_FENCING_TOKEN\" >> \"$D/tokens\"; \
-                  sleep 0.2; rmdir \"$D/held\"";
-    let children: Vec<Child> = (0..6)
-        .map(|_| {
-            env.spawn(&[
-                "exec",
-                "--ttl",
-                "10s",
-                "shared-job",
-                "--",
-                "sh",
-                "-c",
-                script,
-            ])
-        })
-        .collect();
-    for child in children {
-        let out = finish(child, LONG).await;
-        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-        assert!(!text(&out.stdout).contains("OVERLAP"), "{}", describe(&out));
-    }
-    let lines = read_lines(&env.path("tokens"));
-    assert_eq!(lines.len(), 6, "{lines:?}");
-    let tokens: Vec<u64> = lines
-        .iter()
-        .map(|l| {
-            let (name, token) = l.split_once(' ').expect("name and token");
-            assert_eq!(name, "shared-job");
-            token.parse().expect("numeric token")
-        })
-        .collect();
-    // Lines were appended inside the critical section, so the file order is the holding order.
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    exec_processes_never_overlap(&env, 6, "shared-job").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -345,24 +311,7 @@ async fn elect_runs_the_command_only_while_leader_and_campaigns_again_after_a_lo
     let script = "id=$1; echo \"$id $MONGOLOCK_FENCING_TOKEN\" >> \"$D/leaders\"; \
                   trap 'echo \"$id stopped\" >> \"$D/events\"; exit 143' TERM; \
                   while [ -d \"$D\" ] && [ ! -f \"$D/stop-$id\" ]; do sleep 0.05; done";
-    let mut electors: Vec<(String, Option<Child>)> = ["one", "two"]
-        .iter()
-        .map(|id| {
-            let child = env.spawn(&[
-                "elect",
-                "--ttl",
-                "3s",
-                "scheduler",
-                "--",
-                "sh",
-                "-c",
-                script,
-                "sh",
-                id,
-            ]);
-            ((*id).to_owned(), Some(child))
-        })
-        .collect();
+    let mut electors = spawn_electors(&env, script);
     let leaders = env.path("leaders");
     wait_for("a first leader", LONG, || read_lines(&leaders).len() == 1).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -387,14 +336,7 @@ async fn elect_runs_the_command_only_while_leader_and_campaigns_again_after_a_lo
         let n = read_lines(&leaders).len();
         let current = read_lines(&leaders)[n - 1].clone();
         let id = current.split(' ').next().expect("id").to_owned();
-        std::fs::write(env.path(&format!("stop-{id}")), "").expect("stop file");
-        let child = electors
-            .iter_mut()
-            .find(|(i, _)| *i == id)
-            .and_then(|(_, c)| c.take())
-            .expect("the leader's elector is running");
-        let out = finish(child, LONG).await;
-        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let out = stop_elector(&env, &mut electors, &id).await;
         assert!(
             text(&out.stderr).contains("elected leader"),
             "{}",
@@ -446,33 +388,6 @@ async fn demo_runs_and_exits_zero() {
 }
 
 /// Runs mongolock with `uri` and checks for one clean error line.
-async fn assert_clean_failure(uri: &str, expect: &str) {
-    let started = Instant::now();
-    let child = Command::new(BIN)
-        .args(["--uri", uri, "list"])
-        .env_remove("MONGODB_URI")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let out = finish(child, Duration::from_secs(30)).await;
-    assert_eq!(out.status.code(), Some(1), "{uri}: {}", describe(&out));
-    let stderr = text(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{uri}: one line expected: {stderr}");
-    assert!(lines[0].starts_with("mongolock: "), "{stderr}");
-    assert!(
-        lines[0].contains(expect),
-        "{uri}: expected {expect:?} in {stderr}"
-    );
-    assert!(!stderr.contains("secretpw"), "password leaked: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(out.stdout.is_empty());
-    assert!(started.elapsed() < Duration::from_secs(20));
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_uris_and_unreachable_servers_fail_with_one_clean_line() {
     // A port with nothing listening.

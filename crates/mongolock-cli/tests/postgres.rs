@@ -6,139 +6,65 @@
 #[path = "../../mongolock/tests/pg/mod.rs"]
 mod pg;
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::*;
 use serde_json::Value;
-use tokio::process::{Child, Command};
-
-const BIN: &str = env!("CARGO_BIN_EXE_mongolock");
-const LONG: Duration = Duration::from_secs(60);
+use tokio::process::Command;
 
 /// One test's server URL, lock table and scratch directory (`$D` for the commands).
-struct Env {
+struct PgEnv {
     url: String,
     table: String,
     dir: PathBuf,
 }
 
-impl Env {
+impl PgEnv {
     /// `None` (after printing why) when no PostgreSQL is available: the test skips.
-    fn new(test: &str) -> Option<Env> {
+    fn new(test: &str) -> Option<PgEnv> {
         let url = pg::url()?;
         let table = pg::unique_table(test);
         let dir = std::env::temp_dir().join(format!("mongolock-cli-pg-{table}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the test directory");
-        Some(Env { url, table, dir })
-    }
-
-    fn spawn(&self, args: &[&str]) -> Child {
-        Command::new(BIN)
-            .arg("--uri")
-            .arg(&self.url)
-            .arg("--collection")
-            .arg(&self.table)
-            .args(args)
-            .env("D", &self.dir)
-            .env_remove("MONGODB_URI")
-            .env_remove("MONGOLOCK_DB")
-            .env_remove("MONGOLOCK_COLLECTION")
-            .env_remove("MONGOLOCK_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn mongolock")
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        finish(self.spawn(args), LONG).await
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
+        Some(PgEnv { url, table, dir })
     }
 }
 
-impl Drop for Env {
+impl Cli for PgEnv {
+    /// `mongolock --uri postgres://.. --collection <table> ARGS`.
+    fn cmd(&self, args: &[&str]) -> Command {
+        command(&self.url, &["--collection", &self.table], &self.dir, args)
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for PgEnv {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-async fn finish(child: Child, timeout: Duration) -> Output {
-    tokio::time::timeout(timeout, child.wait_with_output())
-        .await
-        .expect("mongolock did not finish in time")
-        .expect("wait for mongolock")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn describe(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    )
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn read_lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
-fn read_token(path: &Path) -> u64 {
-    std::fs::read_to_string(path)
-        .expect("token file")
-        .trim()
-        .parse()
-        .expect("a numeric fencing token")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_processes_never_overlap_and_tokens_strictly_increase() {
-    let Some(env) = Env::new("exec") else { return };
-    let script = "mkdir \"$D/held\" || { echo OVERLAP; exit 99; }; \
-                  echo \"$MONGOLOCK_FENCING_TOKEN\" >> \"$D/tokens\"; \
-                  sleep 0.2; rmdir \"$D/held\"";
-    let children: Vec<Child> = (0..4)
-        .map(|_| env.spawn(&["exec", "--ttl", "10s", "job", "--", "sh", "-c", script]))
-        .collect();
-    for child in children {
-        let out = finish(child, LONG).await;
-        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-        assert!(!text(&out.stdout).contains("OVERLAP"), "{}", describe(&out));
-    }
-    let tokens: Vec<u64> = read_lines(&env.path("tokens"))
-        .iter()
-        .map(|l| l.parse().expect("numeric token"))
-        .collect();
-    assert_eq!(tokens.len(), 4, "{tokens:?}");
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let Some(env) = PgEnv::new("exec") else {
+        return;
+    };
+    exec_processes_never_overlap(&env, 4, "job").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn list_inspect_and_force_release_work_and_the_holder_learns_of_it() {
-    let Some(env) = Env::new("list") else { return };
+    let Some(env) = PgEnv::new("list") else {
+        return;
+    };
     let script = "trap 'echo term > \"$D/term\"; exit 0' TERM; \
                   echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; mv \"$D/a.tmp\" \"$D/a\"; \
                   while [ -d \"$D\" ]; do sleep 0.05; done";
@@ -217,28 +143,13 @@ async fn list_inspect_and_force_release_work_and_the_holder_learns_of_it() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn elect_has_one_leader_at_a_time_and_hands_over() {
-    let Some(env) = Env::new("elect") else { return };
+    let Some(env) = PgEnv::new("elect") else {
+        return;
+    };
     let script = "id=$1; echo \"$id $MONGOLOCK_FENCING_TOKEN\" >> \"$D/leaders\"; \
                   trap 'exit 143' TERM; \
                   while [ -d \"$D\" ] && [ ! -f \"$D/stop-$id\" ]; do sleep 0.05; done";
-    let mut electors: Vec<(String, Option<Child>)> = ["one", "two"]
-        .iter()
-        .map(|id| {
-            let child = env.spawn(&[
-                "elect",
-                "--ttl",
-                "3s",
-                "scheduler",
-                "--",
-                "sh",
-                "-c",
-                script,
-                "sh",
-                id,
-            ]);
-            ((*id).to_owned(), Some(child))
-        })
-        .collect();
+    let mut electors = spawn_electors(&env, script);
     let leaders = env.path("leaders");
     wait_for("a first leader", LONG, || read_lines(&leaders).len() == 1).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -247,14 +158,7 @@ async fn elect_has_one_leader_at_a_time_and_hands_over() {
     for round in 0..2 {
         let lines = read_lines(&leaders);
         let id = lines[round].split(' ').next().expect("id").to_owned();
-        std::fs::write(env.path(&format!("stop-{id}")), "").expect("stop file");
-        let child = electors
-            .iter_mut()
-            .find(|(i, _)| *i == id)
-            .and_then(|(_, c)| c.take())
-            .expect("the leader's elector is running");
-        let out = finish(child, LONG).await;
-        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        stop_elector(&env, &mut electors, &id).await;
         if round == 0 {
             wait_for("the next leader", LONG, || read_lines(&leaders).len() == 2).await;
         }
@@ -282,30 +186,9 @@ async fn bad_postgres_uris_and_unreachable_servers_fail_with_one_clean_line() {
             "invalid PostgreSQL URI".to_owned(),
         ),
     ] {
-        let started = Instant::now();
-        let child = Command::new(BIN)
-            .args(["--uri", &uri, "list"])
-            .env_remove("MONGODB_URI")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn");
-        let out = finish(child, Duration::from_secs(30)).await;
-        assert_eq!(out.status.code(), Some(1), "{uri}: {}", describe(&out));
-        let stderr = text(&out.stderr);
-        let lines: Vec<&str> = stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "{uri}: one line expected: {stderr}");
-        assert!(lines[0].starts_with("mongolock: "), "{stderr}");
-        assert!(
-            lines[0].contains(&expect),
-            "{uri}: expected {expect:?} in {stderr}"
-        );
-        assert!(!stderr.contains("secretpw"), "password leaked: {stderr}");
-        assert!(started.elapsed() < Duration::from_secs(20));
+        assert_clean_failure(&uri, &expect).await;
     }
-    let Some(env) = Env::new("badtable") else {
+    let Some(env) = PgEnv::new("badtable") else {
         return;
     };
     let out = Command::new(BIN)

@@ -72,9 +72,11 @@
 //! * `PostgresBackend` (feature `postgres`, `backends/postgres/`: one statement per operation,
 //!   LISTEN/NOTIFY wake-ups in `listen.rs`).
 //! * `testing` (feature `testing`): the contract suite every backend runs, not API-stable.
-//! * Change notifications: the MongoDB change stream (`backends/mongo/watch.rs`: one per
-//!   backend, fallback, resume, loss detection) and the per-name wake-ups it shares with the
-//!   memory backend (`backends/wakeups.rs`: one waiter per change, no stampede).
+//! * Change notifications: one notification core (`backends/notify/`: held leases and loss
+//!   detection, the subscription task with fallback, resubscription and re-checks) fed by the
+//!   MongoDB change stream (`backends/mongo/watch.rs`) or the PostgreSQL `LISTEN` connection
+//!   (`backends/postgres/listen.rs`), and the per-name wake-ups it shares with the memory
+//!   backend (`backends/wakeups.rs`: one waiter per change, no stampede).
 //!
 //! Requires a Tokio runtime with the time driver enabled (`#[tokio::main]` has it).
 

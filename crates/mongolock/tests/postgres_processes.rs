@@ -1,298 +1,54 @@
 //! Several OS processes contending for one lock on PostgreSQL, and a holder killed with
-//! SIGKILL (the PostgreSQL twin of `processes.rs`).
-//!
-//! The helper processes are this test binary itself: `child_entry` is an ordinary test that does
-//! nothing unless `MONGOLOCK_TEST_CHILD` is set; the parent tests run the binary again with
-//! `child_entry --exact` and that variable. This needs no extra build targets, so it works in a
-//! plain `cargo test` on a fresh clone.
+//! SIGKILL (the shared harness in `contention/`, which `processes.rs` runs on MongoDB).
 
+mod contention;
 mod pg;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
+use std::sync::Arc;
 
-use mongolock::{LockProvider, PostgresBackend, WaitStrategy};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::time::Instant;
+use contention::{env, Setup};
+use mongolock::{LockBackend, PostgresBackend};
 
-const CHILD_ENV: &str = "MONGOLOCK_TEST_CHILD";
-
-fn unique(prefix: &str) -> String {
-    pg::unique_table(prefix)
-}
-
-/// Where the processes meet: a server URL and a table.
-struct Target {
-    url: String,
-    table: String,
-}
-
-/// The shared server (or `POSTGRES_URL`) and a fresh table; `None` skips (reason printed).
-fn target() -> Option<Target> {
-    Some(Target {
-        url: pg::url()?,
-        table: unique("locks"),
-    })
-}
-
-fn backend(url: &str, table: &str) -> PostgresBackend {
-    PostgresBackend::builder(url).table(table).build().unwrap()
-}
-
-fn env(key: &str) -> String {
-    std::env::var(key).unwrap_or_else(|_| panic!("child process needs {key}"))
-}
-
-/// A provider from the parameters the parent passed in the environment.
-async fn child_provider() -> LockProvider {
-    let backend = backend(&env("MONGOLOCK_PG_URL"), &env("MONGOLOCK_TABLE"));
-    let expiry_ms: u64 = env("MONGOLOCK_EXPIRY_MS").parse().unwrap();
-    LockProvider::builder(backend)
-        .expiry(Duration::from_millis(expiry_ms))
-        .wait_strategy(WaitStrategy::random_sleep(
-            Duration::from_millis(1),
-            Duration::from_millis(20),
-        ))
-        .app_name(format!("child-{}", std::process::id()))
-        .build()
-        .unwrap()
+fn backend(url: &str, table: &str) -> Arc<dyn LockBackend> {
+    Arc::new(PostgresBackend::builder(url).table(table).build().unwrap())
 }
 
 /// Entry point of the helper processes; a no-op in a normal test run.
 #[test]
 fn child_entry() {
-    let Ok(mode) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    // `RUST_LOG=mongolock=debug` shows what the helpers do (on stderr).
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .try_init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        match mode.as_str() {
-            "contend" => contend().await,
-            "hold" => hold().await,
-            other => panic!("unknown child mode {other}"),
-        }
+    contention::child_entry(|| async {
+        backend(&env("MONGOLOCK_PG_URL"), &env("MONGOLOCK_TABLE"))
     });
 }
 
-/// Acquires the lock `rounds` times; inside, a non-atomic read-modify-write of a shared file
-/// and an "inside" marker that must not exist already.
-async fn contend() {
-    let provider = child_provider().await;
-    let lock = provider.lock(env("MONGOLOCK_NAME")).unwrap();
-    let dir = PathBuf::from(env("MONGOLOCK_DIR"));
-    let rounds: u32 = env("MONGOLOCK_ROUNDS").parse().unwrap();
-    for _ in 0..rounds {
-        let guard = lock.acquire().await.unwrap();
-        let marker = dir.join("inside");
-        if std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&marker)
-            .is_err()
-        {
-            println!("OVERLAP");
-            std::process::exit(3);
-        }
-        let counter: u64 = std::fs::read_to_string(dir.join("counter"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(3)).await;
-        std::fs::write(dir.join("counter"), (counter + 1).to_string()).unwrap();
-        let mut tokens = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(dir.join("tokens"))
-            .unwrap();
-        writeln!(tokens, "{}", guard.fencing_token()).unwrap();
-        drop(tokens);
-        std::fs::remove_file(&marker).unwrap();
-        assert!(!guard.is_lost(), "lease lost inside the critical section");
-        guard.release().await.unwrap();
-    }
-    println!("DONE");
-}
-
-/// Acquires the lock, reports it, and holds it (with automatic extension) until killed.
-async fn hold() {
-    let provider = child_provider().await;
-    let guard = provider
-        .lock(env("MONGOLOCK_NAME"))
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
-    println!("HELD {} {}", guard.fencing_token(), guard.lease_id());
-    std::io::stdout().flush().unwrap();
-    loop {
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-    }
-}
-
-fn spawn_child(mode: &str, t: &Target, name: &str, extra: &[(&str, String)]) -> Child {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = Command::new(exe);
-    cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, mode)
-        .env("MONGOLOCK_PG_URL", &t.url)
-        .env("MONGOLOCK_TABLE", &t.table)
-        .env("MONGOLOCK_NAME", name)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("spawn helper process")
-}
-
-fn scratch_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(unique("mongolock-pg-processes"));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn read_tokens(dir: &Path) -> Vec<u64> {
-    std::fs::read_to_string(dir.join("tokens"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect()
+/// The shared server (or `POSTGRES_URL`) and a fresh table; `None` skips (reason printed).
+fn setup() -> Option<(String, String, Setup)> {
+    let url = pg::url()?;
+    let table = pg::unique_table("locks");
+    let setup = Setup {
+        env: vec![
+            ("MONGOLOCK_PG_URL", url.clone()),
+            ("MONGOLOCK_TABLE", table.clone()),
+        ],
+        label: format!("table {table}"),
+    };
+    Some((url, table, setup))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_contend_without_overlap() {
-    const PROCESSES: usize = 4;
-    const ROUNDS: usize = 15;
-    let Some(t) = target() else { return };
-    let name = unique("shared");
-    let dir = scratch_dir();
-    std::fs::write(dir.join("counter"), "0").unwrap();
-    let extra = [
-        ("MONGOLOCK_DIR", dir.display().to_string()),
-        ("MONGOLOCK_ROUNDS", ROUNDS.to_string()),
-        ("MONGOLOCK_EXPIRY_MS", "10000".to_string()),
-    ];
-    let children: Vec<Child> = (0..PROCESSES)
-        .map(|_| spawn_child("contend", &t, &name, &extra))
-        .collect();
-    for child in children {
-        let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
-            .await
-            .expect("helper process finished")
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            !stdout.contains("OVERLAP"),
-            "two processes were inside at once (table {}, lock {name}): {stdout}",
-            t.table
-        );
-        assert!(
-            out.status.success() && stdout.contains("DONE"),
-            "helper failed: {stdout}"
-        );
-    }
-    let counter: usize = std::fs::read_to_string(dir.join("counter"))
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert_eq!(
-        counter,
-        PROCESSES * ROUNDS,
-        "lost updates: the lock did not exclude"
-    );
-    let tokens = read_tokens(&dir);
-    assert_eq!(tokens.len(), PROCESSES * ROUNDS);
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens must strictly grow in critical-section order: {tokens:?}"
-    );
-    std::fs::remove_dir_all(&dir).ok();
+    let Some((_, _, setup)) = setup() else { return };
+    contention::four_processes_contend_without_overlap(&setup).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holder_is_replaced_only_after_its_lease_expires() {
-    const EXPIRY: Duration = Duration::from_secs(2);
-    let Some(t) = target() else { return };
-    let name = unique("crashy");
-    let mut child = spawn_child(
-        "hold",
-        &t,
-        &name,
-        &[("MONGOLOCK_EXPIRY_MS", EXPIRY.as_millis().to_string())],
-    );
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let held = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            // libtest prints "test child_entry ... " without a newline first.
-            if let Some((_, rest)) = line.split_once("HELD ") {
-                return rest.to_owned();
-            }
-        }
-        panic!("helper exited without holding the lock");
-    })
-    .await
-    .expect("helper acquired the lock");
-    let mut parts = held.split_whitespace();
-    let child_token: u64 = parts.next().unwrap().parse().unwrap();
-    let child_lease = parts.next().unwrap().to_owned();
-
-    let backend = backend(&t.url, &t.table);
-    let provider = LockProvider::builder(backend)
-        .wait_strategy(WaitStrategy::random_sleep(
-            Duration::from_millis(5),
-            Duration::from_millis(50),
-        ))
-        .build()
-        .unwrap();
-    // Keep the holder alive for longer than its expiry: automatic extension keeps others out.
-    let lock = provider.lock(name.clone()).unwrap();
-    assert!(lock
-        .acquire_timeout(EXPIRY + EXPIRY / 2)
-        .await
-        .unwrap()
-        .is_none());
-
-    child.kill().await.unwrap(); // SIGKILL on Unix: no release, no further extensions
-    let killed_at = Instant::now();
-    let info = provider.inspect(&name).await.unwrap().unwrap();
-    assert_eq!(
-        info.lease_id.as_ref().map(|l| l.as_str()),
-        Some(child_lease.as_str())
-    );
-    let last_expiry = info.expires_at.unwrap();
-
-    let guard = lock
-        .acquire_timeout(Duration::from_secs(30))
-        .await
-        .unwrap()
-        .expect("the lock is free once the killed holder's lease expired");
-    assert!(
-        guard.acquired_at() >= last_expiry,
-        "taken over at {:?}, before the killed holder's lease expired at {last_expiry:?}",
-        guard.acquired_at()
-    );
-    assert!(
-        guard.fencing_token() > child_token,
-        "token {} after the killed holder's {child_token}",
-        guard.fencing_token()
-    );
-    assert!(
-        killed_at.elapsed() < EXPIRY + Duration::from_secs(10),
-        "failover took {:?}",
-        killed_at.elapsed()
-    );
-    guard.release().await.unwrap();
+    let Some((url, table, setup)) = setup() else {
+        return;
+    };
+    contention::a_killed_holder_is_replaced_only_after_its_lease_expires(
+        &setup,
+        backend(&url, &table),
+    )
+    .await;
 }

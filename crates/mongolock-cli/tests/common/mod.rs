@@ -1,7 +1,9 @@
 //! Helpers shared by the end-to-end tests: a test server (or the deployment in `MONGODB_URI`)
-//! per test, the real binary, polling.
+//! per test, the real binary, polling, and the scenarios that the MongoDB tests (`cli.rs`) and
+//! the PostgreSQL tests (`postgres.rs`) both run, on any [`Cli`] environment.
 #![allow(dead_code)] // each test binary uses a different subset
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -13,6 +15,51 @@ use tokio::process::{Child, Command};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mongolock");
 pub const LONG: Duration = Duration::from_secs(60);
+
+/// How a test runs the binary against its locks: [`Env`] (MongoDB), `PgEnv` in `postgres.rs`.
+pub trait Cli {
+    /// `mongolock` with the options that point it at this test's locks, then `args`; see
+    /// [`command`].
+    fn cmd(&self, args: &[&str]) -> Command;
+
+    /// The test's scratch directory (`$D` for the commands).
+    fn dir(&self) -> &Path;
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.cmd(args).spawn().expect("spawn mongolock")
+    }
+
+    fn run(&self, args: &[&str]) -> impl Future<Output = Output> {
+        let child = self.spawn(args);
+        finish(child, LONG)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir().join(name)
+    }
+}
+
+/// `mongolock --uri URI LOCATION.. ARGS`, in its own process group (never the terminal's
+/// foreground), with `D` = `dir` in its environment and none of the user's `MONGO*`
+/// variables.
+pub fn command(uri: &str, location: &[&str], dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--uri")
+        .arg(uri)
+        .args(location)
+        .args(args)
+        .env("D", dir)
+        .env_remove("MONGODB_URI")
+        .env_remove("MONGOLOCK_DB")
+        .env_remove("MONGOLOCK_COLLECTION")
+        .env_remove("MONGOLOCK_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    cmd
+}
 
 /// Where the locks live for one test.
 pub struct Env {
@@ -47,49 +94,25 @@ impl Env {
         }
     }
 
-    /// `mongolock --uri .. --db .. ARGS`, in its own process group (never the terminal's
-    /// foreground), with `D` = the test directory in its environment.
-    pub fn cmd(&self, args: &[&str]) -> Command {
-        self.cmd_with_uri(&self.uri, args)
-    }
-
-    /// [`Env::cmd`] connecting with the driver's application name `app`, which fail points can
+    /// [`Cli::cmd`] connecting with the driver's application name `app`, which fail points can
     /// single out.
     pub fn cmd_as(&self, app: &str, args: &[&str]) -> Command {
         self.cmd_with_uri(&with_app_name(&self.uri, app), args)
     }
 
     fn cmd_with_uri(&self, uri: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("--uri")
-            .arg(uri)
-            .arg("--db")
-            .arg(&self.db)
-            .args(args)
-            .env("D", &self.dir)
-            .env_remove("MONGODB_URI")
-            .env_remove("MONGOLOCK_DB")
-            .env_remove("MONGOLOCK_COLLECTION")
-            .env_remove("MONGOLOCK_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        cmd
+        command(uri, &["--db", &self.db], &self.dir, args)
+    }
+}
+
+impl Cli for Env {
+    /// `mongolock --uri .. --db .. ARGS`.
+    fn cmd(&self, args: &[&str]) -> Command {
+        self.cmd_with_uri(&self.uri, args)
     }
 
-    pub fn spawn(&self, args: &[&str]) -> Child {
-        self.cmd(args).spawn().expect("spawn mongolock")
-    }
-
-    pub async fn run(&self, args: &[&str]) -> Output {
-        let child = self.spawn(args);
-        finish(child, LONG).await
-    }
-
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
+    fn dir(&self) -> &Path {
+        &self.dir
     }
 }
 
@@ -164,7 +187,7 @@ pub fn kill_group_from_pidfile(pidfile: &Path) {
     }
 }
 
-pub async fn inspect_json(env: &Env, name: &str) -> Value {
+pub async fn inspect_json(env: &impl Cli, name: &str) -> Value {
     let out = env.run(&["inspect", name, "--json"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     serde_json::from_slice(&out.stdout).expect("inspect --json prints JSON")
@@ -191,4 +214,104 @@ pub fn with_app_name(uri: &str, app: &str) -> String {
     } else {
         format!("{uri}/?appName={app}")
     }
+}
+
+/// `processes` processes run `exec` on the lock `name` at once; inside the lock each claims a
+/// directory that must not exist and records the token: nobody overlaps, every command runs,
+/// and the tokens strictly grow in holding order.
+pub async fn exec_processes_never_overlap(env: &impl Cli, processes: usize, name: &str) {
+    // Inside the lock: claim a directory that must not exist, record the token, hold briefly.
+    let script = "mkdir \"$D/held\" || { echo OVERLAP; exit 99; }; \
+                  echo \"$MONGOLOCK_NAME $MONGOLOCK_FENCING_TOKEN\" >> \"$D/tokens\"; \
+                  sleep 0.2; rmdir \"$D/held\"";
+    let children: Vec<Child> = (0..processes)
+        .map(|_| env.spawn(&["exec", "--ttl", "10s", name, "--", "sh", "-c", script]))
+        .collect();
+    for child in children {
+        let out = finish(child, LONG).await;
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert!(!text(&out.stdout).contains("OVERLAP"), "{}", describe(&out));
+    }
+    let lines = read_lines(&env.path("tokens"));
+    assert_eq!(lines.len(), processes, "{lines:?}");
+    let tokens: Vec<u64> = lines
+        .iter()
+        .map(|l| {
+            let (lock, token) = l.split_once(' ').expect("name and token");
+            assert_eq!(lock, name);
+            token.parse().expect("numeric token")
+        })
+        .collect();
+    // Lines were appended inside the critical section, so the file order is the holding order.
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+/// Electors `one` and `two` for the role `scheduler` (TTL 3 s), each running `script` with its
+/// id as `$1`.
+pub fn spawn_electors(env: &impl Cli, script: &str) -> Vec<(String, Option<Child>)> {
+    ["one", "two"]
+        .iter()
+        .map(|id| {
+            let child = env.spawn(&[
+                "elect",
+                "--ttl",
+                "3s",
+                "scheduler",
+                "--",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                id,
+            ]);
+            ((*id).to_owned(), Some(child))
+        })
+        .collect()
+}
+
+/// Lets the command of elector `id` finish (it waits for `$D/stop-<id>`) and returns its
+/// elector's output, which must have exited 0.
+pub async fn stop_elector(
+    env: &impl Cli,
+    electors: &mut [(String, Option<Child>)],
+    id: &str,
+) -> Output {
+    std::fs::write(env.path(&format!("stop-{id}")), "").expect("stop file");
+    let child = electors
+        .iter_mut()
+        .find(|(i, _)| i == id)
+        .and_then(|(_, c)| c.take())
+        .expect("the leader's elector is running");
+    let out = finish(child, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    out
+}
+
+/// `mongolock --uri URI list` fails at once with exit status 1 and one clean line on stderr
+/// containing `expect` (no password, no panic, nothing on stdout).
+pub async fn assert_clean_failure(uri: &str, expect: &str) {
+    let started = Instant::now();
+    let child = Command::new(BIN)
+        .args(["--uri", uri, "list"])
+        .env_remove("MONGODB_URI")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let out = finish(child, Duration::from_secs(30)).await;
+    assert_eq!(out.status.code(), Some(1), "{uri}: {}", describe(&out));
+    let stderr = text(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{uri}: one line expected: {stderr}");
+    assert!(lines[0].starts_with("mongolock: "), "{stderr}");
+    assert!(
+        lines[0].contains(expect),
+        "{uri}: expected {expect:?} in {stderr}"
+    );
+    assert!(!stderr.contains("secretpw"), "password leaked: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert!(started.elapsed() < Duration::from_secs(20));
 }

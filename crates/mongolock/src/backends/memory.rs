@@ -8,8 +8,8 @@
 //!
 //! # Notifications
 //! Every grant, release and force-release of a name is delivered at once through the same
-//! per-name wake-ups the MongoDB backend uses for its change stream (`backends/wakeups.rs`):
-//! one waiting acquirer per change, every observer, and
+//! per-name wake-ups the MongoDB and PostgreSQL backends use for their feeds
+//! (`backends/wakeups.rs`): one waiting acquirer per change, every observer, and
 //! [`lease_gone`](crate::LockBackend::lease_gone) for holders, which checks the state directly.
 //! Notifications are always live, so waiters sleep until the holder's expiry.
 //!

@@ -7,8 +7,11 @@
 pub mod memory;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
+// The notification core of the backends that subscribe to changes (MongoDB, PostgreSQL).
+#[cfg(any(feature = "mongodb", feature = "postgres"))]
+pub(crate) mod notify;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-// Parts of the registry (stream status, transitions) serve only the MongoDB change-stream watcher.
-#[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
+// Parts of the registry (feed status, handoff designations) serve only the backends with a feed.
+#[cfg_attr(not(any(feature = "mongodb", feature = "postgres")), allow(dead_code))]
 pub(crate) mod wakeups;

@@ -1,5 +1,5 @@
 //! Per-name wake-ups for backends that learn of changes as they happen (the memory backend from
-//! its own writes, MongoDB from its change stream).
+//! its own writes, MongoDB and PostgreSQL from the feed of their notifier, `backends/notify/`).
 //!
 //! A [`Hub`] keeps a registry `name → NameState` holding, for one lock name:
 //!
@@ -43,6 +43,15 @@ pub(crate) enum Change {
     /// Something happened that the event does not describe (a delete, a dropped collection):
     /// whoever cares must read the lock again.
     Unknown,
+}
+
+/// A [`Change::Lease`] (for tests).
+#[cfg(test)]
+pub(crate) fn lease(id: Option<&str>, token: Option<u64>) -> Change {
+    Change::Lease {
+        lease_id: id.map(str::to_owned),
+        token,
+    }
 }
 
 /// Notification state of a hub (one per backend).
@@ -208,6 +217,21 @@ impl Hub {
         }
     }
 
+    /// Delivers a change of `name` read from a feed (or made by this backend itself): a grant
+    /// to every observer and the holders only ([`dispatch_grant`](Self::dispatch_grant)); any
+    /// other change to one acquirer as well, at once when `here` (the release's handoff
+    /// designated this process or nobody: [`dispatch`](Self::dispatch)), else only after
+    /// [`HANDOFF_FALLBACK`] ([`dispatch_handoff_elsewhere`](Self::dispatch_handoff_elsewhere)).
+    pub(crate) fn deliver(&self, name: &str, change: Change, here: bool) {
+        match &change {
+            Change::Lease {
+                lease_id: Some(_), ..
+            } => self.dispatch_grant(name, change),
+            _ if here => self.dispatch(name, change),
+            _ => self.dispatch_handoff_elsewhere(name, change),
+        }
+    }
+
     /// Delivers a change of `name`: one acquirer, every observer, the holders.
     pub(crate) fn dispatch(&self, name: &str, change: Change) {
         let mut names = self.names();
@@ -279,6 +303,7 @@ impl Hub {
     /// worst one acquirer retries once). A lease id is never granted again once it lost the
     /// name, so seeing the same lease again means the name was held throughout, or was held
     /// again by the time of the event: nobody waiting needs to retry.
+    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     pub(crate) fn is_news(&self, name: &str, change: &Change) -> bool {
         let mut names = self.names();
         let holds_lease = matches!(
@@ -456,10 +481,7 @@ mod tests {
     #[tokio::test]
     async fn replace_events_showing_the_known_lease_wake_nobody() {
         let hub = Hub::new(Status::Live);
-        let lease = |id: Option<&str>, t: u64| Change::Lease {
-            lease_id: id.map(str::to_owned),
-            token: Some(t),
-        };
+        let lease = |id: Option<&str>, t: u64| lease(id, Some(t));
         // The first event about a name is news (nothing known yet).
         let w = hub.change_waiter("x");
         dispatch_unless_known(&hub, "x", lease(Some("a"), 1));

@@ -16,9 +16,16 @@
 //! so it sees grants, releases, takeovers and deletions by others, but not extensions (they
 //! change only `expiresAt`) and no busy attempts (they write nothing). No `fullDocument: "updateLookup"`
 //! is needed: an update event carries the new `leaseId` (and the new token on a grant) as of the
-//! event. Each event is dispatched to the name's entry in a registry (`backends/wakeups.rs`),
-//! which holds only names that somebody in this process waits on or holds; the task ends when the
-//! last clone of the backend is dropped.
+//! event.
+//!
+//! The stream is the [`Feed`] of the backend's [`Notifier`], the notification core it shares
+//! with the PostgreSQL backend (`backends/notify/`): the core runs the task (started on first
+//! need, ended when the last clone of the backend is dropped), remembers the leases this
+//! backend granted, judges changes for holders, and does the fallback and resubscription
+//! bookkeeping. This module only opens the stream, reads its events and filters out (and
+//! reports in-process) this backend's own writes. Each event is delivered to the name's entry
+//! in the per-name registry (`backends/wakeups.rs`), which holds only names that somebody in
+//! this process waits on or holds.
 //!
 //! # Our own writes stay out of the stream (2 commands per uncontended acquire + release)
 //! An open stream always has one `getMore` waiting at the server; every event that passes the
@@ -81,12 +88,11 @@
 //! ([`wait_for_change`](crate::LockBackend::wait_for_change)) are all woken.
 //!
 //! # Early loss detection
-//! [`lease_gone`](crate::LockBackend::lease_gone) completes when an event shows the name with
-//! another lease id or none. Events can arrive late (an old release delivered after our grant),
-//! so a change that names a *token* is judged by it: below our token it is old news, at or
-//! above it the lease is gone. Changes without a token (a release, a delete, an insert of a new
-//! document) are checked with one read of the lock document. The backend remembers the token of
-//! every lease it granted until the lease is released.
+//! [`lease_gone`](crate::LockBackend::lease_gone) is the core's
+//! ([`Notifier::lease_gone`]): it completes when an event shows the name with another lease id
+//! or none, judging a change that names a *token* by it (below our token it is old news).
+//! Changes without a token (a release, a delete, an insert of a new document) are checked with
+//! one read of the lock document ([`Watcher::lease_gone_at`]: primary, majority read concern).
 //!
 //! # Document locks
 //! The same machinery serves [`DocumentLocks`](crate::documents::DocumentLocks) ([`Target`]):
@@ -98,46 +104,41 @@
 //! holders use it (document acquirers poll with their wait strategy).
 //!
 //! # Fallback and resume
+//! How the stream maps onto the core's rules (`backends/notify/feed.rs`):
 //! * Opening the stream fails with a non-resumable error (a standalone server answers 40573, a
-//!   missing `changeStream`/`find` privilege 13, old versions 40324/115, ...): the backend polls
-//!   with the configured wait strategy from then on, logs it once (`tracing`), and `lease_gone`
-//!   stays pending (loss is detected by extension and the local deadline).
-//! * A resumable error (network, failover, `ResumableChangeStreamError`): the driver resumes once
-//!   by itself; beyond that the task reopens the stream from its resume token (after a short
+//!   missing `changeStream`/`find` privilege 13, old versions 40324/115, ...):
+//!   [`OpenFailed::Unavailable`]. The backend polls with the configured wait strategy from then
+//!   on, logs it once (`tracing`), and `lease_gone` stays pending (loss is detected by extension
+//!   and the local deadline).
+//! * A resumable error (network, failover, `ResumableChangeStreamError`) or a `getMore` that
+//!   stalls for [`STALL_LIMIT`]: the driver resumes once by itself; beyond that the stream
+//!   breaks [`Broke::Resumable`] and the task reopens it from its resume token (after a short
 //!   backoff if it keeps failing), so no event is lost. While it cannot, waiters are woken and
 //!   poll with the wait strategy.
-//! * The resume token is refused (history lost, 286) or the stream fails otherwise, or the
-//!   collection was dropped (invalidate): the stream is reopened from now, and **every waiter is
-//!   woken to re-check** once it is open, since changes in between are unknown.
-//! * After every fresh open every waiter is woken once too: a release between the first
+//! * The resume token is refused (history lost, 286; [`OpenFailed::ResumeLost`]) or the stream
+//!   fails otherwise, or the collection was dropped (invalidate; the drop event already woke
+//!   every waiter and holder): [`Broke::Lost`], the stream is reopened from now, and once it is open
+//!   **every waiter is woken to re-check and every holder reads its lock once**, since changes
+//!   in between are unknown.
+//! * After the first open every waiter is woken once too: a release between the first
 //!   registration and the open could otherwise slip by.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::change_stream::ChangeStream;
 use mongodb::Collection;
-use tokio::sync::oneshot;
-use tokio::time::Instant;
 
 use super::document::{self, LAST_RELEASED, LEASE_ID, TOKEN};
 use super::errors;
 use super::queue::{Handoff, NEXT};
 use crate::backend::{ChangeWaiter, LeaseId};
-use crate::backends::wakeups::{Change, Hub, NameRef, Status};
-use crate::wait::WaitStrategy;
-
-/// Leases remembered for loss detection; beyond this (leaked guards), new grants are not
-/// remembered and their changes are checked with a read instead.
-const MAX_REMEMBERED_LEASES: usize = 1 << 20;
-
-/// A stream that broke sooner than this after opening is reopened after a backoff.
-const HEALTHY_AFTER: Duration = Duration::from_secs(1);
+use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
+use crate::backends::wakeups::{Change, Hub};
 
 /// How long the server holds an empty `getMore` open (`maxAwaitTimeMS`).
 const MAX_AWAIT: Duration = Duration::from_secs(1);
@@ -146,17 +147,8 @@ const MAX_AWAIT: Duration = Duration::from_secs(1);
 /// timeout would end it): the stream is resumed from its resume token on a new one.
 const STALL_LIMIT: Duration = Duration::from_secs(20);
 
-/// How long a stopped task keeps its cursor before dropping it (see [`retire`]).
+/// How long a stopped task keeps its cursor before dropping it (see [`ChangeFeed::retire`]).
 const RETIRE_AFTER: Duration = Duration::from_millis(200);
-
-/// A lease granted by this backend, remembered until it is released.
-struct Held {
-    /// Keeps the name's entry (and so its latest change) while the lease is held.
-    entry: NameRef,
-    token: u64,
-    /// The last change judged for this lease.
-    seen: u64,
-}
 
 /// What a stream watches: which documents are locks, how they are keyed in the registry and
 /// where their lease fields live.
@@ -184,55 +176,22 @@ const DOC_UPDATED: &str = "__mongolockLease";
 /// Computed by document-lock pipelines: `<field>` or `<field>.leaseId` among `removedFields`.
 const DOC_REMOVED: &str = "__mongolockRemoved";
 
-/// The shared change stream of one backend (or one set of document locks); see the
-/// [module docs](self).
+/// The shared change stream of one backend (or one set of document locks): the shared
+/// notification core fed by the stream, and what only MongoDB needs (the mark on its own lease
+/// ids, the read a holder makes); see the [module docs](self).
 pub(crate) struct Watcher {
-    hub: Arc<Hub>,
+    notifier: Notifier<ChangeFeed>,
     coll: Collection<Document>,
     target: Arc<Target>,
     /// The mark on this backend's own lease ids (see [`own_prefix`]).
     own: String,
-    /// The stream's pipeline.
-    pipeline: Arc<Vec<Document>>,
-    /// Dropping the sender (with the backend) stops the task.
-    task: Mutex<Option<oneshot::Sender<()>>>,
-    held: Mutex<HashMap<LeaseId, Held>>,
 }
 
 impl std::fmt::Debug for Watcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watcher")
-            .field("status", &self.hub.status())
-            .field("watched_names", &self.hub.watched_names())
+            .field("notifier", &self.notifier)
             .finish_non_exhaustive()
-    }
-}
-
-/// What a change means for a holder.
-#[derive(Debug, PartialEq, Eq)]
-enum Verdict {
-    /// Still ours (or old news).
-    Held,
-    /// Another lease id, or none, at or after our grant.
-    Gone,
-    /// Cannot tell from the event: read the document.
-    Check,
-}
-
-fn judge(change: &Change, ours: &LeaseId, our_token: Option<u64>) -> Verdict {
-    match change {
-        Change::Nothing => Verdict::Held,
-        Change::Unknown => Verdict::Check,
-        Change::Lease {
-            lease_id: Some(l), ..
-        } if l == ours.as_str() => Verdict::Held,
-        Change::Lease { token: Some(t), .. } => match our_token {
-            // A change from before our grant, delivered late.
-            Some(mine) if *t < mine => Verdict::Held,
-            Some(_) => Verdict::Gone,
-            None => Verdict::Check,
-        },
-        Change::Lease { token: None, .. } => Verdict::Check,
     }
 }
 
@@ -241,77 +200,44 @@ impl Watcher {
     pub(crate) fn new(coll: Collection<Document>, enabled: bool, target: Target) -> Watcher {
         let own = own_prefix();
         let pipeline = Arc::new(pipeline(&target, &own));
-        Watcher {
-            own,
-            pipeline,
-            hub: Hub::new(if enabled {
-                Status::Idle
-            } else {
-                Status::Unavailable
-            }),
-            coll,
-            target: Arc::new(target),
-            task: Mutex::new(None),
-            held: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn held(&self) -> MutexGuard<'_, HashMap<LeaseId, Held>> {
-        // Single inserts/removes/assignments: a poisoned map is consistent.
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Starts the stream task unless it runs (or notifications are unavailable). Needs a Tokio
-    /// runtime; without one nothing starts and callers poll.
-    pub(crate) fn ensure_started(&self) {
-        if self.hub.status() != Status::Idle {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+        let target = Arc::new(target);
+        let feed = {
+            let (coll, target, own) = (coll.clone(), target.clone(), own.clone());
+            let ns = coll.namespace().to_string();
+            move || ChangeFeed {
+                label: format!("lock change stream on {ns}"),
+                ns: ns.clone(),
+                coll: coll.clone(),
+                target: target.clone(),
+                pipeline: pipeline.clone(),
+                own: own.clone(),
+                resume: None,
+                stream: None,
+            }
         };
-        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.hub.transition(Status::Idle, Status::Opening) {
-            return;
+        Watcher {
+            notifier: Notifier::with_feed(enabled, feed),
+            coll,
+            target,
+            own,
         }
-        let (stop, stopped) = oneshot::channel();
-        // Replacing an earlier sender stops an earlier task, should one still run.
-        *task = Some(stop);
-        runtime.spawn(run(
-            self.hub.clone(),
-            self.coll.clone(),
-            self.target.clone(),
-            self.pipeline.clone(),
-            self.own.clone(),
-            stopped,
-        ));
     }
 
     /// Whether every change is delivered; starts the stream if needed.
     pub(super) fn is_live(&self) -> bool {
-        self.ensure_started();
-        self.hub.is_live()
+        self.notifier.is_live()
     }
 
     pub(super) fn watched_names(&self) -> usize {
-        self.hub.watched_names()
+        self.notifier.watched_names()
     }
 
     pub(super) fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
-        self.ensure_started();
-        if self.hub.status() == Status::Unavailable {
-            return None;
-        }
-        Some(self.hub.change_waiter(name))
+        self.notifier.change_waiter(name)
     }
 
     pub(super) async fn wait_for_change(&self, name: &str, max_wait: Duration) {
-        self.ensure_started();
-        if self.hub.status() == Status::Unavailable {
-            tokio::time::sleep(max_wait).await;
-        } else {
-            self.hub.wait_for_change(name, max_wait).await;
-        }
+        self.notifier.wait_for_change(name, max_wait).await;
     }
 
     /// A lease id for an acquire call of this backend: marked with [`own_prefix`], so that the
@@ -325,29 +251,20 @@ impl Watcher {
     /// out the grants of this backend's own lease ids. `name` is the registry key (a lock name,
     /// or [`document_key`]).
     pub(crate) fn granted(&self, name: &str, lease_id: &LeaseId, token: u64) {
-        if self.hub.status() == Status::Unavailable {
-            return;
-        }
-        self.hub.dispatch_grant(
+        // Before remembering it: a holder does not judge its own grant.
+        self.notifier.hub().dispatch_grant(
             name,
             Change::Lease {
                 lease_id: Some(lease_id.as_str().to_owned()),
                 token: Some(token),
             },
         );
-        let entry = self.hub.name(name);
-        let seen = self.hub.seq();
-        let mut held = self.held();
-        if held.len() < MAX_REMEMBERED_LEASES || held.contains_key(lease_id) {
-            held.insert(lease_id.clone(), Held { entry, token, seen });
-        }
+        self.notifier.granted(name, lease_id, token);
     }
 
     /// Forgets a lease (released, or given up on).
     pub(crate) fn released(&self, lease_id: &LeaseId) {
-        let removed = self.held().remove(lease_id);
-        // The entry handle is dropped outside the map lock.
-        drop(removed);
+        self.notifier.released(lease_id);
     }
 
     /// After this backend's release of `name` (whatever its outcome): wakes one of this
@@ -359,11 +276,9 @@ impl Watcher {
             lease_id: None,
             token: None,
         };
-        if handoff.wakes(&self.own) {
-            self.hub.dispatch(name, change);
-        } else {
-            self.hub.dispatch_handoff_elsewhere(name, change);
-        }
+        self.notifier
+            .hub()
+            .deliver(name, change, handoff.wakes(&self.own));
     }
 
     /// The mark of this backend's lease ids (see [`own_prefix`]).
@@ -373,7 +288,7 @@ impl Watcher {
 
     /// How many of this backend's acquirers wait for a change of `name`.
     pub(crate) fn acquirers(&self, name: &str) -> usize {
-        self.hub.acquirers(name)
+        self.notifier.acquirers(name)
     }
 
     pub(super) async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
@@ -384,45 +299,9 @@ impl Watcher {
     /// Completes when the lease `lease_id` of the document with `_id` `id` (registry key `name`)
     /// is gone; pending forever when notifications are unavailable.
     pub(crate) async fn lease_gone_at(&self, name: &str, id: &Bson, lease_id: &LeaseId) {
-        self.ensure_started();
-        let entry = self.hub.name(name);
-        let mut changes = entry.state().subscribe();
-        let remembered = self
-            .held()
-            .get(lease_id)
-            .filter(|h| h.entry.name() == name)
-            .map(|h| (h.token, h.seen));
-        let (token, mut seen) = match remembered {
-            Some((token, seen)) => (Some(token), seen),
-            // Not granted here: only later changes are news.
-            None => (None, changes.borrow().0),
-        };
-        loop {
-            if self.hub.status() == Status::Unavailable {
-                // No more events will come: loss is detected by extension.
-                return std::future::pending().await;
-            }
-            let (seq, change) = changes.borrow_and_update().clone();
-            if seq > seen {
-                let gone = match judge(&change, lease_id, token) {
-                    Verdict::Held => false,
-                    Verdict::Gone => true,
-                    Verdict::Check => !self.still_holds(name, id, lease_id).await,
-                };
-                if gone {
-                    tracing::debug!(lock = %name, "the change stream shows the lease gone");
-                    return;
-                }
-                seen = seq;
-                if let Some(h) = self.held().get_mut(lease_id) {
-                    h.seen = h.seen.max(seq);
-                }
-            }
-            if changes.changed().await.is_err() {
-                // The sender lives in the entry we hold; never busy-loop.
-                return std::future::pending().await;
-            }
-        }
+        self.notifier
+            .lease_gone(name, lease_id, || self.still_holds(name, id, lease_id))
+            .await;
     }
 
     /// One read: whether `lease_id` is still the lease of `name`. A failed read counts as
@@ -683,13 +562,7 @@ fn dispatch(hub: &Hub, ev: &Document, target: &Target, own: &str) {
             if ev.get_str("operationType") == Ok("replace") && !hub.is_news(&name, &change) {
                 return;
             }
-            match &change {
-                Change::Lease {
-                    lease_id: Some(_), ..
-                } => hub.dispatch_grant(&name, change),
-                _ if handoff.wakes(own) => hub.dispatch(&name, change),
-                _ => hub.dispatch_handoff_elsewhere(&name, change),
-            }
+            hub.deliver(&name, change, handoff.wakes(own));
         }
         Event::All => hub.wake_all(true),
         Event::Ignore => {}
@@ -719,187 +592,113 @@ async fn open(
     Ok(stream.with_type::<Document>())
 }
 
-/// Marks the task gone when it ends for any reason (also when its runtime shuts down), so the
-/// next use starts a new one, and wakes every waiter so nobody waits for events that will not
-/// come.
-struct Running(Arc<Hub>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.0.status() != Status::Unavailable {
-            self.0.set_status(Status::Idle);
-        }
-        self.0.wake_all(false);
-    }
-}
-
-/// Sleeps for `d` unless stopped first; false when stopped.
-async fn pause(d: Duration, stopped: &mut oneshot::Receiver<()>) -> bool {
-    tokio::select! {
-        _ = stopped => false,
-        _ = tokio::time::sleep(d) => true,
-    }
-}
-
-fn retry_backoff() -> crate::wait::Backoff {
-    WaitStrategy::ExponentialBackoff {
-        initial: Duration::from_millis(50),
-        max: Duration::from_secs(5),
-        multiplier: 2.0,
-        jitter: 0.25,
-    }
-    .start()
-}
-
-/// Drops a stream whose backend is gone, a little later.
-///
-/// Dropping a driver cursor spawns a `killCursors` task; if the runtime is shutting down at that
-/// moment, the driver (3.9) can panic in that task (its connection pool worker is already gone).
-/// Backends are often dropped right before their runtime ends, so the cursor is dropped only
-/// after a short pause: if the runtime shuts down meanwhile, this task is cancelled and the
-/// cursor is left for the server to time out instead. Streams of tasks cancelled by a runtime
-/// shutdown are never dropped for the same reason (they are `ManuallyDrop`).
-async fn retire(stream: ManuallyDrop<ChangeStream<Document>>) {
-    tokio::time::sleep(RETIRE_AFTER).await;
-    drop(ManuallyDrop::into_inner(stream));
-}
-
-/// What ended a wait on the stream.
-enum Next {
-    Stopped,
-    /// One `getMore` answered (`Ok(None)`: an empty batch), or it stalled (`Err`).
-    Batch(Result<mongodb::error::Result<Option<Document>>, tokio::time::error::Elapsed>),
-}
-
-/// Why a stream stopped delivering.
-enum Broke {
-    Error(mongodb::error::Error),
-    Stalled,
-    /// Closed by the server after an invalidate (collection dropped or renamed).
-    Ended,
-}
-
-/// The stream task; see the [module docs](self).
-async fn run(
-    hub: Arc<Hub>,
+/// The change stream as the [`Feed`] of the backend's [`Notifier`]: opened from the last resume
+/// token when there is one, so that the changes while it was down are delivered.
+pub(crate) struct ChangeFeed {
+    label: String,
+    ns: String,
     coll: Collection<Document>,
     target: Arc<Target>,
     pipeline: Arc<Vec<Document>>,
+    /// The mark on this backend's own lease ids (see [`own_prefix`]).
     own: String,
-    mut stopped: oneshot::Receiver<()>,
-) {
-    let _running = Running(hub.clone());
-    let ns = coll.namespace().to_string();
-    let mut resume: Option<ResumeToken> = None;
-    let mut retry = retry_backoff();
-    let mut warned = false;
-    loop {
-        let opened = tokio::select! {
-            _ = &mut stopped => return,
-            r = open(&coll, &pipeline, resume.clone()) => r,
-        };
-        // Never dropped by a cancellation (see `retire`).
-        let mut stream = match opened {
-            Ok(s) => ManuallyDrop::new(s),
-            Err(e) if !is_resumable(&e) => {
-                if resume.take().is_some() {
-                    tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream cannot resume from its resume token; reopening it from now and waking every waiter to re-check");
-                    hub.set_status(Status::Opening);
-                    hub.wake_all(false);
-                    continue;
-                }
-                log_unavailable(&ns, &e);
-                hub.set_status(Status::Unavailable);
-                hub.wake_all(false);
-                return;
-            }
-            Err(e) => {
-                if !warned {
-                    warned = true;
-                    tracing::warn!(namespace = %ns, error = %errors::describe(&e), "cannot open the lock change stream; waiters poll until it is back");
-                } else {
-                    tracing::debug!(namespace = %ns, error = %errors::describe(&e), "cannot open the lock change stream yet");
-                }
-                // Waiters sleeping until an expiry switch to polling while the stream is down
-                // (the resume later replays what they missed).
-                if hub.status() != Status::Opening {
-                    hub.set_status(Status::Opening);
-                    hub.wake_all(false);
-                }
-                if !pause(retry.next_delay(), &mut stopped).await {
-                    return;
-                }
-                continue;
-            }
-        };
-        let opened_at = Instant::now();
-        let fresh = resume.is_none();
-        hub.set_status(Status::Live);
-        if warned {
-            tracing::info!(namespace = %ns, "the lock change stream is back");
-            warned = false;
-        }
-        if fresh {
-            tracing::debug!(namespace = %ns, "lock change stream open");
-            // Whatever happened before the stream opened is unknown: everyone re-checks once.
-            hub.wake_all(false);
+    resume: Option<ResumeToken>,
+    /// Never dropped by a cancellation (see [`retire`](ChangeFeed::retire)).
+    stream: Option<ManuallyDrop<ChangeStream<Document>>>,
+}
+
+impl ChangeFeed {
+    /// Where a broken stream can be resumed: its resume token, if it has one.
+    fn resume_point(&mut self) -> Broke {
+        self.resume = self.stream.as_ref().and_then(|s| s.resume_token());
+        if self.resume.is_some() {
+            Broke::Resumable
         } else {
-            tracing::debug!(namespace = %ns, "lock change stream resumed");
+            Broke::Lost
         }
-        let broke = loop {
-            let next = tokio::select! {
-                _ = &mut stopped => Next::Stopped,
-                n = tokio::time::timeout(STALL_LIMIT, stream.next_if_any()) => Next::Batch(n),
-            };
-            match next {
-                Next::Stopped => return retire(stream).await,
-                Next::Batch(Ok(Ok(Some(ev)))) => dispatch(&hub, &ev, &target, &own),
-                Next::Batch(Ok(Ok(None))) => {
+    }
+}
+
+impl Feed for ChangeFeed {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    async fn open(&mut self) -> Result<Opened, OpenFailed> {
+        self.close();
+        let ns = &self.ns;
+        match open(&self.coll, &self.pipeline, self.resume.clone()).await {
+            Ok(stream) => {
+                self.stream = Some(ManuallyDrop::new(stream));
+                Ok(if self.resume.is_some() {
+                    Opened::Resumed
+                } else {
+                    Opened::Fresh
+                })
+            }
+            Err(e) if !is_resumable(&e) => {
+                if self.resume.take().is_some() {
+                    tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream cannot resume from its resume token; reopening it from now and waking every waiter to re-check");
+                    return Err(OpenFailed::ResumeLost);
+                }
+                log_unavailable(ns, &e);
+                Err(OpenFailed::Unavailable)
+            }
+            Err(e) => Err(OpenFailed::Failed(errors::describe(&e))),
+        }
+    }
+
+    async fn deliver(&mut self, hub: &Hub) -> Broke {
+        let ns = &self.ns;
+        let Some(stream) = self.stream.as_mut() else {
+            return Broke::Lost;
+        };
+        loop {
+            match tokio::time::timeout(STALL_LIMIT, stream.next_if_any()).await {
+                Ok(Ok(Some(ev))) => dispatch(hub, &ev, &self.target, &self.own),
+                Ok(Ok(None)) => {
                     if !stream.is_alive() {
-                        break Broke::Ended;
+                        // Every holder reads its lock once the stream is open again.
+                        tracing::debug!(namespace = %ns, "the lock change stream was invalidated (collection dropped or renamed); reopening it");
+                        self.resume = None;
+                        return Broke::Lost;
                     }
                 }
-                Next::Batch(Ok(Err(e))) => break Broke::Error(e),
-                Next::Batch(Err(_)) => break Broke::Stalled,
-            }
-        };
-        let quick = opened_at.elapsed() < HEALTHY_AFTER;
-        if !quick {
-            retry = retry_backoff();
-        }
-        match broke {
-            Broke::Error(e) if !is_resumable(&e) => {
-                tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream failed; reopening it from now and waking every waiter to re-check");
-                resume = None;
-                hub.set_status(Status::Opening);
-                hub.wake_all(false);
-            }
-            Broke::Ended => {
-                tracing::debug!(namespace = %ns, "the lock change stream was invalidated (collection dropped or renamed); reopening it");
-                resume = None;
-                hub.set_status(Status::Opening);
-                hub.wake_all(true);
-            }
-            Broke::Error(_) | Broke::Stalled => {
-                if let Broke::Error(e) = &broke {
-                    tracing::debug!(namespace = %ns, error = %errors::describe(e), "lock change stream interrupted; resuming it from its resume token");
-                } else {
+                Ok(Err(e)) if !is_resumable(&e) => {
+                    tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream failed; reopening it from now and waking every waiter to re-check");
+                    self.resume = None;
+                    return Broke::Lost;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(namespace = %ns, error = %errors::describe(&e), "lock change stream interrupted; resuming it from its resume token");
+                    return self.resume_point();
+                }
+                Err(_) => {
                     tracing::warn!(namespace = %ns, "the lock change stream's getMore did not answer for {STALL_LIMIT:?}; resuming it on a new connection");
-                }
-                resume = stream.resume_token();
-                if resume.is_some() {
-                    // Changes meanwhile are replayed by the resumed stream.
-                    hub.set_status(Status::Resuming);
-                } else {
-                    hub.set_status(Status::Opening);
-                    hub.wake_all(false);
+                    return self.resume_point();
                 }
             }
         }
-        drop(ManuallyDrop::into_inner(stream));
-        if quick && !pause(retry.next_delay(), &mut stopped).await {
-            return;
+    }
+
+    fn close(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            drop(ManuallyDrop::into_inner(stream));
         }
+    }
+
+    /// Drops the stream of a backend that is gone, a little later.
+    ///
+    /// Dropping a driver cursor spawns a `killCursors` task; if the runtime is shutting down at
+    /// that moment, the driver (3.9) can panic in that task (its connection pool worker is
+    /// already gone). Backends are often dropped right before their runtime ends, so the cursor
+    /// is dropped only after a short pause: if the runtime shuts down meanwhile, this task is
+    /// cancelled and the cursor is left for the server to time out instead. Streams of tasks
+    /// cancelled by a runtime shutdown are never dropped for the same reason (they are
+    /// `ManuallyDrop`).
+    async fn retire(mut self) {
+        tokio::time::sleep(RETIRE_AFTER).await;
+        self.close();
     }
 }
 
@@ -917,46 +716,10 @@ fn log_unavailable(ns: &str, e: &mongodb::error::Error) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backends::wakeups::lease;
 
     fn interpret_names(ev: &Document) -> Event<'_> {
         interpret(ev, &Target::Names)
-    }
-
-    fn lease(id: Option<&str>, token: Option<u64>) -> Change {
-        Change::Lease {
-            lease_id: id.map(str::to_owned),
-            token,
-        }
-    }
-
-    #[test]
-    fn holders_judge_changes_by_lease_id_and_token() {
-        let ours = LeaseId::from_string("ours");
-        // Our own grant or a re-grant after a lost reply.
-        assert_eq!(
-            judge(&lease(Some("ours"), Some(7)), &ours, Some(7)),
-            Verdict::Held
-        );
-        // Someone else's grant from before ours, delivered late.
-        assert_eq!(
-            judge(&lease(Some("old"), Some(6)), &ours, Some(7)),
-            Verdict::Held
-        );
-        // A takeover.
-        assert_eq!(
-            judge(&lease(Some("new"), Some(8)), &ours, Some(7)),
-            Verdict::Gone
-        );
-        // A full document showing our token without our lease: released or forced.
-        assert_eq!(judge(&lease(None, Some(7)), &ours, Some(7)), Verdict::Gone);
-        // A release (no token in the update): whose? Read.
-        assert_eq!(judge(&lease(None, None), &ours, Some(7)), Verdict::Check);
-        assert_eq!(
-            judge(&lease(Some("x"), Some(9)), &ours, None),
-            Verdict::Check
-        );
-        assert_eq!(judge(&Change::Unknown, &ours, Some(7)), Verdict::Check);
-        assert_eq!(judge(&Change::Nothing, &ours, Some(7)), Verdict::Held);
     }
 
     #[test]
