@@ -51,7 +51,7 @@ impl Default for DriftMargin {
 
 impl DriftMargin {
     /// A margin of `lease × ratio + fixed`. `ratio` must be finite, at least 0 and below 0.5;
-    /// anything else is [`Error::InvalidOption`].
+    /// anything else is [`Error::InvalidOptions`](crate::Error::InvalidOptions).
     pub fn new(ratio: f64, fixed: Duration) -> Result<Self> {
         if !ratio.is_finite() || !(0.0..0.5).contains(&ratio) {
             return Err(Error::invalid_option(

@@ -28,7 +28,7 @@ pub(crate) const RELEASED: &str = "released";
 /// The lease id of the last release (a scalar, so that a change stream's `$match` can tell
 /// whose release an event reports; see `watch.rs`).
 pub(crate) const LAST_RELEASED: &str = "lastReleased";
-/// How many released lease ids a lock keeps (see [`release`]).
+/// How many released lease ids a lock keeps (see [`release_update`]).
 pub(crate) const RELEASED_KEPT: i32 = 8;
 /// Added by inspection reads: the server time of the read. Never stored.
 pub(crate) const OBSERVED_AT: &str = "__mongolockObservedAt";

@@ -125,7 +125,7 @@
 //! write. The release matches the document only while the lease is ours (one command); when it
 //! matches nothing, one read looks for the id in `released`: a retry finds it there and reports
 //! success, while a lease that someone else ended never appears there, so
-//! [`Error::LeaseLost`](crate::Error::LeaseLost) means just that. The filter and pipeline are in
+//! [`Error::LeaseLost`] means just that. The filter and pipeline are in
 //! `document.rs` (`release_update`), shared with document locks.
 //!
 //! # Errors
