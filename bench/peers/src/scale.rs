@@ -286,10 +286,11 @@ pub fn scale(quick: bool) {
         );
     }
     println!(
-        "\nfindAndModify / acquisition counts acquire attempts, plus the two extra writes of a \
-         name's first acquisition (fencing epoch, token stamp). Memory per held lock is the RSS growth while every name is acquired once and held \
-         (\"—\": under 100 locks, below what RSS resolves); server memory includes the change \
-         event each grant logs."
+        "\nfindAndModify / acquisition counts every findAndModify per acquisition: the acquire \
+         attempts, the release, and on a name's first acquisition the miss and the fencing epoch \
+         (2.00 is one attempt and one release). Memory per held lock is the RSS growth while \
+         every name is acquired once and held (\"—\": under 100 locks, below what RSS \
+         resolves); server memory includes the change event each grant logs."
     );
 }
 
