@@ -160,13 +160,12 @@ impl RangeIndex {
                     Bound::Excluded(&upper)
                 };
                 let rank = type_rank(v);
-                for (k, set) in self
+                for (_, set) in self
                     .entries
                     .range((Bound::Unbounded, hi))
                     .rev()
                     .take_while(|(k, _)| type_rank(&k.0) == rank)
                 {
-                    let _ = k;
                     take(set);
                 }
             }
