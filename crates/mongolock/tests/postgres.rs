@@ -9,9 +9,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use mongolock::testing::CountingAll;
 use mongolock::{
-    AcquireRequest, Attempt, ChangeNotifications, Error, HolderInfo, LeaseId, LockBackend,
-    LockProvider, PostgresBackend, Timeout, WaitStrategy,
+    AcquireRequest, Attempt, Error, HolderInfo, LeaseId, LockBackend, LockProvider,
+    PostgresBackend, Timeout, WaitStrategy,
 };
 use poll::eventually;
 use tokio::time::Instant;
@@ -584,44 +585,6 @@ async fn migrations_run_concurrently_and_repeatedly() {
     assert_eq!(names, ["x0", "x3"]);
 }
 
-/// Counts acquire attempts, delegating everything (the notification hooks included).
-struct CountingAttempts {
-    inner: PostgresBackend,
-    attempts: std::sync::atomic::AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl LockBackend for CountingAttempts {
-    async fn try_acquire(&self, req: &AcquireRequest) -> mongolock::Result<Attempt> {
-        self.attempts
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.try_acquire(req).await
-    }
-    async fn extend(
-        &self,
-        name: &str,
-        lease_id: &LeaseId,
-        ttl: Duration,
-    ) -> mongolock::Result<Option<SystemTime>> {
-        self.inner.extend(name, lease_id, ttl).await
-    }
-    async fn release(&self, name: &str, lease_id: &LeaseId) -> mongolock::Result<bool> {
-        self.inner.release(name, lease_id).await
-    }
-    async fn inspect(&self, name: &str) -> mongolock::Result<Option<mongolock::LockInfo>> {
-        self.inner.inspect(name).await
-    }
-    async fn list(&self) -> mongolock::Result<Vec<mongolock::LockInfo>> {
-        self.inner.list().await
-    }
-    async fn force_release(&self, name: &str) -> mongolock::Result<bool> {
-        self.inner.force_release(name).await
-    }
-    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
-        self.inner.notifications()
-    }
-}
-
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -641,9 +604,9 @@ async fn handoffs_are_prompt_and_do_not_stampede() {
         })
         .await
     );
-    let counting = Arc::new(CountingAttempts {
-        inner,
-        attempts: Default::default(),
+    let counting = Arc::new(CountingAll {
+        inner: Arc::new(inner),
+        acquires: Default::default(),
     });
     let provider = LockProvider::builder_shared(counting.clone())
         .wait_strategy(WaitStrategy::random_sleep(
@@ -663,7 +626,7 @@ async fn handoffs_are_prompt_and_do_not_stampede() {
         started.elapsed() / 100
     );
 
-    let before = counting.attempts.load(std::sync::atomic::Ordering::SeqCst);
+    let before = counting.acquires.load(std::sync::atomic::Ordering::SeqCst);
     let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
     let released_at: Arc<std::sync::Mutex<Option<Instant>>> = Default::default();
@@ -717,7 +680,7 @@ async fn handoffs_are_prompt_and_do_not_stampede() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens must grow in acquisition order: {tokens:?}"
     );
-    let attempts = counting.attempts.load(std::sync::atomic::Ordering::SeqCst) - before;
+    let attempts = counting.acquires.load(std::sync::atomic::Ordering::SeqCst) - before;
     let samples = samples.lock().unwrap().clone();
     let m = median(samples.clone());
     eprintln!(
