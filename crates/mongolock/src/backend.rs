@@ -157,6 +157,8 @@ pub struct LockInfo {
 pub struct ChangeWaiter {
     changed: Pin<Box<dyn Future<Output = ()> + Send + 'static>>,
     pass_on: Option<Box<dyn FnOnce() + Send + 'static>>,
+    /// Run when the waiter starts waiting (a backend learns that the name is contended).
+    before_wait: Option<Box<dyn FnOnce() + Send + 'static>>,
     live: bool,
 }
 
@@ -176,8 +178,17 @@ impl ChangeWaiter {
         ChangeWaiter {
             changed: Box::pin(changed),
             pass_on: None,
+            before_wait: None,
             live,
         }
+    }
+
+    /// Sets what runs when [`wait`](Self::wait) is called (after a busy attempt), e.g. asking
+    /// the feed to cover the name.
+    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
+    pub(crate) fn before_wait(mut self, f: impl FnOnce() + Send + 'static) -> Self {
+        self.before_wait = Some(Box::new(f));
+        self
     }
 
     /// Sets what [`pass_on`](Self::pass_on) does: wake another waiter of the same name.
@@ -194,6 +205,9 @@ impl ChangeWaiter {
 
     /// Waits for the change or `max_wait`, whichever is first; true when a change ended it.
     pub async fn wait(mut self, max_wait: Duration) -> bool {
+        if let Some(f) = self.before_wait.take() {
+            f();
+        }
         tokio::time::timeout(max_wait, &mut self.changed)
             .await
             .is_ok()

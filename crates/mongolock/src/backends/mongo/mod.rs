@@ -378,6 +378,13 @@ impl MongoBackend {
         acquire::epoch_id(name)
     }
 
+    /// How many change events this backend's stream has delivered since it was built (events
+    /// of other processes' writes to names this process uses). For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn stream_events(&self) -> u64 {
+        self.watch.events()
+    }
+
     /// How many lock names currently have an entry in the change-stream registry (names this
     /// backend's waiters wait on or its guards hold). For tests and diagnostics.
     #[doc(hidden)]
@@ -396,7 +403,7 @@ impl LockBackend for MongoBackend {
         let acquirers = self.watch.acquirers(&req.name);
         let queueing = queue::Queueing {
             mark: self.watch.own_mark(),
-            register: acquirers >= 1 && self.watch.is_live(),
+            register: acquirers >= 1 && self.watch.is_live_for(&req.name),
             requeue: acquirers >= 2,
         };
         let attempt = acquire::try_acquire(&self.coll, req, self.cleanup_after, queueing).await?;

@@ -66,6 +66,44 @@
 //! In the steady state an uncontended acquire + release is then two `findAndModify`s; the idle stream adds one empty `getMore` per `maxAwaitTimeMS` (1 s), not per
 //! acquisition.
 //!
+//! # Narrowed to the names in use (costs flat as processes grow)
+//! Unfiltered, every grant and release by any process reaches every other process's stream:
+//! with P processes each write costs the server P events and P `getMore` replies, although
+//! most processes neither wait on nor hold that name. So the stream of the lock collection
+//! delivers only the names this backend uses, plus the events that concern every name:
+//!
+//! ```text
+//! $match: ... and (documentKey._id in [names in use] or operationType in [drop, dropDatabase, rename, invalidate])
+//! ```
+//!
+//! The names in use are the registry's entries (`backends/wakeups.rs`, "Coverage"): names with
+//! a waiting acquirer, an observer or a held lease. When one is needed that the stream does not
+//! cover, the stream is reopened **from its resume token** with the wider `$match`, so the
+//! names it covered before miss nothing, and it stays live throughout:
+//!
+//! * An acquirer registers before each attempt as before, but is live only if its name is
+//!   covered. An uncovered acquirer whose attempt was busy asks for its name as it starts to
+//!   wait (an uncontended acquisition never waits, so it costs the stream nothing) and polls
+//!   with the wait strategy. Once the stream is reopened, every acquirer and observer of a newly
+//!   covered name is woken to re-check, and every holder of it reads its lock once: changes of
+//!   that name before the reopening may have been filtered out. Changes after the resume token
+//!   are delivered. So a release is either before the re-check (seen by it) or after the resume
+//!   token (delivered): none is lost.
+//! * Observers ask for their name when they start to wait.
+//! * Held names are added lazily: a name held for [`COVER_HELD_AFTER`] without coverage is
+//!   added at the next `getMore` answer, so the usual short critical section costs the stream
+//!   nothing, and a long-held lease still learns of a takeover or force-release within about
+//!   two seconds (plus one read). Until then, loss is detected by extension and the local
+//!   deadline, as without change streams.
+//! * A name is never dropped from the `$match` while it is in use: the new `$match` is built
+//!   from the registry, and a name registered after that snapshot but left out is woken and
+//!   asked for again. Names that went out of use stay covered while the set is small (at most
+//!   twice the names in use plus [`KEEP_COVERED`]), so contention moving among a few names does
+//!   not reopen the stream each time; past [`MAX_NARROWED`] names the stream covers every name.
+//! * The cross-process handoff queue (`queue.rs`) registers an acquirer only while its name is
+//!   covered, so a release never designates a process whose stream would not tell it.
+//! * Documents locked in place keep an unfiltered stream (only holders use it).
+//!
 //! # MongoDB 4.4: pipeline updates are replace events
 //! MongoDB 4.4 reports an update made with a pipeline (all of ours) as a `replace` event with
 //! the whole document and no `updateDescription`, so other backends' *extensions* pass the
@@ -124,9 +162,11 @@
 //!   registration and the open could otherwise slip by.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::change_stream::event::ResumeToken;
@@ -138,7 +178,7 @@ use super::errors;
 use super::queue::{Handoff, NEXT};
 use crate::backend::{ChangeWaiter, LeaseId};
 use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
-use crate::backends::wakeups::{Change, Hub};
+use crate::backends::wakeups::{Change, Covered, Hub};
 
 /// How long the server holds an empty `getMore` open (`maxAwaitTimeMS`).
 const MAX_AWAIT: Duration = Duration::from_secs(1);
@@ -149,6 +189,19 @@ const STALL_LIMIT: Duration = Duration::from_secs(20);
 
 /// How long a stopped task keeps its cursor before dropping it (see [`ChangeFeed::retire`]).
 const RETIRE_AFTER: Duration = Duration::from_millis(200);
+
+/// A stream narrowed to more names than this covers every name instead.
+const MAX_NARROWED: usize = 1000;
+
+/// Names kept covered after they went out of use, beyond twice the names in use.
+const KEEP_COVERED: usize = 64;
+
+/// A name held here this long without coverage is added (leases released sooner cost the
+/// stream nothing).
+const COVER_HELD_AFTER: Duration = Duration::from_secs(1);
+
+/// The stream is reopened at most this often to widen it.
+const MIN_WIDEN_INTERVAL: Duration = Duration::from_millis(20);
 
 /// What a stream watches: which documents are locks, how they are keyed in the registry and
 /// where their lease fields live.
@@ -185,6 +238,8 @@ pub(crate) struct Watcher {
     target: Arc<Target>,
     /// The mark on this backend's own lease ids (see [`own_prefix`]).
     own: String,
+    /// Events read from the stream, ever (diagnostics).
+    events: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Watcher {
@@ -199,20 +254,23 @@ impl Watcher {
     /// A watcher whose stream starts on first need; `enabled: false` means never (poll).
     pub(crate) fn new(coll: Collection<Document>, enabled: bool, target: Target) -> Watcher {
         let own = own_prefix();
-        let pipeline = Arc::new(pipeline(&target, &own));
         let target = Arc::new(target);
+        let events = Arc::new(AtomicU64::new(0));
         let feed = {
             let (coll, target, own) = (coll.clone(), target.clone(), own.clone());
+            let events = events.clone();
             let ns = coll.namespace().to_string();
             move || ChangeFeed {
                 label: format!("lock change stream on {ns}"),
                 ns: ns.clone(),
                 coll: coll.clone(),
                 target: target.clone(),
-                pipeline: pipeline.clone(),
                 own: own.clone(),
+                covered: Covered::All,
                 resume: None,
                 stream: None,
+                opened_at: Instant::now(),
+                events: events.clone(),
             }
         };
         Watcher {
@@ -220,12 +278,23 @@ impl Watcher {
             coll,
             target,
             own,
+            events,
         }
     }
 
     /// Whether every change is delivered; starts the stream if needed.
     pub(super) fn is_live(&self) -> bool {
         self.notifier.is_live()
+    }
+
+    /// Whether the changes of `name` are delivered (the stream is live and covers it).
+    pub(super) fn is_live_for(&self, name: &str) -> bool {
+        self.notifier.is_live_for(name)
+    }
+
+    /// How many events the stream has delivered, ever.
+    pub(super) fn events(&self) -> u64 {
+        self.events.load(Ordering::Relaxed)
     }
 
     pub(super) fn watched_names(&self) -> usize {
@@ -341,23 +410,23 @@ fn own_prefix() -> String {
 }
 
 /// The stream's pipeline; see the [module docs](self).
-fn pipeline(target: &Target, own: &str) -> Vec<Document> {
+fn pipeline(target: &Target, own: &str, covered: &Covered) -> Vec<Document> {
     match target {
-        Target::Names => names_pipeline(own),
+        Target::Names => names_pipeline(own, covered),
         Target::Documents { field } => documents_pipeline(field),
     }
 }
 
 /// The pipeline of the lock collection; `own` is the backend's lease-id mark (see
 /// [`own_prefix`]): events that grant one of its leases, or release one (the release records
-/// the id in `lastReleased`), do not pass.
-fn names_pipeline(own: &str) -> Vec<Document> {
+/// the id in `lastReleased`), do not pass. With [`Covered::Only`], only those names' events
+/// pass (and the events that concern every name).
+fn names_pipeline(own: &str, covered: &Covered) -> Vec<Document> {
     let updated = |f: &str| format!("updateDescription.updatedFields.{f}");
     let full = |f: &str| format!("fullDocument.{f}");
     let end = format!("{}.", own.trim_end_matches('-'));
     let ours = || doc! { "$gte": own, "$lt": end.as_str() };
-    vec![
-        doc! { "$match": {
+    let mut filter = doc! {
             "$or": [
                 { "operationType": { "$in": [
                     "insert", "replace", "delete", "drop", "dropDatabase", "rename", "invalidate",
@@ -370,7 +439,20 @@ fn names_pipeline(own: &str) -> Vec<Document> {
                 { full(LEASE_ID): ours() },
                 { full(LEASE_ID): Bson::Null, full(LAST_RELEASED): ours() },
             ],
-        } },
+    };
+    if let Covered::Only(names) = covered {
+        let mut names: Vec<&str> = names.iter().map(|n| &**n).collect();
+        names.sort_unstable();
+        filter.insert(
+            "$and",
+            vec![doc! { "$or": [
+                { "documentKey._id": { "$in": names } },
+                { "operationType": { "$in": ["drop", "dropDatabase", "rename", "invalidate"] } },
+            ] }],
+        );
+    }
+    vec![
+        doc! { "$match": filter },
         doc! { "$project": {
             "operationType": 1,
             "ns": 1,
@@ -580,12 +662,12 @@ fn is_resumable(e: &mongodb::error::Error) -> bool {
 
 async fn open(
     coll: &Collection<Document>,
-    pipeline: &[Document],
+    pipeline: Vec<Document>,
     resume: Option<ResumeToken>,
 ) -> mongodb::error::Result<ChangeStream<Document>> {
     let stream = coll
         .watch()
-        .pipeline(pipeline.iter().cloned())
+        .pipeline(pipeline)
         .resume_after(resume)
         .max_await_time(MAX_AWAIT)
         .await?;
@@ -599,15 +681,49 @@ pub(crate) struct ChangeFeed {
     ns: String,
     coll: Collection<Document>,
     target: Arc<Target>,
-    pipeline: Arc<Vec<Document>>,
     /// The mark on this backend's own lease ids (see [`own_prefix`]).
     own: String,
+    /// The names the open stream delivers (see "Narrowed to the names in use").
+    covered: Covered,
     resume: Option<ResumeToken>,
     /// Never dropped by a cancellation (see [`retire`](ChangeFeed::retire)).
     stream: Option<ManuallyDrop<ChangeStream<Document>>>,
+    opened_at: Instant,
+    /// Events read from the stream, ever (shared with the [`Watcher`]).
+    events: Arc<AtomicU64>,
 }
 
 impl ChangeFeed {
+    /// What the next stream covers: every name for document locks; for lock names, the names
+    /// in use here plus those covered now (a name stays covered while the set is small, so
+    /// that contention moving between a few names does not reopen the stream each time), or
+    /// every name past [`MAX_NARROWED`].
+    fn coverage(&self, hub: &Hub) -> Covered {
+        if *self.target != Target::Names {
+            return Covered::All;
+        }
+        let interest = hub.interest();
+        let mut names: HashSet<Arc<str>> = interest.into_iter().collect();
+        let in_use = names.len();
+        if let Covered::Only(now) = &self.covered {
+            if now.len() <= 2 * in_use + KEEP_COVERED {
+                names.extend(now.iter().cloned());
+            }
+        }
+        if names.len() > MAX_NARROWED {
+            return Covered::All;
+        }
+        Covered::Only(names)
+    }
+
+    /// Whether the stream should be reopened to cover more names: an acquirer or observer
+    /// wants an uncovered name, or a name has been held here for [`COVER_HELD_AFTER`] without
+    /// coverage.
+    fn should_widen(&self, hub: &Hub) -> bool {
+        matches!(self.covered, Covered::Only(_))
+            && (hub.is_wanted() || hub.uncovered_since(Instant::now() - COVER_HELD_AFTER))
+    }
+
     /// Where a broken stream can be resumed: its resume token, if it has one.
     fn resume_point(&mut self) -> Broke {
         self.resume = self.stream.as_ref().and_then(|s| s.resume_token());
@@ -617,6 +733,15 @@ impl ChangeFeed {
             Broke::Lost
         }
     }
+
+    /// Stops the stream to reopen it where it is with more names covered.
+    fn widen(&mut self) -> Broke {
+        tracing::debug!(namespace = %self.ns, "widening the lock change stream to names newly in use");
+        match self.resume_point() {
+            Broke::Resumable => Broke::Widen,
+            lost => lost,
+        }
+    }
 }
 
 impl Feed for ChangeFeed {
@@ -624,12 +749,20 @@ impl Feed for ChangeFeed {
         &self.label
     }
 
-    async fn open(&mut self) -> Result<Opened, OpenFailed> {
+    async fn open(&mut self, hub: &Hub) -> Result<Opened, OpenFailed> {
         self.close();
         let ns = &self.ns;
-        match open(&self.coll, &self.pipeline, self.resume.clone()).await {
+        let covered = self.coverage(hub);
+        let pipeline = pipeline(&self.target, &self.own, &covered);
+        match open(&self.coll, pipeline, self.resume.clone()).await {
             Ok(stream) => {
                 self.stream = Some(ManuallyDrop::new(stream));
+                self.opened_at = Instant::now();
+                if let Covered::Only(names) = &covered {
+                    tracing::debug!(namespace = %ns, names = names.len(), "the lock change stream covers the names in use here");
+                }
+                self.covered = covered.clone();
+                hub.cover(covered);
                 Ok(if self.resume.is_some() {
                     Opened::Resumed
                 } else {
@@ -650,12 +783,32 @@ impl Feed for ChangeFeed {
 
     async fn deliver(&mut self, hub: &Hub) -> Broke {
         let ns = &self.ns;
-        let Some(stream) = self.stream.as_mut() else {
+        if self.stream.is_none() {
             return Broke::Lost;
-        };
+        }
         loop {
-            match tokio::time::timeout(STALL_LIMIT, stream.next_if_any()).await {
-                Ok(Ok(Some(ev))) => dispatch(hub, &ev, &self.target, &self.own),
+            // Widening cannot wait for an acquirer (it polls meanwhile); a held name can wait
+            // for the current getMore to answer.
+            if self.should_widen(hub) {
+                if self.opened_at.elapsed() < MIN_WIDEN_INTERVAL {
+                    tokio::time::sleep_until((self.opened_at + MIN_WIDEN_INTERVAL).into()).await;
+                }
+                return self.widen();
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                return Broke::Lost;
+            };
+            let narrowed = matches!(self.covered, Covered::Only(_));
+            let next = tokio::select! {
+                next = tokio::time::timeout(STALL_LIMIT, stream.next_if_any()) => next,
+                // Abandons the getMore in flight: the new stream resumes before it.
+                () = hub.widen_wanted(), if narrowed => continue,
+            };
+            match next {
+                Ok(Ok(Some(ev))) => {
+                    self.events.fetch_add(1, Ordering::Relaxed);
+                    dispatch(hub, &ev, &self.target, &self.own);
+                }
                 Ok(Ok(None)) => {
                     if !stream.is_alive() {
                         // Every holder reads its lock once the stream is open again.

@@ -71,6 +71,9 @@ pub(crate) enum Broke {
     Resumable,
     /// Changes from now until it is open again are lost.
     Lost,
+    /// The feed covers only some names and must widen to names wanted since it opened
+    /// ([`Hub::want`]): it is reopened at once where it stopped, still live.
+    Widen,
 }
 
 /// A backend's subscription to changes of its locks: how to subscribe and how to read events
@@ -80,8 +83,9 @@ pub(crate) trait Feed: Send + 'static {
     /// What the feed is, for logs ("lock change stream on app.locks").
     fn label(&self) -> &str;
 
-    /// Opens the subscription (or resumes it where it broke).
-    fn open(&mut self) -> impl Future<Output = Result<Opened, OpenFailed>> + Send;
+    /// Opens the subscription (or resumes it where it broke). A feed that covers only some
+    /// names installs its coverage with [`Hub::cover`] once open.
+    fn open(&mut self, hub: &Hub) -> impl Future<Output = Result<Opened, OpenFailed>> + Send;
 
     /// Reads events from the open subscription and delivers each to `hub` (typically with
     /// [`Hub::deliver`], or [`Hub::wake_all`]`(true)` for an event that may concern every
@@ -143,7 +147,7 @@ pub(crate) async fn run<F: Feed>(hub: Arc<Hub>, mut feed: F, mut stopped: onesho
     loop {
         let opened = tokio::select! {
             _ = &mut stopped => return,
-            r = feed.open() => r,
+            r = feed.open(&hub) => r,
         };
         let opened = match opened {
             Ok(opened) => opened,
@@ -199,11 +203,13 @@ pub(crate) async fn run<F: Feed>(hub: Arc<Hub>, mut feed: F, mut stopped: onesho
         let Some(broke) = broke else {
             return feed.retire().await;
         };
-        let quick = opened_at.elapsed() < HEALTHY_AFTER;
+        let quick = opened_at.elapsed() < HEALTHY_AFTER && broke != Broke::Widen;
         if !quick {
             retry = retry_backoff();
         }
         match broke {
+            // Reopened at once where it stopped: nothing is missed, it stays live.
+            Broke::Widen => {}
             // Changes meanwhile are delivered once it resumes.
             Broke::Resumable => hub.set_status(Status::Resuming),
             Broke::Lost => {
@@ -251,7 +257,7 @@ mod tests {
             "scripted feed"
         }
 
-        async fn open(&mut self) -> Result<Opened, OpenFailed> {
+        async fn open(&mut self, _hub: &Hub) -> Result<Opened, OpenFailed> {
             match self.next() {
                 Some(Step::Open(r)) => r,
                 _ => std::future::pending().await,

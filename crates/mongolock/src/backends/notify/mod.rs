@@ -170,6 +170,14 @@ impl<F: Feed> Notifier<F> {
         self.hub.is_live()
     }
 
+    /// Whether the changes of `name` are delivered (the feed is live and covers it); starts the
+    /// feed if needed.
+    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
+    pub(crate) fn is_live_for(&self, name: &str) -> bool {
+        self.ensure_started();
+        self.hub.is_live_for(name)
+    }
+
     /// How many names have an entry in the registry (somebody here waits on or holds them).
     pub(crate) fn watched_names(&self) -> usize {
         self.hub.watched_names()

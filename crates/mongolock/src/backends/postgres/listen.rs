@@ -116,7 +116,7 @@ impl Feed for Listening {
         &self.label
     }
 
-    async fn open(&mut self) -> Result<Opened, OpenFailed> {
+    async fn open(&mut self, _hub: &Hub) -> Result<Opened, OpenFailed> {
         self.conn = None;
         match tokio::time::timeout(PING_TIMEOUT, open(&self.config, &self.tls, &self.channel)).await
         {
