@@ -175,10 +175,12 @@ fn parse_token(token: &Bson) -> CommandResult<Token> {
                 )))
             }
         },
-        other => return Err(CommandError::type_mismatch(format!(
+        other => {
+            return Err(CommandError::type_mismatch(format!(
             "BSON field '$changeStream.resumeAfter' is the wrong type '{}', expected type 'object'",
             crate::engine::compare::type_name(other)
-        ))),
+        )))
+        }
     };
     if data.len() != 2 + 8 + 8 + 8 + 16 + 2 || !data.starts_with("82") {
         return Err(bad());
