@@ -45,6 +45,7 @@ enum Kind {
 struct Modes {
     inclusion: Option<String>,
     exclusion: Option<String>,
+    elem_match: bool,
 }
 
 impl Projection {
@@ -99,6 +100,8 @@ impl Projection {
             true
         } else if modes.exclusion.is_some() {
             false
+        } else if modes.elem_match {
+            true
         } else {
             // Only `_id` and/or `$slice`: `{_id: 1}` is an inclusion, anything else excludes.
             id_setting == Some(true) && tree.iter().all(|(k, _)| k == "_id")
@@ -294,10 +297,9 @@ fn parse_level(
                         Some(Bson::Document(c)) => c,
                         _ => return Err(CommandError::bad_value("$elemMatch needs an Object")),
                     };
-                    modes.inclusion.get_or_insert(full.clone());
-                    if let Some(exc) = &modes.exclusion {
-                        return Err(loc(31254, format!("Cannot do exclusion on field {exc} in inclusion projection")));
-                    }
+                    // Neither inclusion nor exclusion: alone it includes, with exclusions it
+                    // is part of an exclusion projection (as in mongod).
+                    modes.elem_match = true;
                     // As the query operator: `{$elemMatch: {$gte: 5}}` tests the elements themselves.
                     let cond = ElementCondition::parse(&Bson::Document(cond.clone()))?;
                     insert_node(tree, &parts, PNode::ElemMatch(Box::new(cond)), &full)?;
@@ -385,19 +387,27 @@ fn include(doc: &Document, tree: &[(String, PNode)], vars: &Vars) -> CommandResu
                 out.insert(k.clone(), slice_value(v, *skip, *limit));
             }
             PNode::ElemMatch(f) => {
-                if let Bson::Array(a) = v {
-                    for el in a {
-                        if f.matches(el, vars)? {
-                            out.insert(k.clone(), Bson::Array(vec![el.clone()]));
-                            break;
-                        }
-                    }
+                if let Some(first) = first_elem_match(v, f, vars)? {
+                    out.insert(k.clone(), first);
                 }
             }
             PNode::Exclude | PNode::Computed => {}
         }
     }
     Ok(out)
+}
+
+/// An `$elemMatch` projection of `v`: an array of its first matching element, or nothing (no
+/// match, or not an array).
+fn first_elem_match(v: &Bson, f: &ElementCondition, vars: &Vars) -> CommandResult<Option<Bson>> {
+    if let Bson::Array(a) = v {
+        for el in a {
+            if f.matches_as_elem_match(el, vars)? {
+                return Ok(Some(Bson::Array(vec![el.clone()])));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn include_array(a: &[Bson], tree: &[(String, PNode)], vars: &Vars) -> CommandResult<Bson> {
@@ -427,6 +437,11 @@ fn exclude(doc: &Document, tree: &[(String, PNode)], vars: &Vars) -> CommandResu
             }
             Some(PNode::Slice(skip, limit)) => {
                 out.insert(k.clone(), slice_value(v, *skip, *limit));
+            }
+            Some(PNode::ElemMatch(f)) => {
+                if let Some(first) = first_elem_match(v, f, vars)? {
+                    out.insert(k.clone(), first);
+                }
             }
             _ => {
                 out.insert(k.clone(), v.clone());

@@ -194,3 +194,38 @@ fn paths_through_arrays_of_scalars() {
         doc! {"_id": 1, "a": [1, {"c": 3}, [{}, 5]], "s": [1, 2]}
     );
 }
+
+// Cases from mongod's own $elemMatch projection tests.
+#[test]
+fn elem_match_in_exclusion_projections_and_on_arrays_of_arrays() {
+    // With an exclusion, the projection excludes; the $elemMatch field is still reduced.
+    assert_eq!(
+        p(
+            doc! {"_id": 1, "x": {"a": 123}, "d": 456},
+            doc! {"x": {"$elemMatch": {"$gt": 2}}, "d": 0, "_id": 0}
+        ),
+        doc! {}
+    );
+    assert_eq!(
+        p(
+            doc! {"_id": 1, "x": [1, 3], "d": 456, "e": 1},
+            doc! {"x": {"$elemMatch": {"$gt": 2}}, "d": 0}
+        ),
+        doc! {"_id": 1, "x": [3], "e": 1}
+    );
+    // Object conditions see an element that is an array as a document: `{}` matches it.
+    assert_eq!(
+        p(
+            doc! {"_id": 1, "x": ["s", 123, [1, 2, 3], {"a": 1}]},
+            doc! {"x": {"$elemMatch": {}}, "_id": 0}
+        ),
+        doc! {"x": [[1, 2, 3]]}
+    );
+    assert_eq!(
+        p(
+            doc! {"_id": 1, "x": [[1, 2], [4, 5]]},
+            doc! {"x": {"$elemMatch": {"0": 4}}, "_id": 0}
+        ),
+        doc! {"x": [[4, 5]]}
+    );
+}
