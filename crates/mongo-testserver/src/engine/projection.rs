@@ -2,8 +2,9 @@
 //!
 //! Inclusion (`{a: 1}`), exclusion (`{a: 0}`), `_id` included unless excluded, dotted and nested
 //! paths (through arrays), computed fields (aggregation expressions, 4.4+), and in find
-//! projections `$slice` (`n` or `[skip, limit]`) and `$elemMatch`. Mixing inclusion and
-//! exclusion is refused (codes 31253/31254), as mongod. `$meta` and positional `a.$` are refused.
+//! projections `$slice` (`n` or `[skip, limit]`) and `$elemMatch` (which joins either kind of
+//! projection, and alone includes). Mixing inclusion and exclusion is refused (codes
+//! 31253/31254), as mongod. `$meta` and positional `a.$` are refused.
 
 use bson::{Bson, Document};
 
