@@ -72,7 +72,7 @@
 //!   NaN). Not implemented: `$where`, `$text`, `$jsonSchema`, geospatial operators.
 //! - **Update operators**: `$set $unset $setOnInsert $inc $mul $min $max $rename $currentDate
 //!   $push (with $each $position $slice $sort) $addToSet $pop $pull $pullAll $bit`, plus
-//!   replacements and pipeline updates. `$`-prefixed names below the top level are allowed
+//!   replacements and pipeline updates (with an update statement's constants `c` as `$$name`). `$`-prefixed names below the top level are allowed
 //!   (MongoDB 5.0+); a top-level one only when an upsert inserts. The positional operators `$` (the element the query matched, through
 //!   `{a: v}`, `{"a.f": v}`, `{a: {$elemMatch: ..}}` and top-level `$and`), `$[]` and
 //!   `$[<identifier>]` with `arrayFilters` (update and findAndModify), nested as well; the

@@ -361,6 +361,21 @@ async fn write_command_options() {
                 Error(14),
             ),
             (
+                "u type",
+                update(doc! {"q": {}, "u": 1}, doc! {}),
+                Error(9),
+            ),
+            (
+                "constants without a pipeline",
+                update(doc! {"q": {}, "u": set.clone(), "c": {"v": 1}}, doc! {}),
+                WriteError(51198),
+            ),
+            (
+                "constants type",
+                update(doc! {"q": {}, "u": [{"$set": {"x": 1}}], "c": 1}, doc! {}),
+                Error(14),
+            ),
+            (
                 "update hint type",
                 update(doc! {"q": {}, "u": set.clone(), "hint": 1}, doc! {}),
                 Error(9),
@@ -480,5 +495,27 @@ async fn change_stream_options() {
         )],
     )
     .await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn update_constants_reach_the_pipeline() {
+    let (server, db) = setup().await;
+    let r = db
+        .run_command(doc! {"update": "c", "updates": [{
+            "q": {"_id": 1},
+            "u": [{"$set": {"v": "$$k", "w": {"$add": ["$n", "$$inc"]}}}],
+            "c": {"k": "constant", "inc": 10},
+        }]})
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("nModified").unwrap(), 1, "{r}");
+    let d = db
+        .collection::<Document>("c")
+        .find_one(doc! {"_id": 1})
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d, doc! {"_id": 1, "n": 1, "v": "constant", "w": 11});
     server.shutdown().await;
 }

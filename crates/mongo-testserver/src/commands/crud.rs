@@ -376,6 +376,8 @@ fn upsert_doc(
 
 struct UpdateStatement<'a> {
     stmt: &'a Document,
+    /// `c`: constants a pipeline update reads as `$$name`.
+    constants: Option<&'a Document>,
     filter_doc: &'a Document,
     filter: Filter,
     update: Update,
@@ -403,6 +405,16 @@ fn check_update_statement(stmt: &Document) -> CommandResult<()> {
             crate::engine::compare::type_name(q)
         )));
     }
+    args::get_doc(stmt, "update.updates", "c")?;
+    // mongod's parser classifies `u` (the update itself is parsed when the statement runs).
+    if let Some(u) = stmt.get("u") {
+        if !matches!(u, Bson::Document(_) | Bson::Array(_)) {
+            return Err(CommandError::failed_to_parse(format!(
+                "Update argument must be either an object or an array, found {}",
+                crate::engine::compare::type_name(u)
+            )));
+        }
+    }
     for field in ["q", "u"] {
         if !stmt.contains_key(field) {
             return Err(CommandError::new(
@@ -420,12 +432,7 @@ fn parse_update_statement(stmt: &Document) -> CommandResult<UpdateStatement<'_>>
         match k.as_str() {
             "q" | "u" | "upsert" | "multi" | "hint" | "upsertSupplied" => {}
             "collation" => args::check_collation(stmt)?,
-            "arrayFilters" => {}
-            "c" => {
-                return Err(CommandError::bad_value(
-                    "update constants ('c') are not supported by this server",
-                ))
-            }
+            "arrayFilters" | "c" => {}
             other => return Err(args::unknown_field("update.updates", other)),
         }
     }
@@ -454,6 +461,14 @@ fn parse_update_statement(stmt: &Document) -> CommandResult<UpdateStatement<'_>>
         )
     })?;
     let update = Update::parse(u)?.with_positional(filter_doc, stmt.get("arrayFilters"))?;
+    let constants = args::get_doc(stmt, "update.updates", "c")?;
+    if constants.is_some() && !update.is_pipeline() {
+        return Err(CommandError::new(
+            51198,
+            "Location51198",
+            "Constant values may only be specified for pipeline updates",
+        ));
+    }
     if multi && update.is_replacement() {
         return Err(CommandError::failed_to_parse(
             "multi update is not supported for replacement-style update",
@@ -466,6 +481,7 @@ fn parse_update_statement(stmt: &Document) -> CommandResult<UpdateStatement<'_>>
     }
     Ok(UpdateStatement {
         stmt,
+        constants,
         filter_doc,
         filter,
         update,
@@ -489,6 +505,17 @@ fn run_update(
         None => Vec::new(),
         Some(c) if s.multi => find_all(c, &s.filter, vars)?,
         Some(c) => find_one(c, &s.filter, None, vars)?.into_iter().collect(),
+    };
+    // `c` is visible to the update pipeline only, not to the query.
+    let with_constants;
+    let vars = match s.constants {
+        Some(c) => {
+            let mut user = vars.user.clone();
+            user.extend(c.clone());
+            with_constants = vars.clone().with_let(user);
+            &with_constants
+        }
+        None => vars,
     };
     if targets.is_empty() {
         if !s.upsert {
