@@ -79,8 +79,9 @@
 //!   errors MongoDB gives for a missing match (2), a missing or unused array filter (2, 9), a
 //!   missing or non-array field (2) and dynamic `$rename` paths (2).
 //! - **Find projections** (find, findAndModify `fields`): inclusion, exclusion, computed
-//!   fields, `$slice` and `$elemMatch` (alone it includes, alongside exclusions it excludes).
-//!   Not implemented (refused by name): the positional projection `a.$` and `$meta`.
+//!   fields, `$slice`, `$elemMatch` (alone it includes, alongside exclusions it excludes) and
+//!   the positional `a.$` (the first element satisfying the query's conditions on `a`, as for
+//!   positional updates; 51246 when there is none). Not implemented (refused by name): `$meta`.
 //! - **Command options** are checked as mongod's parsers check them: an unknown field is
 //!   40415, a wrongly typed option TypeMismatch (14), a negative `skip`/`limit`/`batchSize`
 //!   51024; numbers are truncated where mongod truncates them (`batchSize: 1.9` is 1); null is

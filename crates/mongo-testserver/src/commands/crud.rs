@@ -822,9 +822,9 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     let vars = with_let(ctx, cmd, name)?;
     let project = |d: Document| -> CommandResult<Bson> {
         match fields {
-            Some(f) if !f.is_empty() => Ok(Bson::Document(crate::engine::projection::project(
-                &d, f, &vars,
-            )?)),
+            Some(f) if !f.is_empty() => Ok(Bson::Document(
+                crate::engine::projection::project_matched(&d, f, query, &vars)?,
+            )),
             _ => Ok(Bson::Document(d)),
         }
     };

@@ -129,7 +129,8 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     args::check_collation(cmd)?;
     let coll = args::coll_name(cmd, "find")?;
     let empty = Document::new();
-    let filter = Filter::parse(args::get_doc(cmd, "find", "filter")?.unwrap_or(&empty))?;
+    let filter_doc = args::get_doc(cmd, "find", "filter")?.unwrap_or(&empty);
+    let filter = Filter::parse(filter_doc)?;
     let sort = args::get_doc(cmd, "find", "sort")?.filter(|s| !s.is_empty());
     let projection = args::get_doc(cmd, "find", "projection")?.filter(|p| !p.is_empty());
     let skip = args::get_non_negative(cmd, "FindCommandRequest", "skip")?.unwrap_or(0) as usize;
@@ -190,7 +191,7 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     }
     if let Some(p) = projection {
         for d in rest.iter_mut() {
-            *d = crate::engine::projection::project(d, p, &vars)?;
+            *d = crate::engine::projection::project_matched(d, p, filter_doc, &vars)?;
         }
     }
     let first_max = batch_size.unwrap_or(DEFAULT_FIRST_BATCH);

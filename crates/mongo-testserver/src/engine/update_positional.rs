@@ -214,12 +214,26 @@ impl Positional {
         arr: &[Bson],
         vars: &Vars,
     ) -> CommandResult<Option<usize>> {
+        query_matched_index(&self.query, array_path, arr, vars)
+    }
+}
+
+/// The index of the first element of the array at `array_path` that satisfies every condition
+/// `query` puts on that array (`{a: 5}`, `{"a.x": 1}`, `{a: {$elemMatch: ..}}`, through
+/// top-level `$and`): what the positional `$` of an update or a projection stands for.
+pub(crate) fn query_matched_index(
+    query: &Document,
+    array_path: &str,
+    arr: &[Bson],
+    vars: &Vars,
+) -> CommandResult<Option<usize>> {
+    {
         enum Cond {
             Element(ElementCondition),
             Field(Filter),
         }
         let mut conds = Vec::new();
-        let mut stack: Vec<&Document> = vec![&self.query];
+        let mut stack: Vec<&Document> = vec![query];
         while let Some(q) = stack.pop() {
             for (k, v) in q {
                 if k == "$and" {
