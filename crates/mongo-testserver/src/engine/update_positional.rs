@@ -227,54 +227,51 @@ pub(crate) fn query_matched_index(
     arr: &[Bson],
     vars: &Vars,
 ) -> CommandResult<Option<usize>> {
-    {
-        enum Cond {
-            Element(ElementCondition),
-            Field(Filter),
-        }
-        let mut conds = Vec::new();
-        let mut stack: Vec<&Document> = vec![query];
-        while let Some(q) = stack.pop() {
-            for (k, v) in q {
-                if k == "$and" {
-                    if let Bson::Array(items) = v {
-                        stack.extend(items.iter().filter_map(Bson::as_document));
-                    }
-                } else if k == array_path {
-                    let cond = match v {
-                        Bson::Document(d) if d.len() == 1 && d.contains_key("$elemMatch") => {
-                            ElementCondition::parse(d.get("$elemMatch").unwrap_or(&Bson::Null))?
-                        }
-                        other => ElementCondition::parse(other)?,
-                    };
-                    conds.push(Cond::Element(cond));
-                } else if let Some(rest) =
-                    k.strip_prefix(array_path).and_then(|r| r.strip_prefix('.'))
-                {
-                    let mut f = Document::new();
-                    f.insert(rest, v.clone());
-                    conds.push(Cond::Field(Filter::parse(&f)?));
-                }
-            }
-        }
-        if conds.is_empty() {
-            return Ok(None);
-        }
-        'elements: for (i, el) in arr.iter().enumerate() {
-            for c in &conds {
-                let ok = match (c, el) {
-                    (Cond::Element(e), _) => e.matches(el, vars)?,
-                    (Cond::Field(f), Bson::Document(d)) => f.matches(d, vars)?,
-                    (Cond::Field(_), _) => false,
-                };
-                if !ok {
-                    continue 'elements;
-                }
-            }
-            return Ok(Some(i));
-        }
-        Ok(None)
+    enum Cond {
+        Element(ElementCondition),
+        Field(Filter),
     }
+    let mut conds = Vec::new();
+    let mut stack: Vec<&Document> = vec![query];
+    while let Some(q) = stack.pop() {
+        for (k, v) in q {
+            if k == "$and" {
+                if let Bson::Array(items) = v {
+                    stack.extend(items.iter().filter_map(Bson::as_document));
+                }
+            } else if k == array_path {
+                let cond = match v {
+                    Bson::Document(d) if d.len() == 1 && d.contains_key("$elemMatch") => {
+                        ElementCondition::parse(d.get("$elemMatch").unwrap_or(&Bson::Null))?
+                    }
+                    other => ElementCondition::parse(other)?,
+                };
+                conds.push(Cond::Element(cond));
+            } else if let Some(rest) = k.strip_prefix(array_path).and_then(|r| r.strip_prefix('.'))
+            {
+                let mut f = Document::new();
+                f.insert(rest, v.clone());
+                conds.push(Cond::Field(Filter::parse(&f)?));
+            }
+        }
+    }
+    if conds.is_empty() {
+        return Ok(None);
+    }
+    'elements: for (i, el) in arr.iter().enumerate() {
+        for c in &conds {
+            let ok = match (c, el) {
+                (Cond::Element(e), _) => e.matches(el, vars)?,
+                (Cond::Field(f), Bson::Document(d)) => f.matches(d, vars)?,
+                (Cond::Field(_), _) => false,
+            };
+            if !ok {
+                continue 'elements;
+            }
+        }
+        return Ok(Some(i));
+    }
+    Ok(None)
 }
 
 /// The value at concrete `parts` (numeric parts index arrays).
