@@ -175,10 +175,11 @@ fn parse_token(token: &Bson) -> CommandResult<Token> {
                 )))
             }
         },
-        _ => {
-            return Err(CommandError::type_mismatch(
-                "resume token must be a document",
-            ))
+        other => {
+            return Err(CommandError::type_mismatch(format!(
+            "BSON field '$changeStream.resumeAfter' is the wrong type '{}', expected type 'object'",
+            crate::engine::compare::type_name(other)
+        )))
         }
     };
     if data.len() != 2 + 8 + 8 + 8 + 16 + 2 || !data.starts_with("82") {
@@ -259,37 +260,40 @@ impl StreamCursor {
         let mut start_at: Option<Timestamp> = None;
         let mut resume_opts = 0;
         for (k, v) in spec {
+            // mongod's parser treats null (and undefined) as an omitted option.
+            if matches!(v, Bson::Null | Bson::Undefined) {
+                continue;
+            }
             match k.as_str() {
-                "fullDocument" => match v.as_str() {
-                    Some("default") => {}
-                    Some("updateLookup") => update_lookup = true,
-                    Some(other @ ("whenAvailable" | "required")) => {
+                "fullDocument" => match enum_option(k, v)? {
+                    "default" => {}
+                    "updateLookup" => update_lookup = true,
+                    other @ ("whenAvailable" | "required") => {
                         return Err(CommandError::bad_value(format!(
                             "fullDocument: '{other}' needs changeStreamPreAndPostImages, which this server does not support"
                         )))
                     }
-                    _ => {
+                    other => return Err(bad_enum(k, other)),
+                },
+                "fullDocumentBeforeChange" => match enum_option(k, v)? {
+                    "off" => {}
+                    other @ ("whenAvailable" | "required") => {
                         return Err(CommandError::bad_value(format!(
-                            "unsupported fullDocument value: {v}"
+                            "fullDocumentBeforeChange: '{other}' is not supported by this server"
                         )))
                     }
+                    other => return Err(bad_enum(k, other)),
                 },
-                "fullDocumentBeforeChange" => {
-                    if v.as_str() != Some("off") {
-                        return Err(CommandError::bad_value(format!(
-                            "fullDocumentBeforeChange: {v} is not supported by this server"
-                        )));
-                    }
-                }
                 "resumeAfter" | "startAfter" => {
                     resume = Some((k.as_str(), v));
                     resume_opts += 1;
                 }
                 "startAtOperationTime" => {
                     let Bson::Timestamp(ts) = v else {
-                        return Err(CommandError::type_mismatch(
-                            "startAtOperationTime must be a timestamp",
-                        ));
+                        return Err(CommandError::type_mismatch(format!(
+                            "BSON field '$changeStream.startAtOperationTime' is the wrong type '{}', expected type 'timestamp'",
+                            crate::engine::compare::type_name(v)
+                        )));
                     };
                     start_at = Some(*ts);
                     resume_opts += 1;
@@ -302,11 +306,17 @@ impl StreamCursor {
                         ));
                     }
                 }
-                "showExpandedEvents" => {
+                // Events this server never produces (migrations, system collections): the flags
+                // change nothing.
+                "showMigrationEvents" | "showSystemEvents" | "allowToRunOnConfigDB"
+                | "allowToRunOnSystemNS" => {
+                    bool_flag(k, v)?;
+                }
+                "showExpandedEvents" | "showRawUpdateDescription" => {
                     if bool_flag(k, v)? {
-                        return Err(CommandError::bad_value(
-                            "showExpandedEvents: true is not supported by this server",
-                        ));
+                        return Err(CommandError::bad_value(format!(
+                            "{k}: true is not supported by this server"
+                        )));
                     }
                 }
                 other => {
@@ -596,6 +606,24 @@ impl StreamCursor {
 }
 
 /// A boolean `$changeStream` option (mongod refuses other types with TypeMismatch).
+/// A string-valued enumeration option (TypeMismatch when not a string).
+fn enum_option<'v>(name: &str, v: &'v Bson) -> CommandResult<&'v str> {
+    match v {
+        Bson::String(s) => Ok(s),
+        other => Err(CommandError::type_mismatch(format!(
+            "BSON field '$changeStream.{name}' is the wrong type '{}', expected type 'string'",
+            crate::engine::compare::type_name(other)
+        ))),
+    }
+}
+
+/// mongod's error for a string that is not one of an enumeration's values.
+fn bad_enum(name: &str, value: &str) -> CommandError {
+    CommandError::bad_value(format!(
+        "Enumeration value '{value}' for field '$changeStream.{name}' is not a valid value."
+    ))
+}
+
 fn bool_flag(name: &str, v: &Bson) -> CommandResult<bool> {
     match v {
         Bson::Boolean(b) => Ok(*b),

@@ -72,12 +72,27 @@
 //!   NaN). Not implemented: `$where`, `$text`, `$jsonSchema`, geospatial operators.
 //! - **Update operators**: `$set $unset $setOnInsert $inc $mul $min $max $rename $currentDate
 //!   $push (with $each $position $slice $sort) $addToSet $pop $pull $pullAll $bit`, plus
-//!   replacements and pipeline updates. `$`-prefixed names below the top level are allowed
+//!   replacements and pipeline updates (with an update statement's constants `c` as `$$name`). `$`-prefixed names below the top level are allowed
 //!   (MongoDB 5.0+); a top-level one only when an upsert inserts. The positional operators `$` (the element the query matched, through
 //!   `{a: v}`, `{"a.f": v}`, `{a: {$elemMatch: ..}}` and top-level `$and`), `$[]` and
 //!   `$[<identifier>]` with `arrayFilters` (update and findAndModify), nested as well; the
 //!   errors MongoDB gives for a missing match (2), a missing or unused array filter (2, 9), a
 //!   missing or non-array field (2) and dynamic `$rename` paths (2).
+//! - **Find projections** (find, findAndModify `fields`): inclusion, exclusion, computed
+//!   fields, `$slice`, `$elemMatch` (alone it includes, alongside exclusions it excludes) and
+//!   the positional `a.$` (the first element satisfying the query's conditions on `a`, as for
+//!   positional updates; 51246 when there is none). Not implemented (refused by name): `$meta`.
+//! - **Command options** are checked as mongod's parsers check them: an unknown field is
+//!   40415, a wrongly typed option TypeMismatch (14), a negative `skip`/`limit`/`batchSize`
+//!   51024; numbers are truncated where mongod truncates them (`batchSize: 1.9` is 1); null is
+//!   an omitted option where mongod's parser says so, but not for `find`'s boolean flags;
+//!   `findAndModify`'s `new`/`upsert`/`remove`/`bypassDocumentValidation` take numbers, while
+//!   `ordered` and an update statement's `upsert`/`multi` must be booleans; `maxTimeMS` is
+//!   refused with BadValue (2) unless an integral number in `[0, 2^31)` (`aggregate` and
+//!   `getMore` check its type first: 14, and 51024 for `aggregate`); a malformed update or
+//!   delete statement fails the whole command before any statement runs; a `hint` that is
+//!   neither a string nor an object is FailedToParse (9), one naming no index BadValue (2) (a
+//!   write error for update and delete statements).
 //! - **Stages**: `$match $project $addFields/$set $unset $replaceRoot/$replaceWith $group
 //!   $sort $skip $limit $count $unwind $changeStream` (update pipelines: `$addFields/$set
 //!   $project $unset $replaceRoot/$replaceWith`). Not implemented (refused by name):

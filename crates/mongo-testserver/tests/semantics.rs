@@ -456,3 +456,52 @@ async fn ttl_seconds_are_stored_as_an_int() {
     assert_eq!(ttl, Some(bson::Bson::Int32(100)));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn projections_elem_match_and_positional() {
+    let server = TestServer::start().await.unwrap();
+    let c = client(&server).await;
+    let db = c.database("db");
+    let coll = db.collection::<Document>("proj");
+    coll.insert_one(doc! {"_id": 1, "g": [80, 85, 90], "m": [[1, 2], [5, 6]], "d": 4, "e": 5})
+        .await
+        .unwrap();
+    let find = |filter: Document, projection: Document| {
+        let coll = coll.clone();
+        async move {
+            coll.find_one(filter)
+                .projection(projection)
+                .await
+                .map(Option::unwrap)
+        }
+    };
+    // $elemMatch with operator-only conditions, inside an exclusion projection, and on arrays
+    // of arrays (an element that is an array is a document keyed by position).
+    assert_eq!(
+        find(doc! {}, doc! {"g": {"$elemMatch": {"$gte": 85}}, "d": 0})
+            .await
+            .unwrap(),
+        doc! {"_id": 1, "g": [85], "m": [[1, 2], [5, 6]], "e": 5}
+    );
+    assert_eq!(
+        find(doc! {}, doc! {"m": {"$elemMatch": {"0": 5}}, "_id": 0})
+            .await
+            .unwrap(),
+        doc! {"m": [[5, 6]]}
+    );
+    // The positional projection keeps the element the query selected (find, findAndModify).
+    assert_eq!(
+        find(doc! {"g": {"$gt": 80}}, doc! {"g.$": 1})
+            .await
+            .unwrap(),
+        doc! {"_id": 1, "g": [85]}
+    );
+    let r = db
+        .run_command(doc! {"findAndModify": "proj", "query": {"g": 90}, "update": {"$set": {"d": 1}}, "fields": {"g.$": 1, "_id": 0}})
+        .await
+        .unwrap();
+    assert_eq!(r.get_document("value").unwrap(), &doc! {"g": [90]});
+    let e = find(doc! {"d": 1}, doc! {"g.$": 1}).await.unwrap_err();
+    assert_eq!(code(&e), Some(51246));
+    server.shutdown().await;
+}

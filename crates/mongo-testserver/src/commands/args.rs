@@ -72,33 +72,150 @@ fn wrong_type(command: &str, field: &str, v: &Bson, expected: &str) -> CommandEr
     ))
 }
 
-/// An optional integer field.
-pub fn get_i64(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<i64>> {
-    match cmd.get(field) {
-        // mongod treats null as an omitted optional field.
-        None | Some(Bson::Null) => Ok(None),
-        Some(v) => as_i64(v)
-            .map(Some)
-            .ok_or_else(|| wrong_type(command, field, v, "[long, int, decimal, double]")),
+/// mongod's `safeNumberLong`: any number as an i64, doubles truncated toward zero, decimals
+/// rounded half to even, NaN as 0 and out-of-range values clamped.
+pub fn safe_i64(v: &Bson) -> Option<i64> {
+    fn clamp(f: f64) -> i64 {
+        if f.is_nan() {
+            0
+        } else {
+            // `as` saturates at the i64 range.
+            f as i64
+        }
+    }
+    match v {
+        Bson::Int32(i) => Some(i64::from(*i)),
+        Bson::Int64(i) => Some(*i),
+        Bson::Double(f) => Some(clamp(f.trunc())),
+        Bson::Decimal128(d) => {
+            let d = crate::engine::decimal::from_bson(d);
+            Some(match crate::engine::decimal::to_i64_exact(d) {
+                Some(i) => i,
+                None => clamp(crate::engine::decimal::to_f64(d).round_ties_even()),
+            })
+        }
+        _ => None,
     }
 }
 
-/// An optional boolean field (numbers are accepted as mongod does).
+/// An optional integer field of IDL type `safeInt64`: any number (see [`safe_i64`]); null is
+/// an omitted field; other types are a TypeMismatch.
+pub fn get_i64(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<i64>> {
+    match cmd.get(field) {
+        // mongod treats null (and undefined) as an omitted optional field.
+        None | Some(Bson::Null | Bson::Undefined) => Ok(None),
+        Some(v) => safe_i64(v)
+            .map(Some)
+            .ok_or_else(|| wrong_types(command, field, v, "[long, int, decimal, double]")),
+    }
+}
+
+/// An optional `safeInt64` field with mongod's `{gte: 0}` validator (51024 when negative).
+pub fn get_non_negative(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<i64>> {
+    match get_i64(cmd, command, field)? {
+        Some(v) if v < 0 => Err(CommandError::new(
+            51024,
+            "Location51024",
+            format!("BSON field '{field}' value must be >= 0, actual value '{v}'"),
+        )),
+        other => Ok(other),
+    }
+}
+
+fn wrong_types(command: &str, field: &str, v: &Bson, expected: &str) -> CommandError {
+    CommandError::type_mismatch(format!(
+        "BSON field '{command}.{field}' is the wrong type '{}', expected types '{expected}'",
+        type_name(v)
+    ))
+}
+
+/// An optional field of IDL type `safeBool`: booleans and numbers (non-zero is true); null is an
+/// omitted field.
 pub fn get_bool(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<bool>> {
     match cmd.get(field) {
-        None | Some(Bson::Null) => Ok(None),
+        None | Some(Bson::Null | Bson::Undefined) => Ok(None),
         Some(Bson::Boolean(b)) => Ok(Some(*b)),
-        Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) => {
-            Ok(as_i64(v).map(|i| i != 0).or(Some(true)))
-        }
+        Some(Bson::Int32(i)) => Ok(Some(*i != 0)),
+        Some(Bson::Int64(i)) => Ok(Some(*i != 0)),
+        // NaN is true, as in mongod's trueValue.
+        Some(Bson::Double(f)) => Ok(Some(*f != 0.0)),
         Some(Bson::Decimal128(d)) => Ok(Some(!crate::engine::decimal::from_bson(d).is_zero())),
-        Some(v) => Err(wrong_type(
+        Some(v) => Err(wrong_types(
             command,
             field,
             v,
             "[bool, long, int, decimal, double]",
         )),
     }
+}
+
+/// An optional field of IDL type `bool`: only a boolean; null is an omitted field.
+pub fn get_strict_bool(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<bool>> {
+    match cmd.get(field) {
+        None | Some(Bson::Null | Bson::Undefined) => Ok(None),
+        Some(Bson::Boolean(b)) => Ok(Some(*b)),
+        Some(v) => Err(wrong_type(command, field, v, "bool")),
+    }
+}
+
+/// An optional field of IDL type `optionalBool`: only a boolean, not even null.
+pub fn get_optional_bool(cmd: &Document, field: &str) -> CommandResult<Option<bool>> {
+    match cmd.get(field) {
+        None => Ok(None),
+        Some(Bson::Boolean(b)) => Ok(Some(*b)),
+        Some(v) => Err(CommandError::type_mismatch(format!(
+            "Field '{field}' should be a boolean value, but found: {}",
+            type_name(v)
+        ))),
+    }
+}
+
+/// An optional array of documents (`arrayFilters`): null is an omitted field.
+pub fn check_doc_array(cmd: &Document, command: &str, field: &str) -> CommandResult<()> {
+    match cmd.get(field) {
+        None | Some(Bson::Null | Bson::Undefined) => Ok(()),
+        Some(Bson::Array(a)) => {
+            for v in a {
+                if !matches!(v, Bson::Document(_)) {
+                    return Err(wrong_type(command, field, v, "object"));
+                }
+            }
+            Ok(())
+        }
+        Some(v) => Err(wrong_type(command, field, v, "array")),
+    }
+}
+
+/// mongod's checks of the generic `maxTimeMS` (`parseMaxTimeMS`): a number, integral when a
+/// double, in `[0, 2^31)`; `aggregate` parses it as a non-negative `safeInt64` first, `getMore`
+/// as a `safeInt64`.
+pub fn check_max_time_ms(name: &str, cmd: &Document) -> CommandResult<()> {
+    let Some(v) = cmd.get("maxTimeMS") else {
+        return Ok(());
+    };
+    match name {
+        "aggregate" => {
+            get_non_negative(cmd, name, "maxTimeMS")?;
+        }
+        "getMore" => {
+            get_i64(cmd, name, "maxTimeMS")?;
+        }
+        _ => {}
+    }
+    let Some(ms) = safe_i64(v) else {
+        return Err(CommandError::bad_value("maxTimeMS must be a number"));
+    };
+    if !(0..=i64::from(i32::MAX)).contains(&ms) {
+        return Err(CommandError::bad_value(format!(
+            "{ms} value for maxTimeMS is out of range [0, 2147483647]"
+        )));
+    }
+    if let Bson::Double(f) = v {
+        if f.fract() != 0.0 {
+            return Err(CommandError::bad_value("maxTimeMS has non-integral value"));
+        }
+    }
+    Ok(())
 }
 
 /// `hint` is an index name or a key pattern (mongod: FailedToParse otherwise).
@@ -191,6 +308,7 @@ pub fn check_generic(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult
     if cmd.contains_key("startTransaction") || cmd.contains_key("autocommit") {
         return Err(no_transactions());
     }
+    check_max_time_ms(name, cmd)?;
     if let Some(v) = cmd.get("txnNumber") {
         if as_i64(v).is_none() {
             return Err(wrong_type(name, "txnNumber", v, "long"));

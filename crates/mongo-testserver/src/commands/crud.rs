@@ -146,7 +146,8 @@ pub fn insert(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     validate_names(ctx.db, coll)?;
     let docs = args::get_docs(cmd, "insert", "documents")?;
     check_batch(docs.len())?;
-    let ordered = args::get_bool(cmd, "insert", "ordered")?.unwrap_or(true);
+    let ordered = args::get_strict_bool(cmd, "insert", "ordered")?.unwrap_or(true);
+    args::get_bool(cmd, "insert", "bypassDocumentValidation")?;
     retryable(ctx, cmd, |st| {
         let mut n = 0i32;
         let mut errors = Vec::new();
@@ -374,6 +375,9 @@ fn upsert_doc(
 }
 
 struct UpdateStatement<'a> {
+    stmt: &'a Document,
+    /// `c`: constants a pipeline update reads as `$$name`.
+    constants: Option<&'a Document>,
     filter_doc: &'a Document,
     filter: Filter,
     update: Update,
@@ -381,24 +385,59 @@ struct UpdateStatement<'a> {
     multi: bool,
 }
 
-fn parse_update_statement(
-    stmt: &Document,
-    vars_present: bool,
-) -> CommandResult<UpdateStatement<'_>> {
-    let _ = vars_present;
+/// The checks mongod's command parser makes on an update statement (before any statement runs:
+/// a failure fails the whole command).
+fn check_update_statement(stmt: &Document) -> CommandResult<()> {
+    for (k, _) in stmt {
+        match k.as_str() {
+            "q" | "u" | "upsert" | "multi" | "hint" | "upsertSupplied" | "collation"
+            | "arrayFilters" | "c" => {}
+            other => return Err(args::unknown_field("update.updates", other)),
+        }
+    }
+    args::get_strict_bool(stmt, "update.updates", "upsert")?;
+    args::get_strict_bool(stmt, "update.updates", "multi")?;
+    args::check_hint_type(stmt)?;
+    args::check_doc_array(stmt, "update.updates", "arrayFilters")?;
+    if let Some(q) = stmt.get("q").filter(|q| !matches!(q, Bson::Document(_))) {
+        return Err(CommandError::type_mismatch(format!(
+            "BSON field 'update.updates.q' is the wrong type '{}', expected type 'object'",
+            crate::engine::compare::type_name(q)
+        )));
+    }
+    args::get_doc(stmt, "update.updates", "c")?;
+    // mongod's parser classifies `u` (the update itself is parsed when the statement runs).
+    if let Some(u) = stmt.get("u") {
+        if !matches!(u, Bson::Document(_) | Bson::Array(_)) {
+            return Err(CommandError::failed_to_parse(format!(
+                "Update argument must be either an object or an array, found {}",
+                crate::engine::compare::type_name(u)
+            )));
+        }
+    }
+    for field in ["q", "u"] {
+        if !stmt.contains_key(field) {
+            return Err(CommandError::new(
+                40414,
+                "Location40414",
+                format!("BSON field 'update.updates.{field}' is missing but a required field"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn parse_update_statement(stmt: &Document) -> CommandResult<UpdateStatement<'_>> {
     for (k, _) in stmt {
         match k.as_str() {
             "q" | "u" | "upsert" | "multi" | "hint" | "upsertSupplied" => {}
             "collation" => args::check_collation(stmt)?,
-            "arrayFilters" => {}
-            "c" => {
-                return Err(CommandError::bad_value(
-                    "update constants ('c') are not supported by this server",
-                ))
-            }
+            "arrayFilters" | "c" => {}
             other => return Err(args::unknown_field("update.updates", other)),
         }
     }
+    let upsert = args::get_strict_bool(stmt, "update.updates", "upsert")?.unwrap_or(false);
+    let multi = args::get_strict_bool(stmt, "update.updates", "multi")?.unwrap_or(false);
     let filter_doc = match stmt.get("q") {
         Some(Bson::Document(d)) => d,
         Some(_) => {
@@ -422,8 +461,14 @@ fn parse_update_statement(
         )
     })?;
     let update = Update::parse(u)?.with_positional(filter_doc, stmt.get("arrayFilters"))?;
-    let upsert = args::get_bool(stmt, "update.updates", "upsert")?.unwrap_or(false);
-    let multi = args::get_bool(stmt, "update.updates", "multi")?.unwrap_or(false);
+    let constants = args::get_doc(stmt, "update.updates", "c")?;
+    if constants.is_some() && !update.is_pipeline() {
+        return Err(CommandError::new(
+            51198,
+            "Location51198",
+            "Constant values may only be specified for pipeline updates",
+        ));
+    }
     if multi && update.is_replacement() {
         return Err(CommandError::failed_to_parse(
             "multi update is not supported for replacement-style update",
@@ -435,6 +480,8 @@ fn parse_update_statement(
         filter.check_upsert_allowed()?;
     }
     Ok(UpdateStatement {
+        stmt,
+        constants,
         filter_doc,
         filter,
         update,
@@ -451,10 +498,24 @@ fn run_update(
     s: &UpdateStatement<'_>,
     vars: &Vars,
 ) -> CommandResult<(i64, i64, Option<Bson>)> {
+    if let Some(c) = st.store.coll(db, coll) {
+        super::query::check_hint(c, s.stmt)?;
+    }
     let targets = match st.store.coll(db, coll) {
         None => Vec::new(),
         Some(c) if s.multi => find_all(c, &s.filter, vars)?,
         Some(c) => find_one(c, &s.filter, None, vars)?.into_iter().collect(),
+    };
+    // `c` is visible to the update pipeline only, not to the query.
+    let with_constants;
+    let vars = match s.constants {
+        Some(c) => {
+            let mut user = vars.user.clone();
+            user.extend(c.clone());
+            with_constants = vars.clone().with_let(user);
+            &with_constants
+        }
+        None => vars,
     };
     if targets.is_empty() {
         if !s.upsert {
@@ -488,11 +549,15 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     validate_names(ctx.db, coll)?;
     let stmts = args::get_docs(cmd, "update", "updates")?;
     check_batch(stmts.len())?;
-    let ordered = args::get_bool(cmd, "update", "ordered")?.unwrap_or(true);
+    let ordered = args::get_strict_bool(cmd, "update", "ordered")?.unwrap_or(true);
+    args::get_bool(cmd, "update", "bypassDocumentValidation")?;
+    for s in &stmts {
+        check_update_statement(s)?;
+    }
     let vars = with_let(ctx, cmd, "update")?;
     if cmd.contains_key("txnNumber") {
         for s in &stmts {
-            if args::get_bool(s, "update.updates", "multi")?.unwrap_or(false) {
+            if args::get_strict_bool(s, "update.updates", "multi")?.unwrap_or(false) {
                 return Err(CommandError::new(
                     72,
                     "InvalidOptions",
@@ -507,8 +572,8 @@ pub fn update(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         let mut upserted = Vec::new();
         let mut errors = Vec::new();
         for (i, stmt) in stmts.iter().enumerate() {
-            let result = parse_update_statement(stmt, false)
-                .and_then(|s| run_update(st, ctx.db, coll, &s, &vars));
+            let result =
+                parse_update_statement(stmt).and_then(|s| run_update(st, ctx.db, coll, &s, &vars));
             match result {
                 Ok((matched, modified, up)) => {
                     n += matched;
@@ -563,7 +628,10 @@ pub fn delete(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     validate_names(ctx.db, coll)?;
     let stmts = args::get_docs(cmd, "delete", "deletes")?;
     check_batch(stmts.len())?;
-    let ordered = args::get_bool(cmd, "delete", "ordered")?.unwrap_or(true);
+    let ordered = args::get_strict_bool(cmd, "delete", "ordered")?.unwrap_or(true);
+    for s in &stmts {
+        check_delete_statement(s)?;
+    }
     let vars = with_let(ctx, cmd, "delete")?;
     retryable(ctx, cmd, |st| {
         let mut n = 0i64;
@@ -587,31 +655,10 @@ pub fn delete(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     })
 }
 
-fn run_delete(
-    st: &mut State,
-    db: &str,
-    coll: &str,
-    stmt: &Document,
-    vars: &Vars,
-) -> CommandResult<i64> {
-    for (k, _) in stmt {
-        match k.as_str() {
-            "q" | "limit" | "hint" => {}
-            "collation" => args::check_collation(stmt)?,
-            other => return Err(args::unknown_field("delete.deletes", other)),
-        }
-    }
-    let filter_doc = match stmt.get("q") {
-        Some(Bson::Document(d)) => d,
-        _ => {
-            return Err(CommandError::new(
-                40414,
-                "Location40414",
-                "BSON field 'delete.deletes.q' is missing but a required field",
-            ))
-        }
-    };
-    let limit = match stmt.get("limit").map(args::as_i64) {
+/// A delete statement's `limit` as mongod reads it (`numberDouble`: a non-number is 0): whether
+/// it deletes one document.
+fn delete_limit_one(stmt: &Document) -> CommandResult<bool> {
+    let limit = match stmt.get("limit") {
         None => {
             return Err(CommandError::new(
                 40414,
@@ -619,21 +666,68 @@ fn run_delete(
                 "BSON field 'delete.deletes.limit' is missing but a required field",
             ))
         }
-        Some(Some(l @ (0 | 1))) => l,
-        Some(_) => {
-            return Err(CommandError::failed_to_parse(format!(
-                "The limit field in delete objects must be 0 or 1. Got {}",
-                stmt.get("limit")
-                    .map(ToString::to_string)
-                    .unwrap_or_default()
+        Some(Bson::Int32(i)) => f64::from(*i),
+        Some(Bson::Int64(i)) => *i as f64,
+        Some(Bson::Double(f)) => *f,
+        Some(Bson::Decimal128(d)) => {
+            crate::engine::decimal::to_f64(crate::engine::decimal::from_bson(d))
+        }
+        Some(_) => 0.0,
+    };
+    if limit == 0.0 || limit == 1.0 {
+        Ok(limit == 1.0)
+    } else {
+        Err(CommandError::failed_to_parse(format!(
+            "The limit field in delete objects must be 0 or 1. Got {limit}"
+        )))
+    }
+}
+
+/// The checks mongod's command parser makes on a delete statement (before any statement runs).
+fn check_delete_statement(stmt: &Document) -> CommandResult<()> {
+    for (k, _) in stmt {
+        match k.as_str() {
+            "q" | "limit" | "hint" | "collation" => {}
+            other => return Err(args::unknown_field("delete.deletes", other)),
+        }
+    }
+    match stmt.get("q") {
+        Some(Bson::Document(_)) => {}
+        None => {
+            return Err(CommandError::new(
+                40414,
+                "Location40414",
+                "BSON field 'delete.deletes.q' is missing but a required field",
+            ))
+        }
+        Some(q) => {
+            return Err(CommandError::type_mismatch(format!(
+                "BSON field 'delete.deletes.q' is the wrong type '{}', expected type 'object'",
+                crate::engine::compare::type_name(q)
             )))
         }
-    };
+    }
+    delete_limit_one(stmt)?;
+    args::check_hint_type(stmt)
+}
+
+fn run_delete(
+    st: &mut State,
+    db: &str,
+    coll: &str,
+    stmt: &Document,
+    vars: &Vars,
+) -> CommandResult<i64> {
+    args::check_collation(stmt)?;
+    let empty = Document::new();
+    let filter_doc = stmt.get_document("q").unwrap_or(&empty);
+    let limit_one = delete_limit_one(stmt)?;
     let filter = Filter::parse(filter_doc)?;
     let Some(c) = st.store.coll(db, coll) else {
         return Ok(0);
     };
-    let targets: Vec<RecordId> = if limit == 1 {
+    super::query::check_hint(c, stmt)?;
+    let targets: Vec<RecordId> = if limit_one {
         find_one(c, &filter, None, vars)?.into_iter().collect()
     } else {
         find_all(c, &filter, vars)?
@@ -665,6 +759,8 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
             "arrayFilters",
             "hint",
             "let",
+            "batchSize",
+            "singleBatch",
         ],
     )?;
     let coll = args::coll_name(cmd, name)?;
@@ -677,6 +773,18 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     let new = args::get_bool(cmd, name, "new")?.unwrap_or(false);
     let upsert = args::get_bool(cmd, name, "upsert")?.unwrap_or(false);
     args::get_bool(cmd, name, "bypassDocumentValidation")?;
+    // Accepted and ignored, as by mongod.
+    args::get_strict_bool(cmd, name, "singleBatch")?;
+    match cmd.get("batchSize") {
+        None | Some(Bson::Null | Bson::Undefined | Bson::Int32(_)) => {}
+        Some(v) => {
+            return Err(CommandError::type_mismatch(format!(
+                "BSON field '{name}.batchSize' is the wrong type '{}', expected type 'int'",
+                crate::engine::compare::type_name(v)
+            )))
+        }
+    }
+    args::check_doc_array(cmd, name, "arrayFilters")?;
     args::check_hint_type(cmd)?;
     args::check_collation(cmd)?;
     let update = match cmd.get("update") {
@@ -714,9 +822,9 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     let vars = with_let(ctx, cmd, name)?;
     let project = |d: Document| -> CommandResult<Bson> {
         match fields {
-            Some(f) if !f.is_empty() => Ok(Bson::Document(crate::engine::projection::project(
-                &d, f, &vars,
-            )?)),
+            Some(f) if !f.is_empty() => Ok(Bson::Document(
+                crate::engine::projection::project_matched(&d, f, query, &vars)?,
+            )),
             _ => Ok(Bson::Document(d)),
         }
     };

@@ -41,15 +41,6 @@ fn take_batch(rest: &mut VecDeque<Document>, max: usize) -> CommandResult<Vec<Do
     Ok(out)
 }
 
-fn non_negative(cmd: &Document, command: &str, field: &str) -> CommandResult<Option<i64>> {
-    match args::get_i64(cmd, command, field)? {
-        Some(v) if v < 0 => Err(CommandError::bad_value(format!(
-            "{field} value must be non-negative, but received: {v}"
-        ))),
-        other => Ok(other),
-    }
-}
-
 /// A `hint` names an existing index (by name or key pattern); mongod answers BadValue otherwise.
 pub(super) fn check_hint(coll: &Collection, cmd: &Document) -> CommandResult<()> {
     let ok = match cmd.get("hint") {
@@ -118,8 +109,11 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
             "term",
         ],
     )?;
+    for flag in ["allowDiskUse", "allowPartialResults", "readOnce"] {
+        args::get_optional_bool(cmd, flag)?;
+    }
     for unsupported in ["returnKey", "showRecordId", "tailable", "awaitData"] {
-        if args::get_bool(cmd, "find", unsupported)?.unwrap_or(false) {
+        if args::get_optional_bool(cmd, unsupported)?.unwrap_or(false) {
             return Err(CommandError::bad_value(format!(
                 "find option '{unsupported}' is not supported by this server"
             )));
@@ -135,16 +129,18 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     args::check_collation(cmd)?;
     let coll = args::coll_name(cmd, "find")?;
     let empty = Document::new();
-    let filter = Filter::parse(args::get_doc(cmd, "find", "filter")?.unwrap_or(&empty))?;
+    let filter_doc = args::get_doc(cmd, "find", "filter")?.unwrap_or(&empty);
+    let filter = Filter::parse(filter_doc)?;
     let sort = args::get_doc(cmd, "find", "sort")?.filter(|s| !s.is_empty());
     let projection = args::get_doc(cmd, "find", "projection")?.filter(|p| !p.is_empty());
-    let skip = non_negative(cmd, "find", "skip")?.unwrap_or(0) as usize;
-    let limit = non_negative(cmd, "find", "limit")?
+    let skip = args::get_non_negative(cmd, "FindCommandRequest", "skip")?.unwrap_or(0) as usize;
+    let limit = args::get_non_negative(cmd, "FindCommandRequest", "limit")?
         .filter(|&l| l > 0)
         .map(|l| l as usize);
-    let batch_size = non_negative(cmd, "find", "batchSize")?.map(|b| b as usize);
-    let single_batch = args::get_bool(cmd, "find", "singleBatch")?.unwrap_or(false);
-    let no_timeout = args::get_bool(cmd, "find", "noCursorTimeout")?.unwrap_or(false);
+    let batch_size =
+        args::get_non_negative(cmd, "FindCommandRequest", "batchSize")?.map(|b| b as usize);
+    let single_batch = args::get_optional_bool(cmd, "singleBatch")?.unwrap_or(false);
+    let no_timeout = args::get_optional_bool(cmd, "noCursorTimeout")?.unwrap_or(false);
     let vars = with_let(ctx, cmd, "find")?;
     let ns = format!("{}.{}", ctx.db, coll);
 
@@ -195,7 +191,7 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     }
     if let Some(p) = projection {
         for d in rest.iter_mut() {
-            *d = crate::engine::projection::project(d, p, &vars)?;
+            *d = crate::engine::projection::project_matched(d, p, filter_doc, &vars)?;
         }
     }
     let first_max = batch_size.unwrap_or(DEFAULT_FIRST_BATCH);
@@ -230,19 +226,33 @@ pub async fn get_more(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
         None => return Err(CommandError::bad_value("missing cursor id")),
     };
     let coll = match cmd.get("collection") {
+        Some(Bson::String(s)) if s.is_empty() => {
+            return Err(CommandError::new(
+                73,
+                "InvalidNamespace",
+                "Collection names cannot be empty",
+            ))
+        }
         Some(Bson::String(s)) => s.clone(),
-        _ => {
+        None | Some(Bson::Null | Bson::Undefined) => {
             return Err(CommandError::new(
                 40414,
                 "Location40414",
                 "BSON field 'getMore.collection' is missing but a required field",
             ))
         }
+        Some(v) => {
+            return Err(CommandError::type_mismatch(format!(
+                "BSON field 'getMore.collection' is the wrong type '{}', expected type 'string'",
+                crate::engine::compare::type_name(v)
+            )))
+        }
     };
-    let batch_size = non_negative(cmd, "getMore", "batchSize")?
+    let batch_size = args::get_non_negative(cmd, "getMore", "batchSize")?
         .filter(|&b| b > 0)
         .map(|b| b as usize);
-    let max_time = non_negative(cmd, "getMore", "maxTimeMS")?;
+    // Checked with the generic fields.
+    let max_time = args::get_i64(cmd, "getMore", "maxTimeMS")?;
     let is_stream = {
         let mut st = ctx.shared.lock();
         let cursor = st.cursors.get_mut(id).ok_or_else(|| cursor_not_found(id))?;
@@ -395,7 +405,7 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     let coll = args::coll_name(cmd, "count")?;
     let empty = Document::new();
     let filter = Filter::parse(args::get_doc(cmd, "count", "query")?.unwrap_or(&empty))?;
-    let skip = non_negative(cmd, "count", "skip")?.unwrap_or(0);
+    let skip = args::get_non_negative(cmd, "count", "skip")?.unwrap_or(0);
     let limit = args::get_i64(cmd, "count", "limit")?
         .map(|l| l.checked_abs().unwrap_or(i64::MAX))
         .filter(|&l| l > 0);
@@ -424,6 +434,7 @@ pub fn count(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
 pub fn distinct(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     check_fields(cmd, "distinct", &["key", "query", "hint", "collation"])?;
     args::check_collation(cmd)?;
+    args::check_hint_type(cmd)?;
     let coll = args::coll_name(cmd, "distinct")?;
     let key = match cmd.get("key") {
         Some(Bson::String(k)) => k.clone(),
@@ -439,6 +450,7 @@ pub fn distinct(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     let mut values: Vec<Bson> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     if let Some(c) = st.store.coll(ctx.db, coll) {
+        check_hint(c, cmd)?;
         for rid in find_all(c, &filter, &ctx.vars)? {
             if let Some(d) = c.get(rid) {
                 for v in crate::store::path_values(d, &key) {
@@ -476,7 +488,17 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         ],
     )?;
     args::check_collation(cmd)?;
-    if args::get_bool(cmd, "aggregate", "explain")?.unwrap_or(false) {
+    args::get_optional_bool(cmd, "allowDiskUse")?;
+    args::get_bool(cmd, "aggregate", "bypassDocumentValidation")?;
+    args::check_hint_type(cmd)?;
+    let explain = match cmd.get("explain") {
+        None => false,
+        Some(Bson::Boolean(b)) => *b,
+        Some(_) => {
+            return Err(CommandError::type_mismatch("explain must be a boolean"));
+        }
+    };
+    if explain {
         return Err(CommandError::bad_value(
             "explain is not supported by this server",
         ));
@@ -485,9 +507,14 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     let cursor_opts =
         match cmd.get("cursor") {
             Some(Bson::Document(c)) => c,
-            _ => return Err(CommandError::failed_to_parse(
+            None => return Err(CommandError::failed_to_parse(
                 "The 'cursor' option is required, except for aggregate with the explain argument",
             )),
+            Some(_) => {
+                return Err(CommandError::type_mismatch(
+                    "cursor field must be missing or an object",
+                ))
+            }
         };
     for (k, _) in cursor_opts {
         if k != "batchSize" {
@@ -495,7 +522,7 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         }
     }
     let batch_size =
-        non_negative(cursor_opts, "aggregate.cursor", "batchSize")?.map(|b| b as usize);
+        args::get_non_negative(cursor_opts, "cursor", "batchSize")?.map(|b| b as usize);
     for (i, s) in stages.iter().enumerate() {
         if s.len() != 1 {
             return Err(CommandError::new(
@@ -612,8 +639,10 @@ fn open_change_stream(
     let spec = match stages[0].get("$changeStream") {
         Some(Bson::Document(d)) => d,
         _ => {
-            return Err(CommandError::failed_to_parse(
-                "the $changeStream stage must be specified as an object",
+            return Err(CommandError::new(
+                50808,
+                "Location50808",
+                "$changeStream stage expects a document as argument",
             ))
         }
     };

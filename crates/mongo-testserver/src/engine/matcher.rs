@@ -754,11 +754,16 @@ fn single(p: &Pred, x: Option<&Bson>, vars: &Vars) -> CommandResult<bool> {
             Some(Bson::Array(arr)) => {
                 let mut found = false;
                 for el in arr {
-                    if let Bson::Document(d) = el {
-                        if match_node(node, d, vars)? {
-                            found = true;
-                            break;
-                        }
+                    // As mongod: an element that is an array is matched as a document keyed
+                    // by position.
+                    let matched = match el {
+                        Bson::Document(d) => match_node(node, d, vars)?,
+                        Bson::Array(a) => match_node(node, &array_as_document(a), vars)?,
+                        _ => false,
+                    };
+                    if matched {
+                        found = true;
+                        break;
                     }
                 }
                 found
@@ -866,6 +871,15 @@ impl ElementCondition {
         }
     }
 
+    /// Does the element match as `$elemMatch` tests it? Object conditions also apply to an
+    /// element that is an array, as a document keyed by position (so `{}` matches it).
+    pub fn matches_as_elem_match(&self, el: &Bson, vars: &Vars) -> CommandResult<bool> {
+        match (&self.kind, el) {
+            (ElemCond::Doc(node), Bson::Array(a)) => match_node(node, &array_as_document(a), vars),
+            _ => self.matches(el, vars),
+        }
+    }
+
     /// Does the element match?
     pub fn matches(&self, el: &Bson, vars: &Vars) -> CommandResult<bool> {
         match &self.kind {
@@ -884,6 +898,14 @@ impl ElementCondition {
             }
         }
     }
+}
+
+/// An array as the document mongod sees it as: its elements under the keys "0", "1", ...
+fn array_as_document(a: &[Bson]) -> Document {
+    a.iter()
+        .enumerate()
+        .map(|(i, v)| (i.to_string(), v.clone()))
+        .collect()
 }
 
 /// The equality conditions of a filter (plain values and `$eq`, through top-level `$and`), as

@@ -190,6 +190,13 @@ fn elem_match() {
         doc! {"b": [1, 9]}
     ));
     assert!(!m(doc! {"b": {"$elemMatch": {"$gt": 2}}}, doc! {"b": 3}));
+    // Elements that are arrays are documents keyed by position; scalars never match.
+    assert!(m(doc! {"b": {"$elemMatch": {}}}, doc! {"b": [1, [2]]}));
+    assert!(!m(doc! {"b": {"$elemMatch": {}}}, doc! {"b": [1, "s"]}));
+    assert!(m(
+        doc! {"b": {"$elemMatch": {"1": 5}}},
+        doc! {"b": [[4, 5]]}
+    ));
     assert!(m(
         doc! {"b": {"$elemMatch": {"$ne": 1}}},
         doc! {"b": [1, 2]}

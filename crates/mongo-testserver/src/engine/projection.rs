@@ -2,8 +2,10 @@
 //!
 //! Inclusion (`{a: 1}`), exclusion (`{a: 0}`), `_id` included unless excluded, dotted and nested
 //! paths (through arrays), computed fields (aggregation expressions, 4.4+), and in find
-//! projections `$slice` (`n` or `[skip, limit]`) and `$elemMatch`. Mixing inclusion and
-//! exclusion is refused (codes 31253/31254), as mongod. `$meta` and positional `a.$` are refused.
+//! projections `$slice` (`n` or `[skip, limit]`) and `$elemMatch` (which joins either kind of
+//! projection, and alone includes). Mixing inclusion and exclusion is refused (codes
+//! 31253/31254), as mongod. The positional projection `a.$` (find and findAndModify) keeps the
+//! element the query's conditions on `a` select. `$meta` is refused.
 
 use bson::{Bson, Document};
 
@@ -45,6 +47,7 @@ enum Kind {
 struct Modes {
     inclusion: Option<String>,
     exclusion: Option<String>,
+    elem_match: bool,
 }
 
 impl Projection {
@@ -99,6 +102,8 @@ impl Projection {
             true
         } else if modes.exclusion.is_some() {
             false
+        } else if modes.elem_match {
+            true
         } else {
             // Only `_id` and/or `$slice`: `{_id: 1}` is an inclusion, anything else excludes.
             id_setting == Some(true) && tree.iter().all(|(k, _)| k == "_id")
@@ -195,9 +200,11 @@ fn check_path(path: &str) -> CommandResult<Vec<String>> {
     let parts: Vec<String> = path.split('.').map(str::to_string).collect();
     for p in &parts {
         if p == "$" {
-            return Err(CommandError::bad_value(format!(
-                "the positional projection '{path}' is not supported by mongo-testserver"
-            )));
+            // Find projections handle it (`project_matched`); elsewhere it is no field name.
+            return Err(loc(
+                31324,
+                format!("Cannot use positional projection in aggregation projection ({path})"),
+            ));
         }
         if p.starts_with('$') {
             return Err(loc(
@@ -294,10 +301,9 @@ fn parse_level(
                         Some(Bson::Document(c)) => c,
                         _ => return Err(CommandError::bad_value("$elemMatch needs an Object")),
                     };
-                    modes.inclusion.get_or_insert(full.clone());
-                    if let Some(exc) = &modes.exclusion {
-                        return Err(loc(31254, format!("Cannot do exclusion on field {exc} in inclusion projection")));
-                    }
+                    // Neither inclusion nor exclusion: alone it includes, with exclusions it
+                    // is part of an exclusion projection (as in mongod).
+                    modes.elem_match = true;
                     // As the query operator: `{$elemMatch: {$gte: 5}}` tests the elements themselves.
                     let cond = ElementCondition::parse(&Bson::Document(cond.clone()))?;
                     insert_node(tree, &parts, PNode::ElemMatch(Box::new(cond)), &full)?;
@@ -385,19 +391,27 @@ fn include(doc: &Document, tree: &[(String, PNode)], vars: &Vars) -> CommandResu
                 out.insert(k.clone(), slice_value(v, *skip, *limit));
             }
             PNode::ElemMatch(f) => {
-                if let Bson::Array(a) = v {
-                    for el in a {
-                        if f.matches(el, vars)? {
-                            out.insert(k.clone(), Bson::Array(vec![el.clone()]));
-                            break;
-                        }
-                    }
+                if let Some(first) = first_elem_match(v, f, vars)? {
+                    out.insert(k.clone(), first);
                 }
             }
             PNode::Exclude | PNode::Computed => {}
         }
     }
     Ok(out)
+}
+
+/// An `$elemMatch` projection of `v`: an array of its first matching element, or nothing (no
+/// match, or not an array).
+fn first_elem_match(v: &Bson, f: &ElementCondition, vars: &Vars) -> CommandResult<Option<Bson>> {
+    if let Bson::Array(a) = v {
+        for el in a {
+            if f.matches_as_elem_match(el, vars)? {
+                return Ok(Some(Bson::Array(vec![el.clone()])));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn include_array(a: &[Bson], tree: &[(String, PNode)], vars: &Vars) -> CommandResult<Bson> {
@@ -428,6 +442,11 @@ fn exclude(doc: &Document, tree: &[(String, PNode)], vars: &Vars) -> CommandResu
             Some(PNode::Slice(skip, limit)) => {
                 out.insert(k.clone(), slice_value(v, *skip, *limit));
             }
+            Some(PNode::ElemMatch(f)) => {
+                if let Some(first) = first_elem_match(v, f, vars)? {
+                    out.insert(k.clone(), first);
+                }
+            }
             _ => {
                 out.insert(k.clone(), v.clone());
             }
@@ -450,10 +469,104 @@ fn exclude_array(a: &[Bson], tree: &[(String, PNode)], vars: &Vars) -> CommandRe
 
 /// Applies a find/findAndModify `projection`/`fields` document to `doc`.
 pub fn project(doc: &Document, projection: &Document, vars: &Vars) -> CommandResult<Document> {
+    project_matched(doc, projection, &Document::new(), vars)
+}
+
+/// Applies a find projection to a document `query` matched: the positional projection
+/// `{"a.$": 1}` keeps the first element of the array `a` that satisfies `query`'s conditions on
+/// `a` (see `update::query_matched_index`).
+pub fn project_matched(
+    doc: &Document,
+    projection: &Document,
+    query: &Document,
+    vars: &Vars,
+) -> CommandResult<Document> {
     if projection.is_empty() {
         return Ok(doc.clone());
     }
-    Projection::parse_find(projection)?.apply(doc, vars)
+    let Some((array_path, spec)) = positional_spec(projection)? else {
+        return Projection::parse_find(projection)?.apply(doc, vars);
+    };
+    let projection = Projection::parse_find(&spec)?;
+    let parts: Vec<&str> = array_path.split('.').collect();
+    let Some(Bson::Array(arr)) = value_through_documents(doc, &parts) else {
+        // Not an array (or reached through one): projected as an inclusion of the path.
+        return projection.apply(doc, vars);
+    };
+    let i = super::update::query_matched_index(query, &array_path, arr, vars)?
+        .ok_or_else(|| {
+            loc(
+                51246,
+                "Executor error during find command :: caused by :: positional operator '.$' couldn't find a matching element in the array",
+            )
+        })?;
+    let mut doc = doc.clone();
+    let element = arr.get(i).cloned().unwrap_or(Bson::Null);
+    super::path::set_agg_path(&mut doc, &parts, Bson::Array(vec![element]));
+    projection.apply(&doc, vars)
+}
+
+/// A projection's positional field (`"a.b.$"`), checked as mongod checks it, with the
+/// projection that includes `a.b` instead; `None` when there is none.
+fn positional_spec(projection: &Document) -> CommandResult<Option<(String, Document)>> {
+    let mut found: Option<String> = None;
+    let mut spec = Document::new();
+    for (k, v) in projection {
+        let parts: Vec<&str> = k.split('.').collect();
+        let Some(at) = parts.iter().position(|p| *p == "$") else {
+            spec.insert(k.clone(), v.clone());
+            continue;
+        };
+        if at + 1 != parts.len() {
+            return Err(loc(
+                31394,
+                "As of 4.4, it's illegal to specify positional operator in the middle of a path.Positional projection may only be used at the end, for example: a.b.$. If the query previously used a form like a.b.$.d, remove the parts following the '$' and the results will be equivalent.",
+            ));
+        }
+        if at == 0 {
+            return Err(loc(
+                16410,
+                format!("FieldPath field names may not start with '$'. ({k})"),
+            ));
+        }
+        if found.is_some() {
+            return Err(loc(
+                31276,
+                "Cannot specify more than one positional projection per query.",
+            ));
+        }
+        let on = matches!(
+            v,
+            Bson::Boolean(_)
+                | Bson::Int32(_)
+                | Bson::Int64(_)
+                | Bson::Double(_)
+                | Bson::Decimal128(_)
+        ) && expr::truthy(Some(v));
+        if !on {
+            return Err(loc(
+                31395,
+                format!("Cannot use a positional projection ({k}) other than as an inclusion"),
+            ));
+        }
+        let path = parts[..at].join(".");
+        spec.insert(path.clone(), 1);
+        found = Some(path);
+    }
+    Ok(found.map(|path| (path, spec)))
+}
+
+/// The value at `parts`, reached through documents only.
+fn value_through_documents<'a>(doc: &'a Document, parts: &[&str]) -> Option<&'a Bson> {
+    let (first, rest) = parts.split_first()?;
+    let mut cur = doc.get(*first)?;
+    for p in rest {
+        cur = match cur {
+            Bson::Document(d) => d.get(*p)?,
+            _ => return None,
+        };
+    }
+    Some(cur)
 }
 
 #[cfg(test)]

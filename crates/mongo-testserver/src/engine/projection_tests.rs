@@ -71,7 +71,8 @@ fn mixing_is_refused() {
     assert_eq!(perr(doc! {"a": 0, "b": "$x"}), 31254);
     assert_eq!(perr(doc! {"a": 1, "a.b": 1}), 31249);
     assert_eq!(perr(doc! {"a.b": 1, "a": 1}), 31250);
-    assert_eq!(perr(doc! {"a.$": 1}), 2);
+    // A positional projection of a missing field is an inclusion of nothing.
+    assert_eq!(p(doc! {"_id": 1}, doc! {"a.$": 1}), doc! {"_id": 1});
     assert_eq!(perr(doc! {"a": {"$meta": "textScore"}}), 2);
     assert_eq!(perr(doc! {"a": {}}), 51270);
     assert_eq!(perr(doc! {"a": {"$bogus": 1}}), 168);
@@ -192,5 +193,75 @@ fn paths_through_arrays_of_scalars() {
     assert_eq!(
         p(d, doc! {"a.b": 0}),
         doc! {"_id": 1, "a": [1, {"c": 3}, [{}, 5]], "s": [1, 2]}
+    );
+}
+
+// Cases from mongod's own $elemMatch projection tests.
+#[test]
+fn elem_match_in_exclusion_projections_and_on_arrays_of_arrays() {
+    // With an exclusion, the projection excludes; the $elemMatch field is still reduced.
+    assert_eq!(
+        p(
+            doc! {"_id": 1, "x": {"a": 123}, "d": 456},
+            doc! {"x": {"$elemMatch": {"$gt": 2}}, "d": 0, "_id": 0}
+        ),
+        doc! {}
+    );
+    assert_eq!(
+        p(
+            doc! {"_id": 1, "x": [1, 3], "d": 456, "e": 1},
+            doc! {"x": {"$elemMatch": {"$gt": 2}}, "d": 0}
+        ),
+        doc! {"_id": 1, "x": [3], "e": 1}
+    );
+    // Object conditions see an element that is an array as a document: `{}` matches it.
+    assert_eq!(
+        p(
+            doc! {"_id": 1, "x": ["s", 123, [1, 2, 3], {"a": 1}]},
+            doc! {"x": {"$elemMatch": {}}, "_id": 0}
+        ),
+        doc! {"x": [[1, 2, 3]]}
+    );
+    assert_eq!(
+        p(
+            doc! {"_id": 1, "x": [[1, 2], [4, 5]]},
+            doc! {"x": {"$elemMatch": {"0": 4}}, "_id": 0}
+        ),
+        doc! {"x": [[4, 5]]}
+    );
+}
+
+#[test]
+fn positional_projection_keeps_the_element_the_query_selects() {
+    let d = doc! {"_id": 1, "g": [80, 85, 90], "items": [{"n": "a"}, {"n": "b", "q": 2}], "o": {"s": [1, 7]}, "x": 1};
+    let pm = |proj: Document, query: Document| project_matched(&d, &proj, &query, &vars());
+    assert_eq!(
+        pm(doc! {"g.$": 1}, doc! {"g": {"$gte": 85}}).unwrap(),
+        doc! {"_id": 1, "g": [85]}
+    );
+    assert_eq!(
+        pm(doc! {"items.$": 1, "x": 1}, doc! {"items.n": "b"}).unwrap(),
+        doc! {"_id": 1, "items": [{"n": "b", "q": 2}], "x": 1}
+    );
+    assert_eq!(
+        pm(
+            doc! {"o.s.$": 1, "_id": 0},
+            doc! {"o.s": {"$elemMatch": {"$gt": 5}}}
+        )
+        .unwrap(),
+        doc! {"o": {"s": [7]}}
+    );
+    // Errors: no matching element, more than one, not at the end, not an inclusion.
+    let code = |proj: Document, query: Document| pm(proj, query).unwrap_err().code;
+    assert_eq!(code(doc! {"g.$": 1}, doc! {"x": 1}), 51246);
+    assert_eq!(code(doc! {"g.$": 1, "items.$": 1}, doc! {"g": 80}), 31276);
+    assert_eq!(code(doc! {"items.$.n": 1}, doc! {"items.n": "a"}), 31394);
+    assert_eq!(code(doc! {"g.$": 0}, doc! {"g": 80}), 31395);
+    // Not a find projection.
+    assert_eq!(
+        Projection::parse_aggregate(&doc! {"g.$": 1})
+            .err()
+            .map(|e| e.code),
+        Some(31324)
     );
 }

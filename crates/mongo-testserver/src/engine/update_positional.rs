@@ -214,53 +214,64 @@ impl Positional {
         arr: &[Bson],
         vars: &Vars,
     ) -> CommandResult<Option<usize>> {
-        enum Cond {
-            Element(ElementCondition),
-            Field(Filter),
-        }
-        let mut conds = Vec::new();
-        let mut stack: Vec<&Document> = vec![&self.query];
-        while let Some(q) = stack.pop() {
-            for (k, v) in q {
-                if k == "$and" {
-                    if let Bson::Array(items) = v {
-                        stack.extend(items.iter().filter_map(Bson::as_document));
-                    }
-                } else if k == array_path {
-                    let cond = match v {
-                        Bson::Document(d) if d.len() == 1 && d.contains_key("$elemMatch") => {
-                            ElementCondition::parse(d.get("$elemMatch").unwrap_or(&Bson::Null))?
-                        }
-                        other => ElementCondition::parse(other)?,
-                    };
-                    conds.push(Cond::Element(cond));
-                } else if let Some(rest) =
-                    k.strip_prefix(array_path).and_then(|r| r.strip_prefix('.'))
-                {
-                    let mut f = Document::new();
-                    f.insert(rest, v.clone());
-                    conds.push(Cond::Field(Filter::parse(&f)?));
-                }
-            }
-        }
-        if conds.is_empty() {
-            return Ok(None);
-        }
-        'elements: for (i, el) in arr.iter().enumerate() {
-            for c in &conds {
-                let ok = match (c, el) {
-                    (Cond::Element(e), _) => e.matches(el, vars)?,
-                    (Cond::Field(f), Bson::Document(d)) => f.matches(d, vars)?,
-                    (Cond::Field(_), _) => false,
-                };
-                if !ok {
-                    continue 'elements;
-                }
-            }
-            return Ok(Some(i));
-        }
-        Ok(None)
+        query_matched_index(&self.query, array_path, arr, vars)
     }
+}
+
+/// The index of the first element of the array at `array_path` that satisfies every condition
+/// `query` puts on that array (`{a: 5}`, `{"a.x": 1}`, `{a: {$elemMatch: ..}}`, through
+/// top-level `$and`): what the positional `$` of an update or a projection stands for.
+pub(crate) fn query_matched_index(
+    query: &Document,
+    array_path: &str,
+    arr: &[Bson],
+    vars: &Vars,
+) -> CommandResult<Option<usize>> {
+    enum Cond {
+        Element(ElementCondition),
+        Field(Filter),
+    }
+    let mut conds = Vec::new();
+    let mut stack: Vec<&Document> = vec![query];
+    while let Some(q) = stack.pop() {
+        for (k, v) in q {
+            if k == "$and" {
+                if let Bson::Array(items) = v {
+                    stack.extend(items.iter().filter_map(Bson::as_document));
+                }
+            } else if k == array_path {
+                let cond = match v {
+                    Bson::Document(d) if d.len() == 1 && d.contains_key("$elemMatch") => {
+                        ElementCondition::parse(d.get("$elemMatch").unwrap_or(&Bson::Null))?
+                    }
+                    other => ElementCondition::parse(other)?,
+                };
+                conds.push(Cond::Element(cond));
+            } else if let Some(rest) = k.strip_prefix(array_path).and_then(|r| r.strip_prefix('.'))
+            {
+                let mut f = Document::new();
+                f.insert(rest, v.clone());
+                conds.push(Cond::Field(Filter::parse(&f)?));
+            }
+        }
+    }
+    if conds.is_empty() {
+        return Ok(None);
+    }
+    'elements: for (i, el) in arr.iter().enumerate() {
+        for c in &conds {
+            let ok = match (c, el) {
+                (Cond::Element(e), _) => e.matches(el, vars)?,
+                (Cond::Field(f), Bson::Document(d)) => f.matches(d, vars)?,
+                (Cond::Field(_), _) => false,
+            };
+            if !ok {
+                continue 'elements;
+            }
+        }
+        return Ok(Some(i));
+    }
+    Ok(None)
 }
 
 /// The value at concrete `parts` (numeric parts index arrays).
