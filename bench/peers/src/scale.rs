@@ -70,8 +70,14 @@ fn wait_line() -> String {
 }
 
 async fn provider(uri: &str, db: &str) -> LockProvider {
+    mongo_provider(uri, db).await.0
+}
+
+/// The provider, and its MongoDB backend (to read its change-stream counters) unless `uri` is
+/// PostgreSQL's.
+async fn mongo_provider(uri: &str, db: &str) -> (LockProvider, Option<MongoBackend>) {
     if uri.starts_with("postgres") {
-        return crate::pg::provider(uri, db);
+        return (crate::pg::provider(uri, db), None);
     }
     let client = Client::with_uri_str(uri).await.expect("client");
     let backend = MongoBackend::builder(&client.database(db))
@@ -79,7 +85,14 @@ async fn provider(uri: &str, db: &str) -> LockProvider {
         .change_streams(true)
         .build()
         .expect("backend");
-    LockProvider::builder(backend).build().expect("provider")
+    let provider = LockProvider::builder(backend.clone())
+        .build()
+        .expect("provider");
+    (provider, Some(backend))
+}
+
+fn stream_events(backend: &Option<MongoBackend>) -> u64 {
+    backend.as_ref().map_or(0, MongoBackend::stream_events)
 }
 
 fn own_rss() -> u64 {
@@ -96,7 +109,7 @@ pub fn scale_worker(args: &[String]) {
     let index: usize = args[3].parse().expect("index");
     let procs: usize = args[4].parse().expect("procs");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let provider = rt.block_on(provider(&uri, "bench_scale"));
+    let (provider, backend) = rt.block_on(mongo_provider(&uri, "bench_scale"));
     // Warm up (opens the change stream and the connection pool).
     rt.block_on(async {
         let g = provider
@@ -109,6 +122,7 @@ pub fn scale_worker(args: &[String]) {
     });
     println!("ready");
     wait_line();
+    let events_before = stream_events(&backend);
     let p = provider.clone();
     let (count, elapsed) = rt.block_on(async move {
         tokio::spawn(async move {
@@ -129,7 +143,10 @@ pub fn scale_worker(args: &[String]) {
         .await
         .unwrap()
     });
-    println!("count {count} {elapsed}");
+    // Events still on their way to the stream arrive within a getMore period.
+    std::thread::sleep(Duration::from_millis(1200));
+    let events = stream_events(&backend) - events_before;
+    println!("count {count} {elapsed} {events}");
     wait_line();
     let before = own_rss();
     let guards = rt.block_on(async {
@@ -160,6 +177,7 @@ struct Cell {
     acq_per_sec: f64,
     commands_per_sec: f64,
     attempts_per_acq: f64,
+    events_per_acq: f64,
     streams: Option<u64>,
     held: u64,
     server_bytes_per_lock: Option<f64>,
@@ -195,14 +213,17 @@ fn cell(procs: usize, names: usize, secs: f64, rt: &tokio::runtime::Runtime) -> 
     let mid = rt.block_on(server_stats(&admin));
     let mut acq_per_sec = 0.0;
     let mut acquisitions = 0_u64;
+    let mut events = 0_u64;
     for w in &mut workers {
         let r = w.recv();
         let (count, elapsed): (u64, f64) = (r[1].parse().unwrap(), r[2].parse().unwrap());
+        events += r[3].parse::<u64>().unwrap();
         acquisitions += count;
         acq_per_sec += count as f64 / elapsed;
     }
-    let wall = t0.elapsed().as_secs_f64();
     let s1 = rt.block_on(server_stats(&admin));
+    // The workers waited for late events after their runs: not part of the rate.
+    let wall = (t0.elapsed().as_secs_f64() - 1.2).max(secs);
     // Hold every name once, spread over the processes.
     std::thread::sleep(Duration::from_millis(300));
     let srv0 = server.pid().and_then(rss_bytes);
@@ -227,6 +248,7 @@ fn cell(procs: usize, names: usize, secs: f64, rt: &tokio::runtime::Runtime) -> 
         commands_per_sec: (s1.commands - s0.commands) as f64 / wall,
         attempts_per_acq: (s1.find_and_modify - s0.find_and_modify) as f64
             / acquisitions.max(1) as f64,
+        events_per_acq: events as f64 / acquisitions.max(1) as f64,
         streams: mid.change_streams,
         held,
         server_bytes_per_lock: match (srv0, srv1) {
@@ -260,17 +282,18 @@ pub fn scale(quick: bool) {
          releases a random name of N for {secs} s; then every name held once (spread over the \
          processes) for memory; a fresh server per cell; {cores} cores\n"
     );
-    println!("| processes | names | acquisitions/s | server commands/s | findAndModify / acquisition | change-stream cursors | locks held | server memory / held lock | client memory / held lock |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| processes | names | acquisitions/s | server commands/s | findAndModify / acquisition | change events delivered / acquisition | change-stream cursors | locks held | server memory / held lock | client memory / held lock |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for c in &cells {
         let kib = |b: f64| format!("{:.2} KiB", b / 1024.0);
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} |",
             c.procs,
             c.names,
             c.acq_per_sec,
             c.commands_per_sec,
             c.attempts_per_acq,
+            c.events_per_acq,
             c.streams.map_or("n/a".into(), |s| s.to_string()),
             c.held,
             if c.held >= 100 {
@@ -288,7 +311,9 @@ pub fn scale(quick: bool) {
     println!(
         "\nfindAndModify / acquisition counts every findAndModify per acquisition: the acquire \
          attempts, the release, and on a name's first acquisition the miss and the fencing epoch \
-         (2.00 is one attempt and one release). Memory per held lock is the RSS growth while \
+         (2.00 is one attempt and one release). Change events delivered / acquisition: events \
+         all the processes' change streams delivered, per acquisition (other processes' grants \
+         and releases of names a process waits on or holds). Memory per held lock is the RSS growth while \
          every name is acquired once and held (\"—\": under 100 locks, below what RSS \
          resolves); server memory includes the change event each grant logs."
     );
