@@ -65,6 +65,8 @@
 //! * [`Lock`] (`lock.rs`): a named lock's acquire forms, on the one acquire loop
 //!   (`acquire_loop.rs`: waiting, backoff, retries, cancellation safety, clean-up of attempts
 //!   with an unknown outcome) that document locks use too.
+//! * [`Semaphore`] (`semaphore.rs`): at most N holders of a name, each with its own lease and
+//!   guard; a [`Lock`] whose requests carry [`LeaseMode::Slot`] (same loop, same guard).
 //! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release.
 //! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the
@@ -93,11 +95,12 @@ mod holder;
 mod lock;
 mod options;
 mod provider;
+mod semaphore;
 mod wait;
 
 pub use backend::{
-    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LockBackend,
-    LockInfo,
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LeaseMode,
+    LockBackend, LockInfo,
 };
 pub use backends::memory::MemoryBackend;
 #[cfg(feature = "mongodb")]
@@ -112,6 +115,7 @@ pub use options::{
     DriftMargin, LockOptions, DEFAULT_EXPIRY, DEFAULT_RELEASE_TIMEOUT, MAX_EXPIRY, MAX_NAME_LEN,
 };
 pub use provider::{LockProvider, LockProviderBuilder};
+pub use semaphore::Semaphore;
 pub use wait::WaitStrategy;
 
 #[cfg(feature = "testing")]

@@ -167,6 +167,16 @@ impl LockProvider {
         ))
     }
 
+    /// A [`Semaphore`](crate::Semaphore) named `name` with `limit` slots (sends nothing). Every
+    /// process using the name must use the same limit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a bad name;
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a limit of 0.
+    pub fn semaphore(&self, name: impl Into<String>, limit: u32) -> Result<crate::Semaphore> {
+        crate::Semaphore::new(self.lock(name)?, limit)
+    }
+
     /// Acquire `key` for `ttl`, trying for `timeout`
     /// ([`Timeout::Zero`] = exactly one attempt, [`Timeout::Forever`] = until acquired or the
     /// future is dropped). Returns `None` when the timeout elapsed.

@@ -73,6 +73,7 @@ fn request(name: &str, ttl: Duration) -> AcquireRequest {
         lease_id: LeaseId::random(),
         ttl,
         holder: HolderInfo::current(Some("pg-test".into())),
+        mode: mongolock::LeaseMode::Exclusive,
     }
 }
 
