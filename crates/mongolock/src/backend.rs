@@ -30,7 +30,9 @@
 //!   the same atomic step. While unexpired slots exist, the name's limit is theirs: a request
 //!   with another limit fails with [`Error::LimitMismatch`](crate::Error::LimitMismatch)
 //!   (once every slot has expired or been released, the next request sets a new limit). A
-//!   request whose lease id already holds a slot gets that slot back (an idempotent retry).
+//!   request whose lease id already holds a slot (a retry after a lost reply) has that slot
+//!   replaced: it is discarded and, if a slot is free, a new one granted with a new token and
+//!   an expiry counted from this request.
 //! * Every grant, in either mode, takes the next token of the name's one sequence, so tokens
 //!   grow across slots and across both modes.
 //! * [`extend`](LockBackend::extend) and [`release`](LockBackend::release) find the caller's

@@ -38,6 +38,25 @@
 //! # }
 //! ```
 //!
+//! ## Semaphores
+//! [`LockProvider::semaphore`] gives a [`Semaphore`]: at most N holders of a name at once,
+//! each with its own lease and [`LockGuard`], and fencing tokens from the name's one sequence.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> mongolock::Result<()> {
+//! let provider = mongolock::LockProvider::memory();
+//! let crawlers = provider.semaphore("crawlers", 2)?;
+//! let first = crawlers.acquire().await?;
+//! let second = crawlers.acquire().await?;
+//! assert!(crawlers.try_acquire().await?.is_none()); // both slots held
+//! assert!(second.fencing_token() > first.fencing_token());
+//! first.release().await?;
+//! assert!(crawlers.try_acquire().await?.is_some()); // a slot is free again
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! For tests of code that takes a [`LockProvider`], [`LockProvider::memory()`] gives the same
 //! contract without a database. Configure with [`LockProvider::builder`] and
 //! [`MongoBackend::builder`] (collection, write concern, TTL cleanup delay).

@@ -103,13 +103,9 @@ impl Entry {
 
     /// One slot attempt (see the module docs), after expired slots were discarded.
     fn slot_attempt(&mut self, name: &str, req: &AcquireRequest, limit: u32, now: SystemTime) -> Result<Attempt> {
-        if let Some(mine) = self.slots.iter().find(|s| s.lease_id == req.lease_id) {
-            return Ok(Attempt::Acquired(Lease {
-                fencing_token: mine.fencing_token,
-                acquired_at: mine.acquired_at,
-                expires_at: mine.expires_at,
-            }));
-        }
+        // A retry after a lost reply: its earlier slot is replaced by a new one (new token,
+        // new expiry), so the lease the caller trusts starts with this request.
+        self.slots.retain(|s| s.lease_id != req.lease_id);
         if self.exclusive_held(now) {
             return Ok(Attempt::Busy {
                 holder_expires_at: Some(self.expires_at),

@@ -20,8 +20,9 @@
 //! # Acquire: one `findAndModify`
 //! One pipeline update on `{_id: name}`: live slots = `slots` whose `exp > $$NOW` (none unless
 //! in slot mode); free = no unexpired exclusive lease (not slot mode, `leaseId` set, `expiresAt
-//! > $$NOW`), our lease id not among the live slots, fewer live slots than the limit, and the
-//! document's limit equal to ours unless no slot is live. A grant pushes our slot with the next
+//! > $$NOW`), fewer live slots than the limit, and the document's limit equal to ours unless
+//! no slot is live. Our own earlier slot (a retry after a lost reply) does not count and is
+//! replaced, so the expiry the caller trusts is counted from this request. A grant pushes our slot with the next
 //! token (the epoch rules of the [module docs](super), the same expressions as exclusive
 //! grants), sets `limit`, and raises `expiresAt` to at least our slot's `exp`. A busy attempt
 //! only discards expired slots. The client reads its slot from the reply; a limit mismatch
@@ -79,14 +80,18 @@ fn slot_mode() -> Document {
     doc! { "$isNumber": "$limit" }
 }
 
-/// The slots whose lease has not expired by server time (none outside slot mode).
-fn live_slots() -> Document {
+/// The slots whose lease has not expired by server time (none outside slot mode), except
+/// `mine`: a retry after a lost reply replaces its earlier slot.
+fn live_slots(mine: &str) -> Document {
     doc! { "$cond": [
         slot_mode(),
         { "$filter": {
             "input": { "$ifNull": ["$slots", []] },
             "as": "s",
-            "cond": { "$gt": ["$$s.exp", "$$NOW"] },
+            "cond": { "$and": [
+                { "$gt": ["$$s.exp", "$$NOW"] },
+                { "$ne": ["$$s.id", { "$literal": mine }] },
+            ] },
         } },
         [],
     ] }
@@ -129,11 +134,9 @@ fn acquire_pipeline(
         { "$ne": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
         { "$gt": ["$expiresAt", "$$NOW"] },
     ] };
-    let live_ids = doc! { "$map": { "input": format!("${LIVE}"), "as": "s", "in": "$$s.id" } };
     let live_count = doc! { "$size": format!("${LIVE}") };
     let free = doc! { "$and": [
         { "$not": [exclusive_held] },
-        { "$not": [{ "$in": [{ "$literal": mine }, live_ids] }] },
         { "$lt": [live_count.clone(), limit] },
         { "$or": [
             { "$eq": [live_count, 0_i64] },
@@ -160,7 +163,7 @@ fn acquire_pipeline(
         HOLDER: { "$literal": holder_doc(&req.holder) },
     };
     vec![
-        doc! { "$set": { LIVE: live_slots() } },
+        doc! { "$set": { LIVE: live_slots(mine) } },
         doc! { "$set": { FREE: free, NEW_TOKEN: token, NEW_EPOCH: epoch } },
         doc! { "$replaceWith": { "$cond": [
             format!("${FREE}"),
@@ -264,7 +267,8 @@ async fn outcome(
             holder_expires_at: document::date(doc, EXPIRES_AT),
         });
     };
-    // In slot mode the reply holds only unexpired slots (the attempt discarded the others).
+    // In slot mode the reply holds only unexpired slots (the attempt discarded the others, and
+    // our earlier one): ours is there only if this attempt granted it.
     if let Some(slot) = find_slot(doc, mine) {
         return match slot_lease(slot, &req.name)? {
             Some(lease) => Ok(Attempt::Acquired(lease)),

@@ -167,7 +167,8 @@ use deadpool_postgres::{
 };
 
 use crate::backend::{
-    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LockBackend, LockInfo,
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LeaseMode, LockBackend,
+    LockInfo,
 };
 use crate::error::{Error, Result};
 use listen::Listener;
@@ -625,13 +626,17 @@ impl PostgresBackend {
     /// "still held" (the next extension decides).
     async fn still_holds(&self, name: &str, lease_id: &LeaseId) -> bool {
         match self
-            .query("check lease", &self.inner.schema.lease_of, &[&name])
+            .query(
+                "check lease",
+                &self.inner.schema.lease_of,
+                &[&name, &lease_id.as_str()],
+            )
             .await
         {
             Ok(rows) => rows
                 .first()
-                .and_then(|r| r.try_get::<_, Option<String>>(0).ok().flatten())
-                .is_some_and(|l| l == lease_id.as_str()),
+                .and_then(|r| r.try_get::<_, Option<bool>>(0).ok().flatten())
+                .unwrap_or(false),
             Err(e) => {
                 tracing::debug!(lock = %name, error = %e, "could not check the lease after a change; the next extension will");
                 true
@@ -702,6 +707,28 @@ impl LockBackend for PostgresBackend {
         ops::check_name(&req.name)?;
         self.start_cleanup();
         let p = ops::AcquireParams::new(req);
+        if let LeaseMode::Slot { limit } = req.mode {
+            // Above i32::MAX slots is no limit at all in practice: saturate.
+            let limit_param = i32::try_from(limit).unwrap_or(i32::MAX);
+            let rows = self
+                .query(
+                    "acquire a semaphore slot",
+                    &self.inner.schema.acquire_slot,
+                    &[
+                        &req.name,
+                        &req.lease_id.as_str(),
+                        &p.ttl,
+                        &p.host,
+                        &p.pid,
+                        &p.app,
+                        &limit_param,
+                    ],
+                )
+                .await?;
+            // Not remembered by the listener: a slot holder judges every change by reading
+            // (`still_holds`), since other slots' grants do not end its lease.
+            return ops::slot_attempt(&rows, &req.name, limit);
+        }
         let rows = self
             .query(
                 "acquire",
