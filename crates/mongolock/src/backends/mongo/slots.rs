@@ -11,11 +11,15 @@
 //! ```
 //!
 //! Exclusive grants set `limit: null, slots: []` (exclusive mode); force-release does too.
-//! In slot mode `leaseId` is never null: a grant sets it to the new slot's lease id and a
-//! release to `<lease id>/released`, so each write changes it and the change stream reports
-//! it (other processes' waiters are woken; the writer's own events are left out as for locks,
-//! since both values start with its backend's mark). `leaseId` is not an owner there: the
-//! exclusive extend, release and stamp filters require `limit: null`.
+//! In slot mode `leaseId` is never null: a grant sets it to the new slot's lease id (the change
+//! stream reports a grant: observers learn of it, no acquirer is woken) and a release to
+//! `{released: <lease id>}`, which the stream reports as a change it cannot describe, so one
+//! waiting acquirer per process is woken (in the releasing process too, where the release
+//! already woke one: at worst one spurious attempt). Each write changes `leaseId`, so each is
+//! reported. `leaseId` is not an owner in slot mode: the exclusive extend, release and stamp
+//! filters require `limit: null`. (On MongoDB 4.4, which reports pipeline updates as replace
+//! events, a slot's extension after a release also wakes one acquirer per process: spurious
+//! attempts, never a missed one.)
 //!
 //! # Acquire: one `findAndModify`
 //! One pipeline update on `{_id: name}`: live slots = `slots` whose `exp > $$NOW` (none unless
@@ -398,7 +402,7 @@ pub(super) async fn extend(
 
 /// Ends our slot: removes it (and expired ones), records our id among the released ones,
 /// lowers `expiresAt` to the latest remaining slot's `exp` (or now), and sets `leaseId` to
-/// `<id>/released` so that the change stream reports the release. `Ok(true)` also for a retry
+/// `{released: <id>}` so that the change stream reports the release. `Ok(true)` also for a retry
 /// of our own earlier release; `Ok(false)` when the slot was not ours (any more).
 pub(super) async fn release(
     coll: &Collection<Document>,
@@ -422,7 +426,7 @@ pub(super) async fn release(
                 doc! { "$set": { OK: rest } },
                 doc! { "$set": {
                     SLOTS: format!("${OK}"),
-                    LEASE_ID: { "$literal": format!("{mine}/released") },
+                    LEASE_ID: { "$literal": { "released": mine } },
                     EXPIRES_AT: { "$cond": [
                         { "$gt": [{ "$size": format!("${OK}") }, 0_i64] },
                         latest_exp(Bson::String(format!("${OK}")), Bson::Null),

@@ -118,6 +118,31 @@
 //! writes it. Tokens are therefore strictly increasing per name, forever, and (a consequence
 //! of one sequence per table) unique across the table's names; they have gaps.
 //!
+//! # Semaphores
+//! A [`Semaphore`](crate::Semaphore)'s holders live in the name's row: `slot_limit` (not null
+//! exactly while the row is in *slot mode*) and `slots`, a `jsonb` array of `{id, token, at,
+//! exp}` (`exp` and `at` as timestamps). Tables created before semaphores get both columns from
+//! the migration (`ALTER TABLE .. ADD COLUMN IF NOT EXISTS`; the "already migrated" check
+//! looks for them). One statement (`acquire_slot` in `schema.rs`), an `INSERT .. ON CONFLICT DO
+//! UPDATE` as for locks, takes a slot: the update's `WHERE` is evaluated on the locked, latest
+//! row version, and grants only when no unexpired exclusive lease holds the row, fewer than
+//! the limit of *other* unexpired slots exist (the caller's own earlier slot, a retry after a
+//! lost reply, is replaced), and the row's limit equals the request's unless no slot is live.
+//! The grant writes the unexpired slots plus the new one, `expires_at` = the latest of their
+//! expiries, and the next value of the table's one sequence as both the row's and the slot's
+//! token, so tokens keep growing across slots, modes and cleanup exactly as for locks.
+//!
+//! **Never more than the limit**: every grant runs under the row lock and counts the slots
+//! unexpired by `clock_timestamp()` at that moment; a slot is only removed by its holder's
+//! release or force-release, extension only moves the caller's unexpired slot, so at any
+//! instant of server time at most `limit` slots have an expiry after it. Exclusive grants need
+//! `expires_at <= clock_timestamp()` in slot mode (`expires_at` is at least every unexpired
+//! slot's expiry: grant, extend and release keep it so), and slot grants need no unexpired
+//! exclusive lease. Extend and release are the lock statements, which find the caller's lease
+//! id either as the exclusive lease (`slot_limit IS NULL`) or among the slots. In slot mode
+//! `lease_id` stays null and a release (and force-release) takes a sequence value too, so that
+//! the notification trigger publishes it and a waiter is woken.
+//!
 //! # Idle-row cleanup
 //! [`PostgresBackend::cleanup`] deletes the rows whose lease ended or expired more than
 //! `cleanup_after` ago (default 1 hour), under the table lock above (taken with a 2 s

@@ -118,7 +118,7 @@ impl Schema {
                  holder_pid = EXCLUDED.holder_pid,
                  holder_app = EXCLUDED.holder_app,
                  slot_limit = NULL
-               WHERE l.lease_id IS NULL
+               WHERE (l.lease_id IS NULL AND l.slot_limit IS NULL)
                   OR l.expires_at <= clock_timestamp()
                   OR l.lease_id = EXCLUDED.lease_id
                RETURNING l.fencing_token, l.acquired_at, l.expires_at
@@ -126,7 +126,8 @@ impl Schema {
              SELECT true AS acquired, fencing_token, acquired_at, expires_at FROM granted
              UNION ALL
              SELECT false, fencing_token, acquired_at, expires_at FROM {t}
-              WHERE name = $1 AND lease_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM granted)"
+              WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
+                AND NOT EXISTS (SELECT 1 FROM granted)"
         );
         // A semaphore's slots (`slot_limit` not null): see "Semaphores" in the backend's
         // module docs.
@@ -156,7 +157,7 @@ impl Schema {
         let acquire_slot = format!(
             "WITH granted AS (
                INSERT INTO {t} AS l ({columns}, slot_limit, slots)
-               SELECT $1::text, $2::text, n.v, c.now, c.now + {ttl}, $4::text, $5::bigint,
+               SELECT $1::text, NULL::text, n.v, c.now, c.now + {ttl}, $4::text, $5::bigint,
                       $6::text, $7::integer,
                       jsonb_build_array(jsonb_build_object('id', $2::text, 'token', n.v,
                         'at', c.now, 'exp', c.now + {ttl}))
@@ -167,7 +168,7 @@ impl Schema {
                  (SELECT n.v, c.now, greatest(c.now + {ttl}, l.expires_at),
                          {live_l} || jsonb_build_array(jsonb_build_object('id', $2::text,
                            'token', n.v, 'at', c.now, 'exp', c.now + {ttl})),
-                         EXCLUDED.lease_id, EXCLUDED.slot_limit, EXCLUDED.holder_host,
+                         NULL::text, EXCLUDED.slot_limit, EXCLUDED.holder_host,
                          EXCLUDED.holder_pid, EXCLUDED.holder_app
                     FROM (SELECT {next} AS v) n, (SELECT clock_timestamp() AS now) c)
                WHERE NOT (l.slot_limit IS NULL AND l.lease_id IS NOT NULL
@@ -184,7 +185,8 @@ impl Schema {
                     CASE WHEN slot_limit IS NULL THEN expires_at ELSE {next_t} END,
                     slot_limit, {count_t}
                FROM {t}
-              WHERE name = $1 AND lease_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM granted)",
+              WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
+                AND NOT EXISTS (SELECT 1 FROM granted)",
             live_l = live("l"),
             count_l = live_count("l"),
             next_t = next_exp(t),
@@ -217,8 +219,9 @@ impl Schema {
         let release = format!(
             "WITH ended AS (
                UPDATE {t} AS l SET
-                 (lease_id, slots, expires_at) = (
-                   SELECT CASE WHEN l.slot_limit IS NULL THEN NULL ELSE $2::text || '/released' END,
+                 (lease_id, fencing_token, slots, expires_at) = (
+                   SELECT NULL::text,
+                          CASE WHEN l.slot_limit IS NULL THEN l.fencing_token ELSE {next} END,
                           CASE WHEN l.slot_limit IS NULL THEN l.slots ELSE r.rest END,
                           CASE WHEN l.slot_limit IS NULL OR jsonb_array_length(r.rest) = 0
                                THEN least(l.expires_at, clock_timestamp())
@@ -237,14 +240,16 @@ impl Schema {
         );
         let force_release = format!(
             "UPDATE {t} SET lease_id = NULL, expires_at = least(expires_at, clock_timestamp()),
+                     fencing_token = CASE WHEN slot_limit IS NULL THEN fencing_token ELSE {next} END,
                      slot_limit = NULL, slots = '[]'
-              WHERE name = $1 AND lease_id IS NOT NULL AND expires_at > clock_timestamp()
+              WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
+                AND expires_at > clock_timestamp()
               RETURNING 1"
         );
         let select = format!(
             "SELECT name, lease_id, fencing_token, acquired_at, expires_at, holder_host,
                     holder_pid, holder_app, c.now AS observed_at,
-                    (lease_id IS NOT NULL AND expires_at > c.now) AS held
+                    ((lease_id IS NOT NULL OR slot_limit IS NOT NULL) AND expires_at > c.now) AS held
                FROM {t}, (SELECT clock_timestamp() AS now) c"
         );
         let inspect = format!("{select} WHERE name = $1");
