@@ -29,11 +29,11 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::wakeups::{Change, Hub, Status};
+use crate::backend::LeaseMode;
 use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LockBackend,
     LockInfo,
 };
-use crate::backend::LeaseMode;
 use crate::error::{Error, Result};
 use crate::holder::HolderInfo;
 
@@ -90,7 +90,8 @@ impl Entry {
 
     /// Whether `lease_id` is the exclusive lease or one of the slots (expired or not).
     fn has(&self, lease_id: &LeaseId) -> bool {
-        self.lease_id.as_ref() == Some(lease_id) || self.slots.iter().any(|s| s.lease_id == *lease_id)
+        self.lease_id.as_ref() == Some(lease_id)
+            || self.slots.iter().any(|s| s.lease_id == *lease_id)
     }
 
     /// Forgets a lease id ended by its holder (a repeated release then reports success).
@@ -102,7 +103,13 @@ impl Entry {
     }
 
     /// One slot attempt (see the module docs), after expired slots were discarded.
-    fn slot_attempt(&mut self, name: &str, req: &AcquireRequest, limit: u32, now: SystemTime) -> Result<Attempt> {
+    fn slot_attempt(
+        &mut self,
+        name: &str,
+        req: &AcquireRequest,
+        limit: u32,
+        now: SystemTime,
+    ) -> Result<Attempt> {
         // A retry after a lost reply: its earlier slot is replaced by a new one (new token,
         // new expiry), so the lease the caller trusts starts with this request.
         self.slots.retain(|s| s.lease_id != req.lease_id);
@@ -193,14 +200,17 @@ impl MemoryBackend {
 
     /// Whether `lease_id` is the current lease of `name` (expired or not).
     fn holds(&self, name: &str, lease_id: &LeaseId) -> bool {
-        self.entries()
-            .get(name)
-            .is_some_and(|e| e.has(lease_id))
+        self.entries().get(name).is_some_and(|e| e.has(lease_id))
     }
 
     fn info(name: &str, e: &Entry, now: SystemTime) -> LockInfo {
         // A semaphore shows its most recent slot.
-        if let Some(last) = e.slots.iter().filter(|s| s.expires_at > now).max_by_key(|s| s.fencing_token) {
+        if let Some(last) = e
+            .slots
+            .iter()
+            .filter(|s| s.expires_at > now)
+            .max_by_key(|s| s.fencing_token)
+        {
             return LockInfo {
                 name: name.to_owned(),
                 held: true,

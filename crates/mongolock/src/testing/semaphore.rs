@@ -78,17 +78,29 @@ pub async fn semaphore_tokens_grow_across_slots(backend: Arc<dyn LockBackend>) {
     assert!(ta < tb && tb < tc, "{name}: tokens {ta}, {tb}, {tc}");
     b.release().await.unwrap();
     let d = sem.acquire().await.unwrap();
-    assert!(d.fencing_token() > tc, "{name}: {} after {tc}", d.fencing_token());
+    assert!(
+        d.fencing_token() > tc,
+        "{name}: {} after {tc}",
+        d.fencing_token()
+    );
     let td = d.fencing_token();
     for g in [a, c, d] {
         g.release().await.unwrap();
     }
     let lock = p.lock(name.clone()).unwrap().acquire().await.unwrap();
-    assert!(lock.fencing_token() > td, "{name}: lock token {} after slot {td}", lock.fencing_token());
+    assert!(
+        lock.fencing_token() > td,
+        "{name}: lock token {} after slot {td}",
+        lock.fencing_token()
+    );
     let tl = lock.fencing_token();
     lock.release().await.unwrap();
     let e = sem.acquire().await.unwrap();
-    assert!(e.fencing_token() > tl, "{name}: slot token {} after lock {tl}", e.fencing_token());
+    assert!(
+        e.fencing_token() > tl,
+        "{name}: slot token {} after lock {tl}",
+        e.fencing_token()
+    );
     e.release().await.unwrap();
 }
 
@@ -102,8 +114,18 @@ pub async fn semaphore_slot_returns_after_a_crashed_holders_lease(backend: Arc<d
         .build()
         .unwrap();
     let live = provider(&backend);
-    let a = crashed.semaphore(name.clone(), 2).unwrap().acquire().await.unwrap();
-    let b = live.semaphore(name.clone(), 2).unwrap().acquire().await.unwrap();
+    let a = crashed
+        .semaphore(name.clone(), 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let b = live
+        .semaphore(name.clone(), 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     let sem = live.semaphore(name.clone(), 2).unwrap();
     let c = sem
         .acquire_timeout(Duration::from_secs(20))
@@ -144,10 +166,18 @@ pub async fn semaphore_bad_limits_are_typed_errors(backend: Arc<dyn LockBackend>
     let two = p.semaphore(name.clone(), 2).unwrap();
     let g = two.acquire().await.unwrap();
     let three = p.semaphore(name.clone(), 3).unwrap();
-    for attempt in [three.try_acquire().await, three.acquire_timeout(Duration::from_millis(200)).await] {
+    for attempt in [
+        three.try_acquire().await,
+        three.acquire_timeout(Duration::from_millis(200)).await,
+    ] {
         match attempt {
             Err(e @ Error::LimitMismatch { .. }) => {
-                let Error::LimitMismatch { requested, held, .. } = &e else { unreachable!() };
+                let Error::LimitMismatch {
+                    requested, held, ..
+                } = &e
+                else {
+                    unreachable!()
+                };
                 assert_eq!((*requested, *held), (3, 2), "{e}");
                 let msg = e.to_string();
                 assert!(msg.contains("limit of 2") && msg.contains("3"), "{msg}");
@@ -161,7 +191,10 @@ pub async fn semaphore_bad_limits_are_typed_errors(backend: Arc<dyn LockBackend>
         .await
         .unwrap()
         .unwrap_or_else(|| panic!("{name}: a new limit applies once every slot is released"));
-    assert!(matches!(two.try_acquire().await, Err(Error::LimitMismatch { .. })));
+    assert!(matches!(
+        two.try_acquire().await,
+        Err(Error::LimitMismatch { .. })
+    ));
     g3.release().await.unwrap();
 }
 
@@ -189,7 +222,11 @@ pub async fn semaphore_and_lock_on_one_name_exclude_each_other(backend: Arc<dyn 
     tokio::time::sleep(Duration::from_millis(100)).await;
     let token = held.fencing_token();
     held.release().await.unwrap();
-    let got = waiter.await.unwrap().unwrap().expect("a slot after the lock's release");
+    let got = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("a slot after the lock's release");
     assert!(got.fencing_token() > token);
     got.release().await.unwrap();
 }
@@ -223,11 +260,19 @@ pub async fn semaphore_slots_are_separate_leases(backend: Arc<dyn LockBackend>) 
         );
     }
     let free = eventually(Duration::from_secs(10), || async {
-        !backend.inspect(&name).await.unwrap().is_some_and(|i| i.held)
+        !backend
+            .inspect(&name)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.held)
     })
     .await;
     assert!(free, "{name}: still held after force-release");
-    let d = sem.try_acquire().await.unwrap().expect("free after force-release");
+    let d = sem
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after force-release");
     assert!(d.fencing_token() > c.fencing_token());
     d.release().await.unwrap();
 }
@@ -248,7 +293,11 @@ pub async fn dropped_semaphore_acquires_leave_no_slot_held(backend: Arc<dyn Lock
         let (sem, stop) = (sem.clone(), stop.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                if let Some(g) = sem.acquire_timeout(Duration::from_millis(50)).await.unwrap() {
+                if let Some(g) = sem
+                    .acquire_timeout(Duration::from_millis(50))
+                    .await
+                    .unwrap()
+                {
                     let hold = rand::rng().random_range(0..3);
                     tokio::time::sleep(Duration::from_millis(hold)).await;
                     g.release().await.unwrap();
@@ -331,7 +380,10 @@ pub async fn a_slot_release_wakes_a_waiter_at_once(backend: Arc<dyn LockBackend>
             "{name} round {round}: woken {took:?} after the release (leases last 60 s)"
         );
         assert!(got.fencing_token() > token);
-        assert!(!a.is_lost(), "{name} round {round}: the other slot was lost");
+        assert!(
+            !a.is_lost(),
+            "{name} round {round}: the other slot was lost"
+        );
         b = got;
     }
     b.release().await.unwrap();

@@ -87,7 +87,9 @@ pub(super) fn token_and_epoch(new_lifetime: Option<&NewLifetime>) -> (Document, 
                 ]
             };
             (
-                Bson::Document(doc! { "$cond": [creating.clone(), { "$literal": token_floor(n.epoch) }, Bson::Null] }),
+                Bson::Document(
+                    doc! { "$cond": [creating.clone(), { "$literal": token_floor(n.epoch) }, Bson::Null] },
+                ),
                 Bson::Document(doc! { "$cond": [creating, { "$literal": n.epoch }, Bson::Null] }),
             )
         }

@@ -461,7 +461,11 @@ pub(super) async fn release(
 
 /// Whether `lease_id` still has a slot of `name` (expired or not): the check a slot holder
 /// makes after a change of its name. A failed read counts as held (the next extension decides).
-pub(super) async fn still_holds(reads: &Collection<Document>, name: &str, lease_id: &LeaseId) -> bool {
+pub(super) async fn still_holds(
+    reads: &Collection<Document>,
+    name: &str,
+    lease_id: &LeaseId,
+) -> bool {
     match reads
         .find_one(doc! { "_id": name, "slots.id": lease_id.as_str(), "$expr": slot_mode() })
         .projection(doc! { "_id": 1 })

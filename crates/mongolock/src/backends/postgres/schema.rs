@@ -146,8 +146,12 @@ impl Schema {
                 slots_of(row)
             )
         };
-        let live_count =
-            |row: &str| format!("(SELECT count(*) FROM {} s WHERE {live_where})", slots_of(row));
+        let live_count = |row: &str| {
+            format!(
+                "(SELECT count(*) FROM {} s WHERE {live_where})",
+                slots_of(row)
+            )
+        };
         let next_exp = |row: &str| {
             format!(
                 "(SELECT min((s->>'exp')::timestamptz) FROM {} s WHERE {live_where})",
@@ -214,7 +218,8 @@ impl Schema {
                                     WHERE s->>'id' = $2 LIMIT 1) END AS expires_at"
         );
         // The slots left after the caller's release: the others that have not expired.
-        let rest = "(SELECT coalesce(jsonb_agg(s), '[]'::jsonb) FROM jsonb_array_elements(l.slots) s
+        let rest =
+            "(SELECT coalesce(jsonb_agg(s), '[]'::jsonb) FROM jsonb_array_elements(l.slots) s
                       WHERE s->>'id' <> $2 AND (s->>'exp')::timestamptz > clock_timestamp())";
         let release = format!(
             "WITH ended AS (
