@@ -23,15 +23,15 @@
 //!
 //! # Acquire: one `findAndModify`
 //! One pipeline update on `{_id: name}`: live slots = `slots` whose `exp > $$NOW` (none unless
-//! in slot mode); free = no unexpired exclusive lease (not slot mode, `leaseId` set, `expiresAt
-//! > $$NOW`), fewer live slots than the limit, and the document's limit equal to ours unless
-//! no slot is live. Our own earlier slot (a retry after a lost reply) does not count and is
-//! replaced, so the expiry the caller trusts is counted from this request. A grant pushes our slot with the next
-//! token (the epoch rules of the [module docs](super), the same expressions as exclusive
-//! grants), sets `limit`, and raises `expiresAt` to at least our slot's `exp`. A busy attempt
-//! only discards expired slots. The client reads its slot from the reply; a limit mismatch
-//! is reported as [`Error::LimitMismatch`]. The MongoDB handoff queue (`queue.rs`) is for
-//! exclusive locks; slot requests neither join nor honour it.
+//! in slot mode); free = no unexpired exclusive lease (not slot mode, `leaseId` set,
+//! `expiresAt > $$NOW`), fewer live slots than the limit, and the document's limit equal to
+//! ours unless no slot is live. Our own earlier slot (a retry after a lost reply) does not
+//! count and is replaced, so the expiry the caller trusts is counted from this request. A
+//! grant pushes our slot with the next token (the epoch rules of the [module docs](super), the
+//! same expressions as exclusive grants), sets `limit`, and raises `expiresAt` to at least our
+//! slot's `exp`. A busy attempt only discards expired slots. The client reads its slot from
+//! the reply; a limit mismatch is reported as [`Error::LimitMismatch`]. The MongoDB handoff
+//! queue (`queue.rs`) is for exclusive locks; slot requests neither join nor honour it.
 //!
 //! # Why there are never more than `limit` holders
 //! A document is updated atomically, and a grant counts the live slots by the server's `$$NOW`
