@@ -815,3 +815,63 @@ async fn a_slot_release_wakes_a_waiter_of_another_backend() {
     got.release().await.unwrap();
     a.release().await.unwrap();
 }
+
+/// Never more than N holders across backends (each with its own change stream, as separate
+/// processes have): 3 backends × 4 tasks take a semaphore of 2 around a shared counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_semaphore_holds_across_backends() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const LIMIT: u32 = 2;
+    let t = test_database().await;
+    let coll = unique("locks");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for backend_no in 0..3 {
+        let backend = MongoBackend::builder(&t.db)
+            .collection(coll.clone())
+            .build()
+            .unwrap();
+        let provider = LockProvider::builder(backend)
+            .wait_strategy(mongolock::WaitStrategy::random_sleep(
+                Duration::from_millis(1),
+                Duration::from_millis(20),
+            ))
+            .build()
+            .unwrap();
+        for task_no in 0..4 {
+            let sem = provider.semaphore("shared", LIMIT).unwrap();
+            let (inside, most, tokens) = (inside.clone(), most.clone(), tokens.clone());
+            tasks.push(tokio::spawn(async move {
+                for round in 0..10 {
+                    let g = sem.acquire().await.unwrap();
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    assert!(
+                        now <= LIMIT as usize,
+                        "{now} holders (backend {backend_no}, task {task_no}, round {round}, \
+                         token {})",
+                        g.fencing_token()
+                    );
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokens.lock().unwrap().push(g.fencing_token());
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("every task finishes within 120 s")
+            .unwrap();
+    }
+    let mut tokens = tokens.lock().unwrap().clone();
+    let n = tokens.len();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), n, "repeated fencing tokens");
+    assert!(most.load(Ordering::SeqCst) >= 1);
+}
