@@ -9,9 +9,11 @@
 //!
 //! * **Server time.** Expiry is computed and compared with the backend's own clock (the
 //!   database's), never the caller's.
-//! * **Mutual exclusion.** [`try_acquire`](LockBackend::try_acquire) grants a lease only when the
-//!   name has no lease, its lease has expired by server time, or the lease already belongs to the
-//!   request's lease id (an idempotent retry after a transient error).
+//! * **Mutual exclusion.** [`try_acquire`](LockBackend::try_acquire) grants an exclusive lease
+//!   only when the name has no lease, its lease has expired by server time, or the lease already
+//!   belongs to the request's lease id (an idempotent retry after a transient error) — and no
+//!   semaphore slot is unexpired (see [lease modes](#lease-modes-locks-and-semaphores) for
+//!   slots).
 //! * **Fencing tokens only grow.** Every grant returns a token strictly larger than every token
 //!   ever returned for the name, across release, expiry, takeover, force-release and any cleanup
 //!   of stored state.

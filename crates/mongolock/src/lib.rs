@@ -77,6 +77,9 @@
 //! 8. **Cancellation safety**: dropping an acquire future never leaves a lease held (a grant whose
 //!    reply was lost included); dropping a guard releases it in the background, within the
 //!    release timeout.
+//! 9. **Semaphores**: at most N unexpired slots of a [`Semaphore`] at any instant of server
+//!    time, each slot a lease with all of the above; tokens from the name's one sequence; a
+//!    name is never shared between a lock holder and slot holders.
 //!
 //! ## Where things are
 //! * [`LockProvider`] / [`LockProviderBuilder`] (`provider.rs`): options, creating locks,
