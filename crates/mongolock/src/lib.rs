@@ -117,6 +117,7 @@ mod holder;
 mod lock;
 mod options;
 mod provider;
+pub mod rwlock;
 mod semaphore;
 mod wait;
 
@@ -137,6 +138,7 @@ pub use options::{
     DriftMargin, LockOptions, DEFAULT_EXPIRY, DEFAULT_RELEASE_TIMEOUT, MAX_EXPIRY, MAX_NAME_LEN,
 };
 pub use provider::{LockProvider, LockProviderBuilder};
+pub use rwlock::RwLock;
 pub use semaphore::Semaphore;
 pub use wait::WaitStrategy;
 

@@ -41,7 +41,9 @@ use tokio::time::Instant;
 
 #[cfg(all(feature = "postgres", unix))]
 pub mod postgres_server;
+mod rwlock;
 mod semaphore;
+pub use rwlock::*;
 pub use semaphore::*;
 
 /// A backend on isolated storage, plus whatever must stay alive while it is used (a test
@@ -128,6 +130,9 @@ macro_rules! contract_suite {
             semaphore_and_lock_on_one_name_exclude_each_other,
             semaphore_slots_are_separate_leases,
             dropped_semaphore_acquires_leave_no_slot_held,
+            rwlock_readers_overlap_and_a_writer_excludes_everyone,
+            rwlock_tokens_are_shared_by_readers_and_writers,
+            rwlock_a_waiting_writer_is_not_starved,
         );
         $crate::contract_suite!(@notifications $setup;
             force_release_is_signalled_to_the_holder_at_once,
