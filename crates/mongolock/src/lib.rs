@@ -57,6 +57,25 @@
 //! # }
 //! ```
 //!
+//! ## Read-write locks
+//! [`LockProvider::rw_lock`] gives a [`RwLock`]: many readers or one writer, each with its own
+//! lease; once a writer waits, new readers wait (see [`rwlock`]).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> mongolock::Result<()> {
+//! let provider = mongolock::LockProvider::memory();
+//! let table = provider.rw_lock("table:users")?;
+//! let reader = table.read().await?;
+//! assert!(table.try_read().await?.is_some()); // readers share
+//! assert!(table.try_write().await?.is_none()); // the writer waits for them
+//! reader.release().await?;
+//! let writer = table.write().await?;
+//! assert!(writer.fencing_token() > reader.fencing_token());
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! For tests of code that takes a [`LockProvider`], [`LockProvider::memory()`] gives the same
 //! contract without a database. Configure with [`LockProvider::builder`] and
 //! [`MongoBackend::builder`] (collection, write concern, TTL cleanup delay).
@@ -89,6 +108,8 @@
 //!   with an unknown outcome) that document locks use too.
 //! * [`Semaphore`] (`semaphore.rs`): at most N holders of a name, each with its own lease and
 //!   guard; a [`Lock`] whose requests carry [`LeaseMode::Slot`] (same loop, same guard).
+//! * [`RwLock`] (`rwlock.rs`): readers are slots, writers the exclusive lease, plus a writers'
+//!   intent lock; no backend code of its own.
 //! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release.
 //! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the

@@ -133,6 +133,7 @@ macro_rules! contract_suite {
             rwlock_readers_overlap_and_a_writer_excludes_everyone,
             rwlock_tokens_are_shared_by_readers_and_writers,
             rwlock_a_waiting_writer_is_not_starved,
+            dropped_rwlock_acquires_leave_nothing_held,
         );
         $crate::contract_suite!(@notifications $setup;
             force_release_is_signalled_to_the_holder_at_once,

@@ -168,3 +168,55 @@ pub async fn rwlock_a_waiting_writer_is_not_starved(backend: Arc<dyn LockBackend
         t.await.unwrap();
     }
 }
+
+/// Dropping read and write futures at random points (a writer's between its intent and its
+/// lock included) never leaves a reader, a writer or an intent held.
+pub async fn dropped_rwlock_acquires_leave_nothing_held(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("rw-dropped");
+    // A long expiry: the lock must end up free because leases were released, not expired.
+    let p = super::builder(&backend)
+        .expiry(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let rw = p.rw_lock(name.clone()).unwrap();
+    // A reader in the background, so that writers wait between their two steps.
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (rw, stop) = (rw.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                if let Some(g) = rw.read_timeout(Duration::from_millis(50)).await.unwrap() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    g.release().await.unwrap();
+                }
+            }
+        })
+    };
+    for i in 0..150 {
+        let micros = rand::rng().random_range(0..5000);
+        let limit = Duration::from_micros(micros);
+        if i % 2 == 0 {
+            if let Ok(g) = tokio::time::timeout(limit, rw.write()).await {
+                drop(g.unwrap());
+            }
+        } else if let Ok(g) = tokio::time::timeout(limit, rw.read()).await {
+            drop(g.unwrap());
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    churn.await.unwrap();
+    let free = super::eventually(Duration::from_secs(20), || async {
+        match rw.try_write().await.unwrap() {
+            Some(g) => {
+                g.release().await.unwrap();
+                true
+            }
+            None => false,
+        }
+    })
+    .await;
+    assert!(
+        free,
+        "{name}: a reader, writer or intent is still held after every future was dropped"
+    );
+}
