@@ -50,10 +50,11 @@ pub const INTENT_SUFFIX: &str = "\u{1f}writer-intent";
 /// let r1 = config.read().await?;
 /// let r2 = config.read().await?; // readers overlap
 /// assert!(config.try_write().await?.is_none()); // a writer waits for them
+/// let read_token = r2.fencing_token();
 /// r1.release().await?;
 /// r2.release().await?;
 /// let w = config.write().await?;
-/// assert!(w.fencing_token() > r2.fencing_token()); // one token sequence
+/// assert!(w.fencing_token() > read_token); // one token sequence
 /// assert!(config.try_read().await?.is_none()); // a writer excludes readers
 /// # Ok(())
 /// # }
