@@ -9,14 +9,41 @@
 //!
 //! * **Server time.** Expiry is computed and compared with the backend's own clock (the
 //!   database's), never the caller's.
-//! * **Mutual exclusion.** [`try_acquire`](LockBackend::try_acquire) grants a lease only when the
-//!   name has no lease, its lease has expired by server time, or the lease already belongs to the
-//!   request's lease id (an idempotent retry after a transient error).
+//! * **Mutual exclusion.** [`try_acquire`](LockBackend::try_acquire) grants an exclusive lease
+//!   only when the name has no lease, its lease has expired by server time, or the lease already
+//!   belongs to the request's lease id (an idempotent retry after a transient error) — and no
+//!   semaphore slot is unexpired (see [lease modes](#lease-modes-locks-and-semaphores) for
+//!   slots).
 //! * **Fencing tokens only grow.** Every grant returns a token strictly larger than every token
 //!   ever returned for the name, across release, expiry, takeover, force-release and any cleanup
 //!   of stored state.
 //! * **Ownership.** [`extend`](LockBackend::extend) acts only on the caller's unexpired lease;
 //!   [`release`](LockBackend::release) only on the caller's lease, and is idempotent for it.
+//!
+//! # Lease modes: locks and semaphores
+//! A request carries a [`LeaseMode`]. A name's state is, at any instant of server time, either
+//! (at most) one [`Exclusive`](LeaseMode::Exclusive) lease or a *set* of
+//! [`Slot`](LeaseMode::Slot) leases (a semaphore's holders), never both:
+//!
+//! * An exclusive request is granted only when the name has no unexpired exclusive lease *and
+//!   no unexpired slot*.
+//! * A slot request `Slot { limit }` is granted only when the name has no unexpired exclusive
+//!   lease and fewer than `limit` unexpired slots. Expired slots are discarded by server time in
+//!   the same atomic step. While unexpired slots exist, the name's limit is theirs: a request
+//!   with another limit fails with [`Error::LimitMismatch`](crate::Error::LimitMismatch)
+//!   (once every slot has expired or been released, the next request sets a new limit). A
+//!   request whose lease id already holds a slot (a retry after a lost reply) has that slot
+//!   replaced: it is discarded and, if a slot is free, a new one granted with a new token and
+//!   an expiry counted from this request.
+//! * Every grant, in either mode, takes the next token of the name's one sequence, so tokens
+//!   grow across slots and across both modes.
+//! * [`extend`](LockBackend::extend) and [`release`](LockBackend::release) find the caller's
+//!   lease id wherever it is (the exclusive lease or one slot) and touch nothing else;
+//!   [`force_release`](LockBackend::force_release) ends the exclusive lease and every slot.
+//!
+//! A backend written before modes existed grants every request exclusively: that keeps at most
+//! one holder (never more than a semaphore allows), but it is not a semaphore; the contract
+//! suite's semaphore cases fail for it.
 //!
 //! # Change notifications (an optional capability)
 //! The six atomic operations above are all a backend must implement. A backend that also
@@ -84,6 +111,20 @@ impl std::fmt::Display for LeaseId {
     }
 }
 
+/// How a lease shares its name with other leases (see the [module docs](self)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LeaseMode {
+    /// The only lease on the name: a [`Lock`](crate::Lock).
+    #[default]
+    Exclusive,
+    /// One of at most `limit` concurrent slots of a [`Semaphore`](crate::Semaphore).
+    Slot {
+        /// The most slots the name may have at once (at least 1).
+        limit: u32,
+    },
+}
+
 /// One acquisition attempt, as handed to [`LockBackend::try_acquire`].
 #[derive(Clone, Debug)]
 pub struct AcquireRequest {
@@ -98,6 +139,8 @@ pub struct AcquireRequest {
     pub ttl: Duration,
     /// Metadata to store with the lease.
     pub holder: HolderInfo,
+    /// Exclusive lease or one slot of a semaphore (see the [module docs](self)).
+    pub mode: LeaseMode,
 }
 
 /// A lease granted by [`LockBackend::try_acquire`].

@@ -107,6 +107,24 @@ pub enum Error {
         limit: u64,
     },
 
+    /// A semaphore was acquired with a limit other than the one its current holders use.
+    /// Nothing was granted. Every caller of one semaphore name must use the same limit while
+    /// any slot is held (a new limit takes effect once every slot has been released or has
+    /// expired).
+    #[error(
+        "semaphore {name:?} is held with a limit of {held} slots, but this caller asked for \
+         {requested}; use the same limit in every process that uses the name (or another name), \
+         or wait until every slot is released"
+    )]
+    LimitMismatch {
+        /// The semaphore name.
+        name: String,
+        /// The limit the caller asked for.
+        requested: u32,
+        /// The limit of the current holders.
+        held: u32,
+    },
+
     /// A lock operation was started outside a Tokio runtime.
     #[error(
         "mongolock needs a Tokio runtime (it spawns the acquire attempt and the renewal task); \

@@ -38,6 +38,45 @@
 //! # }
 //! ```
 //!
+//! ## Semaphores
+//! [`LockProvider::semaphore`] gives a [`Semaphore`]: at most N holders of a name at once,
+//! each with its own lease and [`LockGuard`], and fencing tokens from the name's one sequence.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> mongolock::Result<()> {
+//! let provider = mongolock::LockProvider::memory();
+//! let crawlers = provider.semaphore("crawlers", 2)?;
+//! let first = crawlers.acquire().await?;
+//! let second = crawlers.acquire().await?;
+//! assert!(crawlers.try_acquire().await?.is_none()); // both slots held
+//! assert!(second.fencing_token() > first.fencing_token());
+//! first.release().await?;
+//! assert!(crawlers.try_acquire().await?.is_some()); // a slot is free again
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Read-write locks
+//! [`LockProvider::rw_lock`] gives a [`RwLock`]: many readers or one writer, each with its own
+//! lease; once a writer waits, new readers wait (see [`rwlock`]).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> mongolock::Result<()> {
+//! let provider = mongolock::LockProvider::memory();
+//! let table = provider.rw_lock("table:users")?;
+//! let reader = table.read().await?;
+//! let read_token = reader.fencing_token();
+//! assert!(table.try_read().await?.is_some()); // readers share
+//! assert!(table.try_write().await?.is_none()); // the writer waits for them
+//! reader.release().await?;
+//! let writer = table.write().await?;
+//! assert!(writer.fencing_token() > read_token);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! For tests of code that takes a [`LockProvider`], [`LockProvider::memory()`] gives the same
 //! contract without a database. Configure with [`LockProvider::builder`] and
 //! [`MongoBackend::builder`] (collection, write concern, TTL cleanup delay).
@@ -58,6 +97,9 @@
 //! 8. **Cancellation safety**: dropping an acquire future never leaves a lease held (a grant whose
 //!    reply was lost included); dropping a guard releases it in the background, within the
 //!    release timeout.
+//! 9. **Semaphores**: at most N unexpired slots of a [`Semaphore`] at any instant of server
+//!    time, each slot a lease with all of the above; tokens from the name's one sequence; a
+//!    name is never shared between a lock holder and slot holders.
 //!
 //! ## Where things are
 //! * [`LockProvider`] / [`LockProviderBuilder`] (`provider.rs`): options, creating locks,
@@ -65,6 +107,10 @@
 //! * [`Lock`] (`lock.rs`): a named lock's acquire forms, on the one acquire loop
 //!   (`acquire_loop.rs`: waiting, backoff, retries, cancellation safety, clean-up of attempts
 //!   with an unknown outcome) that document locks use too.
+//! * [`Semaphore`] (`semaphore.rs`): at most N holders of a name, each with its own lease and
+//!   guard; a [`Lock`] whose requests carry [`LeaseMode::Slot`] (same loop, same guard).
+//! * [`RwLock`] (`rwlock.rs`): readers are slots, writers the exclusive lease, plus a writers'
+//!   intent lock; no backend code of its own.
 //! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release.
 //! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the
@@ -93,11 +139,13 @@ mod holder;
 mod lock;
 mod options;
 mod provider;
+pub mod rwlock;
+mod semaphore;
 mod wait;
 
 pub use backend::{
-    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LockBackend,
-    LockInfo,
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LeaseMode,
+    LockBackend, LockInfo,
 };
 pub use backends::memory::MemoryBackend;
 #[cfg(feature = "mongodb")]
@@ -112,6 +160,8 @@ pub use options::{
     DriftMargin, LockOptions, DEFAULT_EXPIRY, DEFAULT_RELEASE_TIMEOUT, MAX_EXPIRY, MAX_NAME_LEN,
 };
 pub use provider::{LockProvider, LockProviderBuilder};
+pub use rwlock::RwLock;
+pub use semaphore::Semaphore;
 pub use wait::WaitStrategy;
 
 #[cfg(feature = "testing")]

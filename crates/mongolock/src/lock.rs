@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use tracing::Instrument;
 
 use crate::acquire_loop::{self, spawn_attempt, Attempts, Step};
-use crate::backend::{AcquireRequest, Attempt, ChangeWaiter, LeaseId, LockBackend, LockInfo};
+use crate::backend::{
+    AcquireRequest, Attempt, ChangeWaiter, LeaseId, LeaseMode, LockBackend, LockInfo,
+};
 use crate::clock::Stamp;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
@@ -52,6 +54,8 @@ pub struct Lock {
     provider: Arc<ProviderInner>,
     name: Arc<str>,
     expiry: Duration,
+    /// Exclusive for a lock; a slot for a [`Semaphore`](crate::Semaphore), which wraps a `Lock`.
+    mode: LeaseMode,
 }
 
 impl std::fmt::Debug for Lock {
@@ -59,6 +63,7 @@ impl std::fmt::Debug for Lock {
         f.debug_struct("Lock")
             .field("name", &self.name)
             .field("expiry", &self.expiry)
+            .field("mode", &self.mode)
             .finish_non_exhaustive()
     }
 }
@@ -69,7 +74,14 @@ impl Lock {
             provider,
             name,
             expiry,
+            mode: LeaseMode::Exclusive,
         }
+    }
+
+    /// The same lock acquiring leases in `mode` (a semaphore's slots).
+    pub(crate) fn with_mode(mut self, mode: LeaseMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// The lock name.
@@ -169,6 +181,7 @@ impl Attempts for Lock {
             lease_id: lease_id.clone(),
             ttl: self.expiry,
             holder: provider.holder.clone(),
+            mode: self.mode,
         };
         let name = self.name.clone();
         spawn_attempt(async move {
@@ -226,6 +239,9 @@ impl Attempts for Lock {
     }
 
     fn describe(&self) -> String {
-        format!("lock {:?}", self.name)
+        match self.mode {
+            LeaseMode::Slot { limit } => format!("semaphore {:?} (limit {limit})", self.name),
+            _ => format!("lock {:?}", self.name),
+        }
     }
 }

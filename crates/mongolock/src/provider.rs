@@ -167,6 +167,28 @@ impl LockProvider {
         ))
     }
 
+    /// A [`Semaphore`](crate::Semaphore) named `name` with `limit` slots (sends nothing). Every
+    /// process using the name must use the same limit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a bad name;
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a limit of 0.
+    pub fn semaphore(&self, name: impl Into<String>, limit: u32) -> Result<crate::Semaphore> {
+        crate::Semaphore::new(self.lock(name)?, limit)
+    }
+
+    /// A [`RwLock`](crate::RwLock) named `name` (sends nothing): many readers or one writer.
+    /// Its writers' intent lock is the lock `name` + [`INTENT_SUFFIX`](crate::rwlock::INTENT_SUFFIX).
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a bad name (including one too long
+    /// for the intent lock's name).
+    pub fn rw_lock(&self, name: impl Into<String>) -> Result<crate::RwLock> {
+        let name = name.into();
+        let intent = self.lock(format!("{name}{}", crate::rwlock::INTENT_SUFFIX))?;
+        Ok(crate::RwLock::new(self.lock(name)?, intent))
+    }
+
     /// Acquire `key` for `ttl`, trying for `timeout`
     /// ([`Timeout::Zero`] = exactly one attempt, [`Timeout::Forever`] = until acquired or the
     /// future is dropped). Returns `None` when the timeout elapsed.

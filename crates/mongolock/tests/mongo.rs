@@ -670,3 +670,208 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Semaphore slots take their tokens from the same epochs as locks: across TTL cleanup of the
+/// document, on both first-acquisition paths (stamped after creation, and created with an
+/// epoch), tokens grow across all slots.
+#[tokio::test]
+async fn semaphore_tokens_grow_after_ttl_cleanup() {
+    for cleanup_after in [Duration::ZERO, Duration::from_secs(2)] {
+        let t =
+            test_database_with(TestServer::builder().ttl_monitor_interval(Duration::from_secs(1)))
+                .await;
+        let backend = MongoBackend::builder(&t.db)
+            .collection(unique("locks"))
+            .cleanup_after(cleanup_after)
+            .build()
+            .unwrap();
+        backend.ensure_indexes().await.unwrap();
+        let provider = LockProvider::builder(backend)
+            .expiry(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let sem = provider.semaphore("exports", 2).unwrap();
+        let mut tokens = Vec::new();
+        for round in 0..2 {
+            for _ in 0..2 {
+                let a = sem.acquire().await.unwrap();
+                let b = sem.acquire().await.unwrap();
+                tokens.push(a.fencing_token());
+                tokens.push(b.fencing_token());
+                a.release().await.unwrap();
+                b.release().await.unwrap();
+            }
+            let deleted = poll(Duration::from_secs(150), || async {
+                provider.inspect("exports").await.unwrap().is_none()
+            })
+            .await;
+            assert!(
+                deleted,
+                "cleanup_after {cleanup_after:?}, round {round}: the TTL monitor did not delete \
+                 the semaphore's document"
+            );
+        }
+        let g = sem.acquire().await.unwrap();
+        tokens.push(g.fencing_token());
+        g.release().await.unwrap();
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "cleanup_after {cleanup_after:?}: slot tokens must grow across TTL cleanup: {tokens:?}"
+        );
+    }
+}
+
+/// Slots granted across the end of an epoch: the grant without a token left is stamped from a
+/// fresh epoch, and tokens keep growing across slots.
+#[tokio::test]
+async fn semaphore_slots_cross_a_used_up_epoch() {
+    let t = test_database().await;
+    let (provider, coll) = common::provider_on_new_collection(&t);
+    let past = common::millis_ago(1000);
+    coll.insert_one(doc! {
+        "_id": "hot", "leaseId": Bson::Null, "fencingToken": 3 * (1_i64 << 20) - 1,
+        "epoch": 3_i64, "acquiredAt": past, "expiresAt": past,
+    })
+    .await
+    .unwrap();
+    coll.insert_one(doc! { "_id": MongoBackend::fencing_epoch_id("hot"), "epoch": 3_i64 })
+        .await
+        .unwrap();
+    let sem = provider.semaphore("hot", 3).unwrap();
+    let a = sem.acquire().await.unwrap();
+    let b = sem.acquire().await.unwrap();
+    let c = sem.acquire().await.unwrap();
+    let end = 3 * (1_u64 << 20);
+    let tokens = [a.fencing_token(), b.fencing_token(), c.fencing_token()];
+    assert_eq!(tokens[0], end, "{tokens:?}");
+    assert!(tokens[1] > tokens[0] && tokens[2] > tokens[1], "{tokens:?}");
+    let d = coll.find_one(doc! { "_id": "hot" }).await.unwrap().unwrap();
+    assert_eq!(d.get("epoch"), Some(&Bson::Int64(4)), "{d}");
+    assert_eq!(d.get_array("slots").map(Vec::len), Ok(3), "{d}");
+    for g in [a, b, c] {
+        g.release().await.unwrap();
+    }
+}
+
+/// A slot released through one backend (one process's change stream) wakes a waiter of
+/// another backend on the same collection at once, long before any lease or poll would end
+/// its wait (leases last 60 s, the waiter polls every 40–50 s).
+#[tokio::test]
+async fn a_slot_release_wakes_a_waiter_of_another_backend() {
+    let t = test_database().await;
+    let coll = unique("locks");
+    let make = || {
+        let backend = MongoBackend::builder(&t.db)
+            .collection(coll.clone())
+            .build()
+            .unwrap();
+        LockProvider::builder(backend)
+            .expiry(Duration::from_secs(60))
+            .wait_strategy(mongolock::WaitStrategy::random_sleep(
+                Duration::from_secs(40),
+                Duration::from_secs(50),
+            ))
+            .build()
+            .unwrap()
+    };
+    let (holder, waiter) = (make(), make());
+    let a = holder
+        .semaphore("exports", 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let b = holder
+        .semaphore("exports", 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    // The waiter's change stream must be live before the release (it cannot be on a
+    // standalone server: then this test is skipped).
+    let live = poll(Duration::from_secs(20), || async {
+        mongolock::LockBackend::live_notifications(waiter.backend().as_ref())
+    })
+    .await;
+    if !live {
+        eprintln!("skipped: change streams are not available on this server");
+        return;
+    }
+    let sem = waiter.semaphore("exports", 2).unwrap();
+    let task = tokio::spawn(async move { sem.acquire_timeout(Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released_at = tokio::time::Instant::now();
+    let token = b.fencing_token();
+    b.release().await.unwrap();
+    let got = task.await.unwrap().unwrap().unwrap_or_else(|| {
+        panic!("the other backend's waiter was not woken by the release of token {token}")
+    });
+    let took = released_at.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "woken {took:?} after the release of token {token}"
+    );
+    assert!(got.fencing_token() > token && !a.is_lost());
+    got.release().await.unwrap();
+    a.release().await.unwrap();
+}
+
+/// Never more than N holders across backends (each with its own change stream, as separate
+/// processes have): 3 backends × 4 tasks take a semaphore of 2 around a shared counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_semaphore_holds_across_backends() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const LIMIT: u32 = 2;
+    let t = test_database().await;
+    let coll = unique("locks");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for backend_no in 0..3 {
+        let backend = MongoBackend::builder(&t.db)
+            .collection(coll.clone())
+            .build()
+            .unwrap();
+        let provider = LockProvider::builder(backend)
+            .wait_strategy(mongolock::WaitStrategy::random_sleep(
+                Duration::from_millis(1),
+                Duration::from_millis(20),
+            ))
+            .build()
+            .unwrap();
+        for task_no in 0..4 {
+            let sem = provider.semaphore("shared", LIMIT).unwrap();
+            let (inside, most, tokens) = (inside.clone(), most.clone(), tokens.clone());
+            tasks.push(tokio::spawn(async move {
+                for round in 0..10 {
+                    let g = sem.acquire().await.unwrap();
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    assert!(
+                        now <= LIMIT as usize,
+                        "{now} holders (backend {backend_no}, task {task_no}, round {round}, \
+                         token {})",
+                        g.fencing_token()
+                    );
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokens.lock().unwrap().push(g.fencing_token());
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("every task finishes within 120 s")
+            .unwrap();
+    }
+    let mut tokens = tokens.lock().unwrap().clone();
+    let n = tokens.len();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), n, "repeated fencing tokens");
+    assert!(most.load(Ordering::SeqCst) >= 1);
+}

@@ -73,6 +73,7 @@ fn request(name: &str, ttl: Duration) -> AcquireRequest {
         lease_id: LeaseId::random(),
         ttl,
         holder: HolderInfo::current(Some("pg-test".into())),
+        mode: mongolock::LeaseMode::Exclusive,
     }
 }
 
@@ -739,4 +740,46 @@ async fn without_notifications_waiters_poll_and_extension_detects_loss() {
         .expect("the extension found the lease gone");
     assert!(got.is_lost());
     assert!(!b.live_notifications());
+}
+
+/// A table created before semaphores existed (no `slot_limit`/`slots` columns) gets them from
+/// the migration of a new backend, keeps its tokens, and then serves semaphores.
+#[tokio::test]
+async fn tables_from_before_semaphores_are_migrated() {
+    let Some(url) = url() else { return };
+    let table = pg::unique_table("oldtable");
+    let old = PostgresBackend::builder(&url)
+        .table(&table)
+        .build()
+        .unwrap();
+    old.migrate().await.unwrap();
+    let p = LockProvider::builder(old.clone()).build().unwrap();
+    let g = p.lock("jobs").unwrap().acquire().await.unwrap();
+    let before = g.fencing_token();
+    g.release().await.unwrap();
+    // The table as the previous version created it.
+    admin(&url)
+        .await
+        .batch_execute(&format!(
+            "ALTER TABLE public.\"{table}\" DROP COLUMN slot_limit, DROP COLUMN slots"
+        ))
+        .await
+        .expect("drop the semaphore columns");
+    let new = PostgresBackend::builder(&url)
+        .table(&table)
+        .build()
+        .unwrap();
+    let p = LockProvider::builder(new).build().unwrap();
+    let sem = p.semaphore("jobs", 2).unwrap();
+    let a = sem.acquire().await.expect("a slot after the migration");
+    let b = sem.acquire().await.unwrap();
+    assert!(
+        a.fencing_token() > before && b.fencing_token() > a.fencing_token(),
+        "tokens {before}, {}, {}",
+        a.fencing_token(),
+        b.fencing_token()
+    );
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    a.release().await.unwrap();
+    b.release().await.unwrap();
 }

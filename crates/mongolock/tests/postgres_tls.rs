@@ -120,6 +120,7 @@ fn request(name: &str, ttl: Duration) -> AcquireRequest {
         lease_id: LeaseId::random(),
         ttl,
         holder: HolderInfo::current(Some("pg-tls-test".into())),
+        mode: mongolock::LeaseMode::Exclusive,
     }
 }
 

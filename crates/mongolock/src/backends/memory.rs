@@ -14,9 +14,12 @@
 //! Notifications are always live, so waiters sleep until the holder's expiry.
 //!
 //! # Acquire path
-//! [`MemoryBackend::try_acquire`](crate::LockBackend::try_acquire): under the mutex, the name is
-//! free when it has no lease, its lease expired, or the lease already belongs to the request's
-//! lease id; then the token is incremented and the lease stored.
+//! [`MemoryBackend::try_acquire`](crate::LockBackend::try_acquire): under the mutex, expired
+//! slots are discarded; then an exclusive request is free when the name has no lease (or an
+//! expired one, or one that already belongs to the request's lease id) and no slot, and a slot
+//! request (`slot_attempt`) when the name has no unexpired exclusive lease and fewer slots than
+//! its limit. A grant increments the name's one token counter and stores the lease (or pushes
+//! the slot).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,11 +29,12 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::wakeups::{Change, Hub, Status};
+use crate::backend::LeaseMode;
 use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LockBackend,
     LockInfo,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::holder::HolderInfo;
 
 /// `now + ttl`, saturating far in the future instead of panicking on overflow.
@@ -62,6 +66,86 @@ struct Entry {
     /// The last [`RELEASED_KEPT`] lease ids released by their own holders: a repeated release
     /// of one of them reports success (as the MongoDB backend does for a retried release).
     released: VecDeque<LeaseId>,
+    /// A semaphore's holders (empty while the name is used as a lock). Only unexpired ones
+    /// count; expired ones are discarded at the next acquisition.
+    slots: Vec<Slot>,
+    /// The limit of the holders in `slots`.
+    limit: u32,
+}
+
+/// One semaphore holder.
+#[derive(Clone)]
+struct Slot {
+    lease_id: LeaseId,
+    fencing_token: u64,
+    acquired_at: SystemTime,
+    expires_at: SystemTime,
+}
+
+impl Entry {
+    /// Whether an unexpired exclusive lease holds the name.
+    fn exclusive_held(&self, now: SystemTime) -> bool {
+        self.lease_id.is_some() && self.expires_at > now
+    }
+
+    /// Whether `lease_id` is the exclusive lease or one of the slots (expired or not).
+    fn has(&self, lease_id: &LeaseId) -> bool {
+        self.lease_id.as_ref() == Some(lease_id)
+            || self.slots.iter().any(|s| s.lease_id == *lease_id)
+    }
+
+    /// Forgets a lease id ended by its holder (a repeated release then reports success).
+    fn remember_released(&mut self, lease_id: &LeaseId) {
+        if self.released.len() == RELEASED_KEPT {
+            self.released.pop_front();
+        }
+        self.released.push_back(lease_id.clone());
+    }
+
+    /// One slot attempt (see the module docs), after expired slots were discarded.
+    fn slot_attempt(
+        &mut self,
+        name: &str,
+        req: &AcquireRequest,
+        limit: u32,
+        now: SystemTime,
+    ) -> Result<Attempt> {
+        // A retry after a lost reply: its earlier slot is replaced by a new one (new token,
+        // new expiry), so the lease the caller trusts starts with this request.
+        self.slots.retain(|s| s.lease_id != req.lease_id);
+        if self.exclusive_held(now) {
+            return Ok(Attempt::Busy {
+                holder_expires_at: Some(self.expires_at),
+            });
+        }
+        if !self.slots.is_empty() && self.limit != limit {
+            return Err(Error::LimitMismatch {
+                name: name.to_owned(),
+                requested: limit,
+                held: self.limit,
+            });
+        }
+        if self.slots.len() >= limit as usize {
+            return Ok(Attempt::Busy {
+                holder_expires_at: self.slots.iter().map(|s| s.expires_at).min(),
+            });
+        }
+        self.fencing_token += 1;
+        self.limit = limit;
+        let slot = Slot {
+            lease_id: req.lease_id.clone(),
+            fencing_token: self.fencing_token,
+            acquired_at: now,
+            expires_at: later(now, req.ttl),
+        };
+        let lease = Lease {
+            fencing_token: slot.fencing_token,
+            acquired_at: slot.acquired_at,
+            expires_at: slot.expires_at,
+        };
+        self.slots.push(slot);
+        Ok(Attempt::Acquired(lease))
+    }
 }
 
 /// How many released lease ids an entry keeps.
@@ -116,12 +200,28 @@ impl MemoryBackend {
 
     /// Whether `lease_id` is the current lease of `name` (expired or not).
     fn holds(&self, name: &str, lease_id: &LeaseId) -> bool {
-        self.entries()
-            .get(name)
-            .is_some_and(|e| e.lease_id.as_ref() == Some(lease_id))
+        self.entries().get(name).is_some_and(|e| e.has(lease_id))
     }
 
     fn info(name: &str, e: &Entry, now: SystemTime) -> LockInfo {
+        // A semaphore shows its most recent slot.
+        if let Some(last) = e
+            .slots
+            .iter()
+            .filter(|s| s.expires_at > now)
+            .max_by_key(|s| s.fencing_token)
+        {
+            return LockInfo {
+                name: name.to_owned(),
+                held: true,
+                lease_id: Some(last.lease_id.clone()),
+                fencing_token: e.fencing_token,
+                holder: e.holder.clone(),
+                acquired_at: Some(last.acquired_at),
+                expires_at: Some(last.expires_at),
+                observed_at: now,
+            };
+        }
         LockInfo {
             name: name.to_owned(),
             held: e.lease_id.is_some() && e.expires_at > now,
@@ -148,26 +248,41 @@ impl LockBackend for MemoryBackend {
                 expires_at: now,
                 holder: None,
                 released: VecDeque::new(),
+                slots: Vec::new(),
+                limit: 0,
             });
-            let free = match &entry.lease_id {
-                None => true,
-                Some(id) => entry.expires_at <= now || *id == req.lease_id,
-            };
-            if !free {
-                return Ok(Attempt::Busy {
-                    holder_expires_at: Some(entry.expires_at),
-                });
+            entry.slots.retain(|s| s.expires_at > now);
+            match req.mode {
+                LeaseMode::Slot { limit } => {
+                    let attempt = entry.slot_attempt(&req.name, req, limit, now)?;
+                    if matches!(attempt, Attempt::Acquired(_)) {
+                        entry.holder = Some(req.holder.clone());
+                    }
+                    attempt
+                }
+                _ => {
+                    let free = match &entry.lease_id {
+                        None => true,
+                        Some(id) => entry.expires_at <= now || *id == req.lease_id,
+                    };
+                    if !free || !entry.slots.is_empty() {
+                        let slots_end = entry.slots.iter().map(|s| s.expires_at).max();
+                        return Ok(Attempt::Busy {
+                            holder_expires_at: Some(entry.expires_at).max(slots_end),
+                        });
+                    }
+                    entry.lease_id = Some(req.lease_id.clone());
+                    entry.fencing_token += 1;
+                    entry.acquired_at = now;
+                    entry.expires_at = later(now, req.ttl);
+                    entry.holder = Some(req.holder.clone());
+                    Attempt::Acquired(Lease {
+                        fencing_token: entry.fencing_token,
+                        acquired_at: now,
+                        expires_at: entry.expires_at,
+                    })
+                }
             }
-            entry.lease_id = Some(req.lease_id.clone());
-            entry.fencing_token += 1;
-            entry.acquired_at = now;
-            entry.expires_at = later(now, req.ttl);
-            entry.holder = Some(req.holder.clone());
-            Attempt::Acquired(Lease {
-                fencing_token: entry.fencing_token,
-                acquired_at: now,
-                expires_at: entry.expires_at,
-            })
         };
         if matches!(attempt, Attempt::Acquired(_)) {
             self.changed(&req.name, Some(&req.lease_id));
@@ -188,7 +303,15 @@ impl LockBackend for MemoryBackend {
                 e.expires_at = later(now, ttl);
                 Some(e.expires_at)
             }
-            _ => None,
+            Some(e) => e
+                .slots
+                .iter_mut()
+                .find(|s| s.lease_id == *lease_id && s.expires_at > now)
+                .map(|s| {
+                    s.expires_at = later(now, ttl);
+                    s.expires_at
+                }),
+            None => None,
         })
     }
 
@@ -200,10 +323,12 @@ impl LockBackend for MemoryBackend {
                 Some(e) if e.lease_id.as_ref() == Some(lease_id) => {
                     e.lease_id = None;
                     e.expires_at = e.expires_at.min(now);
-                    if e.released.len() == RELEASED_KEPT {
-                        e.released.pop_front();
-                    }
-                    e.released.push_back(lease_id.clone());
+                    e.remember_released(lease_id);
+                    true
+                }
+                Some(e) if e.slots.iter().any(|s| s.lease_id == *lease_id) => {
+                    e.slots.retain(|s| s.lease_id != *lease_id);
+                    e.remember_released(lease_id);
                     true
                 }
                 Some(e) if e.released.contains(lease_id) => return Ok(true),
@@ -238,9 +363,10 @@ impl LockBackend for MemoryBackend {
             let mut entries = self.entries();
             let now = self.now();
             match entries.get_mut(name) {
-                Some(e) if e.lease_id.is_some() && e.expires_at > now => {
+                Some(e) if e.exclusive_held(now) || e.slots.iter().any(|s| s.expires_at > now) => {
                     e.lease_id = None;
-                    e.expires_at = now;
+                    e.expires_at = e.expires_at.min(now);
+                    e.slots.clear();
                     true
                 }
                 _ => false,

@@ -41,6 +41,10 @@ use tokio::time::Instant;
 
 #[cfg(all(feature = "postgres", unix))]
 pub mod postgres_server;
+mod rwlock;
+mod semaphore;
+pub use rwlock::*;
+pub use semaphore::*;
 
 /// A backend on isolated storage, plus whatever must stay alive while it is used (a test
 /// server), and the capabilities it declares.
@@ -119,11 +123,23 @@ macro_rules! contract_suite {
             try_acquire_with_ttl_and_timeout,
             release_is_idempotent_for_the_owner,
             a_lost_grant_is_released_when_the_call_gives_up,
+            semaphore_never_exceeds_its_limit,
+            semaphore_tokens_grow_across_slots,
+            semaphore_slot_returns_after_a_crashed_holders_lease,
+            semaphore_bad_limits_are_typed_errors,
+            semaphore_and_lock_on_one_name_exclude_each_other,
+            semaphore_slots_are_separate_leases,
+            dropped_semaphore_acquires_leave_no_slot_held,
+            rwlock_readers_overlap_and_a_writer_excludes_everyone,
+            rwlock_tokens_are_shared_by_readers_and_writers,
+            rwlock_a_waiting_writer_is_not_starved,
+            dropped_rwlock_acquires_leave_nothing_held,
         );
         $crate::contract_suite!(@notifications $setup;
             force_release_is_signalled_to_the_holder_at_once,
             a_release_wakes_a_waiter_at_once,
             handoffs_are_prompt_and_do_not_stampede,
+            a_slot_release_wakes_a_waiter_at_once,
         );
     };
     (@cases $setup:path; $($case:ident),* $(,)?) => {
@@ -932,6 +948,7 @@ pub async fn try_acquire_with_ttl_and_timeout(backend: Arc<dyn LockBackend>) {
 pub async fn release_is_idempotent_for_the_owner(backend: Arc<dyn LockBackend>) {
     let name = unique_name("idempotent");
     let request = |lease_id: &LeaseId, ttl: Duration| AcquireRequest {
+        mode: crate::LeaseMode::Exclusive,
         name: name.clone(),
         lease_id: lease_id.clone(),
         ttl,
@@ -1114,7 +1131,7 @@ impl LockBackend for CountingAll {
 }
 
 /// Waits until the backend reports live notifications (generous deadline).
-async fn until_live(backend: &Arc<dyn LockBackend>) {
+pub(crate) async fn until_live(backend: &Arc<dyn LockBackend>) {
     assert!(
         eventually(Duration::from_secs(30), || async {
             backend.live_notifications()
@@ -1125,7 +1142,7 @@ async fn until_live(backend: &Arc<dyn LockBackend>) {
 }
 
 /// Polling alone would sleep 30-40 s between attempts: only a notification ends a wait sooner.
-fn slow_polling() -> WaitStrategy {
+pub(crate) fn slow_polling() -> WaitStrategy {
     WaitStrategy::random_sleep(Duration::from_secs(30), Duration::from_secs(40))
 }
 

@@ -15,6 +15,7 @@ use super::document::{
 };
 use super::errors::{self, classify, DUPLICATE_KEY};
 use super::queue::{self, Queueing, RESERVED, WAITERS};
+use super::slots::LIMIT;
 use crate::backend::{AcquireRequest, Attempt};
 use crate::error::{Error, Result};
 
@@ -36,7 +37,7 @@ pub(super) const MAX_TOKEN: u64 = 1 << 53;
 /// module docs, "first acquisition"): half of `cleanup_after`, at most a minute. `None` when
 /// `cleanup_after` is under 2 s: the first acquisition then creates the document first and
 /// stamps it after.
-fn creation_window(cleanup_after: Duration) -> Option<Duration> {
+pub(super) fn creation_window(cleanup_after: Duration) -> Option<Duration> {
     (cleanup_after >= Duration::from_secs(2)).then(|| (cleanup_after / 2).min(MAX_WINDOW))
 }
 
@@ -61,9 +62,43 @@ pub(super) fn epoch_id(name: &str) -> Document {
 
 /// An epoch taken before creating the document, and the server time until which it may be
 /// used to create one.
-struct NewLifetime {
-    epoch: i64,
+pub(super) struct NewLifetime {
+    pub(super) epoch: i64,
     create_before: DateTime,
+}
+
+/// The token and epoch expressions of a new grant, shared by exclusive and slot grants (see
+/// `acquire_pipeline`): the next token of the document's epoch when it has one left; else,
+/// when the upsert is creating the document within `new_lifetime`'s window, the first token of
+/// that epoch; else null for both (the caller stamps a token from a fresh epoch).
+pub(super) fn token_and_epoch(new_lifetime: Option<&NewLifetime>) -> (Document, Document) {
+    let in_range = doc! {
+        "$and": [
+            { "$isNumber": "$epoch" },
+            { "$lt": ["$fencingToken", { "$multiply": ["$epoch", EPOCH_TOKENS] }] },
+        ]
+    };
+    let (token, epoch) = match new_lifetime {
+        Some(n) => {
+            let creating = doc! {
+                "$and": [
+                    { "$eq": [{ "$type": "$leaseId" }, "missing"] },
+                    { "$lt": ["$$NOW", n.create_before] },
+                ]
+            };
+            (
+                Bson::Document(
+                    doc! { "$cond": [creating.clone(), { "$literal": token_floor(n.epoch) }, Bson::Null] },
+                ),
+                Bson::Document(doc! { "$cond": [creating, { "$literal": n.epoch }, Bson::Null] }),
+            )
+        }
+        None => (Bson::Null, Bson::Null),
+    };
+    (
+        doc! { "$cond": [in_range.clone(), { "$add": ["$fencingToken", 1_i64] }, token] },
+        doc! { "$cond": [in_range, "$epoch", epoch] },
+    )
 }
 
 /// The update pipeline: take the lease when the name is free, else leave the document as it
@@ -131,6 +166,8 @@ fn acquire_pipeline(
         ACQUIRED_AT: "$$NOW",
         EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
         HOLDER: { "$literal": holder_doc(&req.holder) },
+        // Exclusive mode: the name's semaphore slots, if any, no longer count (`slots.rs`).
+        LIMIT: Bson::Null,
         WAITERS: queue::on_grant(queueing.mark, ttl_millis(req.ttl), queueing.requeue),
         RESERVED: queue::clear_reservation(),
     };
@@ -232,13 +269,23 @@ async fn upsert(
     filter: &Document,
     pipeline: Vec<Document>,
 ) -> Result<Document> {
+    upsert_with(coll, filter, pipeline, reply_fields()).await
+}
+
+/// [`upsert`] with the reply projected to `projection`.
+pub(super) async fn upsert_with(
+    coll: &Collection<Document>,
+    filter: &Document,
+    pipeline: Vec<Document>,
+    projection: Document,
+) -> Result<Document> {
     let mut duplicate_keys = 0;
     loop {
         let result = coll
             .find_one_and_update(filter.clone(), pipeline.clone())
             .upsert(true)
             .return_document(ReturnDocument::After)
-            .projection(reply_fields())
+            .projection(projection.clone())
             .await;
         match result {
             Ok(Some(doc)) => return Ok(doc),
@@ -273,6 +320,7 @@ async fn stamp_token(coll: &Collection<Document>, req: &AcquireRequest) -> Resul
             doc! {
                 "_id": req.name.as_str(),
                 LEASE_ID: req.lease_id.as_str(),
+                LIMIT: Bson::Null,
                 "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
             },
             vec![doc! {
@@ -311,7 +359,7 @@ async fn stamp_token(coll: &Collection<Document>, req: &AcquireRequest) -> Resul
 
 /// Increments the epoch counter of `name` and returns the new epoch, with the server time of
 /// the increment plus `window` as the time before which it may create a document.
-async fn take_epoch(
+pub(super) async fn take_epoch(
     coll: &Collection<Document>,
     name: &str,
     window: Duration,

@@ -203,8 +203,14 @@ pub(crate) fn lock_state(
 ) -> Result<LockInfo> {
     let expires_at = date(d, EXPIRES_AT);
     let lease = lease_id(d).map(LeaseId::from_string);
+    // A semaphore's document (a number in `limit`; `slots.rs`) is held while a slot is: its
+    // `expiresAt` is at least every unexpired slot's expiry.
+    let slot_mode = matches!(
+        d.get("limit"),
+        Some(Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))
+    );
     Ok(LockInfo {
-        held: lease.is_some() && expires_at.is_some_and(|e| e > observed_at),
+        held: (lease.is_some() || slot_mode) && expires_at.is_some_and(|e| e > observed_at),
         lease_id: lease,
         fencing_token: token(d, site, &name)?.unwrap_or(0),
         holder: holder(d),

@@ -97,6 +97,13 @@
 //! supported). Writes use `w: "majority"` by default. Uncontended acquire + release of an
 //! existing name is 2 commands.
 //!
+//! # Semaphores (`slots.rs`)
+//! A [`Semaphore`](crate::Semaphore)'s holders live in the same document, in a `slots` array
+//! with a `limit` (slot mode): one `findAndModify` takes a slot and discards expired ones.
+//! `slots.rs` holds the format, the acquire path and the safety argument (never more than
+//! `limit` holders; tokens from the same epochs, so they grow across slots and across the
+//! name's use as a lock).
+//!
 //! # TTL index
 //! An index `{expiresAt: 1}` with `expireAfterSeconds = cleanup_after` (default 1 hour) is created
 //! once per collection per process, in the background, on the first acquisition. Failures are
@@ -143,9 +150,11 @@ pub(crate) mod errors;
 mod index;
 mod ops;
 mod queue;
+mod slots;
 pub(crate) mod watch;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -156,7 +165,8 @@ use mongodb::options::{
 use mongodb::{Collection, Database};
 
 use crate::backend::{
-    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LockBackend, LockInfo,
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LeaseMode, LockBackend,
+    LockInfo,
 };
 use crate::error::{Error, Result};
 
@@ -192,6 +202,9 @@ pub struct MongoBackend {
     fair_handoff: bool,
     /// The change stream shared by all clones (see `watch.rs`).
     watch: Arc<watch::Watcher>,
+    /// The semaphore slots this backend (and its clones) granted and has not released: their
+    /// extend, release and loss checks take the slot path (`slots.rs`).
+    slot_leases: Arc<Mutex<HashSet<LeaseId>>>,
 }
 
 /// Builds a [`MongoBackend`]; see [`MongoBackend::builder`].
@@ -285,6 +298,7 @@ impl MongoBackendBuilder {
             cleanup_after: self.cleanup_after,
             create_ttl_index: self.create_ttl_index,
             fair_handoff: self.fair_handoff,
+            slot_leases: Arc::default(),
         })
     }
 }
@@ -385,6 +399,24 @@ impl MongoBackend {
         self.watch.events()
     }
 
+    fn slot_leases(&self) -> MutexGuard<'_, HashSet<LeaseId>> {
+        // Single inserts and removals: a poisoned set is still consistent.
+        self.slot_leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_slot(&self, lease_id: &LeaseId) -> bool {
+        self.slot_leases().contains(lease_id)
+    }
+
+    /// Releases a semaphore slot and wakes one of this backend's waiters of the name (the
+    /// stream leaves out this backend's own writes).
+    async fn release_slot(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
+        let released = slots::release(&self.coll, &self.reads, name, lease_id).await;
+        self.slot_leases().remove(lease_id);
+        self.watch.released_name(name, &queue::Handoff::Unknown);
+        released
+    }
+
     /// How many lock names currently have an entry in the change-stream registry (names this
     /// backend's waiters wait on or its guards hold). For tests and diagnostics.
     #[doc(hidden)]
@@ -398,6 +430,13 @@ impl LockBackend for MongoBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         if self.create_ttl_index {
             index::ensure_in_background(&self.coll, self.cleanup_after);
+        }
+        if let LeaseMode::Slot { limit } = req.mode {
+            let attempt = slots::try_acquire(&self.coll, req, limit, self.cleanup_after).await?;
+            if matches!(attempt, Attempt::Acquired(_)) {
+                self.slot_leases().insert(req.lease_id.clone());
+            }
+            return Ok(attempt);
         }
         // This attempt's own acquirer is registered before it (when the call will wait).
         let acquirers = self.watch.acquirers(&req.name);
@@ -420,10 +459,16 @@ impl LockBackend for MongoBackend {
         lease_id: &LeaseId,
         ttl: Duration,
     ) -> Result<Option<SystemTime>> {
+        if self.is_slot(lease_id) {
+            return slots::extend(&self.coll, name, lease_id, ttl).await;
+        }
         ops::extend(&self.coll, name, lease_id, ttl).await
     }
 
     async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
+        if self.is_slot(lease_id) {
+            return self.release_slot(name, lease_id).await;
+        }
         let released =
             ops::release(&self.coll, &self.reads, name, lease_id, self.fair_handoff).await;
         // Released, or given up on (the lease then expires): no more loss detection for it.
@@ -435,7 +480,12 @@ impl LockBackend for MongoBackend {
             Ok(None) | Err(_) => queue::Handoff::Unknown,
         };
         self.watch.released_name(name, &handoff);
-        released.map(|r| r.is_some())
+        match released? {
+            Some(_) => Ok(true),
+            // Not an exclusive lease: perhaps a slot whose grant's reply was lost (an abandoned
+            // acquire releases its lease id without knowing what was granted).
+            None => self.release_slot(name, lease_id).await,
+        }
     }
 
     /// Marked with this backend's prefix, so that its change stream leaves out its own grants
@@ -477,7 +527,19 @@ impl ChangeNotifications for MongoBackend {
     }
 
     async fn lease_lost(&self, name: &str, lease_id: &LeaseId) {
-        self.watch.lease_gone(name, lease_id).await;
+        if !self.is_slot(lease_id) {
+            return self.watch.lease_gone(name, lease_id).await;
+        }
+        // A slot: the stream's events tell nothing about one holder of many, so each change of
+        // the name (and at least every minute) is checked with one read.
+        loop {
+            if !slots::still_holds(&self.reads, name, lease_id).await {
+                return;
+            }
+            self.watch
+                .wait_for_change(name, Duration::from_secs(60))
+                .await;
+        }
     }
 }
 

@@ -3,13 +3,14 @@
 use std::time::{Duration, SystemTime};
 
 use futures_util::TryStreamExt;
-use mongodb::bson::{doc, Document};
+use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
 use super::document::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT};
 use super::errors::classify;
 use super::queue;
+use super::slots::{LIMIT, SLOTS};
 use crate::backend::{LeaseId, LockInfo};
 use crate::error::Result;
 
@@ -21,6 +22,9 @@ fn end_lease(reserve: bool) -> Vec<Document> {
     let mut set = doc! {
         LEASE_ID: null,
         EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
+        // Every semaphore slot ends too (`slots.rs`).
+        LIMIT: Bson::Null,
+        SLOTS: [],
     };
     set.extend(queue::pop(&forced, reserve));
     vec![doc! { "$set": set }]
@@ -37,6 +41,8 @@ pub(super) async fn extend(
             doc! {
                 "_id": name,
                 LEASE_ID: lease_id.as_str(),
+                // Not a semaphore's document, whose `leaseId` only marks its last write.
+                LIMIT: Bson::Null,
                 "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
             },
             vec![doc! { "$set": { EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(ttl)] } } }],
@@ -69,6 +75,8 @@ pub(super) async fn release(
 ) -> Result<Option<queue::Handoff>> {
     let (mut filter, pipeline) = document::release_update("", lease_id.as_str(), Some(reserve));
     filter.insert("_id", name);
+    // Not a semaphore's document, whose `leaseId` only marks its last write (`slots.rs`).
+    filter.insert(LIMIT, Bson::Null);
     let doc = coll
         .find_one_and_update(filter, pipeline)
         .return_document(ReturnDocument::After)

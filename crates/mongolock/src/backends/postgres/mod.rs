@@ -118,6 +118,31 @@
 //! writes it. Tokens are therefore strictly increasing per name, forever, and (a consequence
 //! of one sequence per table) unique across the table's names; they have gaps.
 //!
+//! # Semaphores
+//! A [`Semaphore`](crate::Semaphore)'s holders live in the name's row: `slot_limit` (not null
+//! exactly while the row is in *slot mode*) and `slots`, a `jsonb` array of `{id, token, at,
+//! exp}` (`exp` and `at` as timestamps). Tables created before semaphores get both columns from
+//! the migration (`ALTER TABLE .. ADD COLUMN IF NOT EXISTS`; the "already migrated" check
+//! looks for them). One statement (`acquire_slot` in `schema.rs`), an `INSERT .. ON CONFLICT DO
+//! UPDATE` as for locks, takes a slot: the update's `WHERE` is evaluated on the locked, latest
+//! row version, and grants only when no unexpired exclusive lease holds the row, fewer than
+//! the limit of *other* unexpired slots exist (the caller's own earlier slot, a retry after a
+//! lost reply, is replaced), and the row's limit equals the request's unless no slot is live.
+//! The grant writes the unexpired slots plus the new one, `expires_at` = the latest of their
+//! expiries, and the next value of the table's one sequence as both the row's and the slot's
+//! token, so tokens keep growing across slots, modes and cleanup exactly as for locks.
+//!
+//! **Never more than the limit**: every grant runs under the row lock and counts the slots
+//! unexpired by `clock_timestamp()` at that moment; a slot is only removed by its holder's
+//! release or force-release, extension only moves the caller's unexpired slot, so at any
+//! instant of server time at most `limit` slots have an expiry after it. Exclusive grants need
+//! `expires_at <= clock_timestamp()` in slot mode (`expires_at` is at least every unexpired
+//! slot's expiry: grant, extend and release keep it so), and slot grants need no unexpired
+//! exclusive lease. Extend and release are the lock statements, which find the caller's lease
+//! id either as the exclusive lease (`slot_limit IS NULL`) or among the slots. In slot mode
+//! `lease_id` stays null and a release (and force-release) takes a sequence value too, so that
+//! the notification trigger publishes it and a waiter is woken.
+//!
 //! # Idle-row cleanup
 //! [`PostgresBackend::cleanup`] deletes the rows whose lease ended or expired more than
 //! `cleanup_after` ago (default 1 hour), under the table lock above (taken with a 2 s
@@ -167,7 +192,8 @@ use deadpool_postgres::{
 };
 
 use crate::backend::{
-    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LockBackend, LockInfo,
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LeaseMode, LockBackend,
+    LockInfo,
 };
 use crate::error::{Error, Result};
 use listen::Listener;
@@ -625,13 +651,17 @@ impl PostgresBackend {
     /// "still held" (the next extension decides).
     async fn still_holds(&self, name: &str, lease_id: &LeaseId) -> bool {
         match self
-            .query("check lease", &self.inner.schema.lease_of, &[&name])
+            .query(
+                "check lease",
+                &self.inner.schema.lease_of,
+                &[&name, &lease_id.as_str()],
+            )
             .await
         {
             Ok(rows) => rows
                 .first()
-                .and_then(|r| r.try_get::<_, Option<String>>(0).ok().flatten())
-                .is_some_and(|l| l == lease_id.as_str()),
+                .and_then(|r| r.try_get::<_, Option<bool>>(0).ok().flatten())
+                .unwrap_or(false),
             Err(e) => {
                 tracing::debug!(lock = %name, error = %e, "could not check the lease after a change; the next extension will");
                 true
@@ -702,6 +732,28 @@ impl LockBackend for PostgresBackend {
         ops::check_name(&req.name)?;
         self.start_cleanup();
         let p = ops::AcquireParams::new(req);
+        if let LeaseMode::Slot { limit } = req.mode {
+            // Above i32::MAX slots is no limit at all in practice: saturate.
+            let limit_param = i32::try_from(limit).unwrap_or(i32::MAX);
+            let rows = self
+                .query(
+                    "acquire a semaphore slot",
+                    &self.inner.schema.acquire_slot,
+                    &[
+                        &req.name,
+                        &req.lease_id.as_str(),
+                        &p.ttl,
+                        &p.host,
+                        &p.pid,
+                        &p.app,
+                        &limit_param,
+                    ],
+                )
+                .await?;
+            // Not remembered by the listener: a slot holder judges every change by reading
+            // (`still_holds`), since other slots' grants do not end its lease.
+            return ops::slot_attempt(&rows, &req.name, limit);
+        }
         let rows = self
             .query(
                 "acquire",

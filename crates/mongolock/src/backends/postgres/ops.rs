@@ -103,6 +103,44 @@ pub(crate) fn attempt(rows: &[Row]) -> Result<Attempt> {
     }))
 }
 
+/// The outcome of the slot acquire statement (`schema.rs`): at most one row, `acquired` first;
+/// a busy row reports the limit of the holders and how many other unexpired slots there are.
+pub(crate) fn slot_attempt(rows: &[Row], name: &str, limit: u32) -> Result<Attempt> {
+    let Some(row) = rows.first() else {
+        return Ok(Attempt::Busy {
+            holder_expires_at: None,
+        });
+    };
+    let acquired: bool = row.try_get("acquired").map_err(decode)?;
+    let expires_at: Option<SystemTime> = row.try_get("expires_at").map_err(decode)?;
+    if acquired {
+        return Ok(Attempt::Acquired(Lease {
+            fencing_token: token(row, "fencing_token")?,
+            acquired_at: row.try_get("acquired_at").map_err(decode)?,
+            expires_at: expires_at.ok_or_else(|| {
+                Error::backend(
+                    "the slot acquire statement returned no expiry",
+                    "use a dedicated table that only mongolock writes",
+                )
+            })?,
+        }));
+    }
+    let held: Option<i32> = row.try_get("slot_limit").map_err(decode)?;
+    let live: i64 = row.try_get("live").map_err(decode)?;
+    if let Some(held) = held {
+        if live > 0 && i64::from(held) != i64::from(limit) {
+            return Err(Error::LimitMismatch {
+                name: name.to_owned(),
+                requested: limit,
+                held: u32::try_from(held).unwrap_or(0),
+            });
+        }
+    }
+    Ok(Attempt::Busy {
+        holder_expires_at: expires_at,
+    })
+}
+
 /// A row of the inspect/list query.
 pub(crate) fn info(row: &Row) -> Result<LockInfo> {
     let lease_id: Option<String> = row.try_get("lease_id").map_err(decode)?;

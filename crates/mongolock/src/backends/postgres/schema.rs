@@ -76,6 +76,8 @@ pub(crate) struct Schema {
     sequence_q: String,
     index_q: String,
     pub(crate) acquire: String,
+    /// The slot acquire statement of a semaphore (`$7` = the limit).
+    pub(crate) acquire_slot: String,
     pub(crate) extend: String,
     pub(crate) release: String,
     pub(crate) force_release: String,
@@ -114,8 +116,9 @@ impl Schema {
                  expires_at = clock_timestamp() + {ttl},
                  holder_host = EXCLUDED.holder_host,
                  holder_pid = EXCLUDED.holder_pid,
-                 holder_app = EXCLUDED.holder_app
-               WHERE l.lease_id IS NULL
+                 holder_app = EXCLUDED.holder_app,
+                 slot_limit = NULL
+               WHERE (l.lease_id IS NULL AND l.slot_limit IS NULL)
                   OR l.expires_at <= clock_timestamp()
                   OR l.lease_id = EXCLUDED.lease_id
                RETURNING l.fencing_token, l.acquired_at, l.expires_at
@@ -123,39 +126,146 @@ impl Schema {
              SELECT true AS acquired, fencing_token, acquired_at, expires_at FROM granted
              UNION ALL
              SELECT false, fencing_token, acquired_at, expires_at FROM {t}
-              WHERE name = $1 AND lease_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM granted)"
+              WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
+                AND NOT EXISTS (SELECT 1 FROM granted)"
         );
+        // A semaphore's slots (`slot_limit` not null): see "Semaphores" in the backend's
+        // module docs.
+        let slots_of = |row: &str| {
+            format!(
+                "jsonb_array_elements(CASE WHEN {row}.slot_limit IS NULL THEN '[]'::jsonb \
+                 ELSE {row}.slots END)"
+            )
+        };
+        // The unexpired slots other than the caller's (a retry after a lost reply replaces
+        // the caller's earlier slot with a new one).
+        let live_where = "(s->>'exp')::timestamptz > clock_timestamp() AND s->>'id' <> $2::text";
+        let live = |row: &str| {
+            format!(
+                "(SELECT coalesce(jsonb_agg(s), '[]'::jsonb) FROM {} s WHERE {live_where})",
+                slots_of(row)
+            )
+        };
+        let live_count = |row: &str| {
+            format!(
+                "(SELECT count(*) FROM {} s WHERE {live_where})",
+                slots_of(row)
+            )
+        };
+        let next_exp = |row: &str| {
+            format!(
+                "(SELECT min((s->>'exp')::timestamptz) FROM {} s WHERE {live_where})",
+                slots_of(row)
+            )
+        };
+        let acquire_slot = format!(
+            "WITH granted AS (
+               INSERT INTO {t} AS l ({columns}, slot_limit, slots)
+               SELECT $1::text, NULL::text, n.v, c.now, c.now + {ttl}, $4::text, $5::bigint,
+                      $6::text, $7::integer,
+                      jsonb_build_array(jsonb_build_object('id', $2::text, 'token', n.v,
+                        'at', c.now, 'exp', c.now + {ttl}))
+                 FROM (SELECT {next} AS v) n, (SELECT clock_timestamp() AS now) c
+               ON CONFLICT (name) DO UPDATE SET
+                 (fencing_token, acquired_at, expires_at, slots, lease_id, slot_limit,
+                  holder_host, holder_pid, holder_app) =
+                 (SELECT n.v, c.now, greatest(c.now + {ttl}, l.expires_at),
+                         {live_l} || jsonb_build_array(jsonb_build_object('id', $2::text,
+                           'token', n.v, 'at', c.now, 'exp', c.now + {ttl})),
+                         NULL::text, EXCLUDED.slot_limit, EXCLUDED.holder_host,
+                         EXCLUDED.holder_pid, EXCLUDED.holder_app
+                    FROM (SELECT {next} AS v) n, (SELECT clock_timestamp() AS now) c)
+               WHERE NOT (l.slot_limit IS NULL AND l.lease_id IS NOT NULL
+                          AND l.expires_at > clock_timestamp())
+                 AND {count_l} < $7::integer
+                 AND ({count_l} = 0 OR l.slot_limit = $7::integer)
+               RETURNING l.fencing_token, l.acquired_at, l.acquired_at + {ttl} AS slot_expires_at
+             )
+             SELECT true AS acquired, fencing_token, acquired_at, slot_expires_at AS expires_at,
+                    NULL::integer AS slot_limit, 0::bigint AS live
+               FROM granted
+             UNION ALL
+             SELECT false, fencing_token, acquired_at,
+                    CASE WHEN slot_limit IS NULL THEN expires_at ELSE {next_t} END,
+                    slot_limit, {count_t}
+               FROM {t}
+              WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
+                AND NOT EXISTS (SELECT 1 FROM granted)",
+            live_l = live("l"),
+            count_l = live_count("l"),
+            next_t = next_exp(t),
+            count_t = live_count(t),
+        );
+        // Either the exclusive lease or one unexpired slot of the caller.
         let extend = format!(
-            "UPDATE {t} SET expires_at = clock_timestamp() + {ttl}
-              WHERE name = $1 AND lease_id = $2 AND expires_at > clock_timestamp()
-              RETURNING expires_at"
+            "UPDATE {t} AS l SET (expires_at, slots) =
+               (SELECT CASE WHEN l.slot_limit IS NULL THEN c.now + {ttl}
+                            ELSE greatest(l.expires_at, c.now + {ttl}) END,
+                       CASE WHEN l.slot_limit IS NULL THEN l.slots
+                            ELSE (SELECT jsonb_agg(CASE WHEN s->>'id' = $2
+                                    THEN s || jsonb_build_object('exp', c.now + {ttl})
+                                    ELSE s END)
+                                    FROM jsonb_array_elements(l.slots) s) END
+                  FROM (SELECT clock_timestamp() AS now) c)
+              WHERE name = $1
+                AND ((l.slot_limit IS NULL AND lease_id = $2 AND expires_at > clock_timestamp())
+                  OR (l.slot_limit IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM jsonb_array_elements(l.slots) s
+                         WHERE s->>'id' = $2 AND (s->>'exp')::timestamptz > clock_timestamp())))
+              RETURNING CASE WHEN l.slot_limit IS NULL THEN l.expires_at
+                             ELSE (SELECT (s->>'exp')::timestamptz
+                                     FROM jsonb_array_elements(l.slots) s
+                                    WHERE s->>'id' = $2 LIMIT 1) END AS expires_at"
         );
+        // The slots left after the caller's release: the others that have not expired.
+        let rest =
+            "(SELECT coalesce(jsonb_agg(s), '[]'::jsonb) FROM jsonb_array_elements(l.slots) s
+                      WHERE s->>'id' <> $2 AND (s->>'exp')::timestamptz > clock_timestamp())";
         let release = format!(
             "WITH ended AS (
-               UPDATE {t} SET
-                 lease_id = NULL,
-                 expires_at = least(expires_at, clock_timestamp()),
-                 released = (array_append(released, lease_id))[greatest(cardinality(released) - 6, 1):]
-               WHERE name = $1 AND lease_id = $2
+               UPDATE {t} AS l SET
+                 (lease_id, fencing_token, slots, expires_at) = (
+                   SELECT NULL::text,
+                          CASE WHEN l.slot_limit IS NULL THEN l.fencing_token ELSE {next} END,
+                          CASE WHEN l.slot_limit IS NULL THEN l.slots ELSE r.rest END,
+                          CASE WHEN l.slot_limit IS NULL OR jsonb_array_length(r.rest) = 0
+                               THEN least(l.expires_at, clock_timestamp())
+                               ELSE (SELECT max((s->>'exp')::timestamptz)
+                                       FROM jsonb_array_elements(r.rest) s) END
+                     FROM (SELECT {rest} AS rest) r),
+                 released = (array_append(released, $2::text))[greatest(cardinality(released) - 6, 1):]
+               WHERE name = $1
+                 AND ((l.slot_limit IS NULL AND lease_id = $2)
+                   OR (l.slot_limit IS NOT NULL AND EXISTS (
+                         SELECT 1 FROM jsonb_array_elements(l.slots) s WHERE s->>'id' = $2)))
                RETURNING 1
              )
              SELECT EXISTS (SELECT 1 FROM ended)
                  OR EXISTS (SELECT 1 FROM {t} WHERE name = $1 AND $2 = ANY (released))"
         );
         let force_release = format!(
-            "UPDATE {t} SET lease_id = NULL, expires_at = clock_timestamp()
-              WHERE name = $1 AND lease_id IS NOT NULL AND expires_at > clock_timestamp()
+            "UPDATE {t} SET lease_id = NULL, expires_at = least(expires_at, clock_timestamp()),
+                     fencing_token = CASE WHEN slot_limit IS NULL THEN fencing_token ELSE {next} END,
+                     slot_limit = NULL, slots = '[]'
+              WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
+                AND expires_at > clock_timestamp()
               RETURNING 1"
         );
         let select = format!(
             "SELECT name, lease_id, fencing_token, acquired_at, expires_at, holder_host,
                     holder_pid, holder_app, c.now AS observed_at,
-                    (lease_id IS NOT NULL AND expires_at > c.now) AS held
+                    ((lease_id IS NOT NULL OR slot_limit IS NOT NULL) AND expires_at > c.now) AS held
                FROM {t}, (SELECT clock_timestamp() AS now) c"
         );
         let inspect = format!("{select} WHERE name = $1");
         let list = format!("{select} ORDER BY name COLLATE \"C\"");
-        let lease_of = format!("SELECT lease_id FROM {t} WHERE name = $1");
+        // Whether `$2` still holds the name: its exclusive lease or one of its slots.
+        let lease_of = format!(
+            "SELECT lease_id = $2 AND slot_limit IS NULL
+                    OR (slot_limit IS NOT NULL AND EXISTS (
+                          SELECT 1 FROM jsonb_array_elements(slots) s WHERE s->>'id' = $2))
+               FROM {t} WHERE name = $1"
+        );
         let cleanup = format!(
             "DELETE FROM {t}
               WHERE (lease_id IS NULL OR expires_at <= clock_timestamp())
@@ -167,6 +277,7 @@ impl Schema {
             channel: format!("mongolock_{:016x}", fnv1a(&format!("{schema}.{table}"))),
             schema_q,
             acquire,
+            acquire_slot,
             extend,
             release,
             force_release,
@@ -184,7 +295,9 @@ impl Schema {
     /// `$1` = the quoted table name and `$2` = the trigger name.
     pub(crate) fn migrated_query(&self) -> (&'static str, String, &'static str) {
         (
-            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)",
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)
+                AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)
+                             AND attname = 'slots' AND NOT attisdropped)",
             self.table_q.clone(),
             NOTIFY,
         )
@@ -197,21 +310,24 @@ impl Schema {
         fnv1a(&format!("mongolock-migrate:{}", self.schema_q)) as i64
     }
 
-    /// One query reporting which objects exist: schema, sequence, table, index, trigger (five
-    /// booleans, in that order).
+    /// One query reporting which objects exist: schema, sequence, table, index, trigger, the
+    /// semaphore columns (six booleans, in that order).
     pub(crate) fn existing_query(&self) -> String {
         let s = &self.schema_q;
         format!(
             "SELECT to_regnamespace({}) IS NOT NULL, to_regclass({}) IS NOT NULL,
                     to_regclass({}) IS NOT NULL, to_regclass({}) IS NOT NULL,
                     EXISTS (SELECT 1 FROM pg_trigger
-                             WHERE tgrelid = to_regclass({}) AND tgname = {})",
+                             WHERE tgrelid = to_regclass({}) AND tgname = {}),
+                    EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({})
+                             AND attname = 'slots' AND NOT attisdropped)",
             literal(s),
             literal(&self.sequence_q),
             literal(&self.table_q),
             literal(&format!("{s}.{}", self.index_q)),
             literal(&self.table_q),
             literal(NOTIFY),
+            literal(&self.table_q),
         )
     }
 
@@ -248,6 +364,14 @@ impl Schema {
                        holder_app text,
                        released text[] NOT NULL DEFAULT '{{}}'
                      )"
+                ),
+            ),
+            // Semaphores (added after the first release: tables created before get them here).
+            (
+                Some(5),
+                format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS slot_limit integer,
+                       ADD COLUMN IF NOT EXISTS slots jsonb NOT NULL DEFAULT '[]'"
                 ),
             ),
             (

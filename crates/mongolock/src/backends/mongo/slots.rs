@@ -1,0 +1,477 @@
+//! Semaphore slots ([`LeaseMode::Slot`](crate::LeaseMode::Slot)) in the lock document: the
+//! slot acquire path, and extend/release of a slot.
+//!
+//! # The document in slot mode
+//! A name's document is in *slot mode* while `limit` is a number. Its holders are in `slots`:
+//!
+//! ```text
+//! { _id: <name>, limit: <int>, slots: [{ id: <lease id>, token: <int64|null>, at: <date>,
+//!   exp: <date>, holder: {...} }], leaseId: <last writer's mark>, fencingToken, epoch,
+//!   acquiredAt, expiresAt: <at least every unexpired slot's exp>, holder, released: [...] }
+//! ```
+//!
+//! Exclusive grants set `limit: null, slots: []` (exclusive mode); force-release does too.
+//! In slot mode `leaseId` is never null: a grant sets it to the new slot's lease id (the change
+//! stream reports a grant: observers learn of it, no acquirer is woken) and a release to
+//! `{released: <lease id>}`, which the stream reports as a change it cannot describe, so one
+//! waiting acquirer per process is woken (in the releasing process too, where the release
+//! already woke one: at worst one spurious attempt). Each write changes `leaseId`, so each is
+//! reported. `leaseId` is not an owner in slot mode: the exclusive extend, release and stamp
+//! filters require `limit: null`. (On MongoDB 4.4, which reports pipeline updates as replace
+//! events, a slot's extension after a release also wakes one acquirer per process: spurious
+//! attempts, never a missed one.)
+//!
+//! # Acquire: one `findAndModify`
+//! One pipeline update on `{_id: name}`: live slots = `slots` whose `exp > $$NOW` (none unless
+//! in slot mode); free = no unexpired exclusive lease (not slot mode, `leaseId` set,
+//! `expiresAt > $$NOW`), fewer live slots than the limit, and the document's limit equal to
+//! ours unless no slot is live. Our own earlier slot (a retry after a lost reply) does not
+//! count and is replaced, so the expiry the caller trusts is counted from this request. A
+//! grant pushes our slot with the next token (the epoch rules of the [module docs](super), the
+//! same expressions as exclusive grants), sets `limit`, and raises `expiresAt` to at least our
+//! slot's `exp`. A busy attempt only discards expired slots. The client reads its slot from
+//! the reply; a limit mismatch is reported as [`Error::LimitMismatch`]. The MongoDB handoff
+//! queue (`queue.rs`) is for exclusive locks; slot requests neither join nor honour it.
+//!
+//! # Why there are never more than `limit` holders
+//! A document is updated atomically, and a grant counts the live slots by the server's `$$NOW`
+//! at that update; a slot stays in `slots` until its holder releases it (or force-release
+//! clears all), and counts while `exp > $$NOW`. Extension only moves the `exp` of the caller's
+//! unexpired slot. So at any instant of server time, the slots with `exp` past that instant are
+//! at most `limit`: when each was granted, the others live then were fewer than `limit`, and a
+//! slot that ends never comes back. Exclusive grants require no live slot (their `free` test:
+//! `expiresAt <= $$NOW`, and `expiresAt` is at least every live slot's `exp`), and slot grants
+//! require no unexpired exclusive lease.
+//!
+//! # Why tokens only grow
+//! A slot's token is taken exactly like an exclusive lease's: `fencingToken + 1` within the
+//! document's epoch, the epoch's first token when the upsert creates the document within the
+//! creation window, or else a stamp from a fresh epoch (`stamp`) — which needs our slot
+//! unexpired, so the argument of the [module docs](super) carries over: the invariant
+//! "`expiresAt` ≥ the `exp` of every unexpired slot" (kept by grant, extend and release) means
+//! the TTL monitor deletes a document only after every slot's lease ended plus
+//! `cleanup_after`, as for an exclusive lease. Every grant and stamp writes the document's
+//! `fencingToken`, which both modes share, so tokens grow across slots and modes.
+
+use std::time::{Duration, SystemTime};
+
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::options::ReturnDocument;
+use mongodb::Collection;
+
+use super::acquire::{self, NewLifetime, EPOCH_TOKENS};
+use super::document::{
+    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EPOCH, EXPIRES_AT, HOLDER, LEASE_ID,
+    RELEASED, RELEASED_KEPT, TOKEN,
+};
+use super::errors::classify;
+use crate::backend::{AcquireRequest, Attempt, Lease, LeaseId};
+use crate::error::{Error, Result};
+
+/// The slot limit; a number exactly in slot mode.
+pub(crate) const LIMIT: &str = "limit";
+/// The slot holders.
+pub(crate) const SLOTS: &str = "slots";
+
+/// Scratch fields of the pipelines (removed by their last stage).
+const LIVE: &str = "__mongolockLive";
+const FREE: &str = "__mongolockFree";
+const NEW_TOKEN: &str = "__mongolockToken";
+const NEW_EPOCH: &str = "__mongolockEpoch";
+const OK: &str = "__mongolockOk";
+
+fn slot_mode() -> Document {
+    doc! { "$isNumber": "$limit" }
+}
+
+/// The slots whose lease has not expired by server time (none outside slot mode), except
+/// `mine`: a retry after a lost reply replaces its earlier slot.
+fn live_slots(mine: &str) -> Document {
+    doc! { "$cond": [
+        slot_mode(),
+        { "$filter": {
+            "input": { "$ifNull": ["$slots", []] },
+            "as": "s",
+            "cond": { "$and": [
+                { "$gt": ["$$s.exp", "$$NOW"] },
+                { "$ne": ["$$s.id", { "$literal": mine }] },
+            ] },
+        } },
+        [],
+    ] }
+}
+
+/// Whether the slot `id` exists and has not expired (and the document is in slot mode).
+fn holds_unexpired(id: &str) -> Document {
+    doc! { "$and": [
+        slot_mode(),
+        { "$anyElementTrue": [{ "$map": {
+            "input": { "$ifNull": ["$slots", []] },
+            "as": "s",
+            "in": { "$and": [
+                { "$eq": ["$$s.id", { "$literal": id }] },
+                { "$gt": ["$$s.exp", "$$NOW"] },
+            ] },
+        } }] },
+    ] }
+}
+
+/// The largest `exp` of `input` (an array expression of slots), at least `floor`.
+fn latest_exp(input: Bson, floor: Bson) -> Document {
+    doc! { "$reduce": {
+        "input": input,
+        "initialValue": floor,
+        "in": { "$max": ["$$value", "$$this.exp"] },
+    } }
+}
+
+/// The slot acquire pipeline (see the module docs). `new_lifetime` as for exclusive grants.
+fn acquire_pipeline(
+    req: &AcquireRequest,
+    limit: u32,
+    new_lifetime: Option<&NewLifetime>,
+) -> Vec<Document> {
+    let mine = req.lease_id.as_str();
+    let limit = i64::from(limit);
+    let exclusive_held = doc! { "$and": [
+        { "$not": [slot_mode()] },
+        { "$ne": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
+        { "$gt": ["$expiresAt", "$$NOW"] },
+    ] };
+    let live_count = doc! { "$size": format!("${LIVE}") };
+    let free = doc! { "$and": [
+        { "$not": [exclusive_held] },
+        { "$lt": [live_count.clone(), limit] },
+        { "$or": [
+            { "$eq": [live_count, 0_i64] },
+            { "$eq": ["$limit", limit] },
+        ] },
+    ] };
+    let (token, epoch) = acquire::token_and_epoch(new_lifetime);
+    let new_exp = doc! { "$add": ["$$NOW", ttl_millis(req.ttl)] };
+    let slot = doc! {
+        "id": { "$literal": mine },
+        "token": format!("${NEW_TOKEN}"),
+        "at": "$$NOW",
+        "exp": new_exp.clone(),
+        "holder": { "$literal": holder_doc(&req.holder) },
+    };
+    let grant = doc! {
+        LIMIT: { "$literal": limit },
+        SLOTS: { "$concatArrays": [format!("${LIVE}"), [slot]] },
+        LEASE_ID: { "$literal": mine },
+        TOKEN: { "$ifNull": [format!("${NEW_TOKEN}"), "$fencingToken"] },
+        EPOCH: format!("${NEW_EPOCH}"),
+        ACQUIRED_AT: "$$NOW",
+        EXPIRES_AT: latest_exp(Bson::String(format!("${LIVE}")), Bson::Document(new_exp)),
+        HOLDER: { "$literal": holder_doc(&req.holder) },
+    };
+    vec![
+        doc! { "$set": { LIVE: live_slots(mine) } },
+        doc! { "$set": { FREE: free, NEW_TOKEN: token, NEW_EPOCH: epoch } },
+        doc! { "$replaceWith": { "$cond": [
+            format!("${FREE}"),
+            { "$mergeObjects": ["$$ROOT", grant] },
+            { "$cond": [
+                slot_mode(),
+                { "$mergeObjects": ["$$ROOT", { SLOTS: format!("${LIVE}") }] },
+                "$$ROOT",
+            ] },
+        ] } },
+        doc! { "$unset": [LIVE, FREE, NEW_TOKEN, NEW_EPOCH] },
+    ]
+}
+
+fn reply_fields() -> Document {
+    doc! { LEASE_ID: 1, EXPIRES_AT: 1, LIMIT: 1, SLOTS: 1 }
+}
+
+/// The slot `id` of a reply, if present.
+fn find_slot<'a>(d: &'a Document, id: &str) -> Option<&'a Document> {
+    d.get_array(SLOTS)
+        .ok()?
+        .iter()
+        .filter_map(Bson::as_document)
+        .find(|s| s.get_str("id") == Ok(id))
+}
+
+fn limit_of(d: &Document) -> Option<i64> {
+    match d.get(LIMIT) {
+        Some(Bson::Int32(l)) => Some(i64::from(*l)),
+        Some(Bson::Int64(l)) => Some(*l),
+        Some(Bson::Double(l)) => Some(*l as i64),
+        _ => None,
+    }
+}
+
+/// The lease of the slot `s`, when its token was issued.
+fn slot_lease(s: &Document, name: &str) -> Result<Option<Lease>> {
+    let Some(token) = document::token(&token_doc(s), LockSite::Named, name)? else {
+        return Ok(None);
+    };
+    Ok(Some(Lease {
+        fencing_token: token,
+        acquired_at: document::require_date(s, "at", LockSite::Named, name)?,
+        expires_at: document::require_date(s, "exp", LockSite::Named, name)?,
+    }))
+}
+
+/// The slot's token under the field name [`document::token`] reads.
+fn token_doc(s: &Document) -> Document {
+    let mut d = Document::new();
+    if let Some(t) = s.get("token") {
+        d.insert(TOKEN, t.clone());
+    }
+    d
+}
+
+/// One slot acquisition attempt.
+pub(super) async fn try_acquire(
+    coll: &Collection<Document>,
+    req: &AcquireRequest,
+    limit: u32,
+    cleanup_after: Duration,
+) -> Result<Attempt> {
+    let filter = doc! { "_id": req.name.as_str() };
+    let existing = coll
+        .find_one_and_update(filter.clone(), acquire_pipeline(req, limit, None))
+        .return_document(ReturnDocument::After)
+        .projection(reply_fields())
+        .await
+        .map_err(|e| classify(e, "semaphore acquire (findAndModify)"))?;
+    let doc = match existing {
+        Some(doc) => doc,
+        None => {
+            let new_lifetime = match acquire::creation_window(cleanup_after) {
+                Some(window) => Some(acquire::take_epoch(coll, &req.name, window).await?),
+                None => None,
+            };
+            acquire::upsert_with(
+                coll,
+                &filter,
+                acquire_pipeline(req, limit, new_lifetime.as_ref()),
+                reply_fields(),
+            )
+            .await?
+        }
+    };
+    outcome(coll, req, limit, &doc).await
+}
+
+async fn outcome(
+    coll: &Collection<Document>,
+    req: &AcquireRequest,
+    limit: u32,
+    doc: &Document,
+) -> Result<Attempt> {
+    let mine = req.lease_id.as_str();
+    let Some(held_limit) = limit_of(doc) else {
+        // An exclusive lease holds the name.
+        return Ok(Attempt::Busy {
+            holder_expires_at: document::date(doc, EXPIRES_AT),
+        });
+    };
+    // In slot mode the reply holds only unexpired slots (the attempt discarded the others, and
+    // our earlier one): ours is there only if this attempt granted it.
+    if let Some(slot) = find_slot(doc, mine) {
+        return match slot_lease(slot, &req.name)? {
+            Some(lease) => Ok(Attempt::Acquired(lease)),
+            None => stamp(coll, req).await,
+        };
+    }
+    let exps: Vec<SystemTime> = doc
+        .get_array(SLOTS)
+        .map(|a| {
+            a.iter()
+                .filter_map(Bson::as_document)
+                .filter_map(|s| document::date(s, "exp"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !exps.is_empty() && held_limit != i64::from(limit) {
+        return Err(Error::LimitMismatch {
+            name: req.name.clone(),
+            requested: limit,
+            held: u32::try_from(held_limit).unwrap_or(0),
+        });
+    }
+    Ok(Attempt::Busy {
+        holder_expires_at: exps.into_iter().min(),
+    })
+}
+
+/// A slot granted without a token: take a new epoch, then stamp our (unexpired) slot and the
+/// document with `max(fencingToken + 1, (epoch - 1) · 2²⁰ + 1)`.
+async fn stamp(coll: &Collection<Document>, req: &AcquireRequest) -> Result<Attempt> {
+    let NewLifetime { epoch, .. } = acquire::take_epoch(coll, &req.name, Duration::ZERO).await?;
+    let mine = req.lease_id.as_str();
+    let token = doc! { "$max": [
+        { "$add": [{ "$ifNull": ["$fencingToken", 0_i64] }, 1_i64] },
+        (epoch - 1) * EPOCH_TOKENS + 1,
+    ] };
+    let stamped = coll
+        .find_one_and_update(
+            doc! {
+                "_id": req.name.as_str(),
+                "slots.id": mine,
+                "$expr": holds_unexpired(mine),
+            },
+            vec![
+                doc! { "$set": { NEW_TOKEN: token } },
+                doc! { "$set": {
+                    TOKEN: format!("${NEW_TOKEN}"),
+                    EPOCH: epoch,
+                    SLOTS: { "$map": {
+                        "input": "$slots",
+                        "as": "s",
+                        "in": { "$cond": [
+                            { "$eq": ["$$s.id", { "$literal": mine }] },
+                            { "$mergeObjects": ["$$s", { "token": format!("${NEW_TOKEN}") }] },
+                            "$$s",
+                        ] },
+                    } },
+                } },
+                doc! { "$unset": [NEW_TOKEN] },
+            ],
+        )
+        .return_document(ReturnDocument::After)
+        .projection(reply_fields())
+        .await
+        .map_err(|e| classify(e, "semaphore acquire (stamp fencing token)"))?;
+    let lease = match stamped.as_ref().and_then(|d| find_slot(d, mine)) {
+        Some(slot) => slot_lease(slot, &req.name)?,
+        // Our slot expired (or was force-released) before it was stamped: it never counted.
+        None => {
+            return Ok(Attempt::Busy {
+                holder_expires_at: None,
+            })
+        }
+    };
+    lease.map(Attempt::Acquired).ok_or_else(|| {
+        Error::backend(
+            "the fencing token of a semaphore slot was not stamped",
+            "the server does not behave like MongoDB; check the deployment",
+        )
+    })
+}
+
+/// Sets our unexpired slot's `exp` to server now + `ttl` (and `expiresAt` to at least that).
+/// `None`: the slot is gone or expired.
+pub(super) async fn extend(
+    coll: &Collection<Document>,
+    name: &str,
+    lease_id: &LeaseId,
+    ttl: Duration,
+) -> Result<Option<SystemTime>> {
+    let mine = lease_id.as_str();
+    let new_exp = doc! { "$add": ["$$NOW", ttl_millis(ttl)] };
+    let doc = coll
+        .find_one_and_update(
+            doc! { "_id": name, "slots.id": mine, "$expr": holds_unexpired(mine) },
+            vec![
+                doc! { "$set": { OK: new_exp } },
+                doc! { "$set": {
+                    SLOTS: { "$map": {
+                        "input": "$slots",
+                        "as": "s",
+                        "in": { "$cond": [
+                            { "$eq": ["$$s.id", { "$literal": mine }] },
+                            { "$mergeObjects": ["$$s", { "exp": format!("${OK}") }] },
+                            "$$s",
+                        ] },
+                    } },
+                    EXPIRES_AT: { "$max": ["$expiresAt", format!("${OK}")] },
+                } },
+                doc! { "$unset": [OK] },
+            ],
+        )
+        .return_document(ReturnDocument::After)
+        .projection(doc! { SLOTS: 1 })
+        .await
+        .map_err(|e| classify(e, "semaphore extend (findAndModify)"))?;
+    match doc.as_ref().and_then(|d| find_slot(d, mine)) {
+        None => Ok(None),
+        Some(s) => Ok(Some(document::require_date(
+            s,
+            "exp",
+            LockSite::Named,
+            name,
+        )?)),
+    }
+}
+
+/// Ends our slot: removes it (and expired ones), records our id among the released ones,
+/// lowers `expiresAt` to the latest remaining slot's `exp` (or now), and sets `leaseId` to
+/// `{released: <id>}` so that the change stream reports the release. `Ok(true)` also for a retry
+/// of our own earlier release; `Ok(false)` when the slot was not ours (any more).
+pub(super) async fn release(
+    coll: &Collection<Document>,
+    reads: &Collection<Document>,
+    name: &str,
+    lease_id: &LeaseId,
+) -> Result<bool> {
+    let mine = lease_id.as_str();
+    let rest = doc! { "$filter": {
+        "input": "$slots",
+        "as": "s",
+        "cond": { "$and": [
+            { "$ne": ["$$s.id", { "$literal": mine }] },
+            { "$gt": ["$$s.exp", "$$NOW"] },
+        ] },
+    } };
+    let doc = coll
+        .find_one_and_update(
+            doc! { "_id": name, "slots.id": mine, "$expr": slot_mode() },
+            vec![
+                doc! { "$set": { OK: rest } },
+                doc! { "$set": {
+                    SLOTS: format!("${OK}"),
+                    LEASE_ID: { "$literal": { "released": mine } },
+                    EXPIRES_AT: { "$cond": [
+                        { "$gt": [{ "$size": format!("${OK}") }, 0_i64] },
+                        latest_exp(Bson::String(format!("${OK}")), Bson::Null),
+                        { "$min": ["$expiresAt", "$$NOW"] },
+                    ] },
+                    RELEASED: { "$slice": [
+                        { "$concatArrays": [
+                            { "$ifNull": ["$released", []] },
+                            [{ "$literal": mine }],
+                        ] },
+                        -RELEASED_KEPT,
+                    ] },
+                } },
+                doc! { "$unset": [OK] },
+            ],
+        )
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(|e| classify(e, "semaphore release (findAndModify)"))?;
+    if doc.is_some() {
+        return Ok(true);
+    }
+    let mut before = document::released_before("", mine);
+    before.insert("_id", name);
+    let found = reads
+        .find_one(before)
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(|e| classify(e, "semaphore release (find)"))?;
+    Ok(found.is_some())
+}
+
+/// Whether `lease_id` still has a slot of `name` (expired or not): the check a slot holder
+/// makes after a change of its name. A failed read counts as held (the next extension decides).
+pub(super) async fn still_holds(
+    reads: &Collection<Document>,
+    name: &str,
+    lease_id: &LeaseId,
+) -> bool {
+    match reads
+        .find_one(doc! { "_id": name, "slots.id": lease_id.as_str(), "$expr": slot_mode() })
+        .projection(doc! { "_id": 1 })
+        .await
+    {
+        Ok(found) => found.is_some(),
+        Err(_) => true,
+    }
+}
