@@ -7,13 +7,15 @@
 
 use std::time::Duration;
 
-use mongolock::election::{Election, Leadership};
+use futures_util::StreamExt;
+use mongolock::election::{Election, LeaderInfo, Leadership};
 
 use crate::cli::{self, ElectArgs, GlobalArgs};
 use crate::connect::Connection;
 use crate::duration::human;
+use crate::events::{self, leader_json, Event, Lease};
 use crate::exec::{
-    connect_supervisor, describe_holder, describe_status, lost_before_finish, spawn, supervise,
+    connect_supervisor, describe_holder, describe_status, lost_after_exit, spawn, supervise,
     Outcome, StopPolicy,
 };
 use crate::exit::{self, CliError};
@@ -48,31 +50,73 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
     let mut terms = 0u64;
     loop {
         if terms == 0 {
-            match describe_holder(&provider, name).await {
-                Some(leader) => say!(
+            let leader = if events::enabled() {
+                election.leader().await.ok().flatten()
+            } else {
+                None
+            };
+            let message = match describe_holder(&provider, name).await {
+                Some(leader) => format!(
                     "mongolock: campaigning for leadership of {name:?} (current leader: {leader})"
                 ),
-                None => say!("mongolock: campaigning for leadership of {name:?}"),
-            }
+                None => format!("mongolock: campaigning for leadership of {name:?}"),
+            };
+            Event::new("campaigning")
+                .name(name)
+                .field("leader", leader_json(leader.as_ref()))
+                .message(message)
+                .emit();
         }
         let started = tokio::time::Instant::now();
-        let leadership = tokio::select! {
-            r = election.campaign() => r.map_err(|e| conn.error(&format!("cannot campaign for {name:?}"), &e))?,
-            sig = signals.recv() => {
-                say!(
-                    "mongolock: {} received while campaigning for {name:?}; exiting",
-                    signals::name(sig)
-                );
-                return Ok(exit::for_signal(sig));
+        // Leader changes are reported while campaigning; the first item is the leader already
+        // reported (or seen before the last term), and our own term is reported as `acquired`.
+        let mut leaders = election.watch_leader();
+        let mut first = true;
+        let campaign = election.campaign();
+        tokio::pin!(campaign);
+        let leadership = loop {
+            tokio::select! {
+                biased;
+                r = &mut campaign => break r.map_err(|e| conn.error(&format!("cannot campaign for {name:?}"), &e))?,
+                sig = signals.recv() => {
+                    Event::new("interrupted")
+                        .name(name)
+                        .field("signal", signals::name(sig))
+                        .message(format!(
+                            "mongolock: {} received while campaigning for {name:?}; exiting",
+                            signals::name(sig)
+                        ))
+                        .emit();
+                    return Ok(exit::for_signal(sig));
+                }
+                Some(change) = leaders.next() => {
+                    let Ok(leader) = change else { continue };
+                    if std::mem::take(&mut first) {
+                        continue;
+                    }
+                    let ours = leader.as_ref().is_some_and(|l| l.holder.as_ref() == Some(provider.holder()));
+                    if !ours {
+                        leader_changed(name, leader.as_ref());
+                    }
+                }
             }
         };
+        drop(leaders);
         terms += 1;
-        say!(
-            "mongolock: elected leader of {name:?} (term / fencing token {}) after {}; starting \
-             the command",
-            leadership.term(),
-            human(started.elapsed())
-        );
+        Event::new("acquired")
+            .lease(leadership.guard())
+            .field("term", leadership.term())
+            .field(
+                "waited_ms",
+                u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            )
+            .message(format!(
+                "mongolock: elected leader of {name:?} (term / fencing token {}) after {}; \
+                 starting the command",
+                leadership.term(),
+                human(started.elapsed())
+            ))
+            .emit();
         let child = match spawn(&args.child.command, leadership.guard(), policy).await {
             Ok(child) => child,
             Err(e) => {
@@ -91,11 +135,15 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
         )
         .await?;
         if outcome.lost {
+            let lease = Lease::of(leadership.guard());
             drop(leadership);
-            say!(
-                "mongolock: the command was stopped after losing leadership of {name:?}; \
-                 campaigning again"
-            );
+            Event::new("stopped")
+                .lease_snapshot(&lease)
+                .message(format!(
+                    "mongolock: the command was stopped after losing leadership of {name:?}; \
+                     campaigning again"
+                ))
+                .emit();
             tokio::select! {
                 () = tokio::time::sleep(RECAMPAIGN_PAUSE) => {}
                 sig = signals.recv() => return Ok(exit::for_signal(sig)),
@@ -115,29 +163,57 @@ async fn resign(
     outcome: Outcome,
     conn: &Connection,
 ) -> Result<i32, CliError> {
-    let name = leadership.role().to_owned();
+    let lease = Lease::of(leadership.guard());
+    let name = lease.name.clone();
+    let status = describe_status(outcome.status);
     if leadership.is_lost() {
+        let reason = leadership.guard().lost_reason();
         drop(leadership);
-        let status = describe_status(outcome.status);
-        say!("{}", lost_before_finish("leadership of", &name, &status));
+        lost_after_exit(&lease, "leadership of", &status, reason);
         return Ok(exit::LOCK_LOST);
     }
     match leadership.resign().await {
         Ok(()) => {
-            say!("mongolock: the command exited; resigned leadership of {name:?}");
+            Event::new("released")
+                .lease_snapshot(&lease)
+                .message(format!(
+                    "mongolock: the command exited; resigned leadership of {name:?}"
+                ))
+                .emit();
             Ok(exit::for_child(outcome.status))
         }
         Err(mongolock::Error::LeaseLost { .. }) => {
-            let status = describe_status(outcome.status);
-            say!("{}", lost_before_finish("leadership of", &name, &status));
+            lost_after_exit(&lease, "leadership of", &status, None);
             Ok(exit::LOCK_LOST)
         }
         Err(e) => {
-            say!(
-                "mongolock: warning: {}; the lease expires by itself",
-                conn.error(&format!("could not resign leadership of {name:?}"), &e)
-            );
+            Event::new("release-failed")
+                .lease_snapshot(&lease)
+                .message(format!(
+                    "mongolock: warning: {}; the lease expires by itself",
+                    conn.error(&format!("could not resign leadership of {name:?}"), &e)
+                ))
+                .emit();
             Ok(exit::for_child(outcome.status))
         }
     }
+}
+
+/// Reports that another process became leader of `name`, or that the role became free.
+fn leader_changed(name: &str, leader: Option<&LeaderInfo>) {
+    let message = match leader {
+        Some(l) => {
+            let holder = l
+                .holder
+                .as_ref()
+                .map_or_else(|| "another holder".to_owned(), |h| h.to_string());
+            format!("mongolock: {holder} is now leader of {name:?} (term {})", l.term)
+        }
+        None => format!("mongolock: {name:?} has no leader now"),
+    };
+    Event::new("leader")
+        .name(name)
+        .field("leader", leader_json(leader))
+        .message(message)
+        .emit();
 }
