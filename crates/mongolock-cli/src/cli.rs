@@ -67,9 +67,8 @@ Exit statuses:
 }
 
 #[cfg(feature = "demo")]
-const MAIN_EXAMPLES: &str = main_examples!(
-    "  # See it work, no database needed:\n  mongolock demo\n\n"
-);
+const MAIN_EXAMPLES: &str =
+    main_examples!("  # See it work, no database needed:\n  mongolock demo\n\n");
 #[cfg(not(feature = "demo"))]
 const MAIN_EXAMPLES: &str = main_examples!("");
 

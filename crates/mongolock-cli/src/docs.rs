@@ -13,7 +13,7 @@ const BIN: &str = "mongolock";
 
 /// `mongolock completions SHELL`: the completion script on stdout.
 pub fn completions(args: &CompletionsArgs) -> Result<i32, CliError> {
-    let mut command = Cli::command();
+    let mut command = without_hidden_subcommands(Cli::command());
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, BIN, &mut script);
     write_all(&script)?;
@@ -29,7 +29,10 @@ pub fn man(args: &ManArgs) -> Result<i32, CliError> {
     command.build();
     if let Some(dir) = &args.dir {
         std::fs::create_dir_all(dir).map_err(|e| {
-            CliError::failure(format!("cannot create the directory {}: {e}", dir.display()))
+            CliError::failure(format!(
+                "cannot create the directory {}: {e}",
+                dir.display()
+            ))
         })?;
         clap_mangen::generate_to(command, dir).map_err(|e| {
             CliError::failure(format!(
@@ -69,6 +72,21 @@ pub fn man(args: &ManArgs) -> Result<i32, CliError> {
         .map_err(|e| CliError::failure(format!("cannot render the manual page: {e}")))?;
     write_all(&roff)?;
     Ok(exit::SUCCESS)
+}
+
+/// `command` with its top-level arguments and visible subcommands only: some generators (bash)
+/// would otherwise offer the internal `__supervise` and `demo-worker`.
+fn without_hidden_subcommands(command: clap::Command) -> clap::Command {
+    clap::Command::new(BIN)
+        .version(env!("CARGO_PKG_VERSION"))
+        .propagate_version(true)
+        .args(command.get_arguments().cloned())
+        .subcommands(
+            command
+                .get_subcommands()
+                .filter(|s| !s.is_hide_set())
+                .cloned(),
+        )
 }
 
 /// Writes to stdout; a closed pipe is not an error.

@@ -207,7 +207,10 @@ fn leader_changed(name: &str, leader: Option<&LeaderInfo>) {
                 .holder
                 .as_ref()
                 .map_or_else(|| "another holder".to_owned(), |h| h.to_string());
-            format!("mongolock: {holder} is now leader of {name:?} (term {})", l.term)
+            format!(
+                "mongolock: {holder} is now leader of {name:?} (term {})",
+                l.term
+            )
         }
         None => format!("mongolock: {name:?} has no leader now"),
     };

@@ -194,7 +194,8 @@ impl Event {
             if reporter.messages {
                 say!("{message}");
             }
-            self.fields.insert("message".into(), message.as_str().into());
+            self.fields
+                .insert("message".into(), message.as_str().into());
         }
         if let Some(sink) = &reporter.json {
             let mut line = Value::Object(self.fields).to_string();

@@ -56,8 +56,8 @@ fn main() {
     }
     // `--json` on stderr replaces the messages there, so diagnostics are off unless asked for.
     let mut quiet = false;
-    if let Command::Exec(cli::ExecArgs { events: e, .. }) | Command::Elect(cli::ElectArgs { events: e, .. }) =
-        &cli.command
+    if let Command::Exec(cli::ExecArgs { events: e, .. })
+    | Command::Elect(cli::ElectArgs { events: e, .. }) = &cli.command
     {
         if let Err(err) = events::init(e) {
             // Reported like clap's usage errors (the descriptor is part of the command line).

@@ -45,10 +45,19 @@ async fn bash_completion_parses_and_defines_the_completion_function() {
     let out = mongolock(&["completions", "bash"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let script = text(&out.stdout);
-    for word in ["exec", "elect", "watch", "--conflict-exit-code", "--json-fd"] {
+    for word in [
+        "exec",
+        "elect",
+        "watch",
+        "--conflict-exit-code",
+        "--json-fd",
+    ] {
         assert!(script.contains(word), "completion lacks {word}");
     }
-    assert!(!script.contains("__supervise"), "hidden commands are not completed");
+    assert!(
+        !script.contains("__supervise"),
+        "hidden commands are not completed"
+    );
     let dir = scratch("bash");
     let file = dir.join("mongolock.bash");
     std::fs::write(&file, &script).expect("write the script");
@@ -64,7 +73,11 @@ async fn bash_completion_parses_and_defines_the_completion_function() {
     );
     let out = sh("bash", &["-c", &check]).await;
     assert_eq!(out.status.code(), Some(0), "sourcing: {}", describe(&out));
-    assert!(text(&out.stdout).contains("mongolock"), "{}", describe(&out));
+    assert!(
+        text(&out.stdout).contains("mongolock"),
+        "{}",
+        describe(&out)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 
     for shell in ["zsh", "fish", "elvish", "powershell"] {
@@ -115,7 +128,14 @@ async fn man_pages_render_with_man() {
     let main = dir.join("main.1");
     std::fs::write(&main, &out.stdout).expect("write the page");
     if let Some(page) = render_man(&main).await {
-        for word in ["mongolock", "exec", "elect", "watch", "--uri", "MONGODB_URI"] {
+        for word in [
+            "mongolock",
+            "exec",
+            "elect",
+            "watch",
+            "--uri",
+            "MONGODB_URI",
+        ] {
             assert!(page.contains(word), "the page lacks {word}:\n{page}");
         }
     }
@@ -125,7 +145,12 @@ async fn man_pages_render_with_man() {
     let exec = dir.join("exec.1");
     std::fs::write(&exec, &out.stdout).expect("write the page");
     if let Some(page) = render_man(&exec).await {
-        for word in ["mongolock-exec", "--conflict-exit-code", "MONGOLOCK_TTL", "--json-fd"] {
+        for word in [
+            "mongolock-exec",
+            "--conflict-exit-code",
+            "MONGOLOCK_TTL",
+            "--json-fd",
+        ] {
             assert!(page.contains(word), "the exec page lacks {word}:\n{page}");
         }
     }
@@ -151,7 +176,9 @@ async fn man_pages_render_with_man() {
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
     assert!(
-        !written.iter().any(|p| p.contains("supervise") || p.contains("worker")),
+        !written
+            .iter()
+            .any(|p| p.contains("supervise") || p.contains("worker")),
         "hidden commands get no page: {written:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -192,7 +219,11 @@ async fn main_help_lists_the_new_commands_and_the_environment() {
     ] {
         assert!(help.contains(word), "--help lacks {word}:\n{help}");
     }
-    assert_eq!(help.contains("mongolock demo"), cfg!(feature = "demo"), "{help}");
+    assert_eq!(
+        help.contains("mongolock demo"),
+        cfg!(feature = "demo"),
+        "{help}"
+    );
     for command in ["watch", "completions", "man"] {
         let out = mongolock(&[command, "--help"]).await;
         assert_eq!(out.status.code(), Some(0), "{}", describe(&out));

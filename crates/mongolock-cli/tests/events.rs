@@ -21,7 +21,10 @@ fn with_fd3(env: &Env, file: &str, args: &[&str]) -> Command {
     let cmd = command(&env.uri, &["--db", &env.db], env.dir(), args);
     let std = cmd.as_std();
     let mut sh = Command::new("sh");
-    sh.arg("-c").arg(script).arg(std.get_program()).args(std.get_args());
+    sh.arg("-c")
+        .arg(script)
+        .arg(std.get_program())
+        .args(std.get_args());
     sh.env("D", env.dir())
         .env_remove("MONGODB_URI")
         .env_remove("MONGOLOCK_LOG")
@@ -52,10 +55,7 @@ fn parse_lines(text: &str, context: &str) -> Vec<Value> {
 }
 
 fn read_events(path: &Path, context: &str) -> Vec<Value> {
-    parse_lines(
-        &std::fs::read_to_string(path).unwrap_or_default(),
-        context,
-    )
+    parse_lines(&std::fs::read_to_string(path).unwrap_or_default(), context)
 }
 
 fn kinds(events: &[Value]) -> Vec<String> {
@@ -83,10 +83,7 @@ fn rfc3339(v: &Value, field: &str) -> SystemTime {
 fn assert_lease_fields(v: &Value, name: &str) {
     assert_eq!(v["name"], name, "{v}");
     assert!(v["fencing_token"].as_u64().is_some(), "{v}");
-    assert!(
-        v["lease_id"].as_str().is_some_and(|s| !s.is_empty()),
-        "{v}"
-    );
+    assert!(v["lease_id"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
     assert!(rfc3339(v, "acquired_at") < rfc3339(v, "expires_at"), "{v}");
 }
 
@@ -134,7 +131,9 @@ async fn exec_json_fd_reports_the_run_as_json_lines_and_the_command_does_not_inh
     let context = format!("{context}\n--- events\n{events:#?}");
     assert_in_order(
         &events,
-        &["waiting", "acquired", "started", "exited", "released", "exit"],
+        &[
+            "waiting", "acquired", "started", "exited", "released", "exit",
+        ],
         &context,
     );
     for kind in ["acquired", "started", "exited", "released"] {
@@ -147,7 +146,10 @@ async fn exec_json_fd_reports_the_run_as_json_lines_and_the_command_does_not_inh
         assert_eq!(e["fencing_token"].as_u64(), token, "{context}");
         assert_eq!(e["lease_id"], lease, "{context}");
     }
-    assert!(find(&events, "started")["pid"].as_u64().is_some(), "{context}");
+    assert!(
+        find(&events, "started")["pid"].as_u64().is_some(),
+        "{context}"
+    );
     assert_eq!(find(&events, "exited")["exit_code"], 4, "{context}");
     assert_eq!(events.last().expect("events")["event"], "exit", "{context}");
     assert_eq!(events.last().expect("events")["exit_code"], 4, "{context}");
@@ -205,7 +207,10 @@ async fn exec_json_on_stderr_reports_a_busy_lock_with_the_conflict_exit_code() {
 #[tokio::test(flavor = "multi_thread")]
 async fn json_events_report_a_lost_lock_and_the_stopped_command() {
     let env = Env::new("jsonlost").await;
-    let script = "trap 'exit 0' TERM; echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; \
+    // The command shares stderr with the events: it keeps its own (and its shell's
+    // "Terminated" for the stopped `sleep`) off it.
+    let script = "exec 2>/dev/null; trap 'exit 0' TERM; \
+                  echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.tmp\"; \
                   mv \"$D/a.tmp\" \"$D/a\"; while [ -d \"$D\" ]; do sleep 0.05; done";
     let a = env.spawn(&[
         "exec", "--json", "--ttl", "6s", "--grace", "2s", "stolen", "--", "sh", "-c", script,
@@ -224,7 +229,10 @@ async fn json_events_report_a_lost_lock_and_the_stopped_command() {
     );
     let lost = find(&events, "lost");
     assert_lease_fields(lost, "stolen");
-    assert!(lost["reason"].as_str().is_some_and(|r| !r.is_empty()), "{context}");
+    assert!(
+        lost["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{context}"
+    );
     assert!(lost["action"].as_str().is_some(), "{context}");
     assert!(
         lost["message"]
@@ -298,7 +306,10 @@ async fn elect_json_events_report_campaigns_leader_changes_and_terms() {
             Some(first_term),
             "{campaigning}"
         );
-        assert!(campaigning["leader"]["holder"]["pid"].is_u64(), "{campaigning}");
+        assert!(
+            campaigning["leader"]["holder"]["pid"].is_u64(),
+            "{campaigning}"
+        );
     }
 
     // Hand over twice: each time the elector left campaigning reports the new leader.
@@ -315,7 +326,10 @@ async fn elect_json_events_report_campaigns_leader_changes_and_terms() {
         let out = finish(child, LONG).await;
         assert_eq!(out.status.code(), Some(0), "{current}: {}", describe(&out));
         outputs.push((current, out));
-        wait_for("the next leader", LONG, || read_lines(&leaders).len() == n + 1).await;
+        wait_for("the next leader", LONG, || {
+            read_lines(&leaders).len() == n + 1
+        })
+        .await;
         if outputs.len() == 1 {
             // The remaining campaigner sees the new leader's term.
             let (new, new_term) = last_leader(&env);
@@ -323,7 +337,8 @@ async fn elect_json_events_report_campaigns_leader_changes_and_terms() {
             let path = env.path(&format!("{waiting}.jsonl"));
             wait_for("a leader event for the new term", LONG, || {
                 read_events(&path, waiting).iter().any(|e| {
-                    e["event"] == "leader" && e["leader"]["fencing_token"].as_u64() == Some(new_term)
+                    e["event"] == "leader"
+                        && e["leader"]["fencing_token"].as_u64() == Some(new_term)
                 })
             })
             .await;
@@ -347,7 +362,14 @@ async fn elect_json_events_report_campaigns_leader_changes_and_terms() {
         let context = format!("{context}\n--- events\n{events:#?}");
         assert_in_order(
             &events,
-            &["campaigning", "acquired", "started", "exited", "released", "exit"],
+            &[
+                "campaigning",
+                "acquired",
+                "started",
+                "exited",
+                "released",
+                "exit",
+            ],
             &context,
         );
         let acquired = find(&events, "acquired");
@@ -367,8 +389,14 @@ async fn an_unopened_json_fd_is_a_usage_error() {
         .run(&["exec", "--json-fd", "57", "x", "--", "true"])
         .await;
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
-    assert!(text(&out.stderr).contains("--json-fd 57"), "{}", describe(&out));
-    let out = env.run(&["exec", "--json-fd", "0", "x", "--", "true"]).await;
+    assert!(
+        text(&out.stderr).contains("--json-fd 57"),
+        "{}",
+        describe(&out)
+    );
+    let out = env
+        .run(&["exec", "--json-fd", "0", "x", "--", "true"])
+        .await;
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
 }
 
@@ -376,7 +404,14 @@ async fn an_unopened_json_fd_is_a_usage_error() {
 async fn ttl_wait_and_grace_come_from_the_environment() {
     let env = Env::new("envvars").await;
     // MONGOLOCK_TTL sets the lease duration.
-    let mut cmd = env.cmd(&["exec", "envlock", "--", "sh", "-c", &hold_until("a", "stop")]);
+    let mut cmd = env.cmd(&[
+        "exec",
+        "envlock",
+        "--",
+        "sh",
+        "-c",
+        &hold_until("a", "stop"),
+    ]);
     cmd.env("MONGOLOCK_TTL", "7s");
     let holder = cmd.spawn().expect("spawn");
     wait_for("the holder to start", LONG, || env.path("a").exists()).await;
@@ -389,12 +424,20 @@ async fn ttl_wait_and_grace_come_from_the_environment() {
     cmd.env("MONGOLOCK_WAIT", "0");
     let out = finish(cmd.spawn().expect("spawn"), LONG).await;
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
-    assert!(text(&out.stderr).contains("after one attempt"), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("after one attempt"),
+        "{}",
+        describe(&out)
+    );
     let mut cmd = env.cmd(&["exec", "--wait", "1s", "envlock", "--", "true"]);
     cmd.env("MONGOLOCK_WAIT", "0");
     let out = finish(cmd.spawn().expect("spawn"), LONG).await;
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
-    assert!(text(&out.stderr).contains("after waiting"), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("after waiting"),
+        "{}",
+        describe(&out)
+    );
 
     // MONGOLOCK_GRACE is checked against the TTL like --grace.
     for sub in ["exec", "elect"] {
@@ -402,7 +445,11 @@ async fn ttl_wait_and_grace_come_from_the_environment() {
         cmd.env("MONGOLOCK_GRACE", "5s");
         let out = finish(cmd.spawn().expect("spawn"), LONG).await;
         assert_eq!(out.status.code(), Some(2), "{sub}: {}", describe(&out));
-        assert!(text(&out.stderr).contains("--grace 5s"), "{}", describe(&out));
+        assert!(
+            text(&out.stderr).contains("--grace 5s"),
+            "{}",
+            describe(&out)
+        );
     }
     // A bad value in the environment is a usage error naming the variable's value.
     let mut cmd = env.cmd(&["exec", "other", "--", "true"]);

@@ -47,7 +47,10 @@ async fn watch_once_prints_the_locks_once_as_plain_text() {
     let out = env.run(&["watch", "--once"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let shown = text(&out.stdout);
-    assert!(!shown.contains('\x1b'), "no terminal codes outside a terminal: {shown:?}");
+    assert!(
+        !shown.contains('\x1b'),
+        "no terminal codes outside a terminal: {shown:?}"
+    );
     let all = blocks(&shown);
     assert_eq!(all.len(), 1, "{shown}");
     assert!(all[0].contains("1 lock, 1 held"), "{shown}");
@@ -62,7 +65,11 @@ async fn watch_once_prints_the_locks_once_as_plain_text() {
     assert_eq!(lines.len(), 1, "{}", describe(&out));
     let refresh: Value = serde_json::from_str(lines[0]).expect("a JSON line");
     assert_eq!(refresh["locks"][0]["name"], "seen", "{refresh}");
-    assert_eq!(refresh["locks"][0]["fencing_token"].as_u64(), Some(token), "{refresh}");
+    assert_eq!(
+        refresh["locks"][0]["fencing_token"].as_u64(),
+        Some(token),
+        "{refresh}"
+    );
 
     std::fs::write(env.path("stop"), "").expect("stop file");
     let out = finish(holder, LONG).await;
@@ -77,7 +84,9 @@ async fn watch_count_exits_after_that_many_refreshes() {
         .await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     assert_eq!(blocks(&text(&out.stdout)).len(), 3, "{}", describe(&out));
-    let out = env.run(&["watch", "--count", "2", "--json", "--interval", "200ms"]).await;
+    let out = env
+        .run(&["watch", "--count", "2", "--json", "--interval", "200ms"])
+        .await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let stdout = text(&out.stdout);
     assert_eq!(stdout.lines().count(), 2, "{}", describe(&out));
@@ -115,7 +124,14 @@ async fn watch_shows_an_acquisition_and_a_release() {
     let shown = || seen.lock().expect("buffer").clone();
     wait_for("the first refresh", LONG, || !blocks(&shown()).is_empty()).await;
 
-    let holder = env.spawn(&["exec", "watched", "--", "sh", "-c", &hold_until("a", "stop")]);
+    let holder = env.spawn(&[
+        "exec",
+        "watched",
+        "--",
+        "sh",
+        "-c",
+        &hold_until("a", "stop"),
+    ]);
     wait_for("the holder to start", LONG, || env.path("a").exists()).await;
     let token = read_token(&env.path("a"));
     let deadline = Instant::now() + LONG;
@@ -144,7 +160,10 @@ async fn watch_shows_an_acquisition_and_a_release() {
             .any(|b| row(b, "watched").is_some_and(|r| r.ends_with("released")))
     })
     .await;
-    assert!(!shown().contains('\x1b'), "no terminal codes outside a terminal");
+    assert!(
+        !shown().contains('\x1b'),
+        "no terminal codes outside a terminal"
+    );
 
     watch.start_kill().expect("stop watch");
     let _ = watch.wait().await;
