@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -368,9 +368,9 @@ async fn demo_runs_and_exits_zero() {
     let child = Command::new(BIN)
         .arg("demo")
         .env_remove("MONGOLOCK_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true)
         .spawn()
