@@ -13,10 +13,9 @@ use mongolock::election::{Election, LeaderInfo, Leadership};
 use crate::cli::{self, ElectArgs, GlobalArgs};
 use crate::connect::Connection;
 use crate::duration::human;
-use crate::events::{self, leader_json, Event, Lease};
+use crate::events::{leader_json, Event, Lease};
 use crate::exec::{
-    connect_supervisor, describe_holder, describe_status, lost_after_exit, spawn, supervise,
-    Outcome, StopPolicy,
+    connect_supervisor, describe_status, lost_after_exit, spawn, supervise, Outcome, StopPolicy,
 };
 use crate::exit::{self, CliError};
 use crate::signals::{self, Signals};
@@ -47,17 +46,18 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
     let name = &args.name;
     let policy = StopPolicy::new(args.ttl, cli::grace(args.grace, args.ttl));
 
+    // The term of the leader last reported (`None`: no leader), so that only changes are.
+    let mut known: Option<u64> = None;
     let mut terms = 0u64;
     loop {
         if terms == 0 {
-            let leader = if events::enabled() {
-                election.leader().await.ok().flatten()
-            } else {
-                None
-            };
-            let message = match describe_holder(&provider, name).await {
+            // Informational: a failed read only leaves the current leader out of the message.
+            let leader = election.leader().await.ok().flatten();
+            known = leader.as_ref().map(|l| l.term);
+            let message = match &leader {
                 Some(leader) => format!(
-                    "mongolock: campaigning for leadership of {name:?} (current leader: {leader})"
+                    "mongolock: campaigning for leadership of {name:?} (current leader: {})",
+                    describe_leader(leader)
                 ),
                 None => format!("mongolock: campaigning for leadership of {name:?}"),
             };
@@ -68,10 +68,8 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
                 .emit();
         }
         let started = tokio::time::Instant::now();
-        // Leader changes are reported while campaigning; the first item is the leader already
-        // reported (or seen before the last term), and our own term is reported as `acquired`.
+        // Leader changes are reported while campaigning (our own term as `acquired`).
         let mut leaders = election.watch_leader();
-        let mut first = true;
         let campaign = election.campaign();
         tokio::pin!(campaign);
         let leadership = loop {
@@ -91,9 +89,11 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
                 }
                 Some(change) = leaders.next() => {
                     let Ok(leader) = change else { continue };
-                    if std::mem::take(&mut first) {
+                    let term = leader.as_ref().map(|l| l.term);
+                    if term == known {
                         continue;
                     }
+                    known = term;
                     let ours = leader.as_ref().is_some_and(|l| l.holder.as_ref() == Some(provider.holder()));
                     if !ours {
                         leader_changed(name, leader.as_ref());
@@ -102,6 +102,7 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
             }
         };
         drop(leaders);
+        known = Some(leadership.term());
         terms += 1;
         Event::new("acquired")
             .lease(leadership.guard())
@@ -199,19 +200,28 @@ async fn resign(
     }
 }
 
+/// `host (pid 12) app "x" (term 7, lease expires in 12.3s)`.
+fn describe_leader(leader: &LeaderInfo) -> String {
+    let holder = leader
+        .holder
+        .as_ref()
+        .map_or_else(|| "another holder".to_owned(), |h| h.to_string());
+    let expires = leader.expires_at.map_or_else(String::new, |at| {
+        let left = at
+            .duration_since(leader.observed_at)
+            .unwrap_or(Duration::ZERO);
+        format!(", lease expires in {}", human(left))
+    });
+    format!("{holder} (term {}{expires})", leader.term)
+}
+
 /// Reports that another process became leader of `name`, or that the role became free.
 fn leader_changed(name: &str, leader: Option<&LeaderInfo>) {
     let message = match leader {
-        Some(l) => {
-            let holder = l
-                .holder
-                .as_ref()
-                .map_or_else(|| "another holder".to_owned(), |h| h.to_string());
-            format!(
-                "mongolock: {holder} is now leader of {name:?} (term {})",
-                l.term
-            )
-        }
+        Some(l) => format!(
+            "mongolock: {} is now leader of {name:?}",
+            describe_leader(l)
+        ),
         None => format!("mongolock: {name:?} has no leader now"),
     };
     Event::new("leader")

@@ -108,5 +108,12 @@ mod tests {
             "auth failed for **** and ****"
         );
         assert_eq!(redact("anything", "mongodb://db1"), "anything");
+        // Escapes at the very end, and sequences that are not escapes.
+        assert_eq!(
+            password("postgres://u:a%2Fb%40@h/db").as_deref(),
+            Some("a/b@")
+        );
+        assert_eq!(password("mongodb://u:p%zz%4@h").as_deref(), Some("p%zz%4"));
+        assert_eq!(password("mongodb://u:@h"), None);
     }
 }

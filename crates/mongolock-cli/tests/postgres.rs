@@ -205,3 +205,11 @@ async fn bad_postgres_uris_and_unreachable_servers_fail_with_one_clean_line() {
         describe(&out)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_shows_an_acquisition_and_a_release() {
+    let Some(env) = PgEnv::new("watch") else {
+        return;
+    };
+    watch_shows_an_acquisition_and_a_release_of(&env, "watched").await;
+}
