@@ -43,6 +43,9 @@ pub async fn run(global: &GlobalArgs, args: WatchArgs) -> Result<i32, CliError> 
     let conn = connect(global).await?;
     let provider = conn.provider(None, None)?;
     let backend = provider.backend().clone();
+    // Starts the backend's change feed (where it has one), so that it is live by the second
+    // refresh.
+    let _ = backend.live_notifications();
     let namespace = conn.namespace();
     let terminal = !args.json && std::io::stdout().is_terminal();
     let limit = if args.once { Some(1) } else { args.count };
