@@ -174,3 +174,72 @@ fn write(text: &str) -> Result<bool, CliError> {
         Err(e) => Err(CliError::failure(format!("cannot write to stdout: {e}"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongolock::{HolderInfo, LeaseId};
+    use std::time::UNIX_EPOCH;
+
+    fn args(json: bool) -> WatchArgs {
+        WatchArgs {
+            interval: Duration::from_secs(2),
+            once: false,
+            count: None,
+            json,
+        }
+    }
+
+    fn held() -> LockInfo {
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        LockInfo {
+            name: "deploy".into(),
+            held: true,
+            lease_id: Some(LeaseId::from_string("ab12")),
+            fencing_token: 17,
+            holder: Some(HolderInfo {
+                host: "build-7".into(),
+                pid: 4242,
+                app_name: None,
+            }),
+            acquired_at: Some(now - Duration::from_secs(4)),
+            expires_at: Some(now + Duration::from_secs(26)),
+            observed_at: now,
+        }
+    }
+
+    #[test]
+    fn a_terminal_gets_a_redrawn_screen_and_a_pipe_plain_blocks() {
+        let locks = [held()];
+        let screen = render("db.locks", &locks, &args(false), true, true);
+        assert!(screen.starts_with(CLEAR), "{screen:?}");
+        assert!(screen.contains("1 lock, 1 held"), "{screen}");
+        assert!(
+            screen.contains("refresh on change, at least every 2s"),
+            "{screen}"
+        );
+        let block = render("db.locks", &locks, &args(false), false, false);
+        assert!(!block.contains('\x1b'), "{block:?}");
+        assert!(
+            block.starts_with("mongolock watch: db.locks: 1 lock, 1 held;"),
+            "{block}"
+        );
+        assert!(block.contains("refresh every 2s"), "{block}");
+        assert!(block.ends_with("in 26.0s\n\n"), "{block:?}");
+        let empty = render("db.locks", &[], &args(false), false, false);
+        assert!(
+            empty.contains("0 locks, 0 held") && empty.contains("no locks"),
+            "{empty}"
+        );
+    }
+
+    #[test]
+    fn json_refreshes_are_one_line_each() {
+        let line = render("db.locks", &[held()], &args(true), false, true);
+        assert_eq!(line.lines().count(), 1, "{line}");
+        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+        assert_eq!(v["namespace"], "db.locks");
+        assert_eq!(v["locks"][0]["fencing_token"], 17);
+        assert_eq!(v["observed_at"], "2023-11-14T22:13:20.000Z");
+    }
+}
