@@ -14,12 +14,13 @@ pub const DEFAULT_DB: &str = "mongolock";
 /// Default lock collection (the library's default).
 pub const DEFAULT_COLLECTION: &str = "distributed.locks";
 
-const MAIN_EXAMPLES: &str = "\
-Examples:
-  # See it work, no database needed:
-  mongolock demo
-
-  # Run a nightly job on at most one host at a time:
+/// The main `--help` text after the options; the demo example only when `demo` is built in.
+macro_rules! main_examples {
+    ($demo:expr) => {
+        concat!(
+            "Examples:\n",
+            $demo,
+            "  # Run a nightly job on at most one host at a time:
   mongolock --uri mongodb://db1:27017 exec nightly-report -- ./report.sh --full
 
   # Skip the run if another host is still busy (exit status 75):
@@ -35,16 +36,41 @@ Examples:
   # Remove a stuck lease:
   mongolock release --force nightly-report
 
+  # Keep a live view of the locks open in a terminal:
+  mongolock watch
+
+  # Machine-readable events of a run, one JSON object per line on fd 3:
+  mongolock exec --json-fd 3 nightly-report -- ./report.sh 3>>events.jsonl
+
+  # Shell completions and the manual page:
+  mongolock completions bash > /etc/bash_completion.d/mongolock
+  mongolock man | man -l -
+
+Environment:
+  MONGODB_URI, MONGOLOCK_DB, MONGOLOCK_COLLECTION   --uri, --db, --collection
+  MONGOLOCK_TTL, MONGOLOCK_WAIT, MONGOLOCK_GRACE    --ttl, --wait, --grace of exec/elect
+  MONGOLOCK_LOG                                     a tracing filter for diagnostics
+
 Exit statuses:
   0      success; exec/elect pass through the command's own status (1-255)
   1      mongolock failed (cannot connect, bad URI, authentication, server error)
   2      usage error
   3      inspect: no such lock
   75     exec --wait ran out while the lock was held elsewhere; the command was not run
+         (--conflict-exit-code chooses another status)
   76     the lock was lost while the command ran; the command was stopped
   126    the command could not be executed;  127  the command was not found
   128+N  the command died from signal N, or mongolock was interrupted while waiting
-";
+"
+        )
+    };
+}
+
+#[cfg(feature = "demo")]
+const MAIN_EXAMPLES: &str =
+    main_examples!("  # See it work, no database needed:\n  mongolock demo\n\n");
+#[cfg(not(feature = "demo"))]
+const MAIN_EXAMPLES: &str = main_examples!("");
 
 /// Distributed locks on MongoDB from the shell: run a command while holding a lock, run a
 /// command only on the elected leader, list, inspect and force-release locks.
@@ -159,7 +185,19 @@ Examples:
   mongolock exec --wait 2m --ttl 1m db-migrate -- ./migrate up
 
   # Use the fencing token:
-  mongolock exec deploy -- sh -c 'deploy --fencing-token \"$MONGOLOCK_FENCING_TOKEN\"'"
+  mongolock exec deploy -- sh -c 'deploy --fencing-token \"$MONGOLOCK_FENCING_TOKEN\"'
+
+  # Like `flock -E 0`: a busy lock is not an error for cron:
+  mongolock exec --wait 0 --conflict-exit-code 0 nightly-report -- ./report.sh
+
+  # Defaults from the environment (options given on the command line win):
+  MONGOLOCK_TTL=1m MONGOLOCK_WAIT=0 mongolock exec nightly-report -- ./report.sh
+
+  # Events for a log shipper, one JSON object per line on fd 3 (stderr stays for people):
+  mongolock exec --json-fd 3 nightly-report -- ./report.sh 3>>/var/log/report-lock.jsonl
+
+  # Events instead of messages on stderr:
+  mongolock exec --json nightly-report -- ./report.sh 2> >(jq -c 'select(.event == \"acquired\")')"
     )]
     Exec(ExecArgs),
 
@@ -182,7 +220,10 @@ Examples:
   mongolock elect scheduler -- ./scheduler --config /etc/scheduler.toml
 
   # Fail over within about 10 s of a leader crash:
-  mongolock elect --ttl 10s scheduler -- ./scheduler"
+  mongolock elect --ttl 10s scheduler -- ./scheduler
+
+  # Leadership changes as JSON lines on fd 3:
+  mongolock elect --json-fd 3 scheduler -- ./scheduler 3>>/var/log/scheduler-leader.jsonl"
     )]
     Elect(ElectArgs),
 
@@ -205,6 +246,7 @@ Exits with status 3 when there is no lock with that name.")]
 
     /// Forcibly end the lease on a lock (an operator action for stuck holders).
     #[command(
+        override_usage = "mongolock [GLOBAL OPTIONS] release --force <NAME>",
         long_about = "End whatever lease holds NAME, so that the next waiter can take it at once. \
                       The fencing token keeps growing: the next holder's token is larger than the \
                       removed holder's, so a resource that checks tokens refuses the old holder's \
@@ -219,7 +261,61 @@ Exits with status 3 when the lock was not held (nothing was released)."
     )]
     Release(ReleaseArgs),
 
+    /// A live view of the locks, refreshed as they change.
+    #[command(
+        long_about = "Show the locks as `list` does and keep the view up to date: it is redrawn \
+                      as soon as the database reports a change to a lock on screen (MongoDB \
+                      change streams, PostgreSQL LISTEN/NOTIFY), when a lease on screen would \
+                      expire, and every --interval otherwise (which also picks up new lock \
+                      names, and is the only refresh where change notifications are \
+                      unavailable). Leave it open in a terminal; Ctrl-C ends it.\n\n\
+                      In a terminal each refresh replaces the screen. When stdout is not a \
+                      terminal each refresh is printed as a plain text block (a header line, \
+                      the table, a blank line), and --json prints each refresh as one JSON \
+                      object per line. --once and --count end it after that many refreshes.",
+        after_help = "\
+Examples:
+  mongolock watch
+  mongolock watch --interval 10s
+  mongolock watch --once
+  mongolock watch --count 5 --json | jq -c '.locks[] | {name, state}'"
+    )]
+    Watch(WatchArgs),
+
+    /// Print a shell completion script.
+    #[command(
+        long_about = "Print the completion script for SHELL on stdout, generated from the \
+                      same definitions as --help.",
+        after_help = "\
+Examples:
+  # bash (system-wide, or source it from ~/.bashrc):
+  mongolock completions bash > /etc/bash_completion.d/mongolock
+  source <(mongolock completions bash)
+
+  # zsh (a directory in $fpath):
+  mongolock completions zsh > ~/.zfunc/_mongolock
+
+  # fish:
+  mongolock completions fish > ~/.config/fish/completions/mongolock.fish"
+    )]
+    Completions(CompletionsArgs),
+
+    /// Print the manual page (roff), or write one page per command.
+    #[command(
+        long_about = "Print the manual page of mongolock, or of one COMMAND, in roff on \
+                      stdout; with --dir, write mongolock.1 and one mongolock-COMMAND.1 per \
+                      command into a directory instead. Generated from the same definitions \
+                      as --help.",
+        after_help = "\
+Examples:
+  mongolock man | man -l -
+  mongolock man exec | man -l -
+  mongolock man --dir /usr/local/share/man/man1"
+    )]
+    Man(ManArgs),
+
     /// Watch workers contend for a lock on an embedded test server; no database needed.
+    #[cfg(feature = "demo")]
     #[command(
         long_about = "Start the embedded MongoDB-compatible test server in this process and run \
                       several worker processes (this same binary) that contend for one lock. \
@@ -238,6 +334,7 @@ Examples:
     Demo(DemoArgs),
 
     /// One worker of `mongolock demo` (internal).
+    #[cfg(feature = "demo")]
     #[command(hide = true)]
     DemoWorker(DemoWorkerArgs),
 
@@ -288,7 +385,12 @@ impl Command {
             Command::List(_) => "list",
             Command::Inspect(_) => "inspect",
             Command::Release(_) => "release",
+            Command::Watch(_) => "watch",
+            Command::Completions(_) => "completions",
+            Command::Man(_) => "man",
+            #[cfg(feature = "demo")]
             Command::Demo(_) => "demo",
+            #[cfg(feature = "demo")]
             Command::DemoWorker(_) => "demo-worker",
             Command::Supervise(_) => crate::supervisor::SUBCOMMAND,
         }
@@ -299,8 +401,8 @@ impl Cli {
     /// Checks that go beyond single options; an error is a usage error (exit status 2).
     pub fn check(&self) -> Result<(), String> {
         match &self.command {
-            Command::Exec(a) => check_grace(a.grace, a.ttl),
-            Command::Elect(a) => check_grace(a.grace, a.ttl),
+            Command::Exec(a) => check_grace(a.grace, a.ttl).and(a.events.check()),
+            Command::Elect(a) => check_grace(a.grace, a.ttl).and(a.events.check()),
             _ => Ok(()),
         }
     }
@@ -310,24 +412,44 @@ impl Cli {
 pub struct ExecArgs {
     /// Lease duration: how long the lock stays held after mongolock stops renewing it (for
     /// example after a crash). Renewed every TTL/3 while CMD runs.
-    #[arg(long, value_name = "DURATION", default_value = DEFAULT_TTL, value_parser = parse_ttl)]
+    #[arg(
+        long,
+        env = "MONGOLOCK_TTL",
+        value_name = "DURATION",
+        default_value = DEFAULT_TTL,
+        value_parser = parse_ttl
+    )]
     pub ttl: Duration,
 
     /// How long to wait for the lock: a duration, `0` for a single attempt, or `forever`.
-    #[arg(long, value_name = "DURATION", default_value = "forever", value_parser = parse_wait)]
+    #[arg(
+        long,
+        env = "MONGOLOCK_WAIT",
+        value_name = "DURATION",
+        default_value = "forever",
+        value_parser = parse_wait
+    )]
     pub wait: Wait,
+
+    /// The exit status when --wait runs out while the lock is held elsewhere (CMD is then not
+    /// run), like `flock -E`; for example 0 to treat a busy lock as nothing to do.
+    #[arg(long, value_name = "N", default_value_t = crate::exit::WAIT_TIMED_OUT as u8)]
+    pub conflict_exit_code: u8,
 
     /// How long before the lease's local deadline CMD gets SIGTERM when renewals are failing
     /// (SIGKILL follows at the deadline), and the time between SIGTERM and SIGKILL after the lock
     /// was lost. At most TTL/3; 0 means SIGKILL at once, no SIGTERM [default: 10s or TTL/3,
     /// whichever is shorter].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "MONGOLOCK_GRACE", value_name = "DURATION", value_parser = parse_duration)]
     pub grace: Option<Duration>,
 
     /// Application name stored with the lease (shown by `list`/`inspect`) [default: "mongolock
     /// exec CMD"].
     #[arg(long, value_name = "NAME")]
     pub app_name: Option<String>,
+
+    #[command(flatten)]
+    pub events: EventArgs,
 
     /// Lock name.
     #[arg(value_name = "NAME")]
@@ -355,19 +477,28 @@ pub struct ChildCommand {
 pub struct ElectArgs {
     /// Lease duration of a leadership term: how long the role stays taken after the leader
     /// stops renewing it (for example after a crash). Renewed every TTL/3.
-    #[arg(long, value_name = "DURATION", default_value = DEFAULT_TTL, value_parser = parse_ttl)]
+    #[arg(
+        long,
+        env = "MONGOLOCK_TTL",
+        value_name = "DURATION",
+        default_value = DEFAULT_TTL,
+        value_parser = parse_ttl
+    )]
     pub ttl: Duration,
 
     /// How long before the term's local deadline CMD gets SIGTERM when renewals are failing
     /// (SIGKILL follows at the deadline), and the time between SIGTERM and SIGKILL after
     /// leadership was lost. At most TTL/3; 0 means SIGKILL at once, no SIGTERM [default: 10s or
     /// TTL/3, whichever is shorter].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "MONGOLOCK_GRACE", value_name = "DURATION", value_parser = parse_duration)]
     pub grace: Option<Duration>,
 
     /// Application name stored with the lease [default: "mongolock elect CMD"].
     #[arg(long, value_name = "NAME")]
     pub app_name: Option<String>,
+
+    #[command(flatten)]
+    pub events: EventArgs,
 
     /// Role (lock) name.
     #[arg(value_name = "NAME")]
@@ -375,6 +506,35 @@ pub struct ElectArgs {
 
     #[command(flatten)]
     pub child: ChildCommand,
+}
+
+/// `--json` and `--json-fd` of `exec` and `elect`: see `events.rs`.
+#[derive(Debug, Clone, Args)]
+pub struct EventArgs {
+    /// Report events (acquired, renewed, lost, released, exited, leadership changes...) as one
+    /// JSON object per line on stderr, in place of mongolock's messages there (each event
+    /// carries the message as "message"). CMD's own stderr output is not changed: prefer
+    /// --json-fd when CMD writes to stderr.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Report the --json events on file descriptor FD (opened by the caller, e.g. `3>file`)
+    /// instead; mongolock's messages stay on stderr. CMD does not inherit FD.
+    #[arg(long, value_name = "FD")]
+    pub json_fd: Option<i32>,
+}
+
+impl EventArgs {
+    /// `--json-fd` must name a descriptor other than stdin.
+    fn check(&self) -> Result<(), String> {
+        match self.json_fd {
+            Some(fd) if fd < 1 => Err(format!(
+                "--json-fd {fd}: choose an open file descriptor other than stdin (1 for stdout, \
+                 3 or above for one the caller opened, e.g. `3>events.jsonl`)"
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `mongolock __supervise`: see `supervisor.rs`.
@@ -422,6 +582,46 @@ pub struct ReleaseArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// The longest time between refreshes (changes to the locks on screen are shown at once
+    /// where the database reports them).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_positive)]
+    pub interval: Duration,
+
+    /// Print the locks once and exit.
+    #[arg(long, conflicts_with = "count")]
+    pub once: bool,
+
+    /// Exit after N refreshes.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+
+    /// Print each refresh as one JSON object per line: {"observed_at", "namespace", "locks"},
+    /// each lock as in `list --json`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write mongolock.1 and one mongolock-COMMAND.1 per command into DIR instead of printing.
+    #[arg(long, value_name = "DIR", conflicts_with = "command")]
+    pub dir: Option<std::path::PathBuf>,
+
+    /// The command whose page to print (default: the main page).
+    #[arg(value_name = "COMMAND")]
+    pub command: Option<String>,
+}
+
+#[cfg(feature = "demo")]
+#[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Number of worker processes (2-16).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=16))]
@@ -436,6 +636,7 @@ pub struct DemoArgs {
     pub work: Duration,
 }
 
+#[cfg(feature = "demo")]
 #[derive(Debug, Args)]
 pub struct DemoWorkerArgs {
     /// Worker number (for messages).

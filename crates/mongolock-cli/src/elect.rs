@@ -7,14 +7,15 @@
 
 use std::time::Duration;
 
-use mongolock::election::{Election, Leadership};
+use futures_util::StreamExt;
+use mongolock::election::{Election, LeaderInfo, Leadership};
 
 use crate::cli::{self, ElectArgs, GlobalArgs};
 use crate::connect::Connection;
 use crate::duration::human;
+use crate::events::{leader_json, Event, Lease};
 use crate::exec::{
-    connect_supervisor, describe_holder, describe_status, lost_before_finish, spawn, supervise,
-    Outcome, StopPolicy,
+    connect_supervisor, describe_status, lost_after_exit, spawn, supervise, Outcome, StopPolicy,
 };
 use crate::exit::{self, CliError};
 use crate::signals::{self, Signals};
@@ -45,34 +46,78 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
     let name = &args.name;
     let policy = StopPolicy::new(args.ttl, cli::grace(args.grace, args.ttl));
 
+    // The term of the leader last reported (`None`: no leader), so that only changes are.
+    let mut known: Option<u64> = None;
     let mut terms = 0u64;
     loop {
         if terms == 0 {
-            match describe_holder(&provider, name).await {
-                Some(leader) => say!(
-                    "mongolock: campaigning for leadership of {name:?} (current leader: {leader})"
+            // Informational: a failed read only leaves the current leader out of the message.
+            let leader = election.leader().await.ok().flatten();
+            known = leader.as_ref().map(|l| l.term);
+            let message = match &leader {
+                Some(leader) => format!(
+                    "mongolock: campaigning for leadership of {name:?} (current leader: {})",
+                    describe_leader(leader)
                 ),
-                None => say!("mongolock: campaigning for leadership of {name:?}"),
-            }
+                None => format!("mongolock: campaigning for leadership of {name:?}"),
+            };
+            Event::new("campaigning")
+                .name(name)
+                .field("leader", leader_json(leader.as_ref()))
+                .message(message)
+                .emit();
         }
         let started = tokio::time::Instant::now();
-        let leadership = tokio::select! {
-            r = election.campaign() => r.map_err(|e| conn.error(&format!("cannot campaign for {name:?}"), &e))?,
-            sig = signals.recv() => {
-                say!(
-                    "mongolock: {} received while campaigning for {name:?}; exiting",
-                    signals::name(sig)
-                );
-                return Ok(exit::for_signal(sig));
+        // Leader changes are reported while campaigning (our own term as `acquired`).
+        let mut leaders = election.watch_leader();
+        let campaign = election.campaign();
+        tokio::pin!(campaign);
+        let leadership = loop {
+            tokio::select! {
+                biased;
+                r = &mut campaign => break r.map_err(|e| conn.error(&format!("cannot campaign for {name:?}"), &e))?,
+                sig = signals.recv() => {
+                    Event::new("interrupted")
+                        .name(name)
+                        .field("signal", signals::name(sig))
+                        .message(format!(
+                            "mongolock: {} received while campaigning for {name:?}; exiting",
+                            signals::name(sig)
+                        ))
+                        .emit();
+                    return Ok(exit::for_signal(sig));
+                }
+                Some(change) = leaders.next() => {
+                    let Ok(leader) = change else { continue };
+                    let term = leader.as_ref().map(|l| l.term);
+                    if term == known {
+                        continue;
+                    }
+                    known = term;
+                    let ours = leader.as_ref().is_some_and(|l| l.holder.as_ref() == Some(provider.holder()));
+                    if !ours {
+                        leader_changed(name, leader.as_ref());
+                    }
+                }
             }
         };
+        drop(leaders);
+        known = Some(leadership.term());
         terms += 1;
-        say!(
-            "mongolock: elected leader of {name:?} (term / fencing token {}) after {}; starting \
-             the command",
-            leadership.term(),
-            human(started.elapsed())
-        );
+        Event::new("acquired")
+            .lease(leadership.guard())
+            .field("term", leadership.term())
+            .field(
+                "waited_ms",
+                u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            )
+            .message(format!(
+                "mongolock: elected leader of {name:?} (term / fencing token {}) after {}; \
+                 starting the command",
+                leadership.term(),
+                human(started.elapsed())
+            ))
+            .emit();
         let child = match spawn(&args.child.command, leadership.guard(), policy).await {
             Ok(child) => child,
             Err(e) => {
@@ -91,11 +136,15 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
         )
         .await?;
         if outcome.lost {
+            let lease = Lease::of(leadership.guard());
             drop(leadership);
-            say!(
-                "mongolock: the command was stopped after losing leadership of {name:?}; \
-                 campaigning again"
-            );
+            Event::new("stopped")
+                .lease_snapshot(&lease)
+                .message(format!(
+                    "mongolock: the command was stopped after losing leadership of {name:?}; \
+                     campaigning again"
+                ))
+                .emit();
             tokio::select! {
                 () = tokio::time::sleep(RECAMPAIGN_PAUSE) => {}
                 sig = signals.recv() => return Ok(exit::for_signal(sig)),
@@ -115,29 +164,69 @@ async fn resign(
     outcome: Outcome,
     conn: &Connection,
 ) -> Result<i32, CliError> {
-    let name = leadership.role().to_owned();
+    let lease = Lease::of(leadership.guard());
+    let name = lease.name.clone();
+    let status = describe_status(outcome.status);
     if leadership.is_lost() {
+        let reason = leadership.guard().lost_reason();
         drop(leadership);
-        let status = describe_status(outcome.status);
-        say!("{}", lost_before_finish("leadership of", &name, &status));
+        lost_after_exit(&lease, "leadership of", &status, reason);
         return Ok(exit::LOCK_LOST);
     }
     match leadership.resign().await {
         Ok(()) => {
-            say!("mongolock: the command exited; resigned leadership of {name:?}");
+            Event::new("released")
+                .lease_snapshot(&lease)
+                .message(format!(
+                    "mongolock: the command exited; resigned leadership of {name:?}"
+                ))
+                .emit();
             Ok(exit::for_child(outcome.status))
         }
         Err(mongolock::Error::LeaseLost { .. }) => {
-            let status = describe_status(outcome.status);
-            say!("{}", lost_before_finish("leadership of", &name, &status));
+            lost_after_exit(&lease, "leadership of", &status, None);
             Ok(exit::LOCK_LOST)
         }
         Err(e) => {
-            say!(
-                "mongolock: warning: {}; the lease expires by itself",
-                conn.error(&format!("could not resign leadership of {name:?}"), &e)
-            );
+            Event::new("release-failed")
+                .lease_snapshot(&lease)
+                .message(format!(
+                    "mongolock: warning: {}; the lease expires by itself",
+                    conn.error(&format!("could not resign leadership of {name:?}"), &e)
+                ))
+                .emit();
             Ok(exit::for_child(outcome.status))
         }
     }
+}
+
+/// `host (pid 12) app "x" (term 7, lease expires in 12.3s)`.
+fn describe_leader(leader: &LeaderInfo) -> String {
+    let holder = leader
+        .holder
+        .as_ref()
+        .map_or_else(|| "another holder".to_owned(), |h| h.to_string());
+    let expires = leader.expires_at.map_or_else(String::new, |at| {
+        let left = at
+            .duration_since(leader.observed_at)
+            .unwrap_or(Duration::ZERO);
+        format!(", lease expires in {}", human(left))
+    });
+    format!("{holder} (term {}{expires})", leader.term)
+}
+
+/// Reports that another process became leader of `name`, or that the role became free.
+fn leader_changed(name: &str, leader: Option<&LeaderInfo>) {
+    let message = match leader {
+        Some(l) => format!(
+            "mongolock: {} is now leader of {name:?}",
+            describe_leader(l)
+        ),
+        None => format!("mongolock: {name:?} has no leader now"),
+    };
+    Event::new("leader")
+        .name(name)
+        .field("leader", leader_json(leader))
+        .message(message)
+        .emit();
 }

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::cli::{self, ExecArgs, GlobalArgs};
 use crate::connect::{connect, Connection};
 use crate::duration::{display, human, Wait};
+use crate::events::{Event, Lease};
 use crate::exit::{self, CliError};
 use crate::signals::{self, Signals};
 use crate::supervisor::{monotonic_now_ns, FromSupervisor, ToSupervisor, SUBCOMMAND};
@@ -27,7 +28,7 @@ pub const ENV_NAME: &str = "MONGOLOCK_NAME";
 /// Environment variable holding the fencing token in CMD's environment.
 pub const ENV_FENCING_TOKEN: &str = "MONGOLOCK_FENCING_TOKEN";
 
-/// `mongolock exec`.
+/// `mongolock exec`: connect, acquire (or give up), run CMD under its supervisor, release.
 pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
     let mut signals = Signals::install()?;
     let (conn, provider) = match connect_supervisor(
@@ -48,17 +49,25 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         .map_err(|e| conn.error("cannot use this lock name", &e))?;
 
     tracing::info!(lock = %args.name, wait = ?args.wait, "waiting for the lock");
+    Event::new("waiting")
+        .name(&args.name)
+        .field("wait", wait_display(args.wait))
+        .emit();
     let started = Instant::now();
     let acquired = tokio::select! {
         r = lock.acquire_with(args.wait.timeout()) => {
             r.map_err(|e| conn.error(&format!("cannot acquire lock {:?}", args.name), &e))?
         }
         sig = signals.recv() => {
-            say!(
-                "mongolock: {} received while waiting for lock {:?}; command not run",
-                signals::name(sig),
-                args.name
-            );
+            Event::new("interrupted")
+                .name(&args.name)
+                .field("signal", signals::name(sig))
+                .message(format!(
+                    "mongolock: {} received while waiting for lock {:?}; command not run",
+                    signals::name(sig),
+                    args.name
+                ))
+                .emit();
             return Ok(exit::for_signal(sig));
         }
     };
@@ -70,20 +79,31 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         let held_by = describe_holder(&provider, &args.name)
             .await
             .unwrap_or_else(|| "another holder".to_owned());
-        say!(
-            "mongolock: lock {:?} is held by {held_by}; gave up {waited} (--wait {}); command \
-             not run",
-            args.name,
-            wait_display(args.wait)
-        );
-        return Ok(exit::WAIT_TIMED_OUT);
+        let code = i32::from(args.conflict_exit_code);
+        Event::new("busy")
+            .name(&args.name)
+            .field("held_by", held_by.as_str())
+            .field("exit_code", code)
+            .message(format!(
+                "mongolock: lock {:?} is held by {held_by}; gave up {waited} (--wait {}); \
+                 command not run",
+                args.name,
+                wait_display(args.wait)
+            ))
+            .emit();
+        return Ok(code);
     };
+    let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     tracing::info!(
         lock = %args.name,
         token = guard.fencing_token(),
-        waited_ms = started.elapsed().as_millis() as u64,
+        waited_ms,
         "lock acquired; starting the command"
     );
+    Event::new("acquired")
+        .lease(&guard)
+        .field("waited_ms", waited_ms)
+        .emit();
 
     let policy = StopPolicy::new(args.ttl, cli::grace(args.grace, args.ttl));
     let child = match spawn(&args.child.command, &guard, policy).await {
@@ -134,38 +154,64 @@ pub async fn finish(
     conn: &Connection,
     what: &str,
 ) -> Result<i32, CliError> {
-    let name = guard.name().to_owned();
+    let lease = Lease::of(&guard);
+    let name = lease.name.clone();
     let status = describe_status(outcome.status);
     if outcome.lost {
         drop(guard);
-        say!(
-            "mongolock: the command was stopped ({status}) because {what} {name:?} was lost; \
-             exiting with status {}",
-            exit::LOCK_LOST
-        );
+        Event::new("stopped")
+            .lease_snapshot(&lease)
+            .field("exit_code", exit::LOCK_LOST)
+            .message(format!(
+                "mongolock: the command was stopped ({status}) because {what} {name:?} was \
+                 lost; exiting with status {}",
+                exit::LOCK_LOST
+            ))
+            .emit();
         return Ok(exit::LOCK_LOST);
     }
     if guard.is_lost() {
         // Lost after the command's last check but before it exited: no release to attempt.
+        let reason = guard.lost_reason();
         drop(guard);
-        say!("{}", lost_before_finish(what, &name, &status));
+        lost_after_exit(&lease, what, &status, reason);
         return Ok(exit::LOCK_LOST);
     }
     match guard.release().await {
-        Ok(()) => Ok(exit::for_child(outcome.status)),
+        Ok(()) => {
+            Event::new("released").lease_snapshot(&lease).emit();
+            Ok(exit::for_child(outcome.status))
+        }
         Err(mongolock::Error::LeaseLost { .. }) => {
-            say!("{}", lost_before_finish(what, &name, &status));
+            lost_after_exit(&lease, what, &status, None);
             Ok(exit::LOCK_LOST)
         }
         Err(e) => {
             // The lease expires by itself within --ttl.
-            say!(
-                "mongolock: warning: {}; it expires by itself at the end of its lease",
-                conn.error(&format!("could not release {what} {name:?}"), &e)
-            );
+            Event::new("release-failed")
+                .lease_snapshot(&lease)
+                .message(format!(
+                    "mongolock: warning: {}; it expires by itself at the end of its lease",
+                    conn.error(&format!("could not release {what} {name:?}"), &e)
+                ))
+                .emit();
             Ok(exit::for_child(outcome.status))
         }
     }
+}
+
+/// Reports a lease found lost only after the command exited (`status` describes its exit).
+pub fn lost_after_exit(lease: &Lease, what: &str, status: &str, reason: Option<String>) {
+    Event::new("lost")
+        .lease_snapshot(lease)
+        .field(
+            "reason",
+            reason.unwrap_or_else(|| "found lost at release".to_owned()),
+        )
+        .field("action", "none (the command had exited)")
+        .field("exit_code", exit::LOCK_LOST)
+        .message(lost_before_finish(what, &lease.name, status))
+        .emit();
 }
 
 /// The message for a lease found lost only after the command exited.
@@ -427,6 +473,7 @@ pub async fn spawn(
     match spawned.control.next().await {
         Some(FromSupervisor::Started(pid)) => {
             tracing::debug!(pid, group = !terminal, "command started");
+            Event::new("started").lease(guard).field("pid", pid).emit();
             Ok(spawned)
         }
         Some(FromSupervisor::SpawnFailed(errno)) => {
@@ -502,6 +549,7 @@ pub async fn supervise(
                 control.deadlines(term, kill).await;
                 sent_deadline = deadline;
                 kill_at = kill;
+                Event::new("renewed").lease(guard).emit();
             }
         }
         let backup_at = kill_at + policy.margin;
@@ -510,38 +558,58 @@ pub async fn supervise(
             msg = control.next() => match msg {
                 Some(FromSupervisor::Exited(raw)) => {
                     let _ = supervisor.wait().await;
-                    return Ok(Outcome { status: ExitStatus::from_raw(raw), lost: stopping });
+                    let status = ExitStatus::from_raw(raw);
+                    exited_event(guard, status, None);
+                    return Ok(Outcome { status, lost: stopping });
                 }
                 Some(FromSupervisor::SentSigterm) if !stopping => {
                     stopping = true;
-                    say!(
-                        "mongolock: lost {what} {name:?} (fencing token {token}) while the command \
-                         was running: no renewal succeeded and only {} of the lease can still be \
-                         trusted; sent SIGTERM to the command (SIGKILL in {} at the latest)",
-                        display(policy.grace),
-                        display(policy.grace.saturating_sub(policy.margin))
-                    );
+                    Event::new("lost")
+                        .lease(guard)
+                        .field("reason", "no renewal succeeded in time")
+                        .field("action", "SIGTERM")
+                        .message(format!(
+                            "mongolock: lost {what} {name:?} (fencing token {token}) while the \
+                             command was running: no renewal succeeded and only {} of the lease \
+                             can still be trusted; sent SIGTERM to the command (SIGKILL in {} at \
+                             the latest)",
+                            display(policy.grace),
+                            display(policy.grace.saturating_sub(policy.margin))
+                        ))
+                        .emit();
                 }
                 Some(FromSupervisor::SentSigkill) if !stopping => {
                     stopping = true;
-                    say!(
-                        "mongolock: lost {what} {name:?} (fencing token {token}) while the command \
-                         was running: no renewal succeeded before the lease's deadline; sent \
-                         SIGKILL to the command"
-                    );
+                    Event::new("lost")
+                        .lease(guard)
+                        .field("reason", "no renewal succeeded before the lease's deadline")
+                        .field("action", "SIGKILL")
+                        .message(format!(
+                            "mongolock: lost {what} {name:?} (fencing token {token}) while the \
+                             command was running: no renewal succeeded before the lease's \
+                             deadline; sent SIGKILL to the command"
+                        ))
+                        .emit();
                 }
                 Some(FromSupervisor::SentSigkill) => {
-                    say!("mongolock: the command had not exited; sent SIGKILL");
+                    Event::new("sigkill")
+                        .lease(guard)
+                        .message("mongolock: the command had not exited; sent SIGKILL")
+                        .emit();
                 }
                 Some(other) => tracing::debug!(?other, "supervisor report"),
                 None => {
                     let status = supervisor.wait().await.map_err(|e| {
                         CliError::failure(format!("cannot wait for the supervisor process: {e}"))
                     })?;
-                    say!(
-                        "mongolock: the supervisor process ended ({}) without reporting the \
-                         command's exit; the command was killed with it",
-                        describe_status(status)
+                    exited_event(
+                        guard,
+                        status,
+                        Some(format!(
+                            "mongolock: the supervisor process ended ({}) without reporting the \
+                             command's exit; the command was killed with it",
+                            describe_status(status)
+                        )),
                     );
                     return Ok(Outcome { status, lost: stopping });
                 }
@@ -556,15 +624,20 @@ pub async fn supervise(
                 let kill = (now + policy.grace).min(policy.kill_at(guard.local_deadline())).max(now);
                 control.deadlines(now, kill).await;
                 kill_at = kill;
-                let how = if kill == now {
-                    "SIGKILL now".to_owned()
+                let (action, how) = if kill == now {
+                    ("SIGKILL", "SIGKILL now".to_owned())
                 } else {
-                    format!("SIGTERM now, SIGKILL in {} at the latest", display(kill - now))
+                    ("SIGTERM", format!("SIGTERM now, SIGKILL in {} at the latest", display(kill - now)))
                 };
-                say!(
-                    "mongolock: lost {what} {name:?} (fencing token {token}) while the command was \
-                     running: {reason}; stopping the command ({how})"
-                );
+                Event::new("lost")
+                    .lease(guard)
+                    .field("reason", reason.as_str())
+                    .field("action", action)
+                    .message(format!(
+                        "mongolock: lost {what} {name:?} (fencing token {token}) while the command \
+                         was running: {reason}; stopping the command ({how})"
+                    ))
+                    .emit();
             }
             sig = signals.recv() => {
                 let from_terminal = matches!(sig, libc::SIGINT | libc::SIGQUIT);
@@ -573,18 +646,41 @@ pub async fn supervise(
                 } else {
                     tracing::info!(signal = %signals::name(sig), "passing the signal on to the command");
                     control.send(ToSupervisor::Signal(sig)).await;
+                    Event::new("signal").lease(guard).field("signal", signals::name(sig)).emit();
                 }
             }
             () = tokio::time::sleep(policy.refresh), if !stopping => {}
             () = tokio::time::sleep_until(backup_at), if !backup_done => {
                 backup_done = true;
                 stopping = true;
-                say!(
-                    "mongolock: the supervisor has not reported the command's exit by the lease's \
-                     deadline; killing the supervisor process (the command dies with it)"
-                );
+                Event::new("lost")
+                    .lease(guard)
+                    .field("reason", "the command had not exited by the lease's deadline")
+                    .field("action", "SIGKILL to the supervisor")
+                    .message(
+                        "mongolock: the supervisor has not reported the command's exit by the \
+                         lease's deadline; killing the supervisor process (the command dies with \
+                         it)",
+                    )
+                    .emit();
                 let _ = supervisor.start_kill();
             }
         }
     }
+}
+
+/// Reports CMD's exit (`message`: also a line for people).
+fn exited_event(guard: &LockGuard, status: ExitStatus, message: Option<String>) {
+    let mut event = Event::new("exited")
+        .lease(guard)
+        .field("status", describe_status(status));
+    if let Some(code) = status.code() {
+        event = event.field("exit_code", code);
+    } else if let Some(sig) = status.signal() {
+        event = event.field("signal", signals::name(sig));
+    }
+    if let Some(message) = message {
+        event = event.message(message);
+    }
+    event.emit();
 }

@@ -116,7 +116,7 @@ pub fn pretty(value: &Value) -> String {
 }
 
 /// The table for people.
-fn table(locks: &[LockInfo]) -> String {
+pub fn table(locks: &[LockInfo]) -> String {
     let header = ["NAME", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES"].map(str::to_owned);
     let mut rows = vec![header];
     for info in locks {

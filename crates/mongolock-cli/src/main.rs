@@ -14,9 +14,12 @@ macro_rules! say {
 
 mod cli;
 mod connect;
+#[cfg(feature = "demo")]
 mod demo;
+mod docs;
 mod duration;
 mod elect;
+mod events;
 mod exec;
 mod exit;
 mod inspect;
@@ -25,6 +28,7 @@ mod release;
 mod signals;
 mod supervisor;
 mod uri;
+mod watch;
 
 use std::io::{IsTerminal, Write};
 
@@ -50,7 +54,19 @@ fn main() {
         // Single-threaded, before any runtime exists: see the supervisor's module docs.
         std::process::exit(supervisor::run(args));
     }
-    init_tracing(cli.global.verbose);
+    // `--json` on stderr replaces the messages there, so diagnostics are off unless asked for.
+    let mut quiet = false;
+    if let Command::Exec(cli::ExecArgs { events: e, .. })
+    | Command::Elect(cli::ElectArgs { events: e, .. }) = &cli.command
+    {
+        if let Err(err) = events::init(e) {
+            // Reported like clap's usage errors (the descriptor is part of the command line).
+            say!("mongolock: {err}");
+            std::process::exit(err.code);
+        }
+        quiet = events::json_on_stderr(e);
+    }
+    init_tracing(cli.global.verbose, quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -64,10 +80,11 @@ fn main() {
     let code = match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            say!("mongolock: {e}");
+            events::error(&e);
             e.code
         }
     };
+    events::exit(code);
     let _ = std::io::stdout().flush();
     // Exit without shutting the runtime down: every lease has been released or handed back by
     // now, and tearing down the driver's background tasks mid-flight can make them panic.
@@ -104,7 +121,12 @@ async fn run(cli: Cli) -> Result<i32, exit::CliError> {
         Command::List(args) => list::run(global, args).await,
         Command::Inspect(args) => inspect::run(global, args).await,
         Command::Release(args) => release::run(global, args).await,
+        Command::Watch(args) => watch::run(global, args).await,
+        Command::Completions(args) => docs::completions(&args),
+        Command::Man(args) => docs::man(&args),
+        #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args).await,
+        #[cfg(feature = "demo")]
         Command::DemoWorker(args) => demo::worker(global, args).await,
         Command::Supervise(_) => Err(exit::CliError::failure(
             "the supervisor runs without an async runtime",
@@ -112,11 +134,12 @@ async fn run(cli: Cli) -> Result<i32, exit::CliError> {
     }
 }
 
-/// Diagnostics on stderr: warnings by default (`-v` info, `-vv` debug); `MONGOLOCK_LOG` takes a
-/// full tracing filter.
-fn init_tracing(verbose: u8) {
+/// Diagnostics on stderr: warnings by default (none when `quiet`; `-v` info, `-vv` debug);
+/// `MONGOLOCK_LOG` takes a full tracing filter.
+fn init_tracing(verbose: u8, quiet: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
+        0 if quiet => "off",
         0 => "warn",
         1 => "info",
         2 => "debug",

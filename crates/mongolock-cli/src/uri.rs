@@ -38,7 +38,11 @@ pub fn password(uri: &str) -> Option<String> {
     if pass.is_empty() {
         return None;
     }
-    Some(percent_decode(pass))
+    Some(
+        percent_encoding::percent_decode_str(pass)
+            .decode_utf8_lossy()
+            .into_owned(),
+    )
 }
 
 /// Removes any occurrence of the URI's password from `message` (driver messages do not normally
@@ -64,25 +68,6 @@ pub fn redact(message: &str, uri: &str) -> String {
         }
     }
     out
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -123,5 +108,12 @@ mod tests {
             "auth failed for **** and ****"
         );
         assert_eq!(redact("anything", "mongodb://db1"), "anything");
+        // Escapes at the very end, and sequences that are not escapes.
+        assert_eq!(
+            password("postgres://u:a%2Fb%40@h/db").as_deref(),
+            Some("a/b@")
+        );
+        assert_eq!(password("mongodb://u:p%zz%4@h").as_deref(), Some("p%zz%4"));
+        assert_eq!(password("mongodb://u:@h"), None);
     }
 }

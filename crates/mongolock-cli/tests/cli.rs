@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -362,14 +362,15 @@ async fn elect_runs_the_command_only_while_leader_and_campaigns_again_after_a_lo
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
 }
 
+#[cfg(feature = "demo")]
 #[tokio::test(flavor = "multi_thread")]
 async fn demo_runs_and_exits_zero() {
     let child = Command::new(BIN)
         .arg("demo")
         .env_remove("MONGOLOCK_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true)
         .spawn()
@@ -433,7 +434,11 @@ async fn usage_errors_exit_2_and_every_command_has_help_with_examples() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
     assert!(text(&out.stderr).contains("30s"), "{}", describe(&out));
-    for command in ["exec", "elect", "list", "inspect", "release", "demo"] {
+    let mut commands = vec!["exec", "elect", "list", "inspect", "release", "watch"];
+    if cfg!(feature = "demo") {
+        commands.push("demo");
+    }
+    for command in commands {
         let out = Command::new(BIN)
             .args([command, "--help"])
             .output()
@@ -444,6 +449,20 @@ async fn usage_errors_exit_2_and_every_command_has_help_with_examples() {
     }
     let out = Command::new(BIN).arg("--help").output().await.expect("run");
     assert!(text(&out.stdout).contains("Exit statuses:"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn release_force_of_a_lock_nobody_holds_exits_3() {
+    let env = Env::new("unheld").await;
+    // Never created, then released by its holder: nothing to release either time.
+    let out = env.run(&["release", "--force", "never-held"]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    assert!(text(&out.stderr).contains("not held"), "{}", describe(&out));
+    let out = env.run(&["exec", "once", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = env.run(&["release", "--force", "once"]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    assert!(out.stdout.is_empty(), "{}", describe(&out));
 }
 
 #[tokio::test(flavor = "multi_thread")]

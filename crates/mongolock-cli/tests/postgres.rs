@@ -205,3 +205,52 @@ async fn bad_postgres_uris_and_unreachable_servers_fail_with_one_clean_line() {
         describe(&out)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_shows_an_acquisition_and_a_release() {
+    let Some(env) = PgEnv::new("watch") else {
+        return;
+    };
+    watch_shows_an_acquisition_and_a_release_of(&env, "watched").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_json_events_carry_the_lease_and_server_times() {
+    let Some(env) = PgEnv::new("json") else {
+        return;
+    };
+    let out = env
+        .run(&["exec", "--json", "pgjson", "--", "sh", "-c", "exit 3"])
+        .await;
+    let context = describe(&out);
+    assert_eq!(out.status.code(), Some(3), "{context}");
+    let events: Vec<Value> = text(&out.stderr)
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}\n{context}"))
+        })
+        .collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["waiting", "acquired", "started", "exited", "released", "exit"],
+        "{context}"
+    );
+    let token = events[1]["fencing_token"].as_u64().expect("a token");
+    for e in &events[1..5] {
+        assert_eq!(e["name"], "pgjson", "{e}");
+        assert_eq!(e["fencing_token"].as_u64(), Some(token), "{e}");
+        assert!(e["lease_id"].is_string(), "{e}");
+        let acquired = humantime::parse_rfc3339(e["acquired_at"].as_str().expect("acquired_at"));
+        let expires = humantime::parse_rfc3339(e["expires_at"].as_str().expect("expires_at"));
+        assert!(
+            acquired.expect("RFC 3339") < expires.expect("RFC 3339"),
+            "{e}"
+        );
+    }
+    assert_eq!(events[3]["exit_code"], 3, "{context}");
+    assert_eq!(events[5]["exit_code"], 3, "{context}");
+}

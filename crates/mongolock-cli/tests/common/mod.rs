@@ -7,10 +7,12 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mongo_testserver::TestServer;
 use serde_json::Value;
+use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mongolock");
@@ -53,6 +55,9 @@ pub fn command(uri: &str, location: &[&str], dir: &Path, args: &[&str]) -> Comma
         .env_remove("MONGOLOCK_DB")
         .env_remove("MONGOLOCK_COLLECTION")
         .env_remove("MONGOLOCK_LOG")
+        .env_remove("MONGOLOCK_TTL")
+        .env_remove("MONGOLOCK_WAIT")
+        .env_remove("MONGOLOCK_GRACE")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -314,4 +319,97 @@ pub async fn assert_clean_failure(uri: &str, expect: &str) {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.stdout.is_empty());
     assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+/// The refresh blocks in watch's plain-text output (each starts with its header line).
+pub fn blocks(output: &str) -> Vec<String> {
+    let mut blocks: Vec<String> = Vec::new();
+    for line in output.lines() {
+        if line.starts_with("mongolock watch: ") {
+            blocks.push(String::new());
+        }
+        if let Some(block) = blocks.last_mut() {
+            block.push_str(line);
+            block.push('\n');
+        }
+    }
+    blocks
+}
+
+/// The table row of lock `name` in `block`.
+pub fn row<'a>(block: &'a str, name: &str) -> Option<&'a str> {
+    block
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+}
+
+/// `mongolock watch` (plain text, not a terminal) shows lock `name` being acquired by an `exec`
+/// it did not know of yet, then released.
+pub async fn watch_shows_an_acquisition_and_a_release_of(env: &impl Cli, name: &str) {
+    // A long interval: the acquisition of a new name shows at the latest at the next interval,
+    // its release through the change notification (or the interval where there is none).
+    let mut watch = env.spawn(&["watch", "--interval", "1s"]);
+    let mut stdout = watch.stdout.take().expect("piped stdout");
+    let seen = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            loop {
+                match stdout.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen
+                        .lock()
+                        .expect("buffer")
+                        .push_str(&String::from_utf8_lossy(&buf[..n])),
+                }
+            }
+        })
+    };
+    let shown = || seen.lock().expect("buffer").clone();
+    wait_for("the first refresh", LONG, || !blocks(&shown()).is_empty()).await;
+
+    let holder = env.spawn(&["exec", name, "--", "sh", "-c", &hold_until("a", "stop")]);
+    wait_for("the holder to start", LONG, || env.path("a").exists()).await;
+    let token = read_token(&env.path("a"));
+    let deadline = Instant::now() + LONG;
+    let held_block = loop {
+        let all = blocks(&shown());
+        if let Some(i) = all.iter().position(|b| {
+            row(b, name).is_some_and(|r| r.contains(&token.to_string()) && r.contains(" in "))
+        }) {
+            break i;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "watch never showed the acquisition:\n{}",
+            shown()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    std::fs::write(env.path("stop"), "").expect("stop file");
+    let out = finish(holder, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let deadline = Instant::now() + LONG;
+    while !blocks(&shown())
+        .iter()
+        .skip(held_block + 1)
+        .any(|b| row(b, name).is_some_and(|r| r.ends_with("released")))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "watch never showed the release:\n{}",
+            shown()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !shown().contains('\x1b'),
+        "no terminal codes outside a terminal"
+    );
+
+    watch.start_kill().expect("stop watch");
+    let _ = watch.wait().await;
+    let _ = reader.await;
 }
