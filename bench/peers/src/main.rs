@@ -15,7 +15,8 @@
 //! (server CPU is then not reported). Each library runs in a spawned task (on the runtime's
 //! worker threads, as application code does).
 //!
-//! Per library (`BENCH_LIBS`: `cs`, `poll`, `dlm`, `mla`, `mdl`; default all):
+//! Per library (`BENCH_LIBS`: `cs`, `poll`, `sem` (a one-slot semaphore), `dlm`, `mla`, `mdl`, `pg`;
+//! default all):
 //! * uncontended acquire + release per second (`BENCH_PAIRS` pairs on one name, after a
 //!   warm-up of 100);
 //! * server commands per acquisition, counted by the server (`serverStatus`
@@ -168,6 +169,8 @@ async fn client(uri: &str, app: &str) -> Client {
 #[derive(Clone)]
 enum Lib {
     Mongolock(LockProvider),
+    /// A semaphore of this many slots.
+    MongolockSemaphore(LockProvider, u32),
     DistributedLockMongo(Database),
     MongoLockAsync(Client),
     MongodbLock(&'static mongodb_lock::Mutex<String>),
@@ -178,6 +181,13 @@ impl Lib {
     async fn acquire(&self, name: &str) -> Held {
         match self {
             Lib::Mongolock(p) => Held::Mongolock(p.lock(name).unwrap().acquire().await.unwrap()),
+            Lib::MongolockSemaphore(p, limit) => Held::Mongolock(
+                p.semaphore(name, *limit)
+                    .unwrap()
+                    .acquire()
+                    .await
+                    .unwrap(),
+            ),
             Lib::DistributedLockMongo(db) => {
                 let lock = distributed_lock_mongo::MongoDistributedLock::new(
                     name.to_owned(),
@@ -395,6 +405,18 @@ fn main() {
                     .unwrap();
                 let provider = LockProvider::builder(backend).build().unwrap();
                 let lib = Lib::Mongolock(provider);
+                rows.push(measure(name, lib, &meter, pairs, handoffs).await);
+            }
+            if selected("sem") {
+                // One slot, so that the handoff phase hands one lease around as for the locks.
+                let name = "mongolock semaphore, 1 slot (change streams)";
+                let client = client(&server.uri, name).await;
+                let backend = MongoBackend::builder(&client.database("bench_mongolock"))
+                    .collection("locks_sem")
+                    .build()
+                    .unwrap();
+                let provider = LockProvider::builder(backend).build().unwrap();
+                let lib = Lib::MongolockSemaphore(provider, 1);
                 rows.push(measure(name, lib, &meter, pairs, handoffs).await);
             }
             if selected("dlm") {

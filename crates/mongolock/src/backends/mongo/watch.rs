@@ -38,8 +38,10 @@
 //!   which a plain range `$match` tests on any MongoDB.
 //! * A release records the released id in the scalar `lastReleased` (next to `released`).
 //! * The `$match` drops events whose new `leaseId` is in our range (our grants: update or
-//!   insert events, and under MongoDB 4.4 replace events, which also cover our extensions), and
-//!   events that set `leaseId` to null with `lastReleased` in our range (our releases).
+//!   insert events, and under MongoDB 4.4 replace events, which also cover our extensions),
+//!   events that set `leaseId` to null with `lastReleased` in our range (our releases), and
+//!   events that set `leaseId` to `{released: <id in our range>}` (our semaphore slots'
+//!   releases, `slots.rs`; they are dispatched in-process like the others).
 //! * What the stream no longer tells this backend is told in-process instead, as the memory
 //!   backend does: after each of its releases the backend dispatches "no lease" to the name
 //!   (one acquirer woken, observers woken, holders check), and after each grant it dispatches
@@ -426,6 +428,7 @@ fn names_pipeline(own: &str, covered: &Covered) -> Vec<Document> {
     let full = |f: &str| format!("fullDocument.{f}");
     let end = format!("{}.", own.trim_end_matches('-'));
     let ours = || doc! { "$gte": own, "$lt": end.as_str() };
+    let released_slot = format!("{LEASE_ID}.released");
     let mut filter = doc! {
             "$or": [
                 { "operationType": { "$in": [
@@ -438,6 +441,9 @@ fn names_pipeline(own: &str, covered: &Covered) -> Vec<Document> {
                 { updated(LEASE_ID): Bson::Null, updated(LAST_RELEASED): ours() },
                 { full(LEASE_ID): ours() },
                 { full(LEASE_ID): Bson::Null, full(LAST_RELEASED): ours() },
+                // A semaphore slot's release (`slots.rs`).
+                { updated(&released_slot): ours() },
+                { full(&released_slot): ours() },
             ],
     };
     if let Covered::Only(names) = covered {
