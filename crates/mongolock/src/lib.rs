@@ -91,10 +91,14 @@ mod error;
 mod guard;
 mod holder;
 mod lock;
+mod metrics;
 mod options;
 mod provider;
 mod wait;
 
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use crate::metrics::{describe_metrics, MetricsLabels};
 pub use backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LockBackend,
     LockInfo,

@@ -228,4 +228,8 @@ impl Attempts for Lock {
     fn describe(&self) -> String {
         format!("lock {:?}", self.name)
     }
+
+    fn metrics_label(&self) -> crate::metrics::Label {
+        crate::metrics::Label::of(&self.name, &self.provider.options)
+    }
 }

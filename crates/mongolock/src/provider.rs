@@ -105,6 +105,17 @@ impl LockProviderBuilder {
         self
     }
 
+    /// How lock names become the `lock` label of the metrics (feature `metrics`; default: the
+    /// name as it is). Map many names to few labels, e.g.
+    /// [`MetricsLabels::Prefix(':')`](crate::MetricsLabels::Prefix), when names are many, to
+    /// bound the number of time series.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_labels(mut self, labels: crate::MetricsLabels) -> Self {
+        self.options.metrics_labels = labels;
+        self
+    }
+
     /// Validates the options and builds the provider. Nothing is sent to the backend.
     pub fn build(self) -> Result<LockProvider> {
         self.options.validate()?;

@@ -367,6 +367,14 @@ impl<T> DocumentLocksBuilder<T> {
     pub fn build(self) -> Result<DocumentLocks<T>> {
         self.options.validate()?;
         state::validate_field(&self.field)?;
+        // Document locks are labelled with their collection's name (see `MetricsLabels`).
+        #[cfg(feature = "metrics")]
+        let options = LockOptions {
+            metrics_labels: crate::MetricsLabels::Fixed(self.coll.name().to_owned()),
+            ..self.options
+        };
+        #[cfg(not(feature = "metrics"))]
+        let options = self.options;
         let ns = self.coll.namespace();
         let db = self.coll.client().database(&ns.db);
         let writes = CollectionOptions::builder()
@@ -374,10 +382,10 @@ impl<T> DocumentLocksBuilder<T> {
             .read_concern(self.coll.read_concern().cloned())
             .build();
         let reads = crate::backends::mongo::decision_reads();
-        let holder = HolderInfo::current(self.options.app_name.clone());
+        let holder = HolderInfo::current(options.app_name.clone());
         let reads = db.collection_with_options(&ns.coll, reads);
         Ok(DocumentLocks {
-            expiry: self.options.expiry,
+            expiry: options.expiry,
             inner: Arc::new(Inner {
                 coll: db.collection_with_options(&ns.coll, writes),
                 reads: reads.clone(),
@@ -389,7 +397,7 @@ impl<T> DocumentLocksBuilder<T> {
                     },
                 ),
                 field: self.field,
-                options: self.options,
+                options,
                 holder,
             }),
             _type: PhantomData,
@@ -503,6 +511,10 @@ impl Attempts for DocumentAttempts<'_> {
                 format!("a document of {} matching {filter}", self.inner.coll.name())
             }
         }
+    }
+
+    fn metrics_label(&self) -> crate::metrics::Label {
+        crate::metrics::Label::of(self.inner.coll.name(), &self.inner.options)
     }
 }
 
