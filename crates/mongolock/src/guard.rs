@@ -533,6 +533,18 @@ impl LockGuard {
     /// `Ok(false)` when the lease had already expired or been taken; the guard then counts as
     /// lost. A successful call also makes `ttl` the duration of later automatic extensions.
     /// Transient errors are retried until the lease's local deadline.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a zero, sub-millisecond or over-a-year `ttl` (nothing is
+    /// sent); [`Error::NoRuntime`] outside a Tokio runtime; a permanent backend error
+    /// ([`Error::Backend`]). Transient errors are not returned: they are retried until the
+    /// local deadline, after which the call returns `Ok(false)` with the lease lost.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe in that the guard stays consistent: its deadline only moves when an
+    /// extension's reply has been applied. An extension dropped in flight may still have moved
+    /// the expiry at the server (later than the guard knows; the guard's deadline stays the
+    /// earlier, safe one), and the next extension (automatic, or a later call) resets it.
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         check_ttl("ttl", ttl)?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -726,7 +738,14 @@ impl LostSignal {
     }
 
     /// Waits until the lease is lost, released or its guard dropped; at the local deadline at
-    /// the latest, whether or not the guard's watchdog ran. Cancel-safe.
+    /// the latest, whether or not the guard's watchdog ran.
+    ///
+    /// # Errors
+    /// None: it only completes.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only observes the lease; a dropped wait can be started again, and
+    /// returns at once if the lease ended meanwhile.
     pub async fn wait(&self) {
         let mut rx = self.shared.status.subscribe();
         while self.shared.is_held() {
