@@ -369,9 +369,9 @@ impl MongoBackend {
     /// on first use).
     ///
     /// # Errors
-    /// [`Error::Backend`](crate::Error::Backend) when the server refuses (an index on
+    /// [`Error::Backend`] when the server refuses (an index on
     /// `expiresAt` with other options exists, or the user may not create indexes);
-    /// [`Error::Unavailable`](crate::Error::Unavailable) on network errors.
+    /// [`Error::Unavailable`] on network errors.
     ///
     /// # Cancel safety
     /// Cancel-safe: dropping the future may leave the index being built by the server, which
