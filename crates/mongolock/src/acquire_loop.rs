@@ -119,7 +119,7 @@ pub(crate) trait Attempts: Send + Sync {
 
     /// The `lock` label of the metrics (feature `metrics`); the default records none.
     fn metrics_label(&self) -> crate::metrics::Label {
-        crate::metrics::Label::default()
+        crate::metrics::Label::none()
     }
 }
 

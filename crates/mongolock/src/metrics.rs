@@ -110,10 +110,15 @@ mod enabled {
     }
 
     /// The `lock` label of one lock; `None` records nothing.
-    #[derive(Clone, Debug, Default)]
+    #[derive(Clone, Debug)]
     pub(crate) struct Label(Option<SharedString>);
 
     impl Label {
+        /// No label: nothing is recorded.
+        pub(crate) fn none() -> Label {
+            Label(None)
+        }
+
         /// The label of lock `name` under `options`.
         pub(crate) fn of(name: &str, options: &LockOptions) -> Label {
             Label::new(name, &options.metrics_labels)
@@ -278,10 +283,15 @@ mod disabled {
     use crate::error::Result;
     use crate::options::{GuardPolicy, LockOptions};
 
-    #[derive(Clone, Debug, Default)]
+    #[derive(Clone, Debug)]
     pub(crate) struct Label;
 
     impl Label {
+        #[inline(always)]
+        pub(crate) fn none() -> Label {
+            Label
+        }
+
         #[inline(always)]
         pub(crate) fn of(_name: &str, _options: &LockOptions) -> Label {
             Label
