@@ -65,7 +65,9 @@
 //! * [`Lock`] (`lock.rs`): a named lock's acquire forms, on the one acquire loop
 //!   (`acquire_loop.rs`: waiting, backoff, retries, cancellation safety, clean-up of attempts
 //!   with an unknown outcome) that document locks use too.
-//! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release.
+//! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release, the lease's span.
+//! * Metrics (`metrics.rs`, feature `metrics`): the hooks the acquire loop, the guard and
+//!   elections call; empty without the feature.
 //! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the
 //!   acquire path is in `backends/mongo/acquire.rs`).
