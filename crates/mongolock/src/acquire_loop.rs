@@ -116,6 +116,11 @@ pub(crate) trait Attempts: Send + Sync {
 
     /// What is being acquired, for messages ("lock \"a\"", "document 42 of jobs").
     fn describe(&self) -> String;
+
+    /// The `lock` label of the metrics (feature `metrics`); the default records none.
+    fn metrics_label(&self) -> crate::metrics::Label {
+        crate::metrics::Label::none()
+    }
 }
 
 /// Runs `attempt` to completion and returns its result; if the caller drops the returned
@@ -221,6 +226,18 @@ pub(crate) async fn run<A: Attempts + ?Sized>(
     attempts: &A,
     timeout: Timeout,
 ) -> Result<Option<A::Granted>> {
+    // Metrics (feature `metrics`; nothing without it): a dropped call records `cancelled`.
+    let mut probe = crate::metrics::AcquireProbe::start(attempts.metrics_label());
+    let result = run_loop(attempts, timeout, &mut probe).await;
+    probe.finish(&result);
+    result
+}
+
+async fn run_loop<A: Attempts + ?Sized>(
+    attempts: &A,
+    timeout: Timeout,
+    probe: &mut crate::metrics::AcquireProbe,
+) -> Result<Option<A::Granted>> {
     let started = Instant::now();
     let deadline = match timeout {
         Timeout::Zero => Some(started),
@@ -278,6 +295,7 @@ pub(crate) async fn run<A: Attempts + ?Sized>(
             }
             Ok(Step::GiveUp(error)) => return error.map_or(Ok(None), Err),
             Ok(Step::Busy { holder_expires_at }) => {
+                probe.busy();
                 let delay = waits.next_delay();
                 if remaining.is_some_and(|r| r.is_zero()) {
                     tracing::debug!(target = %attempts.describe(), attempts = tries, "busy; giving up");

@@ -247,6 +247,14 @@ impl ChangeWaiter {
     }
 
     /// Waits for the change or `max_wait`, whichever is first; true when a change ended it.
+    ///
+    /// # Errors
+    /// None: a wait only ends, by a change or the time limit.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the registration: a change it was woken for but had not yet
+    /// reported is handed on to another waiter of the name, as when dropping a waiter (see the
+    /// type docs). Register again to wait again.
     pub async fn wait(mut self, max_wait: Duration) -> bool {
         if let Some(f) = self.before_wait.take() {
             f();

@@ -51,6 +51,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use async_trait::async_trait;
+use tracing::Instrument;
 
 use crate::backend::{Lease, LeaseId, LockBackend};
 use crate::clock::{self, Stamp};
@@ -70,6 +71,26 @@ fn local_deadline(sent_at: Stamp, ttl: Duration, drift: DriftMargin) -> (Instant
 const DEADLINE_PASSED: &str =
     "the lease's local deadline passed before an extension succeeded (the server was slow or \
      unreachable, or this process did not run in time)";
+/// Why a lease is lost when a manual extension did not complete before its local deadline.
+const EXTEND_TOO_LATE: &str = "extension did not complete before the lease's local deadline";
+/// Why a lease is lost when an extension finds it gone at the server.
+const SERVER_GONE: &str = "the server reports the lease expired, was released or taken over";
+/// Why a lease is lost when the store reports, unasked, that it is gone.
+const STORE_GONE: &str =
+    "the store reports the lease was taken over, released or removed by someone else";
+/// Why a lease is lost when its release finds it gone.
+const RELEASE_GONE: &str = "the lease was ended or taken by someone else before its release";
+
+/// The metrics' `reason` label of a loss.
+fn loss_reason(reason: &str) -> crate::metrics::LossReason {
+    use crate::metrics::LossReason;
+    match reason {
+        DEADLINE_PASSED | EXTEND_TOO_LATE => LossReason::Deadline,
+        SERVER_GONE => LossReason::Expired,
+        STORE_GONE | RELEASE_GONE => LossReason::Taken,
+        _ => LossReason::Expired,
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Status {
@@ -156,6 +177,11 @@ struct Shared {
     /// Wakes the watchdog when the deadline moved (manual extension).
     changed: Notify,
     status: watch::Sender<Status>,
+    /// The lease's span (`mongolock.lease`): entered by the watchdog and the release, dropped
+    /// here when the lease is lost or ended, so it closes once those tasks are done.
+    span: Mutex<Option<tracing::Span>>,
+    /// Hold time, losses, extension failures (feature `metrics`; zero-sized without it).
+    metrics: crate::metrics::LeaseMetrics,
 }
 
 impl Shared {
@@ -204,6 +230,18 @@ impl Shared {
         }
     }
 
+    /// The lease's span while it is held (a disabled span afterwards).
+    fn span(&self) -> tracing::Span {
+        let span = self.span.lock().unwrap_or_else(|e| e.into_inner());
+        span.clone().unwrap_or_else(tracing::Span::none)
+    }
+
+    /// Drops the lease's own handle on its span: the span closes when the tasks that entered
+    /// it are done.
+    fn close_span(&self) {
+        drop(self.span.lock().unwrap_or_else(|e| e.into_inner()).take());
+    }
+
     fn mark_lost(&self, reason: &str) {
         let changed = self.status.send_if_modified(|s| {
             if s.is_held() {
@@ -214,12 +252,16 @@ impl Shared {
             }
         });
         if changed {
-            tracing::warn!(lock = %self.name, token = self.fencing_token, reason, "lock lost");
+            self.span().in_scope(|| {
+                tracing::warn!(lock = %self.name, token = self.fencing_token, reason, "lock lost");
+            });
+            self.metrics.lost(loss_reason(reason));
+            self.close_span();
         }
     }
 
     fn mark_ended(&self) {
-        self.status.send_if_modified(|s| {
+        let changed = self.status.send_if_modified(|s| {
             if s.is_held() {
                 *s = Status::Ended;
                 true
@@ -227,6 +269,10 @@ impl Shared {
                 false
             }
         });
+        if changed {
+            self.metrics.ended();
+            self.close_span();
+        }
     }
 
     /// One extension, serialised with the others. `Ok(false)` when the lease is gone.
@@ -254,7 +300,7 @@ impl Shared {
                 Ok(true)
             }
             None => {
-                self.mark_lost("the server reports the lease expired, was released or taken over");
+                self.mark_lost(SERVER_GONE);
                 Ok(false)
             }
         }
@@ -291,7 +337,7 @@ async fn watchdog(shared: Arc<Shared>) {
                 _ = tokio::time::sleep_until(wake) => {}
                 _ = shared.changed.notified() => {}
                 _ = shared.control.gone() => {
-                    shared.mark_lost("the store reports the lease was taken over, released or removed by someone else");
+                    shared.mark_lost(STORE_GONE);
                     return;
                 }
             }
@@ -305,6 +351,7 @@ async fn watchdog(shared: Arc<Shared>) {
         match result {
             Ok(_) => errors = Backoff::for_errors(),
             Err(e) => {
+                shared.metrics.extension_failed();
                 let delay = errors.next_delay();
                 let level_error = !e.is_transient();
                 if level_error {
@@ -384,6 +431,17 @@ impl LockGuard {
         let (status, _) = watch::channel(Status::Held);
         let (deadline, deadline_boot) =
             local_deadline(grant.sent_at, grant.ttl, grant.policy.drift);
+        // The lease's whole life, from grant to release or loss: a root span (the lease
+        // outlives the acquire call), which follows from the acquire span.
+        let span = tracing::info_span!(
+            parent: None,
+            "mongolock.lease",
+            lock = %grant.name,
+            token = grant.lease.fencing_token,
+            lease_id = %grant.lease_id,
+        );
+        span.follows_from(tracing::Span::current());
+        let metrics = crate::metrics::LeaseMetrics::start(&grant.name, &grant.policy);
         let shared = Arc::new(Shared {
             control,
             name: grant.name,
@@ -401,9 +459,13 @@ impl LockGuard {
             extend_lock: tokio::sync::Mutex::new(()),
             changed: Notify::new(),
             status,
+            span: Mutex::new(Some(span.clone())),
+            metrics,
         });
         let runtime = tokio::runtime::Handle::current();
-        let watchdog = runtime.spawn(watchdog(shared.clone())).abort_handle();
+        let watchdog = runtime
+            .spawn(watchdog(shared.clone()).instrument(span))
+            .abort_handle();
         LockGuard {
             shared,
             watchdog,
@@ -471,6 +533,18 @@ impl LockGuard {
     /// `Ok(false)` when the lease had already expired or been taken; the guard then counts as
     /// lost. A successful call also makes `ttl` the duration of later automatic extensions.
     /// Transient errors are retried until the lease's local deadline.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a zero, sub-millisecond or over-a-year `ttl` (nothing is
+    /// sent); [`Error::NoRuntime`] outside a Tokio runtime; a permanent backend error
+    /// ([`Error::Backend`]). Transient errors are not returned: they are retried until the
+    /// local deadline, after which the call returns `Ok(false)` with the lease lost.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe in that the guard stays consistent: its deadline only moves when an
+    /// extension's reply has been applied. An extension dropped in flight may still have moved
+    /// the expiry at the server (later than the guard knows; the guard's deadline stays the
+    /// earlier, safe one), and the next extension (automatic, or a later call) resets it.
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         check_ttl("ttl", ttl)?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -486,7 +560,7 @@ impl LockGuard {
                 r = self.shared.extend_once(ttl) => r,
                 _ = tokio::time::sleep_until(deadline) => {
                     if self.shared.deadline_passed() {
-                        self.shared.mark_lost("extension did not complete before the lease's local deadline");
+                        self.shared.mark_lost(EXTEND_TOO_LATE);
                         return Ok(false);
                     }
                     continue;
@@ -495,6 +569,7 @@ impl LockGuard {
             match result {
                 Ok(extended) => return Ok(extended),
                 Err(e) if e.is_transient() => {
+                    self.shared.metrics.extension_failed();
                     tracing::warn!(lock = %self.shared.name, error = %e, "transient error extending lease; retrying");
                     let delay = errors.next_delay();
                     tokio::select! {
@@ -525,6 +600,7 @@ impl LockGuard {
         self.finished = true;
         self.watchdog.abort();
         let shared = self.shared.clone();
+        let span = shared.span();
         let release = async move {
             match bounded_release(&shared).await {
                 Ok(true) => {
@@ -533,9 +609,7 @@ impl LockGuard {
                     Ok(())
                 }
                 Ok(false) => {
-                    shared.mark_lost(
-                        "the lease was ended or taken by someone else before its release",
-                    );
+                    shared.mark_lost(RELEASE_GONE);
                     Err(Error::LeaseLost {
                         name: shared.name.to_string(),
                     })
@@ -545,7 +619,8 @@ impl LockGuard {
                     Err(e)
                 }
             }
-        };
+        }
+        .instrument(span);
         if tokio::runtime::Handle::try_current().is_ok() {
             // Runs in this task; if this future is dropped half-way, the rest runs in a task of
             // its own (`finish_on_drop`), so the release still completes.
@@ -604,10 +679,11 @@ impl Drop for LockGuard {
         }
         self.watchdog.abort();
         let shared = self.shared.clone();
+        let span = shared.span();
         shared.mark_ended();
         // Spawning onto a runtime that has shut down drops the task without running it: the
         // lease then expires by itself.
-        self.runtime.spawn(async move {
+        let release = async move {
             match bounded_release(&shared).await {
                 Ok(true) => {
                     tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released on drop")
@@ -619,7 +695,8 @@ impl Drop for LockGuard {
                     tracing::warn!(lock = %shared.name, error = %e, "could not release dropped guard; the lease expires by itself")
                 }
             }
-        });
+        };
+        self.runtime.spawn(release.instrument(span));
     }
 }
 
@@ -661,7 +738,14 @@ impl LostSignal {
     }
 
     /// Waits until the lease is lost, released or its guard dropped; at the local deadline at
-    /// the latest, whether or not the guard's watchdog ran. Cancel-safe.
+    /// the latest, whether or not the guard's watchdog ran.
+    ///
+    /// # Errors
+    /// None: it only completes.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only observes the lease; a dropped wait can be started again, and
+    /// returns at once if the lease ended meanwhile.
     pub async fn wait(&self) {
         let mut rx = self.shared.status.subscribe();
         while self.shared.is_held() {

@@ -111,7 +111,9 @@
 //!   guard; a [`Lock`] whose requests carry [`LeaseMode::Slot`] (same loop, same guard).
 //! * [`RwLock`] (`rwlock.rs`): readers are slots, writers the exclusive lease, plus a writers'
 //!   intent lock; no backend code of its own.
-//! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release.
+//! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release, the lease's span.
+//! * Metrics (`metrics.rs`, feature `metrics`): the hooks the acquire loop, the guard and
+//!   elections call; empty without the feature.
 //! * [`LockBackend`] (`backend.rs`): the trait backends implement (single atomic attempts).
 //! * [`MemoryBackend`] (`backends/memory.rs`) and [`MongoBackend`] (`backends/mongo/`, the
 //!   acquire path is in `backends/mongo/acquire.rs`).
@@ -125,6 +127,51 @@
 //!   backend (`backends/wakeups.rs`: one waiter per change, no stampede).
 //!
 //! Requires a Tokio runtime with the time driver enabled (`#[tokio::main]` has it).
+//!
+//! ## Cargo features
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `mongodb` | yes | [`MongoBackend`], [`LockProvider::mongodb`], document locks (`documents`). The `mongodb` driver is used without its default features, with TLS by rustls (ring), the one TLS implementation it needs to compile. |
+//! | `dns-resolver` | yes | `mongodb+srv://` URIs: forwards the driver's `dns-resolver` (hickory). Implies `mongodb`. |
+//! | `postgres` | no | `PostgresBackend` (tokio-postgres, deadpool, TLS by rustls). |
+//! | `metrics` | no | Metrics through the [`metrics`](https://docs.rs/metrics) facade; see below. |
+//! | `testing` | no | The contract suite every backend runs (`mongolock::testing`; not API-stable). |
+//!
+//! The default build is the MongoDB backend with the driver's default TLS and DNS behaviour.
+//! `default-features = false, features = ["postgres"]` builds without the MongoDB driver;
+//! `features = ["mongodb"]` without the SRV resolver. For OpenSSL instead of rustls, enable
+//! the driver's `openssl-tls` in your own `mongodb` dependency (the driver prefers OpenSSL when
+//! both are on). The library asks Tokio only for `rt`, `time`, `sync` and `macros`.
+//!
+//! ## Metrics
+//! With the `metrics` feature, mongolock records through whatever recorder the application
+//! installed (Prometheus, StatsD, ... exporters of the `metrics` ecosystem); without a
+//! recorder the calls do nothing, and without the feature they are not compiled in.
+//!
+//! | metric | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `mongolock_acquire_wait_seconds` | histogram | `lock`, `outcome` | time from an acquire call to its end; `outcome` is `acquired`, `timeout` (it ended without the lock: the timeout ran out, or the one attempt found it busy), `error` or `cancelled` (the future was dropped) |
+//! | `mongolock_acquisitions_total` | counter | `lock` | leases granted |
+//! | `mongolock_contended_total` | counter | `lock` | acquire calls that found the lock busy at least once |
+//! | `mongolock_hold_seconds` | histogram | `lock`, `outcome` | time from a grant to the lease's end: `released` (release or drop) or `lost` |
+//! | `mongolock_lost_total` | counter | `lock`, `reason` | leases lost while held: `deadline` (the local deadline passed before an extension succeeded), `expired` (an extension found the lease gone at the server), `taken` (the store reported another holder, a force-release or a deletion, or the release found the lease gone) |
+//! | `mongolock_extension_failures_total` | counter | `lock` | extension attempts that failed with an error (retried until the local deadline) |
+//! | `mongolock_is_leader` | gauge | `role` | 1 while this process leads the election role, else 0 |
+//!
+//! The `lock` label is the lock name by default. When names are many (one per order, per
+//! user), bound the number of time series with
+//! `LockProviderBuilder::metrics_labels`: `MetricsLabels::Prefix(':')` labels `"orders:42"` as
+//! `"orders"`; `MetricsLabels::Fixed` uses one label for all; `MetricsLabels::map` any function.
+//! Document locks are labelled with their collection's name. `describe_metrics()` registers
+//! descriptions and units with the recorder.
+//!
+//! ## Tracing
+//! Spans (targets under `mongolock::`): `mongolock.acquire` (debug; `lock`, `timeout`) around each
+//! acquire call, `mongolock.lock_document` / `mongolock.claim_document` for document locks, and
+//! `mongolock.lease` (info; `lock`, `token`, `lease_id`) over a held lease's whole life: its
+//! renewal task and its release run inside it, it follows from the acquire span, and it closes
+//! when the lease is released or lost. Events: acquired, released, extension errors (warn /
+//! error), loss (warn), elected / resigned / lost leadership (info / warn).
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -137,12 +184,16 @@ mod error;
 mod guard;
 mod holder;
 mod lock;
+mod metrics;
 mod options;
 mod provider;
 pub mod rwlock;
 mod semaphore;
 mod wait;
 
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use crate::metrics::{describe_metrics, MetricsLabels};
 pub use backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LeaseMode,
     LockBackend, LockInfo,

@@ -154,8 +154,16 @@ impl Lock {
 
     /// Acquire with any [`Timeout`]: [`Timeout::Zero`] is [`try_acquire`](Self::try_acquire),
     /// [`Timeout::After`] is [`acquire_timeout`](Self::acquire_timeout), [`Timeout::Forever`]
-    /// waits like [`acquire`](Self::acquire) (returning `Some`). Errors and cancel safety as
-    /// there.
+    /// waits like [`acquire`](Self::acquire) (returning `Some`).
+    ///
+    /// # Errors
+    /// As the form it stands for: with [`Timeout::Zero`] any backend error; with
+    /// [`Timeout::After`] a permanent error, or the last transient one when the backend stayed
+    /// unavailable until the deadline; with [`Timeout::Forever`] a permanent error.
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`acquire`](Self::acquire).
     pub async fn acquire_with(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
@@ -165,6 +173,13 @@ impl Lock {
     }
 
     /// Reads the current state of this lock; `None` when the backend has no record of it.
+    ///
+    /// # Errors
+    /// The backend's error, without retry: [`Error::Unavailable`] when it cannot be reached,
+    /// [`Error::Backend`] when it refuses the read.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a read; dropping the future changes nothing.
     pub async fn inspect(&self) -> Result<Option<LockInfo>> {
         self.provider.backend.inspect(&self.name).await
     }
@@ -243,5 +258,9 @@ impl Attempts for Lock {
             LeaseMode::Slot { limit } => format!("semaphore {:?} (limit {limit})", self.name),
             _ => format!("lock {:?}", self.name),
         }
+    }
+
+    fn metrics_label(&self) -> crate::metrics::Label {
+        crate::metrics::Label::of(&self.name, &self.provider.options)
     }
 }

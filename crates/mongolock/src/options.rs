@@ -82,12 +82,14 @@ impl DriftMargin {
 }
 
 /// What a guard needs of the options: copied into every guard.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct GuardPolicy {
     pub auto_extend: bool,
     pub extension_cadence: Option<Duration>,
     pub drift: DriftMargin,
     pub release_timeout: Duration,
+    #[cfg(feature = "metrics")]
+    pub metrics_labels: crate::metrics::MetricsLabels,
 }
 
 /// Options shared by every lock a [`LockProvider`](crate::LockProvider) creates. Built and
@@ -101,6 +103,8 @@ pub struct LockOptions {
     pub(crate) app_name: Option<String>,
     pub(crate) drift: DriftMargin,
     pub(crate) release_timeout: Duration,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics_labels: crate::metrics::MetricsLabels,
 }
 
 impl Default for LockOptions {
@@ -113,6 +117,8 @@ impl Default for LockOptions {
             app_name: None,
             drift: DriftMargin::default(),
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
+            #[cfg(feature = "metrics")]
+            metrics_labels: crate::metrics::MetricsLabels::default(),
         }
     }
 }
@@ -154,12 +160,21 @@ impl LockOptions {
         self.release_timeout
     }
 
+    /// How lock names become the `lock` label of the metrics (feature `metrics`).
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_labels(&self) -> &crate::metrics::MetricsLabels {
+        &self.metrics_labels
+    }
+
     pub(crate) fn guard_policy(&self) -> GuardPolicy {
         GuardPolicy {
             auto_extend: self.auto_extend,
             extension_cadence: self.extension_cadence,
             drift: self.drift,
             release_timeout: self.release_timeout,
+            #[cfg(feature = "metrics")]
+            metrics_labels: self.metrics_labels.clone(),
         }
     }
 

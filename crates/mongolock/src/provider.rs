@@ -105,6 +105,17 @@ impl LockProviderBuilder {
         self
     }
 
+    /// How lock names become the `lock` label of the metrics (feature `metrics`; default: the
+    /// name as it is). Map many names to few labels, e.g.
+    /// [`MetricsLabels::Prefix(':')`](crate::MetricsLabels::Prefix), when names are many, to
+    /// bound the number of time series.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_labels(mut self, labels: crate::MetricsLabels) -> Self {
+        self.options.metrics_labels = labels;
+        self
+    }
+
     /// Validates the options and builds the provider. Nothing is sent to the backend.
     pub fn build(self) -> Result<LockProvider> {
         self.options.validate()?;
@@ -192,6 +203,14 @@ impl LockProvider {
     /// Acquire `key` for `ttl`, trying for `timeout`
     /// ([`Timeout::Zero`] = exactly one attempt, [`Timeout::Forever`] = until acquired or the
     /// future is dropped). Returns `None` when the timeout elapsed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) or
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a bad name or `ttl`, before
+    /// anything is sent; otherwise as [`Lock::acquire_with`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Lock::acquire`]: dropping the future never leaves a lease held.
     pub async fn try_acquire(
         &self,
         key: &str,
@@ -203,18 +222,43 @@ impl LockProvider {
     }
 
     /// Reads the state of `name`; `None` when the backend has no record of it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a bad name (nothing is sent); the
+    /// backend's error, without retry: [`Error::Unavailable`](crate::Error::Unavailable) when it
+    /// cannot be reached, [`Error::Backend`](crate::Error::Backend) when it refuses the read.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a read; dropping the future changes nothing.
     pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(name)?;
         self.inner.backend.inspect(name).await
     }
 
     /// Reads every lock in the backend, sorted by name.
+    ///
+    /// # Errors
+    /// The backend's error, without retry: [`Error::Unavailable`](crate::Error::Unavailable)
+    /// when it cannot be reached, [`Error::Backend`](crate::Error::Backend) when it refuses the
+    /// read.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a read; dropping the future changes nothing.
     pub async fn list(&self) -> Result<Vec<LockInfo>> {
         self.inner.backend.list().await
     }
 
     /// Ends whatever lease holds `name` (an operator action, e.g. after a stuck holder); the
     /// holder's guard reports the loss at its next extension. Returns whether a lease was ended.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a bad name (nothing is sent); the
+    /// backend's error, without retry: [`Error::Unavailable`](crate::Error::Unavailable) when it
+    /// cannot be reached (the lease may or may not have been ended),
+    /// [`Error::Backend`](crate::Error::Backend) when it refuses the write.
+    ///
+    /// # Cancel safety
+    /// One write: dropping the future after the request was sent may still end the lease.
     pub async fn force_release(&self, name: &str) -> Result<bool> {
         validate_name(name)?;
         self.inner.backend.force_release(name).await

@@ -367,6 +367,14 @@ impl<T> DocumentLocksBuilder<T> {
     pub fn build(self) -> Result<DocumentLocks<T>> {
         self.options.validate()?;
         state::validate_field(&self.field)?;
+        // Document locks are labelled with their collection's name (see `MetricsLabels`).
+        #[cfg(feature = "metrics")]
+        let options = LockOptions {
+            metrics_labels: crate::MetricsLabels::Fixed(self.coll.name().to_owned()),
+            ..self.options
+        };
+        #[cfg(not(feature = "metrics"))]
+        let options = self.options;
         let ns = self.coll.namespace();
         let db = self.coll.client().database(&ns.db);
         let writes = CollectionOptions::builder()
@@ -374,10 +382,10 @@ impl<T> DocumentLocksBuilder<T> {
             .read_concern(self.coll.read_concern().cloned())
             .build();
         let reads = crate::backends::mongo::decision_reads();
-        let holder = HolderInfo::current(self.options.app_name.clone());
+        let holder = HolderInfo::current(options.app_name.clone());
         let reads = db.collection_with_options(&ns.coll, reads);
         Ok(DocumentLocks {
-            expiry: self.options.expiry,
+            expiry: options.expiry,
             inner: Arc::new(Inner {
                 coll: db.collection_with_options(&ns.coll, writes),
                 reads: reads.clone(),
@@ -389,7 +397,7 @@ impl<T> DocumentLocksBuilder<T> {
                     },
                 ),
                 field: self.field,
-                options: self.options,
+                options,
                 holder,
             }),
             _type: PhantomData,
@@ -504,6 +512,10 @@ impl Attempts for DocumentAttempts<'_> {
             }
         }
     }
+
+    fn metrics_label(&self) -> crate::metrics::Label {
+        crate::metrics::Label::of(self.inner.coll.name(), &self.inner.options)
+    }
 }
 
 impl<T> DocumentLocks<T>
@@ -590,8 +602,18 @@ where
     }
 
     /// Locks the document with `_id` `id`, waiting while someone else holds it. Transient errors
-    /// are retried; a missing document is an error ([`Error::Backend`], "not found", nothing is
+    /// are retried; a missing document is an error ([`Error::DocumentNotFound`], nothing is
     /// inserted). Drop the future to give up.
+    ///
+    /// # Errors
+    /// [`Error::DocumentNotFound`] when no document has this `_id`; a permanent backend error
+    /// ([`Error::Backend`], e.g. not authorized, or the stored document does not deserialize as
+    /// `T` — the lock is then released again); [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
+    /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
+    /// released in the background).
     pub async fn lock(&self, id: impl Into<Bson>) -> Result<LockedDocument<T>> {
         let target = Target::Id(id.into());
         loop {
@@ -605,12 +627,31 @@ where
 
     /// Exactly one attempt to lock the document with `_id` `id`: `None` when another lease
     /// holds it; an error when no document has this `_id`.
+    ///
+    /// # Errors
+    /// [`Error::DocumentNotFound`] when no document has this `_id`; any backend error, without
+    /// retry; a document that does not deserialize as `T` ([`Error::Backend`]; the lock is
+    /// released again); [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
+    /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
+    /// released in the background).
     pub async fn try_lock(&self, id: impl Into<Bson>) -> Result<Option<LockedDocument<T>>> {
         self.lock_with(id, Timeout::Zero).await
     }
 
     /// Keeps trying to lock the document with `_id` `id` for `timeout`; `None` when it elapsed
     /// with the document still locked by someone else.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock), plus the last transient error when the backend stayed
+    /// unavailable until the deadline.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
+    /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
+    /// released in the background).
     pub async fn lock_timeout(
         &self,
         id: impl Into<Bson>,
@@ -620,6 +661,15 @@ where
     }
 
     /// Locks the document with `_id` `id` with any [`Timeout`].
+    ///
+    /// # Errors
+    /// As [`try_lock`](Self::try_lock), [`lock_timeout`](Self::lock_timeout) or
+    /// [`lock`](Self::lock), by timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
+    /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
+    /// released in the background).
     pub async fn lock_with(
         &self,
         id: impl Into<Bson>,
@@ -631,6 +681,16 @@ where
     /// One atomic attempt to claim any one document that matches `filter` and is unlocked (or
     /// whose lease expired), the first in `sort` order (MongoDB's natural order without one).
     /// `None` when no such document exists right now. Never inserts.
+    ///
+    /// # Errors
+    /// Any backend error, without retry ([`Error::Backend`] also for an invalid filter or
+    /// sort, or a claimed document that does not deserialize as `T`, which is released again);
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
+    /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
+    /// released in the background).
     pub async fn claim(
         &self,
         filter: Document,
@@ -641,6 +701,15 @@ where
 
     /// Like [`claim`](Self::claim), waiting up to `timeout` for a matching document to be free
     /// (polling with the wait strategy).
+    ///
+    /// # Errors
+    /// A permanent backend error (as [`claim`](Self::claim)); the last transient error when the
+    /// backend stayed unavailable until the deadline.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
+    /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
+    /// released in the background).
     pub async fn claim_timeout(
         &self,
         filter: Document,
@@ -652,6 +721,14 @@ where
 
     /// Claims with any [`Timeout`] ([`Timeout::Forever`]: until a document is claimed or the
     /// future is dropped).
+    ///
+    /// # Errors
+    /// As [`claim`](Self::claim) or [`claim_timeout`](Self::claim_timeout), by timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
+    /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
+    /// released in the background).
     pub async fn claim_with(
         &self,
         filter: Document,
@@ -665,6 +742,13 @@ where
     /// Reads the lock state of the document with `_id` `id` together with the server time:
     /// `None` when there is no such document; `fencing_token` 0 and `held` false when it was
     /// never locked. [`LockInfo::name`] is `"<collection>:<_id>"`.
+    ///
+    /// # Errors
+    /// The server's error, without retry: [`Error::Unavailable`] on network errors,
+    /// [`Error::Backend`] when it refuses the read.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a read; dropping the future changes nothing.
     pub async fn inspect(&self, id: impl Into<Bson>) -> Result<Option<LockInfo>> {
         control::inspect(&self.inner, &id.into()).await
     }

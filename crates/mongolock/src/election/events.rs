@@ -80,6 +80,13 @@ impl ElectionEvents {
     }
 
     /// The next event; `None` once the stream has ended (see the type docs).
+    ///
+    /// # Errors
+    /// None; a receiver that fell behind gets [`ElectionEvent::Missed`] instead of the events
+    /// it missed.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future loses no event; the next call returns it.
     pub async fn recv(&mut self) -> Option<ElectionEvent> {
         self.inner.next().await
     }

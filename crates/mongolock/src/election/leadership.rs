@@ -45,6 +45,7 @@ fn finish(
     if ended.swap(true, Ordering::AcqRel) {
         return;
     }
+    crate::metrics::leader(role, -1.0);
     let event = if lost {
         tracing::warn!(role, term, "leadership lost");
         ElectionEvent::Lost { term }
@@ -100,6 +101,7 @@ impl Leadership {
     ) -> Leadership {
         let term = guard.fencing_token();
         tracing::info!(role = %role, term, "elected");
+        crate::metrics::leader(&role, 1.0);
         let _ = events.send(ElectionEvent::Elected { term });
         let end = TermEnd {
             term,

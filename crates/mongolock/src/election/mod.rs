@@ -209,6 +209,14 @@ impl Election {
     /// permanent ones are returned. Drop the future to stop campaigning: nothing is left held.
     ///
     /// Emits [`ElectionEvent::Elected`].
+    ///
+    /// # Errors
+    /// A permanent backend error ([`Error::Backend`], e.g. not authorized);
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Lock::acquire`]: dropping the future leaves nothing held and emits no
+    /// event.
     pub async fn campaign(&self) -> Result<Leadership> {
         let guard = self.lock.acquire().await?;
         Ok(Leadership::start(
@@ -220,11 +228,25 @@ impl Election {
 
     /// One attempt: `Some` when the role was free and is now ours, `None` when another candidate
     /// leads.
+    ///
+    /// # Errors
+    /// Any backend error, without retry (a grant it may have left is released in the
+    /// background); [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`campaign`](Self::campaign).
     pub async fn try_campaign(&self) -> Result<Option<Leadership>> {
         self.campaign_with(Timeout::Zero).await
     }
 
     /// Campaigns for at most `timeout`; `None` when another candidate still leads then.
+    ///
+    /// # Errors
+    /// A permanent backend error; the last transient one when the backend stayed unavailable
+    /// until the deadline; [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`campaign`](Self::campaign).
     pub async fn campaign_timeout(&self, timeout: Duration) -> Result<Option<Leadership>> {
         self.campaign_with(Timeout::from(timeout)).await
     }

@@ -59,6 +59,14 @@ impl LeaderInfo {
 impl Election {
     /// The current leader, read from the backend (one round trip); `None` when nobody leads
     /// (never elected, resigned, or the last leader's lease expired).
+    ///
+    /// # Errors
+    /// The backend's error, without retry: [`Error::Unavailable`](crate::Error::Unavailable)
+    /// when it cannot be reached, [`Error::Backend`](crate::Error::Backend) when it refuses the
+    /// read.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a read; dropping the future changes nothing.
     pub async fn leader(&self) -> Result<Option<LeaderInfo>> {
         let info = self.provider.inspect(&self.role).await?;
         Ok(info.as_ref().and_then(LeaderInfo::from_lock_info))
@@ -149,6 +157,14 @@ impl std::fmt::Debug for LeaderWatch {
 
 impl LeaderWatch {
     /// The next change: the new leader, or `None` when the role became free.
+    ///
+    /// # Errors
+    /// A failed read of the role (as [`Election::leader`]); the watch goes on, and the next
+    /// call reports a change relative to the last successful item.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the read or wait in progress stays in the stream and continues on the next
+    /// call, so no change is lost.
     pub async fn next_change(&mut self) -> Result<Option<LeaderInfo>> {
         match self.inner.next().await {
             Some(item) => item,

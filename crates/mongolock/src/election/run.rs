@@ -65,6 +65,12 @@ enum TermOutcome {
 impl Election {
     /// [`run_until`](Self::run_until) without a shutdown future: runs until the returned future
     /// is dropped or a permanent error occurs.
+    ///
+    /// # Errors
+    /// As [`run_until`](Self::run_until).
+    ///
+    /// # Cancel safety
+    /// As [`run_until`](Self::run_until): dropping the future is the way to stop it.
     pub async fn run<F, Fut>(&self, f: F) -> Result<()>
     where
         F: FnMut(LeaderContext) -> Fut,
@@ -90,10 +96,13 @@ impl Election {
     ///    * **`shutdown` completed**: `f`'s future is dropped, leadership is resigned, and
     ///      `run_until` returns `Ok(())`. Shutdown while campaigning returns at once.
     ///
-    /// Errors: a permanent backend error while campaigning is returned (transient ones are
-    /// retried by the lock). A failed resignation is logged and reported as an event; the lease
-    /// then expires by itself and the loop goes on.
+    /// # Errors
+    /// A permanent backend error while campaigning is returned (transient ones are retried by
+    /// the lock); [`Error::NoRuntime`](crate::Error::NoRuntime) outside a Tokio runtime. A
+    /// failed resignation is logged and reported as an event; the lease then expires by itself
+    /// and the loop goes on.
     ///
+    /// # Cancel safety
     /// Dropping the returned future stops everything: a pending campaign leaves nothing held,
     /// `f`'s future is dropped, and a held leadership is released in the background. The loop
     /// spawns no tasks of its own besides those of the lock (attempt, renewal, release), which

@@ -381,6 +381,15 @@ impl MongoBackend {
 
     /// Creates the TTL index now, reporting any error (normally this happens in the background
     /// on first use).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the server refuses (an index on
+    /// `expiresAt` with other options exists, or the user may not create indexes);
+    /// [`Error::Unavailable`] on network errors.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future may leave the index being built by the server, which
+    /// is harmless (the call is idempotent).
     pub async fn ensure_indexes(&self) -> Result<()> {
         index::create_ttl_index(&self.coll, self.cleanup_after).await
     }

@@ -517,8 +517,9 @@ impl PostgresBackend {
     /// function. Idempotent; safe to run from several processes at once, and while the table
     /// is in use.
     ///
-    /// Cancel safety: the migration is one transaction; dropping the future rolls it back or
-    /// lets it commit, never half of it.
+    /// # Cancel safety
+    /// The migration is one transaction; dropping the future rolls it back or lets it commit,
+    /// never half of it.
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the server cannot be reached; [`Error::Backend`] when the
@@ -534,7 +535,8 @@ impl PostgresBackend {
     /// returning how many. Fencing tokens keep growing (see the module docs). Runs under a
     /// `SHARE` lock on the table, which waits at most 2 s for in-flight lock writes.
     ///
-    /// Cancel safety: one transaction; dropping the future deletes all or nothing.
+    /// # Cancel safety
+    /// One transaction; dropping the future deletes all or nothing.
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the server cannot be reached or the table lock was not
@@ -564,7 +566,8 @@ impl PostgresBackend {
     /// Checks that the server can be reached and accepts the credentials (one `SELECT 1` on a
     /// pooled connection). Creates nothing.
     ///
-    /// Cancel safety: a read; dropping the future has no effect on the server.
+    /// # Cancel safety
+    /// A read; dropping the future has no effect on the server.
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the server cannot be reached; [`Error::Backend`] when it
