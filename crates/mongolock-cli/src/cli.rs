@@ -26,6 +26,10 @@ macro_rules! main_examples {
   # Skip the run if another host is still busy (exit status 75):
   mongolock exec --wait 0 nightly-report -- ./report.sh
 
+  # At most 3 exports at once; readers side by side, a writer alone:
+  mongolock exec --limit 3 exports -- ./export.sh
+  mongolock exec --shared config -- ./read-config.sh
+
   # Run a scheduler only on the elected leader:
   mongolock elect scheduler -- ./scheduler
 
@@ -173,7 +177,15 @@ pub enum Command {
                       Outside an interactive terminal, CMD runs in its own process group and \
                       signals go to the whole group (everything CMD started). In a terminal's \
                       foreground, CMD stays in the terminal's process group so that it can read \
-                      the terminal; Ctrl-C then reaches it directly.",
+                      the terminal; Ctrl-C then reaches it directly.\n\n\
+                      By default NAME is held exclusively. --limit N holds one of N slots of the \
+                      semaphore NAME instead (up to N commands at once; every process must use \
+                      the same N, else exit status 78). --shared holds NAME as a reader of a \
+                      read-write lock (readers run together, never with a writer); --write as its \
+                      writer. A plain `exec NAME` also excludes every reader and slot holder, but \
+                      can wait indefinitely while readers keep overlapping; a waiting --write \
+                      makes new readers wait, so it cannot be starved. Everything else (--wait, \
+                      --ttl, --grace, supervision, events) is the same in every mode.",
         after_help = "\
 Examples:
   # Wait as long as it takes, then run the job:
@@ -190,6 +202,13 @@ Examples:
 
   # Like `flock -E 0`: a busy lock is not an error for cron:
   mongolock exec --wait 0 --conflict-exit-code 0 nightly-report -- ./report.sh
+
+  # At most 3 exports at once, across all hosts (a semaphore with 3 slots):
+  mongolock exec --limit 3 exports -- ./export.sh
+
+  # Readers run side by side; a writer runs alone and new readers wait while it waits:
+  mongolock exec --shared config -- ./read-config.sh
+  mongolock exec --write config -- ./rewrite-config.sh
 
   # Defaults from the environment (options given on the command line win):
   MONGOLOCK_TTL=1m MONGOLOCK_WAIT=0 mongolock exec nightly-report -- ./report.sh

@@ -174,11 +174,12 @@ fn busy_text(mode: ExecMode, name: &str, held_by: &str) -> String {
             )
         }
         ExecMode::Shared => format!(
-            "lock {name:?} is held for writing or a writer is waiting for it (held by {held_by})"
+            "lock {name:?} is held for writing, or a writer is waiting for it (latest holder: \
+             {held_by})"
         ),
         ExecMode::Slots(limit) => format!(
-            "all {limit} slots of semaphore {name:?} are taken, or it is held as a lock (held \
-             by {held_by}, among others)"
+            "all {limit} slots of semaphore {name:?} are taken, or it is held as a lock \
+             (latest holder: {held_by})"
         ),
     }
 }
