@@ -28,9 +28,9 @@ async fn a_waiting_write_exec_turns_new_readers_away() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_limit_mismatch_exits_78() {
+async fn a_held_semaphore_shows_its_holders_and_a_limit_mismatch_exits_78() {
     let env = Env::new("mismatch").await;
-    a_limit_mismatch_exits_78_with_a_clear_message(&env, "exports").await;
+    a_held_semaphore_shows_its_holders_and_refuses_other_limits(&env, "exports").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -81,11 +81,11 @@ async fn shared_readers_overlap_and_a_plain_or_write_exec_never_overlaps_them() 
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_limit_mismatch_exits_78() {
+async fn a_held_semaphore_shows_its_holders_and_a_limit_mismatch_exits_78() {
     let Some(env) = PgEnv::new("mismatch") else {
         return;
     };
-    a_limit_mismatch_exits_78_with_a_clear_message(&env, "exports").await;
+    a_held_semaphore_shows_its_holders_and_refuses_other_limits(&env, "exports").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -564,23 +564,89 @@ pub async fn readers_overlap_and_a_writer_never_overlaps_them(
     assert!(read_token(&env.path("r")) > writer_token);
 }
 
-/// A semaphore held with `--limit 2` refuses `--limit 3` and `--shared` with exit status 78
-/// and a message naming both; `--limit 2` still gets the free slot. The holder's `--json`
-/// events carry the mode, the limit, the token and the server's times.
-pub async fn a_limit_mismatch_exits_78_with_a_clear_message(env: &impl Cli, name: &str) {
-    let holder = env.spawn(&[
-        "exec",
-        "--json",
-        "--limit",
-        "2",
-        name,
-        "--",
-        "sh",
-        "-c",
-        &hold_until("a", "stop"),
-    ]);
+/// Two `exec --limit 2` commands hold the semaphore `name`: `inspect` and `list` (text and
+/// JSON) show both holders; a third `--limit 2 --wait 0` is busy (75); `--limit 3` and
+/// `--shared` are refused with exit status 78 and a message naming both limits. The first
+/// holder's `--json` events carry the mode, the limit, the token and the server's times.
+pub async fn a_held_semaphore_shows_its_holders_and_refuses_other_limits(
+    env: &impl Cli,
+    name: &str,
+) {
+    let holder = |id: &str, json: bool| {
+        let script = hold_until(id, "stop");
+        let mut args = vec!["exec"];
+        if json {
+            args.push("--json");
+        }
+        args.extend_from_slice(&["--limit", "2", name, "--", "sh", "-c", &script]);
+        env.spawn(&args)
+    };
+    let first = holder("a", true);
     wait_for("the first slot holder", LONG, || env.path("a").exists()).await;
-    let token = read_token(&env.path("a"));
+    let second = holder("b", false);
+    wait_for("the second slot holder", LONG, || env.path("b").exists()).await;
+    let (a, b) = (read_token(&env.path("a")), read_token(&env.path("b")));
+    assert!(b > a);
+
+    let info = inspect_json(env, name).await;
+    let tokens: Vec<u64> = info["holders"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no holders array: {info}"))
+        .iter()
+        .map(|h| h["fencing_token"].as_u64().expect("a token"))
+        .collect();
+    assert_eq!(tokens, [a, b], "{info}");
+    for h in info["holders"].as_array().into_iter().flatten() {
+        assert!(
+            h["lease_id"].is_string() && h["expires_at"].is_string(),
+            "{h}"
+        );
+        assert!(
+            h["holder"]["app"]
+                .as_str()
+                .is_some_and(|app| app.contains("mongolock exec sh")),
+            "{h}"
+        );
+    }
+    let out = env.run(&["inspect", name]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("holders:") && shown.contains(&format!("token {a} ")),
+        "{shown}"
+    );
+    assert!(shown.contains(&format!("token {b} ")), "{shown}");
+    let out = env.run(&["list", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let all: Value = serde_json::from_slice(&out.stdout).expect("list --json");
+    let row = all
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["name"] == name))
+        .unwrap_or_else(|| panic!("{name} not listed: {all}"));
+    assert_eq!(row["holders"].as_array().map(Vec::len), Some(2), "{row}");
+    let out = env.run(&["list"]).await;
+    assert!(text(&out.stdout).contains("+1 more"), "{}", describe(&out));
+
+    let out = env
+        .run(&[
+            "exec",
+            "--wait",
+            "0",
+            "--limit",
+            "2",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/never\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("all 2 slots"),
+        "{}",
+        describe(&out)
+    );
 
     let out = env
         .run(&[
@@ -619,25 +685,10 @@ pub async fn a_limit_mismatch_exits_78_with_a_clear_message(env: &impl Cli, name
     assert_eq!(out.status.code(), Some(78), "{}", describe(&out));
     assert!(text(&out.stderr).contains("--shared"), "{}", describe(&out));
 
-    let out = env
-        .run(&[
-            "exec",
-            "--wait",
-            "0",
-            "--limit",
-            "2",
-            name,
-            "--",
-            "sh",
-            "-c",
-            "echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/b\"",
-        ])
-        .await;
-    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-    assert!(read_token(&env.path("b")) > token);
-
     std::fs::write(env.path("stop"), "").expect("stop file");
-    let out = finish(holder, LONG).await;
+    let out = finish(second, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = finish(first, LONG).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let events: Vec<Value> = text(&out.stderr)
         .lines()
@@ -650,7 +701,7 @@ pub async fn a_limit_mismatch_exits_78_with_a_clear_message(env: &impl Cli, name
     assert_eq!(acquired["mode"], "slot", "{acquired}");
     assert_eq!(acquired["limit"], 2, "{acquired}");
     assert_eq!(acquired["name"], name, "{acquired}");
-    assert_eq!(acquired["fencing_token"], token, "{acquired}");
+    assert_eq!(acquired["fencing_token"], a, "{acquired}");
     assert!(acquired["acquired_at"].is_string() && acquired["expires_at"].is_string());
     assert!(
         events.iter().any(|e| e["event"] == "released"),
