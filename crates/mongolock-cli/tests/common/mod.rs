@@ -553,11 +553,10 @@ pub async fn readers_overlap_and_a_writer_never_overlaps_them(
 
     // A reader after the writer: runs, with a larger token (readers and writers share one
     // sequence).
-    let after =
-        format!("echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/r.tmp\" && mv \"$D/r.tmp\" \"$D/r\"");
+    let after = "echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/r.tmp\" && mv \"$D/r.tmp\" \"$D/r\"";
     let out = env
         .run(&[
-            "exec", "--shared", "--wait", "30s", name, "--", "sh", "-c", &after,
+            "exec", "--shared", "--wait", "30s", name, "--", "sh", "-c", after,
         ])
         .await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
