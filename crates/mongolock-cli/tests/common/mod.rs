@@ -534,6 +534,16 @@ pub async fn readers_overlap_and_a_writer_never_overlaps_them(
         // Not a timing assertion: the readers hold until told to stop, so the writer must not
         // have started, however long this takes.
         tokio::time::sleep(Duration::from_millis(500)).await;
+        // A semaphore on the readers' name is refused (78), naming the readers.
+        let out = env
+            .run(&["exec", "--wait", "0", "--limit", "2", name, "--", "true"])
+            .await;
+        assert_eq!(out.status.code(), Some(78), "{}", describe(&out));
+        assert!(
+            text(&out.stderr).contains("--shared readers"),
+            "{}",
+            describe(&out)
+        );
     }
     assert!(
         !env.path("w").exists(),
