@@ -26,6 +26,10 @@ macro_rules! main_examples {
   # Skip the run if another host is still busy (exit status 75):
   mongolock exec --wait 0 nightly-report -- ./report.sh
 
+  # At most 3 exports at once; readers side by side, a writer alone:
+  mongolock exec --limit 3 exports -- ./export.sh
+  mongolock exec --shared config -- ./read-config.sh
+
   # Run a scheduler only on the elected leader:
   mongolock elect scheduler -- ./scheduler
 
@@ -59,6 +63,7 @@ Exit statuses:
   75     exec --wait ran out while the lock was held elsewhere; the command was not run
          (--conflict-exit-code chooses another status)
   76     the lock was lost while the command ran; the command was stopped
+  78     exec --limit/--shared: the name is held with another slot limit; not run
   126    the command could not be executed;  127  the command was not found
   128+N  the command died from signal N, or mongolock was interrupted while waiting
 "
@@ -172,7 +177,15 @@ pub enum Command {
                       Outside an interactive terminal, CMD runs in its own process group and \
                       signals go to the whole group (everything CMD started). In a terminal's \
                       foreground, CMD stays in the terminal's process group so that it can read \
-                      the terminal; Ctrl-C then reaches it directly.",
+                      the terminal; Ctrl-C then reaches it directly.\n\n\
+                      By default NAME is held exclusively. --limit N holds one of N slots of the \
+                      semaphore NAME instead (up to N commands at once; every process must use \
+                      the same N, else exit status 78). --shared holds NAME as a reader of a \
+                      read-write lock (readers run together, never with a writer); --write as its \
+                      writer. A plain `exec NAME` also excludes every reader and slot holder, but \
+                      can wait indefinitely while readers keep overlapping; a waiting --write \
+                      makes new readers wait, so it cannot be starved. Everything else (--wait, \
+                      --ttl, --grace, supervision, events) is the same in every mode.",
         after_help = "\
 Examples:
   # Wait as long as it takes, then run the job:
@@ -189,6 +202,13 @@ Examples:
 
   # Like `flock -E 0`: a busy lock is not an error for cron:
   mongolock exec --wait 0 --conflict-exit-code 0 nightly-report -- ./report.sh
+
+  # At most 3 exports at once, across all hosts (a semaphore with 3 slots):
+  mongolock exec --limit 3 exports -- ./export.sh
+
+  # Readers run side by side; a writer runs alone and new readers wait while it waits:
+  mongolock exec --shared config -- ./read-config.sh
+  mongolock exec --write config -- ./rewrite-config.sh
 
   # Defaults from the environment (options given on the command line win):
   MONGOLOCK_TTL=1m MONGOLOCK_WAIT=0 mongolock exec nightly-report -- ./report.sh
@@ -448,6 +468,28 @@ pub struct ExecArgs {
     #[arg(long, value_name = "NAME")]
     pub app_name: Option<String>,
 
+    /// Hold one of N slots of the semaphore NAME instead of the lock: up to N commands run at
+    /// once. Every process using NAME must pass the same N while any slot is held (otherwise
+    /// exit status 78).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = parse_limit,
+        conflicts_with_all = ["shared", "write"],
+        help_heading = "Lock mode"
+    )]
+    pub limit: Option<u32>,
+
+    /// Hold NAME as a reader of a read-write lock: any number of --shared commands run at once,
+    /// never together with a writer (--write) or a plain exclusive `exec NAME`.
+    #[arg(long, conflicts_with = "write", help_heading = "Lock mode")]
+    pub shared: bool,
+
+    /// Hold NAME as the writer of a read-write lock: exclusive like a plain `exec NAME`, and
+    /// while it waits new --shared readers wait too, so a stream of readers cannot starve it.
+    #[arg(long, help_heading = "Lock mode")]
+    pub write: bool,
+
     #[command(flatten)]
     pub events: EventArgs,
 
@@ -457,6 +499,59 @@ pub struct ExecArgs {
 
     #[command(flatten)]
     pub child: ChildCommand,
+}
+
+/// How `exec` holds NAME (`--limit`, `--shared`, `--write`; by default exclusively).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecMode {
+    /// The plain lock NAME (the default).
+    Exclusive,
+    /// The writer of the read-write lock NAME (`--write`).
+    Write,
+    /// A reader of the read-write lock NAME (`--shared`).
+    Shared,
+    /// One of this many slots of the semaphore NAME (`--limit N`).
+    Slots(u32),
+}
+
+impl ExecMode {
+    /// The mode's name in JSON events: `exclusive`, `write`, `shared` or `slot`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecMode::Exclusive => "exclusive",
+            ExecMode::Write => "write",
+            ExecMode::Shared => "shared",
+            ExecMode::Slots(_) => "slot",
+        }
+    }
+}
+
+impl ExecArgs {
+    /// The mode the flags ask for (clap keeps them mutually exclusive).
+    pub fn mode(&self) -> ExecMode {
+        match (self.limit, self.shared, self.write) {
+            (Some(n), _, _) => ExecMode::Slots(n),
+            (None, true, _) => ExecMode::Shared,
+            (None, false, true) => ExecMode::Write,
+            (None, false, false) => ExecMode::Exclusive,
+        }
+    }
+}
+
+/// `--limit N`: a whole number of slots, at least 1.
+fn parse_limit(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of slots; use a whole number, 1 or more"))?;
+    if n == 0 {
+        return Err(
+            "a semaphore needs at least 1 slot: use --limit 1 or more (--limit 1 lets \
+                    one command run at a time, like a plain exec)"
+                .to_owned(),
+        );
+    }
+    Ok(n)
 }
 
 /// The command `exec` and `elect` run (the last positional arguments).
@@ -711,6 +806,34 @@ mod tests {
         assert_eq!(args.ttl, Duration::from_secs(5));
         assert_eq!(args.wait, Wait::Forever);
         assert_eq!(cli.global.uri, "mongodb://h");
+    }
+
+    #[test]
+    fn exec_modes_come_from_the_flags_and_exclude_each_other() {
+        let mode = |flags: &[&str]| {
+            let mut args = vec!["mongolock", "exec"];
+            args.extend_from_slice(flags);
+            args.extend_from_slice(&["job", "--", "true"]);
+            Cli::try_parse_from(args).map(|cli| match cli.command {
+                Command::Exec(a) => a.mode(),
+                _ => panic!("not exec"),
+            })
+        };
+        assert_eq!(mode(&[]).unwrap(), ExecMode::Exclusive);
+        assert_eq!(mode(&["--limit", "3"]).unwrap(), ExecMode::Slots(3));
+        assert_eq!(mode(&["--shared"]).unwrap(), ExecMode::Shared);
+        assert_eq!(mode(&["--write"]).unwrap(), ExecMode::Write);
+        for bad in [
+            &["--limit", "0"][..],
+            &["--limit", "-1"],
+            &["--limit", "x"],
+            &["--shared", "--limit", "2"],
+            &["--write", "--limit", "2"],
+            &["--shared", "--write"],
+        ] {
+            let err = mode(bad).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad:?}");
+        }
     }
 
     #[test]

@@ -18,15 +18,16 @@
 //! ordering logs only). Events about a lease also have `"name"`, `"fencing_token"`,
 //! `"lease_id"`, `"acquired_at"` and `"expires_at"` — the last two the *server's* times as
 //! reported by the database, RFC 3339 UTC with milliseconds — the field names of
-//! `list --json`. Kinds:
+//! `list --json`. `exec`'s `mode` is `exclusive`, `slot` (`--limit`, with `limit`), `shared` or
+//! `write`. Kinds:
 //!
 //! | event          | when                                                             | extra fields |
 //! |----------------|------------------------------------------------------------------|--------------|
-//! | `waiting`      | `exec` starts waiting for the lock                               | `wait` |
-//! | `busy`         | `exec --wait` ran out; CMD not run                               | `held_by`, `exit_code` |
+//! | `waiting`      | `exec` starts waiting for the lock                               | `wait`, `mode`, `limit` (`--limit`) |
+//! | `busy`         | `exec --wait` ran out; CMD not run                               | `held_by`, `exit_code`, `mode`, `limit` |
 //! | `campaigning`  | `elect` starts campaigning                                       | `leader` |
 //! | `leader`       | `elect`: another process became leader, or the role became free | `leader` (`null`: none) |
-//! | `acquired`     | the lock was acquired (`elect`: this process became leader)      | `waited_ms`, `term` (elect) |
+//! | `acquired`     | the lock was acquired (`elect`: this process became leader)      | `waited_ms`, `mode` and `limit` (exec), `term` (elect) |
 //! | `started`      | CMD was started                                                  | `pid` |
 //! | `renewed`      | a renewal moved the lease's expiry                               | |
 //! | `lost`         | the lease was lost while CMD ran; CMD is being stopped           | `reason`, `action` |

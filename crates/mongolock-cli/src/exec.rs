@@ -9,13 +9,14 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use mongolock::{LockGuard, LockProvider};
+use mongolock::rwlock::READERS_LIMIT;
+use mongolock::{Lock, LockGuard, LockProvider, RwLock, Semaphore, Timeout};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::cli::{self, ExecArgs, GlobalArgs};
+use crate::cli::{self, ExecArgs, ExecMode, GlobalArgs};
 use crate::connect::{connect, Connection};
 use crate::duration::{display, human, Wait};
 use crate::events::{Event, Lease};
@@ -44,19 +45,19 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         Ok(connected) => connected,
         Err(status) => return Ok(status),
     };
-    let lock = provider
-        .lock(args.name.clone())
+    let mode = args.mode();
+    let what = mode_what(mode);
+    let lock = Acquirer::new(&provider, &args.name, mode)
         .map_err(|e| conn.error("cannot use this lock name", &e))?;
 
-    tracing::info!(lock = %args.name, wait = ?args.wait, "waiting for the lock");
-    Event::new("waiting")
-        .name(&args.name)
+    tracing::info!(lock = %args.name, mode = mode.as_str(), wait = ?args.wait, "waiting for the lock");
+    with_mode(Event::new("waiting").name(&args.name), mode)
         .field("wait", wait_display(args.wait))
         .emit();
     let started = Instant::now();
     let acquired = tokio::select! {
-        r = lock.acquire_with(args.wait.timeout()) => {
-            r.map_err(|e| conn.error(&format!("cannot acquire lock {:?}", args.name), &e))?
+        r = lock.acquire(args.wait.timeout()) => {
+            r.map_err(|e| acquire_error(&conn, &args.name, mode, &e))?
         }
         sig = signals.recv() => {
             Event::new("interrupted")
@@ -80,14 +81,12 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
             .await
             .unwrap_or_else(|| "another holder".to_owned());
         let code = i32::from(args.conflict_exit_code);
-        Event::new("busy")
-            .name(&args.name)
+        with_mode(Event::new("busy").name(&args.name), mode)
             .field("held_by", held_by.as_str())
             .field("exit_code", code)
             .message(format!(
-                "mongolock: lock {:?} is held by {held_by}; gave up {waited} (--wait {}); \
-                 command not run",
-                args.name,
+                "mongolock: {}; gave up {waited} (--wait {}); command not run",
+                busy_text(mode, &args.name, &held_by),
                 wait_display(args.wait)
             ))
             .emit();
@@ -100,8 +99,7 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         waited_ms,
         "lock acquired; starting the command"
     );
-    Event::new("acquired")
-        .lease(&guard)
+    with_mode(Event::new("acquired").lease(&guard), mode)
         .field("waited_ms", waited_ms)
         .emit();
 
@@ -113,8 +111,102 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
             return Err(e);
         }
     };
-    let outcome = supervise(&guard, child, &mut signals, policy, "the lock").await?;
-    finish(guard, outcome, &conn, "the lock").await
+    let outcome = supervise(&guard, child, &mut signals, policy, what).await?;
+    finish(guard, outcome, &conn, what).await
+}
+
+/// What `exec` acquires for its mode: the one acquisition step of every mode (the wait, the
+/// guard and everything after it are the same).
+enum Acquirer {
+    Lock(Lock),
+    Semaphore(Semaphore),
+    Read(RwLock),
+    Write(RwLock),
+}
+
+impl Acquirer {
+    fn new(provider: &LockProvider, name: &str, mode: ExecMode) -> mongolock::Result<Self> {
+        Ok(match mode {
+            ExecMode::Exclusive => Acquirer::Lock(provider.lock(name)?),
+            ExecMode::Slots(limit) => Acquirer::Semaphore(provider.semaphore(name, limit)?),
+            ExecMode::Shared => Acquirer::Read(provider.rw_lock(name)?),
+            ExecMode::Write => Acquirer::Write(provider.rw_lock(name)?),
+        })
+    }
+
+    /// Acquires within `timeout`; `None` when it ran out. Cancel-safe (as the library's).
+    async fn acquire(&self, timeout: Timeout) -> mongolock::Result<Option<LockGuard>> {
+        match self {
+            Acquirer::Lock(lock) => lock.acquire_with(timeout).await,
+            Acquirer::Semaphore(sem) => sem.acquire_with(timeout).await,
+            Acquirer::Read(rw) => rw.read_with(timeout).await,
+            Acquirer::Write(rw) => rw.write_with(timeout).await,
+        }
+    }
+}
+
+/// How messages name what `exec` holds in `mode` ("lost the read lock \"x\"").
+fn mode_what(mode: ExecMode) -> &'static str {
+    match mode {
+        ExecMode::Exclusive => "the lock",
+        ExecMode::Write => "the write lock",
+        ExecMode::Shared => "the read lock",
+        ExecMode::Slots(_) => "the slot of semaphore",
+    }
+}
+
+/// Adds `mode` (and `limit` for slots) to an event.
+fn with_mode(event: Event, mode: ExecMode) -> Event {
+    let event = event.field("mode", mode.as_str());
+    match mode {
+        ExecMode::Slots(limit) => event.field("limit", limit),
+        _ => event,
+    }
+}
+
+/// Why the acquisition did not succeed in time, for the `busy` message.
+fn busy_text(mode: ExecMode, name: &str, held_by: &str) -> String {
+    match mode {
+        ExecMode::Exclusive => format!("lock {name:?} is held by {held_by}"),
+        ExecMode::Write => {
+            format!(
+                "lock {name:?} is held by {held_by} (a writer, readers or another waiting writer)"
+            )
+        }
+        ExecMode::Shared => format!(
+            "lock {name:?} is held for writing, or a writer is waiting for it (latest holder: \
+             {held_by})"
+        ),
+        ExecMode::Slots(limit) => format!(
+            "all {limit} slots of semaphore {name:?} are taken, or it is held as a lock \
+             (latest holder: {held_by})"
+        ),
+    }
+}
+
+/// The error for a failed acquisition; a slot-limit disagreement gets its own status
+/// ([`exit::LIMIT_MISMATCH`]) and says which flags disagree.
+fn acquire_error(conn: &Connection, name: &str, mode: ExecMode, e: &mongolock::Error) -> CliError {
+    let mongolock::Error::LimitMismatch { held, .. } = e else {
+        return conn.error(&format!("cannot acquire {} {name:?}", mode_what(mode)), e);
+    };
+    let held_as = if *held == READERS_LIMIT {
+        "by --shared readers (a read-write lock)".to_owned()
+    } else {
+        format!("as a semaphore with --limit {held}")
+    };
+    let asked = match mode {
+        ExecMode::Slots(limit) => format!("--limit {limit}"),
+        _ => "--shared".to_owned(),
+    };
+    CliError::with_code(
+        exit::LIMIT_MISMATCH,
+        format!(
+            "cannot acquire {name:?} with {asked}: it is held {held_as}; every process using \
+             the name must use it the same way (the same --limit, or --shared/--write for all), \
+             or use another name; command not run"
+        ),
+    )
 }
 
 /// The start `exec` and `elect` share: connects, and opens a provider whose leases last `ttl`

@@ -9,12 +9,15 @@
 //! | 3       | `inspect`: no lock with that name exists                                         |
 //! | 75      | `exec --wait`: the wait ran out while someone else held the lock; CMD not run    |
 //! | 76      | `exec`/`elect`: the lock was lost while CMD ran (CMD was stopped)                |
+//! | 78      | `exec --limit`/`--shared`: NAME is held with another slot limit (another        |
+//! |         | `--limit`, or readers vs. a semaphore); CMD not run                              |
 //! | 126     | CMD exists but could not be executed (permissions)                               |
 //! | 127     | CMD not found                                                                    |
 //! | 128+N   | CMD was killed by signal N, or mongolock was interrupted by signal N while       |
 //! |         | waiting for the lock (130 = SIGINT, 143 = SIGTERM)                               |
 //!
-//! 75 is `EX_TEMPFAIL` from `sysexits.h` ("try again later"); 76 is chosen next to it. A command
+//! 75 is `EX_TEMPFAIL` from `sysexits.h` ("try again later"); 76 is chosen next to it; 78 is
+//! `EX_CONFIG` (the processes sharing a name disagree on its configuration). A command
 //! that itself exits 75 or 76 cannot be told apart from these; scripts that need to can check
 //! for the message on stderr.
 
@@ -33,6 +36,9 @@ pub const NOT_FOUND: i32 = 3;
 pub const WAIT_TIMED_OUT: i32 = 75;
 /// The lock was lost while the command ran; the command was stopped.
 pub const LOCK_LOST: i32 = 76;
+/// `exec --limit N` / `--shared`: the name's current holders use another slot limit; the
+/// command was not run.
+pub const LIMIT_MISMATCH: i32 = 78;
 /// The command could not be executed (permission denied, not an executable).
 pub const CANNOT_EXECUTE: i32 = 126;
 /// The command was not found.

@@ -1,12 +1,14 @@
 //! `mongolock inspect NAME [--json]`.
 
+use mongolock::backend::LeaseHolder;
 use mongolock::LockInfo;
 
 use crate::cli::{GlobalArgs, InspectArgs};
 use crate::connect::connect;
 use crate::exit::{self, CliError};
 use crate::list::{
-    ago_text, expires_text, holder_text, pretty, state, timestamp, to_json, write_stdout,
+    ago_text, expires_text, holder_line, holder_text, pretty, state, timestamp, with_holders,
+    write_stdout,
 };
 
 /// `mongolock inspect`.
@@ -23,16 +25,25 @@ pub async fn run(global: &GlobalArgs, args: InspectArgs) -> Result<i32, CliError
             format!("no lock named {:?} in {}", args.name, conn.namespace()),
         ));
     };
-    if args.json {
-        write_stdout(&format!("{}\n", pretty(&to_json(&info))))?;
+    let holders = if info.held {
+        provider
+            .holders(&args.name)
+            .await
+            .map_err(|e| conn.error(&format!("cannot read the holders of {:?}", args.name), &e))?
     } else {
-        write_stdout(&text(&info))?;
+        Vec::new()
+    };
+    if args.json {
+        write_stdout(&format!("{}\n", pretty(&with_holders(&info, &holders))))?;
+    } else {
+        write_stdout(&text(&info, &holders))?;
     }
     Ok(exit::SUCCESS)
 }
 
-/// The text form for people.
-fn text(info: &LockInfo) -> String {
+/// The text form for people; several `holders` (a semaphore's slots, a read-write lock's
+/// readers) are listed one per line after the lock's own fields.
+fn text(info: &LockInfo, holders: &[LeaseHolder]) -> String {
     let mut rows: Vec<(&str, String)> = vec![
         ("name", info.name.clone()),
         ("state", state(info).to_owned()),
@@ -69,6 +80,12 @@ fn text(info: &LockInfo) -> String {
     for (key, value) in rows {
         out.push_str(&format!("{:<width$} {value}\n", format!("{key}:")));
     }
+    if holders.len() > 1 {
+        out.push_str(&format!("{:<width$} {}\n", "holders:", holders.len()));
+        for h in holders {
+            out.push_str(&format!("  {}\n", holder_line(info, h)));
+        }
+    }
     out
 }
 
@@ -95,11 +112,31 @@ mod tests {
             expires_at: Some(now + Duration::from_secs(26)),
             observed_at: now,
         };
-        let t = text(&info);
+        let t = text(&info, &[]);
         assert!(t.contains("state:         held\n"), "{t}");
         assert!(t.contains("holder:        build-7 (pid 4242)\n"), "{t}");
         assert!(t.contains("fencing token: 17\n"), "{t}");
         assert!(t.contains("(in 26.0s)"), "{t}");
         assert!(t.contains("(4.0s ago)"), "{t}");
+        assert!(!t.contains("holders:"), "{t}");
+
+        let slot = |token: u64, pid: u32, left: u64| LeaseHolder {
+            lease_id: LeaseId::from_string(format!("l{token}")),
+            fencing_token: token,
+            acquired_at: now - Duration::from_secs(1),
+            expires_at: now + Duration::from_secs(left),
+            holder: Some(HolderInfo {
+                host: "build-7".into(),
+                pid,
+                app_name: None,
+            }),
+        };
+        let t = text(&info, &[slot(16, 1, 20), slot(17, 4242, 26)]);
+        assert!(t.contains("holders:       2\n"), "{t}");
+        assert!(
+            t.contains("  token 16  build-7 (pid 1)  expires in 20.0s  lease l16\n"),
+            "{t}"
+        );
+        assert!(t.contains("  token 17  build-7 (pid 4242)"), "{t}");
     }
 }

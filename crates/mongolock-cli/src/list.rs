@@ -7,6 +7,7 @@
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
+use mongolock::backend::LeaseHolder;
 use mongolock::LockInfo;
 use serde_json::{json, Value};
 
@@ -23,15 +24,80 @@ pub async fn run(global: &GlobalArgs, args: ListArgs) -> Result<i32, CliError> {
         .list()
         .await
         .map_err(|e| conn.error(&format!("cannot list locks in {}", conn.namespace()), &e))?;
+    let mut holders = Vec::with_capacity(locks.len());
+    for info in &locks {
+        holders.push(if info.held {
+            provider.holders(&info.name).await.map_err(|e| {
+                conn.error(&format!("cannot read the holders of {:?}", info.name), &e)
+            })?
+        } else {
+            Vec::new()
+        });
+    }
     if args.json {
-        let array = Value::Array(locks.iter().map(to_json).collect());
+        let array = Value::Array(
+            locks
+                .iter()
+                .zip(&holders)
+                .map(|(info, h)| with_holders(info, h))
+                .collect(),
+        );
         write_stdout(&format!("{}\n", pretty(&array)))?;
     } else if locks.is_empty() {
         write_stdout(&format!("no locks in {}\n", conn.namespace()))?;
     } else {
-        write_stdout(&table(&locks))?;
+        write_stdout(&table_with_holders(&locks, &holders))?;
     }
     Ok(exit::SUCCESS)
+}
+
+/// [`to_json`] with `"holders"`: every current holder (a semaphore's slots, a read-write
+/// lock's readers), as [`holder_json`] objects in grant order.
+pub fn with_holders(info: &LockInfo, holders: &[LeaseHolder]) -> Value {
+    let mut v = to_json(info);
+    if let Value::Object(map) = &mut v {
+        map.insert(
+            "holders".to_owned(),
+            Value::Array(holders.iter().map(|h| holder_json(info, h)).collect()),
+        );
+    }
+    v
+}
+
+/// One holder as JSON: `lease_id`, `fencing_token`, `holder`, `acquired_at`, `expires_at` and
+/// `expires_in_ms` (from the lock's `observed_at`).
+pub fn holder_json(info: &LockInfo, h: &LeaseHolder) -> Value {
+    json!({
+        "lease_id": h.lease_id.as_str(),
+        "fencing_token": h.fencing_token,
+        "holder": h.holder.as_ref().map(|h| json!({
+            "host": h.host,
+            "pid": h.pid,
+            "app": h.app_name,
+        })),
+        "acquired_at": timestamp(h.acquired_at),
+        "expires_at": timestamp(h.expires_at),
+        "expires_in_ms": ms_from_observed(info, h.expires_at),
+    })
+}
+
+/// One holder on one line for people: `token 12  host (pid 42) app "x"  expires in 9.8s  lease
+/// ab12`.
+pub fn holder_line(info: &LockInfo, h: &LeaseHolder) -> String {
+    let who = h
+        .holder
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), |h| h.to_string());
+    let left = h
+        .expires_at
+        .duration_since(info.observed_at)
+        .unwrap_or(Duration::ZERO);
+    format!(
+        "token {}  {who}  expires in {}  lease {}",
+        h.fencing_token,
+        human(left),
+        h.lease_id
+    )
 }
 
 /// The lock's state: `held`, `expired` (the lease ran out; nobody took the name since) or
@@ -117,12 +183,22 @@ pub fn pretty(value: &Value) -> String {
 
 /// The table for people.
 pub fn table(locks: &[LockInfo]) -> String {
+    table_with_holders(locks, &[])
+}
+
+/// The table for people; `holders[i]` (when given) are the holders of `locks[i]`: a name with
+/// several shows its latest holder and `+N more`.
+pub fn table_with_holders(locks: &[LockInfo], holders: &[Vec<LeaseHolder>]) -> String {
     let header = ["NAME", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES"].map(str::to_owned);
     let mut rows = vec![header];
-    for info in locks {
+    for (i, info) in locks.iter().enumerate() {
+        let mut holder = holder_text(info);
+        if let Some(more) = holders.get(i).map(Vec::len).filter(|n| *n > 1) {
+            holder.push_str(&format!(" +{} more", more - 1));
+        }
         rows.push([
             info.name.clone(),
-            holder_text(info),
+            holder,
             info.fencing_token.to_string(),
             info.acquired_at.map_or_else(
                 || "-".to_owned(),

@@ -61,6 +61,34 @@ async fn exec_processes_never_overlap_and_tokens_strictly_increase() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn exec_limit_2_runs_at_most_2_of_3_commands_at_once() {
+    let Some(env) = PgEnv::new("limit") else {
+        return;
+    };
+    exec_limit_runs_at_most_n_at_once(&env, 2, "exports").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shared_readers_overlap_and_a_plain_or_write_exec_never_overlaps_them() {
+    let Some(env) = PgEnv::new("shared") else {
+        return;
+    };
+    readers_overlap_and_a_writer_never_overlaps_them(&env, "config", &[]).await;
+    let Some(env) = PgEnv::new("write") else {
+        return;
+    };
+    readers_overlap_and_a_writer_never_overlaps_them(&env, "config", &["--write"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_semaphore_shows_its_holders_and_a_limit_mismatch_exits_78() {
+    let Some(env) = PgEnv::new("mismatch") else {
+        return;
+    };
+    a_held_semaphore_shows_its_holders_and_refuses_other_limits(&env, "exports").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn list_inspect_and_force_release_work_and_the_holder_learns_of_it() {
     let Some(env) = PgEnv::new("list") else {
         return;

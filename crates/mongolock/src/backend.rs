@@ -189,6 +189,39 @@ pub struct LockInfo {
     pub observed_at: SystemTime,
 }
 
+/// One current holder of a name, as returned by [`LockBackend::holders`]: the exclusive lease,
+/// one semaphore slot, or one reader of a read-write lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseHolder {
+    /// The holder's lease id.
+    pub lease_id: LeaseId,
+    /// The fencing token issued with this lease.
+    pub fencing_token: u64,
+    /// Server time at which this lease was granted.
+    pub acquired_at: SystemTime,
+    /// Server time at which this lease expires unless extended.
+    pub expires_at: SystemTime,
+    /// The holder's metadata, when the backend stores it for this lease.
+    pub holder: Option<HolderInfo>,
+}
+
+impl LeaseHolder {
+    /// The holder described by `info`: `Some` while `info` shows an unexpired lease with its
+    /// lease id and times. (A semaphore's [`LockInfo`] describes only its most recent slot.)
+    pub fn from_info(info: &LockInfo) -> Option<LeaseHolder> {
+        if !info.held {
+            return None;
+        }
+        Some(LeaseHolder {
+            lease_id: info.lease_id.clone()?,
+            fencing_token: info.fencing_token,
+            acquired_at: info.acquired_at?,
+            expires_at: info.expires_at?,
+            holder: info.holder.clone(),
+        })
+    }
+}
+
 /// One acquirer's registration for the next change of a lock name, obtained from
 /// [`LockBackend::change_waiter`] *before* an attempt so that a change during the attempt is not
 /// missed.
@@ -315,6 +348,22 @@ pub trait LockBackend: Send + Sync + 'static {
 
     /// Reads every lock the backend stores, sorted by name.
     async fn list(&self) -> Result<Vec<LockInfo>>;
+
+    /// Every current holder of `name`, by server time at the read, in the order their leases
+    /// were granted: the holder of the exclusive lease, or every unexpired slot of a semaphore
+    /// (the readers of a read-write lock). Empty when nobody holds the name.
+    ///
+    /// The default derives at most one holder from [`inspect`](Self::inspect); the memory,
+    /// MongoDB and PostgreSQL backends report every slot.
+    async fn holders(&self, name: &str) -> Result<Vec<LeaseHolder>> {
+        Ok(self
+            .inspect(name)
+            .await?
+            .as_ref()
+            .and_then(LeaseHolder::from_info)
+            .into_iter()
+            .collect())
+    }
 
     /// Ends whatever unexpired lease holds `name` (an operator action); the fencing token keeps
     /// growing for the next holder. Returns whether a lease was ended.

@@ -248,6 +248,16 @@ impl LockProvider {
         self.inner.backend.list().await
     }
 
+    /// Every current holder of `name` (see [`LockBackend::holders`]): the exclusive lease's
+    /// holder, or every slot holder of a semaphore or reader of a read-write lock.
+    ///
+    /// # Errors
+    /// A backend error; [`Error::InvalidName`](crate::Error::InvalidName) for a bad name.
+    pub async fn holders(&self, name: &str) -> Result<Vec<crate::backend::LeaseHolder>> {
+        validate_name(name)?;
+        self.inner.backend.holders(name).await
+    }
+
     /// Ends whatever lease holds `name` (an operator action, e.g. after a stuck holder); the
     /// holder's guard reports the loss at its next extension. Returns whether a lease was ended.
     ///

@@ -413,3 +413,309 @@ pub async fn watch_shows_an_acquisition_and_a_release_of(env: &impl Cli, name: &
     let _ = watch.wait().await;
     let _ = reader.await;
 }
+
+/// `n + 1` processes run `exec --limit n` on the semaphore `name` at once. Inside its slot each
+/// command adds a file to `$D/run`, records how many files it sees there, and stays until it
+/// has seen `n` (or another command has: the last one in never will), then removes its file.
+/// Asserts: every command ran and exited 0, nobody ever saw more than `n` at once, `n` did run
+/// at the same time, and every slot's fencing token is distinct.
+pub async fn exec_limit_runs_at_most_n_at_once(env: &impl Cli, n: usize, name: &str) {
+    std::fs::create_dir_all(env.path("run")).expect("run directory");
+    let script = format!(
+        "me=\"$D/run/$MONGOLOCK_FENCING_TOKEN\"; touch \"$me\"; \
+         echo \"$MONGOLOCK_FENCING_TOKEN\" >> \"$D/tokens\"; \
+         while [ -d \"$D\" ]; do \
+           c=$(ls \"$D/run\" | wc -l); echo $c >> \"$D/counts\"; \
+           [ $c -ge {n} ] && touch \"$D/overlapped\"; \
+           [ -f \"$D/overlapped\" ] && break; sleep 0.05; \
+         done; sleep 0.2; rm \"$me\""
+    );
+    let limit = n.to_string();
+    let children: Vec<Child> = (0..=n)
+        .map(|_| {
+            env.spawn(&[
+                "exec", "--ttl", "10s", "--limit", &limit, name, "--", "sh", "-c", &script,
+            ])
+        })
+        .collect();
+    for child in children {
+        let out = finish(child, LONG).await;
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    }
+    let counts: Vec<usize> = read_lines(&env.path("counts"))
+        .iter()
+        .map(|c| c.trim().parse().expect("a count"))
+        .collect();
+    let max = counts.iter().copied().max().unwrap_or(0);
+    assert!(max <= n, "more than {n} commands ran at once: {counts:?}");
+    assert_eq!(max, n, "{n} commands never ran at once: {counts:?}");
+    assert!(env.path("overlapped").exists());
+    let mut tokens: Vec<u64> = read_lines(&env.path("tokens"))
+        .iter()
+        .map(|t| t.parse().expect("a numeric token"))
+        .collect();
+    assert_eq!(tokens.len(), n + 1, "every command ran once: {tokens:?}");
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), n + 1, "distinct tokens: {tokens:?}");
+}
+
+/// A reader's command for [`readers_overlap_and_a_writer_never_overlaps_them`]: registers in
+/// `$D/readers`, notes `$D/met` once two readers are in at once, fails if a writer is in, and
+/// stays until `$D/stop-readers` exists.
+const READER: &str = "me=\"$D/readers/$MONGOLOCK_FENCING_TOKEN\"; touch \"$me\"; \
+    while [ -d \"$D\" ] && [ ! -f \"$D/stop-readers\" ]; do \
+      [ -d \"$D/writer\" ] && { echo OVERLAP; rm \"$me\"; exit 99; }; \
+      [ $(ls \"$D/readers\" | wc -l) -ge 2 ] && touch \"$D/met\"; sleep 0.05; \
+    done; rm \"$me\"";
+
+/// A writer's command: holds `$D/writer` briefly and fails if a reader is in.
+const WRITER: &str = "mkdir \"$D/writer\" || { echo OVERLAP; exit 99; }; \
+    [ -n \"$(ls \"$D/readers\")\" ] && { echo OVERLAP; rmdir \"$D/writer\"; exit 99; }; \
+    echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/w\"; sleep 0.3; rmdir \"$D/writer\"";
+
+/// Two `exec --shared` readers of `name` run at the same time; a writer (`exec NAME` with
+/// `writer_flags`, e.g. none or `--write`) started while they hold waits until both have
+/// finished and never overlaps them; a reader started afterwards runs after the writer. With
+/// `--write`, a reader arriving while the writer waits is turned away (`--wait 0`: exit 75).
+pub async fn readers_overlap_and_a_writer_never_overlaps_them(
+    env: &impl Cli,
+    name: &str,
+    writer_flags: &[&str],
+) {
+    std::fs::create_dir_all(env.path("readers")).expect("readers directory");
+    let reader = |extra: &[&str]| {
+        let mut args = vec!["exec", "--ttl", "10s", "--shared"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[name, "--", "sh", "-c", READER]);
+        env.spawn(&args)
+    };
+    let readers = vec![reader(&[]), reader(&[])];
+    wait_for("two readers to run at once", LONG, || {
+        env.path("met").exists()
+    })
+    .await;
+
+    let mut args = vec!["exec", "--ttl", "10s"];
+    args.extend_from_slice(writer_flags);
+    args.extend_from_slice(&[name, "--", "sh", "-c", WRITER]);
+    let writer = env.spawn(&args);
+
+    if writer_flags.contains(&"--write") {
+        // Once the writer waits (its intent lock is held), a new reader is turned away.
+        let intent = format!("{name}\u{1f}writer-intent");
+        let deadline = Instant::now() + LONG;
+        loop {
+            let out = env.run(&["list", "--json"]).await;
+            assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+            let locks: Value = serde_json::from_slice(&out.stdout).expect("list --json");
+            let waiting = locks.as_array().is_some_and(|all| {
+                all.iter()
+                    .any(|l| l["name"] == intent.as_str() && l["held"] == true)
+            });
+            if waiting {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the writer never waited: {locks}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let late = reader(&["--wait", "0"]);
+        let out = finish(late, LONG).await;
+        assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+        assert!(
+            text(&out.stderr).contains("writer is waiting"),
+            "{}",
+            describe(&out)
+        );
+    } else {
+        // Not a timing assertion: the readers hold until told to stop, so the writer must not
+        // have started, however long this takes.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // A semaphore on the readers' name is refused (78), naming the readers.
+        let out = env
+            .run(&["exec", "--wait", "0", "--limit", "2", name, "--", "true"])
+            .await;
+        assert_eq!(out.status.code(), Some(78), "{}", describe(&out));
+        assert!(
+            text(&out.stderr).contains("--shared readers"),
+            "{}",
+            describe(&out)
+        );
+    }
+    assert!(
+        !env.path("w").exists(),
+        "the writer ran while readers held the lock"
+    );
+
+    std::fs::write(env.path("stop-readers"), "").expect("stop file");
+    for child in readers {
+        let out = finish(child, LONG).await;
+        assert_eq!(out.status.code(), Some(0), "reader: {}", describe(&out));
+        assert!(!text(&out.stdout).contains("OVERLAP"), "{}", describe(&out));
+    }
+    let out = finish(writer, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "writer: {}", describe(&out));
+    assert!(!text(&out.stdout).contains("OVERLAP"), "{}", describe(&out));
+    let writer_token = read_token(&env.path("w"));
+
+    // A reader after the writer: runs, with a larger token (readers and writers share one
+    // sequence).
+    let after = "echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/r.tmp\" && mv \"$D/r.tmp\" \"$D/r\"";
+    let out = env
+        .run(&[
+            "exec", "--shared", "--wait", "30s", name, "--", "sh", "-c", after,
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(read_token(&env.path("r")) > writer_token);
+}
+
+/// Two `exec --limit 2` commands hold the semaphore `name`: `inspect` and `list` (text and
+/// JSON) show both holders; a third `--limit 2 --wait 0` is busy (75); `--limit 3` and
+/// `--shared` are refused with exit status 78 and a message naming both limits. The first
+/// holder's `--json` events carry the mode, the limit, the token and the server's times.
+pub async fn a_held_semaphore_shows_its_holders_and_refuses_other_limits(
+    env: &impl Cli,
+    name: &str,
+) {
+    let holder = |id: &str, json: bool| {
+        let script = hold_until(id, "stop");
+        let mut args = vec!["exec"];
+        if json {
+            args.push("--json");
+        }
+        args.extend_from_slice(&["--limit", "2", name, "--", "sh", "-c", &script]);
+        env.spawn(&args)
+    };
+    let first = holder("a", true);
+    wait_for("the first slot holder", LONG, || env.path("a").exists()).await;
+    let second = holder("b", false);
+    wait_for("the second slot holder", LONG, || env.path("b").exists()).await;
+    let (a, b) = (read_token(&env.path("a")), read_token(&env.path("b")));
+    assert!(b > a);
+
+    let info = inspect_json(env, name).await;
+    let tokens: Vec<u64> = info["holders"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no holders array: {info}"))
+        .iter()
+        .map(|h| h["fencing_token"].as_u64().expect("a token"))
+        .collect();
+    assert_eq!(tokens, [a, b], "{info}");
+    for h in info["holders"].as_array().into_iter().flatten() {
+        assert!(
+            h["lease_id"].is_string() && h["expires_at"].is_string(),
+            "{h}"
+        );
+        assert!(
+            h["holder"]["app"]
+                .as_str()
+                .is_some_and(|app| app.contains("mongolock exec sh")),
+            "{h}"
+        );
+    }
+    let out = env.run(&["inspect", name]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("holders:") && shown.contains(&format!("token {a} ")),
+        "{shown}"
+    );
+    assert!(shown.contains(&format!("token {b} ")), "{shown}");
+    let out = env.run(&["list", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let all: Value = serde_json::from_slice(&out.stdout).expect("list --json");
+    let row = all
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["name"] == name))
+        .unwrap_or_else(|| panic!("{name} not listed: {all}"));
+    assert_eq!(row["holders"].as_array().map(Vec::len), Some(2), "{row}");
+    let out = env.run(&["list"]).await;
+    assert!(text(&out.stdout).contains("+1 more"), "{}", describe(&out));
+
+    let out = env
+        .run(&[
+            "exec",
+            "--wait",
+            "0",
+            "--limit",
+            "2",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/never\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("all 2 slots"),
+        "{}",
+        describe(&out)
+    );
+
+    let out = env
+        .run(&[
+            "exec",
+            "--wait",
+            "0",
+            "--limit",
+            "3",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/never\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(78), "{}", describe(&out));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("--limit 3") && stderr.contains("--limit 2"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(stderr.lines().count(), 1, "{}", describe(&out));
+
+    let out = env
+        .run(&[
+            "exec",
+            "--shared",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/never\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(78), "{}", describe(&out));
+    assert!(text(&out.stderr).contains("--shared"), "{}", describe(&out));
+
+    std::fs::write(env.path("stop"), "").expect("stop file");
+    let out = finish(second, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = finish(first, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let events: Vec<Value> = text(&out.stderr)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let acquired = events
+        .iter()
+        .find(|e| e["event"] == "acquired")
+        .unwrap_or_else(|| panic!("no acquired event: {}", describe(&out)));
+    assert_eq!(acquired["mode"], "slot", "{acquired}");
+    assert_eq!(acquired["limit"], 2, "{acquired}");
+    assert_eq!(acquired["name"], name, "{acquired}");
+    assert_eq!(acquired["fencing_token"], a, "{acquired}");
+    assert!(acquired["acquired_at"].is_string() && acquired["expires_at"].is_string());
+    assert!(
+        events.iter().any(|e| e["event"] == "released"),
+        "{}",
+        describe(&out)
+    );
+    assert!(!env.path("never").exists());
+}

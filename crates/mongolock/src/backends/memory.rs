@@ -31,8 +31,8 @@ use tokio::time::Instant;
 use super::wakeups::{Change, Hub, Status};
 use crate::backend::LeaseMode;
 use crate::backend::{
-    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LockBackend,
-    LockInfo,
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseHolder, LeaseId,
+    LockBackend, LockInfo,
 };
 use crate::error::{Error, Result};
 use crate::holder::HolderInfo;
@@ -80,6 +80,7 @@ struct Slot {
     fencing_token: u64,
     acquired_at: SystemTime,
     expires_at: SystemTime,
+    holder: HolderInfo,
 }
 
 impl Entry {
@@ -137,6 +138,7 @@ impl Entry {
             fencing_token: self.fencing_token,
             acquired_at: now,
             expires_at: later(now, req.ttl),
+            holder: req.holder.clone(),
         };
         let lease = Lease {
             fencing_token: slot.fencing_token,
@@ -345,6 +347,33 @@ impl LockBackend for MemoryBackend {
         let entries = self.entries();
         let now = self.now();
         Ok(entries.get(name).map(|e| Self::info(name, e, now)))
+    }
+
+    async fn holders(&self, name: &str) -> Result<Vec<LeaseHolder>> {
+        let entries = self.entries();
+        let now = self.now();
+        let Some(e) = entries.get(name) else {
+            return Ok(Vec::new());
+        };
+        if e.exclusive_held(now) {
+            return Ok(LeaseHolder::from_info(&Self::info(name, e, now))
+                .into_iter()
+                .collect());
+        }
+        let mut slots: Vec<LeaseHolder> = e
+            .slots
+            .iter()
+            .filter(|s| s.expires_at > now)
+            .map(|s| LeaseHolder {
+                lease_id: s.lease_id.clone(),
+                fencing_token: s.fencing_token,
+                acquired_at: s.acquired_at,
+                expires_at: s.expires_at,
+                holder: Some(s.holder.clone()),
+            })
+            .collect();
+        slots.sort_by_key(|s| s.fencing_token);
+        Ok(slots)
     }
 
     async fn list(&self) -> Result<Vec<LockInfo>> {

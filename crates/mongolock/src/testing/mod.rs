@@ -129,6 +129,7 @@ macro_rules! contract_suite {
             semaphore_bad_limits_are_typed_errors,
             semaphore_and_lock_on_one_name_exclude_each_other,
             semaphore_slots_are_separate_leases,
+            holders_shows_every_slot_holder,
             dropped_semaphore_acquires_leave_no_slot_held,
             rwlock_readers_overlap_and_a_writer_excludes_everyone,
             rwlock_tokens_are_shared_by_readers_and_writers,

@@ -277,6 +277,92 @@ pub async fn semaphore_slots_are_separate_leases(backend: Arc<dyn LockBackend>) 
     d.release().await.unwrap();
 }
 
+/// `holders` reports every slot holder of a semaphore (lease id, token, times, holder info, in
+/// grant order), every reader of a read-write lock, the one holder of a lock, and nobody for a
+/// released or unknown name.
+pub async fn holders_shows_every_slot_holder(backend: Arc<dyn LockBackend>) {
+    let named = |app: &str| builder(&backend).app_name(app).build().unwrap();
+    let (pa, pb) = (named("holder-a"), named("holder-b"));
+    let name = unique_name("sem-holders");
+    let a = pa
+        .semaphore(name.clone(), 3)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let b = pb
+        .semaphore(name.clone(), 3)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let c = pa
+        .semaphore(name.clone(), 3)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let all = pa.holders(&name).await.unwrap();
+    let ids: Vec<&str> = all.iter().map(|h| h.lease_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            a.lease_id().as_str(),
+            b.lease_id().as_str(),
+            c.lease_id().as_str()
+        ],
+        "{name}: {all:?}"
+    );
+    for (h, (g, app)) in all
+        .iter()
+        .zip([(&a, "holder-a"), (&b, "holder-b"), (&c, "holder-a")])
+    {
+        assert_eq!(h.fencing_token, g.fencing_token(), "{name}: {h:?}");
+        assert_eq!(h.acquired_at, g.acquired_at(), "{name}: {h:?}");
+        assert!(h.expires_at > h.acquired_at, "{name}: {h:?}");
+        let holder = h.holder.as_ref().expect("holder info of a slot");
+        assert_eq!(holder.app_name.as_deref(), Some(app), "{name}: {h:?}");
+        assert_eq!(holder.pid, std::process::id(), "{name}: {h:?}");
+    }
+    b.release().await.unwrap();
+    let left: Vec<u64> = backend
+        .holders(&name)
+        .await
+        .unwrap()
+        .iter()
+        .map(|h| h.fencing_token)
+        .collect();
+    assert_eq!(left, [a.fencing_token(), c.fencing_token()], "{name}");
+    a.release().await.unwrap();
+    c.release().await.unwrap();
+    assert!(backend.holders(&name).await.unwrap().is_empty(), "{name}");
+
+    let rw = pa.rw_lock(unique_name("rw-holders")).unwrap();
+    let (r1, r2) = (rw.read().await.unwrap(), rw.read().await.unwrap());
+    let readers = backend.holders(rw.name()).await.unwrap();
+    assert_eq!(readers.len(), 2, "{readers:?}");
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+
+    let lock_name = unique_name("lock-holders");
+    let g = pb.lock(lock_name.clone()).unwrap().acquire().await.unwrap();
+    let one = backend.holders(&lock_name).await.unwrap();
+    assert_eq!(one.len(), 1, "{lock_name}: {one:?}");
+    assert_eq!(one[0].lease_id, *g.lease_id(), "{lock_name}");
+    assert_eq!(one[0].fencing_token, g.fencing_token(), "{lock_name}");
+    assert_eq!(
+        one[0].holder.as_ref().and_then(|h| h.app_name.as_deref()),
+        Some("holder-b")
+    );
+    g.release().await.unwrap();
+    assert!(backend.holders(&lock_name).await.unwrap().is_empty());
+    assert!(backend
+        .holders(&unique_name("never"))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
 /// Dropping acquire futures at random points, under contention, never leaves a slot held.
 pub async fn dropped_semaphore_acquires_leave_no_slot_held(backend: Arc<dyn LockBackend>) {
     const LIMIT: u32 = 2;

@@ -179,7 +179,8 @@ pub(crate) fn lease(
     })
 }
 
-fn holder(d: &Document) -> Option<HolderInfo> {
+/// The holder metadata in `d`'s `holder` field (a lock document, or one semaphore slot).
+pub(crate) fn holder(d: &Document) -> Option<HolderInfo> {
     let h = d.get_document(HOLDER).ok()?;
     let pid = match h.get("pid") {
         Some(Bson::Int64(p)) => u32::try_from(*p).unwrap_or(0),

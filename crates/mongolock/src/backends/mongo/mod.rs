@@ -511,6 +511,10 @@ impl LockBackend for MongoBackend {
         ops::list(&self.reads).await
     }
 
+    async fn holders(&self, name: &str) -> Result<Vec<crate::backend::LeaseHolder>> {
+        ops::holders(&self.reads, name).await
+    }
+
     async fn force_release(&self, name: &str) -> Result<bool> {
         ops::force_release(&self.coll, name, self.fair_handoff).await
     }

@@ -10,8 +10,8 @@ use mongodb::Collection;
 use super::document::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT};
 use super::errors::classify;
 use super::queue;
-use super::slots::{LIMIT, SLOTS};
-use crate::backend::{LeaseId, LockInfo};
+use super::slots::{self, LIMIT, SLOTS};
+use crate::backend::{LeaseHolder, LeaseId, LockInfo};
 use crate::error::Result;
 
 /// The pipeline of a force-release: no lease id, expiry no later than now, the token stays, and
@@ -137,6 +137,24 @@ pub(super) async fn inspect(coll: &Collection<Document>, name: &str) -> Result<O
         .await?
         .into_iter()
         .next())
+}
+
+/// Every current holder of `name` (see [`slots::holders`]), judged by the server's time.
+pub(super) async fn holders(coll: &Collection<Document>, name: &str) -> Result<Vec<LeaseHolder>> {
+    const OP: &str = "holders (aggregate)";
+    let cursor = coll
+        .aggregate(vec![
+            doc! { "$match": { "_id": name } },
+            doc! { "$addFields": { OBSERVED_AT: "$$NOW" } },
+        ])
+        .await
+        .map_err(|e| classify(e, OP))?;
+    let docs: Vec<Document> = cursor.try_collect().await.map_err(|e| classify(e, OP))?;
+    let Some(d) = docs.first() else {
+        return Ok(Vec::new());
+    };
+    let observed_at = document::require_date(d, OBSERVED_AT, document::LockSite::Named, name)?;
+    slots::holders(d, observed_at, name)
 }
 
 pub(super) async fn list(coll: &Collection<Document>) -> Result<Vec<LockInfo>> {

@@ -65,7 +65,7 @@ use super::document::{
     RELEASED, RELEASED_KEPT, TOKEN,
 };
 use super::errors::classify;
-use crate::backend::{AcquireRequest, Attempt, Lease, LeaseId};
+use crate::backend::{AcquireRequest, Attempt, Lease, LeaseHolder, LeaseId};
 use crate::error::{Error, Result};
 
 /// The slot limit; a number exactly in slot mode.
@@ -214,6 +214,41 @@ fn slot_lease(s: &Document, name: &str) -> Result<Option<Lease>> {
         acquired_at: document::require_date(s, "at", LockSite::Named, name)?,
         expires_at: document::require_date(s, "exp", LockSite::Named, name)?,
     }))
+}
+
+/// Every current holder recorded in the lock document `d` read at server time `observed_at`:
+/// each unexpired slot whose token was issued, in grant order, in slot mode; else the holder
+/// of the unexpired exclusive lease.
+pub(super) fn holders(
+    d: &Document,
+    observed_at: SystemTime,
+    name: &str,
+) -> Result<Vec<LeaseHolder>> {
+    if limit_of(d).is_none() {
+        let info = document::lock_state(d, observed_at, LockSite::Named, name.to_owned())?;
+        return Ok(LeaseHolder::from_info(&info).into_iter().collect());
+    }
+    let mut all = Vec::new();
+    for s in d
+        .get_array(SLOTS)
+        .map(|a| a.iter().filter_map(Bson::as_document).collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        let (Ok(id), Some(lease)) = (s.get_str("id"), slot_lease(s, name)?) else {
+            continue;
+        };
+        if lease.expires_at > observed_at {
+            all.push(LeaseHolder {
+                lease_id: LeaseId::from_string(id),
+                fencing_token: lease.fencing_token,
+                acquired_at: lease.acquired_at,
+                expires_at: lease.expires_at,
+                holder: document::holder(s),
+            });
+        }
+    }
+    all.sort_by_key(|h| h.fencing_token);
+    Ok(all)
 }
 
 /// The slot's token under the field name [`document::token`] reads.

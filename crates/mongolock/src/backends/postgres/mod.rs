@@ -829,6 +829,14 @@ impl LockBackend for PostgresBackend {
         rows.iter().map(ops::info).collect()
     }
 
+    async fn holders(&self, name: &str) -> Result<Vec<crate::backend::LeaseHolder>> {
+        ops::check_name(name)?;
+        let rows = self
+            .query("holders", &self.inner.schema.holders, &[&name])
+            .await?;
+        rows.iter().map(ops::holder).collect()
+    }
+
     async fn force_release(&self, name: &str) -> Result<bool> {
         ops::check_name(name)?;
         let rows = self

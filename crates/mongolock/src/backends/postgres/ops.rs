@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::Row;
 
-use crate::backend::{AcquireRequest, Attempt, Lease, LeaseId, LockInfo};
+use crate::backend::{AcquireRequest, Attempt, Lease, LeaseHolder, LeaseId, LockInfo};
 use crate::error::{Error, Result};
 use crate::holder::HolderInfo;
 
@@ -138,6 +138,25 @@ pub(crate) fn slot_attempt(rows: &[Row], name: &str, limit: u32) -> Result<Attem
     }
     Ok(Attempt::Busy {
         holder_expires_at: expires_at,
+    })
+}
+
+/// A row of the holders query.
+pub(crate) fn holder(row: &Row) -> Result<LeaseHolder> {
+    let host: Option<String> = row.try_get("holder_host").map_err(decode)?;
+    let pid: Option<i64> = row.try_get("holder_pid").map_err(decode)?;
+    let app: Option<String> = row.try_get("holder_app").map_err(decode)?;
+    let lease_id: String = row.try_get("lease_id").map_err(decode)?;
+    Ok(LeaseHolder {
+        lease_id: LeaseId::from_string(lease_id),
+        fencing_token: token(row, "fencing_token")?,
+        acquired_at: row.try_get("acquired_at").map_err(decode)?,
+        expires_at: row.try_get("expires_at").map_err(decode)?,
+        holder: host.map(|host| HolderInfo {
+            host,
+            pid: pid.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
+            app_name: app,
+        }),
     })
 }
 

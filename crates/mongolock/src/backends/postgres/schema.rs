@@ -82,6 +82,8 @@ pub(crate) struct Schema {
     pub(crate) release: String,
     pub(crate) force_release: String,
     pub(crate) inspect: String,
+    /// Every current holder of `$1`: rows of [`ops::holder`](super::ops::holder).
+    pub(crate) holders: String,
     pub(crate) list: String,
     pub(crate) lease_of: String,
     pub(crate) cleanup: String,
@@ -164,14 +166,15 @@ impl Schema {
                SELECT $1::text, NULL::text, n.v, c.now, c.now + {ttl}, $4::text, $5::bigint,
                       $6::text, $7::integer,
                       jsonb_build_array(jsonb_build_object('id', $2::text, 'token', n.v,
-                        'at', c.now, 'exp', c.now + {ttl}))
+                        'at', c.now, 'exp', c.now + {ttl}, 'holder', {slot_holder}))
                  FROM (SELECT {next} AS v) n, (SELECT clock_timestamp() AS now) c
                ON CONFLICT (name) DO UPDATE SET
                  (fencing_token, acquired_at, expires_at, slots, lease_id, slot_limit,
                   holder_host, holder_pid, holder_app) =
                  (SELECT n.v, c.now, greatest(c.now + {ttl}, l.expires_at),
                          {live_l} || jsonb_build_array(jsonb_build_object('id', $2::text,
-                           'token', n.v, 'at', c.now, 'exp', c.now + {ttl})),
+                           'token', n.v, 'at', c.now, 'exp', c.now + {ttl},
+                           'holder', {slot_holder})),
                          NULL::text, EXCLUDED.slot_limit, EXCLUDED.holder_host,
                          EXCLUDED.holder_pid, EXCLUDED.holder_app
                     FROM (SELECT {next} AS v) n, (SELECT clock_timestamp() AS now) c)
@@ -193,6 +196,8 @@ impl Schema {
                 AND NOT EXISTS (SELECT 1 FROM granted)",
             live_l = live("l"),
             count_l = live_count("l"),
+            slot_holder =
+                "jsonb_build_object('host', $4::text, 'pid', $5::bigint, 'app', $6::text)",
             next_t = next_exp(t),
             count_t = live_count(t),
         );
@@ -258,6 +263,25 @@ impl Schema {
                FROM {t}, (SELECT clock_timestamp() AS now) c"
         );
         let inspect = format!("{select} WHERE name = $1");
+        // Every current holder: the unexpired slots (semaphore mode), or the unexpired
+        // exclusive lease; in grant order.
+        let holders = format!(
+            "SELECT s->>'id' AS lease_id, (s->>'token')::bigint AS fencing_token,
+                    (s->>'at')::timestamptz AS acquired_at, (s->>'exp')::timestamptz AS expires_at,
+                    s->'holder'->>'host' AS holder_host, (s->'holder'->>'pid')::bigint AS holder_pid,
+                    s->'holder'->>'app' AS holder_app
+               FROM {t}, jsonb_array_elements(CASE WHEN slot_limit IS NULL THEN '[]'::jsonb
+                                                   ELSE slots END) s
+              WHERE name = $1 AND s->>'token' IS NOT NULL
+                AND (s->>'exp')::timestamptz > clock_timestamp()
+             UNION ALL
+             SELECT lease_id, fencing_token, acquired_at, expires_at, holder_host, holder_pid,
+                    holder_app
+               FROM {t}
+              WHERE name = $1 AND slot_limit IS NULL AND lease_id IS NOT NULL
+                AND expires_at > clock_timestamp()
+             ORDER BY fencing_token"
+        );
         let list = format!("{select} ORDER BY name COLLATE \"C\"");
         // Whether `$2` still holds the name: its exclusive lease or one of its slots.
         let lease_of = format!(
@@ -282,6 +306,7 @@ impl Schema {
             release,
             force_release,
             inspect,
+            holders,
             list,
             lease_of,
             cleanup,
