@@ -110,6 +110,7 @@ pub(crate) struct Hub {
 
 /// Which names the open feed delivers changes of.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(not(feature = "mongodb"), allow(dead_code))] // Narrowed feeds: MongoDB only.
 pub(crate) enum Covered {
     /// Every name.
     #[default]
@@ -153,6 +154,7 @@ pub(crate) struct NameState {
     /// Acquirers registered with [`Hub::change_waiter`] and not yet woken or dropped.
     acquirers: AtomicUsize,
     /// When the entry was created (a feed covers holders' names lazily, see [`Hub::uncovered_since`]).
+    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     since: Instant,
 }
 
@@ -444,12 +446,14 @@ impl Hub {
         }
     }
 
+    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     /// Completes when a name that is not covered was wanted (at once if one was wanted since
     /// the last call). For the feed's task only (one waiter).
     pub(crate) async fn widen_wanted(&self) {
         self.widen.notified().await;
     }
 
+    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     /// Whether a name that is not covered was wanted since the last [`interest`](Self::interest)
     /// and is still in use without coverage.
     pub(crate) fn is_wanted(&self) -> bool {
@@ -461,6 +465,7 @@ impl Hub {
         names.wanted
     }
 
+    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     /// Whether some name without coverage has had an entry since `before` or earlier (held
     /// names are covered lazily, so that a lease released soon after its grant costs the feed
     /// nothing).
@@ -475,6 +480,7 @@ impl Hub {
         }
     }
 
+    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     /// The names somebody here waits on or holds, for a feed about to narrow itself to them;
     /// clears [`is_wanted`](Self::is_wanted).
     pub(crate) fn interest(&self) -> Vec<Arc<str>> {
@@ -483,6 +489,7 @@ impl Hub {
         names.map.keys().cloned().collect()
     }
 
+    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     /// Installs what a feed that was just opened (or reopened where it was) covers, and
     /// re-checks the names that were not covered before: their acquirers and observers are
     /// woken and their holders read their lock once (changes before now may have been missed).
