@@ -22,7 +22,7 @@
 //! println!("holding {} with fencing token {}", guard.name(), guard.fencing_token());
 //!
 //! // Others get `None` when their timeout ends (zero = exactly one attempt).
-//! let other = provider.try_acquire("reports:daily", Duration::from_secs(30), Timeout::Zero).await?;
+//! let other = provider.acquire_for("reports:daily", Duration::from_secs(30), Timeout::Zero).await?;
 //! assert!(other.is_none());
 //!
 //! // Work while watching the lost signal; pass the fencing token to the protected resource.

@@ -540,7 +540,7 @@ async fn the_default_provider_uses_distributed_locks() {
         Duration::from_secs(10)
     );
     let g = provider
-        .try_acquire("door:front", Duration::from_secs(30), Timeout::Zero)
+        .acquire_for("door:front", Duration::from_secs(30), Timeout::Zero)
         .await
         .unwrap()
         .unwrap();

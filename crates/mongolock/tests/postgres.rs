@@ -265,7 +265,7 @@ async fn bad_input_gives_typed_errors() {
     // Through the provider too.
     let p = provider(&b, Duration::from_secs(5), WaitStrategy::default());
     assert!(matches!(
-        p.try_acquire("a\0b", Duration::from_secs(5), Timeout::Zero)
+        p.acquire_for("a\0b", Duration::from_secs(5), Timeout::Zero)
             .await,
         Err(Error::InvalidName { .. })
     ));

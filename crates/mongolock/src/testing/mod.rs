@@ -120,7 +120,7 @@ macro_rules! contract_suite {
             force_release_ends_the_lease_and_signals_loss,
             dropping_a_guard_releases,
             dropping_a_release_future_still_releases,
-            try_acquire_with_ttl_and_timeout,
+            acquire_for_with_ttl_and_timeout,
             release_is_idempotent_for_the_owner,
             a_lost_grant_is_released_when_the_call_gives_up,
             semaphore_never_exceeds_its_limit,
@@ -758,11 +758,11 @@ pub async fn bad_input_is_rejected_before_the_backend(backend: Arc<dyn LockBacke
         })
     ));
     assert!(matches!(
-        p.try_acquire("k", Duration::ZERO, Timeout::Zero).await,
+        p.acquire_for("k", Duration::ZERO, Timeout::Zero).await,
         Err(Error::InvalidOptions { .. })
     ));
     assert!(matches!(
-        p.try_acquire("", Duration::from_secs(1), Timeout::Forever)
+        p.acquire_for("", Duration::from_secs(1), Timeout::Forever)
             .await,
         Err(Error::InvalidName { .. })
     ));
@@ -916,12 +916,12 @@ pub async fn dropping_a_release_future_still_releases(backend: Arc<dyn LockBacke
     }
 }
 
-/// The `try_acquire(key, ttl, timeout)` form.
-pub async fn try_acquire_with_ttl_and_timeout(backend: Arc<dyn LockBackend>) {
+/// The `acquire_for(key, ttl, timeout)` form.
+pub async fn acquire_for_with_ttl_and_timeout(backend: Arc<dyn LockBackend>) {
     let key = unique_name("door:front");
     let p = provider(&backend);
     let g = p
-        .try_acquire(&key, Duration::from_secs(30), Timeout::Zero)
+        .acquire_for(&key, Duration::from_secs(30), Timeout::Zero)
         .await
         .unwrap()
         .expect("free");
@@ -931,13 +931,13 @@ pub async fn try_acquire_with_ttl_and_timeout(backend: Arc<dyn LockBackend>) {
         "{ttl:?}"
     );
     let none = p
-        .try_acquire(&key, Duration::from_secs(30), Duration::from_millis(200))
+        .acquire_for(&key, Duration::from_secs(30), Duration::from_millis(200))
         .await
         .unwrap();
     assert!(none.is_none());
     g.release().await.unwrap();
     let again = p
-        .try_acquire(&key, Duration::from_secs(1), Some(Duration::from_secs(5)))
+        .acquire_for(&key, Duration::from_secs(1), Some(Duration::from_secs(5)))
         .await
         .unwrap()
         .expect("free again");
