@@ -342,7 +342,7 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
         }
     } else if roll < 0.45 {
         let name = pick_hot(rng, &env.cfg);
-        let got = bounded(env, rng, env.auto.try_acquire(&name, lease, Timeout::Zero)).await;
+        let got = bounded(env, rng, env.auto.acquire_for(&name, lease, Timeout::Zero)).await;
         if let Some(g) = got {
             hold_and_end(env, rng, g, "try_acquire", false).await;
         }
@@ -370,7 +370,7 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
             return;
         };
         if let Some(g) = bounded(env, rng, lock.try_acquire()).await {
-            hold_and_end(env, rng, g, "try_acquire(run out)", true).await;
+            hold_and_end(env, rng, g, "acquire_for(run out)", true).await;
         }
     } else if roll < 0.95 {
         let Some(docs) = &env.docs else {
