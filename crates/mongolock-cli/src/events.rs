@@ -246,11 +246,7 @@ pub fn leader_json(leader: Option<&LeaderInfo>) -> Value {
         "name": l.role,
         "fencing_token": l.term,
         "lease_id": l.lease_id.as_ref().map(|id| id.as_str()),
-        "holder": l.holder.as_ref().map(|h| json!({
-            "host": h.host,
-            "pid": h.pid,
-            "app": h.app_name,
-        })),
+        "holder": l.holder.as_ref().map(|h| serde_json::to_value(h).unwrap_or(Value::Null)),
         "acquired_at": l.since.map(timestamp),
         "expires_at": l.expires_at.map(timestamp),
     })

@@ -64,21 +64,28 @@ pub fn with_holders(info: &LockInfo, holders: &[LeaseHolder]) -> Value {
     v
 }
 
-/// One holder as JSON: `lease_id`, `fencing_token`, `holder`, `acquired_at`, `expires_at` and
-/// `expires_in_ms` (from the lock's `observed_at`).
+/// One holder as JSON: the library's serialization of [`LeaseHolder`] (`lease_id`,
+/// `fencing_token`, `holder`, `acquired_at`, `expires_at`) and `expires_in_ms` (from the lock's
+/// `observed_at`).
 pub fn holder_json(info: &LockInfo, h: &LeaseHolder) -> Value {
-    json!({
-        "lease_id": h.lease_id.as_str(),
-        "fencing_token": h.fencing_token,
-        "holder": h.holder.as_ref().map(|h| json!({
-            "host": h.host,
-            "pid": h.pid,
-            "app": h.app_name,
-        })),
-        "acquired_at": timestamp(h.acquired_at),
-        "expires_at": timestamp(h.expires_at),
-        "expires_in_ms": ms_from_observed(info, h.expires_at),
-    })
+    extended(
+        serde_json::to_value(h),
+        [("expires_in_ms", json!(ms_from_observed(info, h.expires_at)))],
+    )
+}
+
+/// `value` (a serialized library type: always an object) with `extra` fields added.
+fn extended<const N: usize>(value: serde_json::Result<Value>, extra: [(&str, Value); N]) -> Value {
+    // Serializing these plain structs cannot fail (string keys, no maps); an empty object
+    // stands in regardless.
+    let mut map = match value {
+        Ok(Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    for (k, v) in extra {
+        map.insert(k.to_owned(), v);
+    }
+    Value::Object(map)
 }
 
 /// One holder on one line for people: `token 12  host (pid 42) app "x"  expires in 9.8s  lease
@@ -156,24 +163,20 @@ pub fn holder_text(info: &LockInfo) -> String {
         .map_or_else(|| "-".to_owned(), |h| h.to_string())
 }
 
-/// The JSON form of one lock (stable field names, for scripts).
+/// The JSON form of one lock (stable field names, for scripts): the library's serialization of
+/// [`LockInfo`] (`name`, `held`, `lease_id`, `fencing_token`, `holder`, `acquired_at`,
+/// `expires_at`, `observed_at`), with `state` and `expires_in_ms`.
 pub fn to_json(info: &LockInfo) -> Value {
-    json!({
-        "name": info.name,
-        "state": state(info),
-        "held": info.held,
-        "fencing_token": info.fencing_token,
-        "lease_id": info.lease_id.as_ref().map(|l| l.as_str()),
-        "holder": info.holder.as_ref().map(|h| json!({
-            "host": h.host,
-            "pid": h.pid,
-            "app": h.app_name,
-        })),
-        "acquired_at": info.acquired_at.map(timestamp),
-        "expires_at": info.expires_at.map(timestamp),
-        "expires_in_ms": info.expires_at.map(|at| ms_from_observed(info, at)),
-        "observed_at": timestamp(info.observed_at),
-    })
+    extended(
+        serde_json::to_value(info),
+        [
+            ("state", json!(state(info))),
+            (
+                "expires_in_ms",
+                json!(info.expires_at.map(|at| ms_from_observed(info, at))),
+            ),
+        ],
+    )
 }
 
 /// Pretty JSON. Serialising a `Value` cannot fail; fall back to the compact form regardless.

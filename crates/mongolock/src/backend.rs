@@ -80,6 +80,7 @@ use crate::holder::HolderInfo;
 /// Unique identifier of one lease (one successful acquire call). Extension and release are
 /// matched against it, so a process can never extend or release someone else's lease.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize), serde(transparent))]
 pub struct LeaseId(String);
 
 impl LeaseId {
@@ -169,6 +170,7 @@ pub enum Attempt {
 /// A read-only view of one lock, as returned by [`LockBackend::inspect`] and
 /// [`LockBackend::list`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LockInfo {
     /// The lock name.
     pub name: String,
@@ -182,24 +184,45 @@ pub struct LockInfo {
     /// Metadata of the current or most recent holder.
     pub holder: Option<HolderInfo>,
     /// Server time at which the current or most recent lease was granted.
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "crate::serde_time::rfc3339_opt")
+    )]
     pub acquired_at: Option<SystemTime>,
     /// Server time at which the current lease expires (or the most recent one ended).
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "crate::serde_time::rfc3339_opt")
+    )]
     pub expires_at: Option<SystemTime>,
     /// Server time of the read.
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "crate::serde_time::rfc3339")
+    )]
     pub observed_at: SystemTime,
 }
 
 /// One current holder of a name, as returned by [`LockBackend::holders`]: the exclusive lease,
 /// one semaphore slot, or one reader of a read-write lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LeaseHolder {
     /// The holder's lease id.
     pub lease_id: LeaseId,
     /// The fencing token issued with this lease.
     pub fencing_token: u64,
     /// Server time at which this lease was granted.
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "crate::serde_time::rfc3339")
+    )]
     pub acquired_at: SystemTime,
     /// Server time at which this lease expires unless extended.
+    #[cfg_attr(
+        feature = "serde",
+        serde(serialize_with = "crate::serde_time::rfc3339")
+    )]
     pub expires_at: SystemTime,
     /// The holder's metadata, when the backend stores it for this lease.
     pub holder: Option<HolderInfo>,

@@ -5,6 +5,7 @@
 ///
 /// This is informational only: ownership is decided by the lease id, never by this metadata.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HolderInfo {
     /// Host name of the holding process (`"unknown"` when it cannot be determined).
     pub host: String,
@@ -12,6 +13,8 @@ pub struct HolderInfo {
     pub pid: u32,
     /// Application name configured with
     /// [`LockProviderBuilder::app_name`](crate::LockProviderBuilder::app_name).
+    /// (Serialized as `app`, the name the lock documents store it under.)
+    #[cfg_attr(feature = "serde", serde(rename = "app"))]
     pub app_name: Option<String>,
 }
 

@@ -135,6 +135,7 @@
 //! | `dns-resolver` | yes | `mongodb+srv://` URIs: forwards the driver's `dns-resolver` (hickory). Implies `mongodb`. |
 //! | `postgres` | no | `PostgresBackend` (tokio-postgres, deadpool, TLS by rustls). |
 //! | `metrics` | no | Metrics through the [`metrics`](https://docs.rs/metrics) facade; see below. |
+//! | `serde` | no | `serde::Serialize` for [`LockInfo`], [`LeaseHolder`](backend::LeaseHolder), [`HolderInfo`] and [`LeaseId`] (what `inspect`, `list` and `holders` return; times as RFC 3339 strings). |
 //! | `testing` | no | The contract suite every backend runs (`mongolock::testing`; not API-stable). |
 //!
 //! The default build is the MongoDB backend with the driver's default TLS and DNS behaviour.
@@ -189,6 +190,8 @@ mod options;
 mod provider;
 pub mod rwlock;
 mod semaphore;
+#[cfg(feature = "serde")]
+mod serde_time;
 mod wait;
 
 #[cfg(feature = "metrics")]
