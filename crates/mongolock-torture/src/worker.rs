@@ -471,7 +471,7 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
             return;
         };
         if let Some(g) = bounded(env, rng, lock.try_acquire()).await {
-            hold_and_end(env, rng, g, "try_acquire(run out)", true).await;
+            hold_and_end(env, rng, g, "acquire_for(run out)", true).await;
         }
     } else if roll < 0.95 {
         let Some(docs) = &env.docs else {

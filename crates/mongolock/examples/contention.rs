@@ -80,7 +80,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Meanwhile, a one-shot attempt (zero timeout) that does not wait.
     tokio::time::sleep(Duration::from_millis(50)).await;
     match provider
-        .try_acquire(LOCK, Duration::from_secs(5), Timeout::Zero)
+        .acquire_for(LOCK, Duration::from_secs(5), Timeout::Zero)
         .await?
     {
         Some(guard) => guard.release().await?,

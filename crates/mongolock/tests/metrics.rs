@@ -341,7 +341,7 @@ async fn label_mapping_bounds_cardinality() {
         .unwrap();
     for id in 0..3 {
         let guard = provider
-            .try_acquire(
+            .acquire_for(
                 &format!("mapped:{id}"),
                 Duration::from_secs(5),
                 Timeout::Zero,

@@ -515,7 +515,7 @@ pub async fn timeout_zero_is_one_attempt(backend: Arc<dyn LockBackend>) {
         .is_none());
     assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
     assert!(p
-        .try_acquire(&name, Duration::from_secs(5), Timeout::Zero)
+        .acquire_for(&name, Duration::from_secs(5), Timeout::Zero)
         .await
         .unwrap()
         .is_none());
@@ -581,7 +581,7 @@ pub async fn timeout_forever_waits_until_released(backend: Arc<dyn LockBackend>)
                 let got = if form == 0 {
                     p.lock(name).unwrap().acquire().await.unwrap()
                 } else {
-                    p.try_acquire(&name, Duration::from_secs(5), Timeout::Forever)
+                    p.acquire_for(&name, Duration::from_secs(5), Timeout::Forever)
                         .await
                         .unwrap()
                         .expect("Forever never returns None")
