@@ -3,6 +3,11 @@
 //! their logs, the final state of the lock collections and what the CLI's commands observed.
 //! It never asks the library anything.
 //!
+//! Semaphore slots ([`SlotEvent`], MongoDB) are checked too: at most `limit` live at any grant,
+//! slot tokens growing per name. A released slot ends at its release *in write order* (the
+//! release is not timed), like an exclusive release; one pruned after expiry ends at its last
+//! `exp`.
+//!
 //! Every input arrives in the order it happened *per name* (the change stream of a collection
 //! delivers the writes of one document in write order), so each check needs only the previous
 //! record of the same name.
