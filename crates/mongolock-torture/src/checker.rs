@@ -336,7 +336,8 @@ impl Checker {
                 st.open.remove(&id);
                 // Slots that ended without a release stay counted until their end; keep them a
                 // while past it (grants are stamped at their command's start).
-                st.ran_out.retain(|s| s.end_us > at_us.saturating_sub(10_000_000));
+                st.ran_out
+                    .retain(|s| s.end_us > at_us.saturating_sub(10_000_000));
                 let live: Vec<SlotSpan> = st
                     .open
                     .values()
