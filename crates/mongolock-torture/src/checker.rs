@@ -3,6 +3,11 @@
 //! their logs, the final state of the lock collections and what the CLI's commands observed.
 //! It never asks the library anything.
 //!
+//! Semaphore slots ([`SlotEvent`], MongoDB) are checked too: at most `limit` live at any grant,
+//! slot tokens growing per name. A released slot ends at its release *in write order* (the
+//! release is not timed), like an exclusive release; one pruned after expiry ends at its last
+//! `exp`.
+//!
 //! Every input arrives in the order it happened *per name* (the change stream of a collection
 //! delivers the writes of one document in write order), so each check needs only the previous
 //! record of the same name.
@@ -47,6 +52,79 @@ pub struct AcceptedWrite {
     pub at_us: i64,
 }
 
+/// What the recorder saw happen to one slot of a semaphore name (`crate::history::SlotHistory`),
+/// in write order per name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotEvent {
+    /// A slot appeared in the name's `slots` (or was replaced by a retry of its holder).
+    Granted {
+        name: String,
+        /// The slot's lease id.
+        id: String,
+        /// Its token (`None`: not stamped yet).
+        token: Option<u64>,
+        /// Server time (µs) of the grant (`at`).
+        at_us: i64,
+        /// Its expiry (`exp`).
+        exp_us: i64,
+        /// The document's `limit` as the grant left it.
+        limit: u64,
+        /// The holder's application name.
+        holder: String,
+    },
+    /// An open slot got a (new) token (stamped).
+    Token {
+        name: String,
+        id: String,
+        token: u64,
+    },
+    /// An open slot's `exp` moved (extension).
+    Extended {
+        name: String,
+        id: String,
+        exp_us: i64,
+    },
+    /// A slot disappeared: released by its holder (it ends at that write, in write order), or
+    /// pruned after it expired or deleted with the document (it ends at its last `exp`,
+    /// `end_us`).
+    Ended {
+        name: String,
+        id: String,
+        released: bool,
+        end_us: i64,
+    },
+}
+
+/// A slot the checker counts: open, or ended without a release (until its end is past).
+#[derive(Clone, Debug)]
+struct SlotSpan {
+    id: String,
+    at_us: i64,
+    end_us: i64,
+    holder: String,
+}
+
+/// Per semaphore name: the open slots, the ones that ended without a release, the largest token.
+#[derive(Default)]
+struct SemState {
+    open: HashMap<String, SlotSpan>,
+    ran_out: Vec<SlotSpan>,
+    max_token: Option<u64>,
+}
+
+/// Slot counts for the summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SlotCounts {
+    /// Slots granted (each grant and each retry that replaced its own slot).
+    pub granted: u64,
+    /// Slots ended by their holder's release.
+    pub released: u64,
+    /// Slots that ended without a release (pruned after expiry, or deleted).
+    pub expired: u64,
+    /// The most slots of one name seen live at one grant (including that grant).
+    pub max_live: u64,
+}
+
 /// A line of a worker's log that the checker uses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WorkerEvent {
@@ -77,11 +155,15 @@ pub enum ViolationKind {
     HeldAfterEnd,
     /// Two `mongolock exec` commands on one lock ran at the same time.
     CliOverlap,
+    /// More slots of a semaphore name than its limit were live at one instant of server time.
+    SlotOverLimit,
+    /// A slot token was not larger than every token granted before for its name.
+    SlotTokenNotIncreasing,
 }
 
 impl ViolationKind {
     /// Every kind, in report order.
-    pub const ALL: [ViolationKind; 7] = [
+    pub const ALL: [ViolationKind; 9] = [
         ViolationKind::Overlap,
         ViolationKind::TokenNotIncreasing,
         ViolationKind::StaleWriteAccepted,
@@ -89,6 +171,8 @@ impl ViolationKind {
         ViolationKind::UnloggedWrite,
         ViolationKind::HeldAfterEnd,
         ViolationKind::CliOverlap,
+        ViolationKind::SlotOverLimit,
+        ViolationKind::SlotTokenNotIncreasing,
     ];
 
     /// Short name used in the summary.
@@ -101,6 +185,8 @@ impl ViolationKind {
             ViolationKind::UnloggedWrite => "unlogged_write",
             ViolationKind::HeldAfterEnd => "held_after_end",
             ViolationKind::CliOverlap => "cli_overlap",
+            ViolationKind::SlotOverLimit => "slot_over_limit",
+            ViolationKind::SlotTokenNotIncreasing => "slot_token_not_increasing",
         }
     }
 }
@@ -145,6 +231,8 @@ pub struct Checker {
     inversions: u64,
     max_inversion_us: i64,
     strict_release_order: bool,
+    sems: HashMap<String, SemState>,
+    slot_counts: SlotCounts,
 }
 
 impl Checker {
@@ -224,6 +312,130 @@ impl Checker {
             *entry = (*entry).max(token);
         }
         self.last_grant.insert(grant.name.clone(), grant);
+    }
+
+    /// One slot event of a semaphore name, in write order per name. Checks (7): at the grant
+    /// time of every slot, fewer than `limit` other slots of the name are live (opened and not
+    /// released before it in write order, and ending after its `at`: their last `exp`) — the
+    /// most intervals overlap at some interval's start, so checking each start suffices; and
+    /// (8): every slot token is larger than every token granted before for the name.
+    pub fn slot(&mut self, event: SlotEvent) {
+        match event {
+            SlotEvent::Granted {
+                name,
+                id,
+                token,
+                at_us,
+                exp_us,
+                limit,
+                holder,
+            } => {
+                self.slot_counts.granted += 1;
+                let st = self.sems.entry(name.clone()).or_default();
+                // A retry of the same holder replaces its own slot.
+                st.open.remove(&id);
+                // Slots that ended without a release stay counted until their end; keep them a
+                // while past it (grants are stamped at their command's start).
+                st.ran_out
+                    .retain(|s| s.end_us > at_us.saturating_sub(10_000_000));
+                let live: Vec<SlotSpan> = st
+                    .open
+                    .values()
+                    .chain(st.ran_out.iter())
+                    .filter(|s| s.end_us > at_us && s.at_us <= at_us)
+                    .cloned()
+                    .collect();
+                let max_token = st.max_token;
+                st.open.insert(
+                    id.clone(),
+                    SlotSpan {
+                        id: id.clone(),
+                        at_us,
+                        end_us: exp_us,
+                        holder: holder.clone(),
+                    },
+                );
+                if let Some(t) = token {
+                    st.max_token = Some(st.max_token.map_or(t, |m| m.max(t)));
+                }
+                self.slot_counts.max_live = self.slot_counts.max_live.max(live.len() as u64 + 1);
+                if live.len() as u64 >= limit {
+                    let others = live
+                        .iter()
+                        .map(|s| {
+                            format!(
+                                "{} (holder {:?}) [{}, {})",
+                                s.id,
+                                s.holder,
+                                fmt_time(s.at_us),
+                                fmt_time(s.end_us)
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    self.violate(
+                        ViolationKind::SlotOverLimit,
+                        format!(
+                            "semaphore {name:?} (limit {limit}): slot {id} (holder {holder:?}, \
+                             token {token:?}) granted at {} while {} slots were live: {others}",
+                            fmt_time(at_us),
+                            live.len()
+                        ),
+                    );
+                }
+                if let Some(t) = token {
+                    self.slot_token(&name, &id, t, max_token);
+                }
+            }
+            SlotEvent::Token { name, id, token } => {
+                let st = self.sems.entry(name.clone()).or_default();
+                let max_token = st.max_token;
+                st.max_token = Some(max_token.map_or(token, |m| m.max(token)));
+                self.slot_token(&name, &id, token, max_token);
+            }
+            SlotEvent::Extended { name, id, exp_us } => {
+                if let Some(s) = self.sems.get_mut(&name).and_then(|st| st.open.get_mut(&id)) {
+                    s.end_us = exp_us;
+                }
+            }
+            SlotEvent::Ended {
+                name,
+                id,
+                released,
+                end_us,
+            } => {
+                let st = self.sems.entry(name).or_default();
+                let span = st.open.remove(&id);
+                if released {
+                    self.slot_counts.released += 1;
+                } else {
+                    self.slot_counts.expired += 1;
+                    if let Some(mut span) = span {
+                        span.end_us = end_us;
+                        st.ran_out.push(span);
+                    }
+                }
+            }
+        }
+    }
+
+    fn slot_token(&mut self, name: &str, id: &str, token: u64, max_before: Option<u64>) {
+        if let Some(max) = max_before {
+            if token <= max {
+                self.violate(
+                    ViolationKind::SlotTokenNotIncreasing,
+                    format!(
+                        "semaphore {name:?}: slot {id} got token {token}, but token {max} had \
+                         already been granted for this name"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Slot counts.
+    pub fn slot_counts(&self) -> SlotCounts {
+        self.slot_counts
     }
 
     /// A write the resource accepted, in acceptance order per name. Checks (3).
@@ -479,5 +691,82 @@ mod tests {
         c.accepted_write(write("a", 3, "ghost"));
         c.check_writes_logged();
         assert_eq!(c.counts().get(&ViolationKind::UnloggedWrite), Some(&1));
+    }
+
+    fn slot(name: &str, id: &str, token: u64, at: i64, exp: i64) -> SlotEvent {
+        SlotEvent::Granted {
+            name: name.into(),
+            id: id.into(),
+            token: Some(token),
+            at_us: at,
+            exp_us: exp,
+            limit: 3,
+            holder: "w0".into(),
+        }
+    }
+
+    fn slot_end(name: &str, id: &str, released: bool, end: i64) -> SlotEvent {
+        SlotEvent::Ended {
+            name: name.into(),
+            id: id.into(),
+            released,
+            end_us: end,
+        }
+    }
+
+    #[test]
+    fn a_clean_slot_history_has_no_violation() {
+        let mut c = Checker::new();
+        c.slot(slot("s", "a", 1, 0, 100));
+        c.slot(slot("s", "b", 2, 10, 100));
+        c.slot(slot("s", "c", 3, 20, 100));
+        // a released; d takes its place (write order), although d's `at` is earlier than a's
+        // `exp`.
+        c.slot(slot_end("s", "a", true, 100));
+        c.slot(slot("s", "d", 4, 30, 130));
+        // b ran out at 100 (pruned later); e granted at 100.
+        c.slot(SlotEvent::Extended {
+            name: "s".into(),
+            id: "c".into(),
+            exp_us: 150,
+        });
+        c.slot(slot_end("s", "b", false, 100));
+        c.slot(slot("s", "e", 5, 100, 200));
+        // Another name has its own slots and tokens.
+        c.slot(slot("t", "x", 1, 20, 100));
+        assert_eq!(c.total(), 0, "{:?}", c.first());
+        let n = c.slot_counts();
+        assert_eq!((n.granted, n.released, n.expired, n.max_live), (6, 1, 1, 3));
+    }
+
+    #[test]
+    fn detects_planted_slot_overlap_and_repeated_token() {
+        let mut c = Checker::new();
+        // Limit 3: a fourth slot granted while three are live.
+        c.slot(slot("s", "a", 1, 0, 100));
+        c.slot(slot("s", "b", 2, 10, 100));
+        c.slot(slot("s", "c", 3, 20, 100));
+        c.slot(slot("s", "d", 4, 30, 130));
+        assert_eq!(c.counts().get(&ViolationKind::SlotOverLimit), Some(&1));
+        assert!(c.first()[0].evidence.contains("slot d"));
+        // A slot that ended without a release still counts until its last `exp`.
+        c.slot(slot_end("s", "a", false, 100));
+        c.slot(slot_end("s", "b", true, 100));
+        c.slot(slot_end("s", "c", true, 100));
+        c.slot(slot("s", "e", 5, 50, 150));
+        c.slot(slot("s", "f", 6, 60, 160));
+        assert_eq!(c.counts().get(&ViolationKind::SlotOverLimit), Some(&2));
+        // A repeated token (across slots) and a smaller one, granted or stamped.
+        c.slot(slot_end("s", "d", true, 130));
+        c.slot(slot("s", "g", 6, 200, 300));
+        c.slot(SlotEvent::Token {
+            name: "s".into(),
+            id: "g".into(),
+            token: 2,
+        });
+        assert_eq!(
+            c.counts().get(&ViolationKind::SlotTokenNotIncreasing),
+            Some(&2)
+        );
     }
 }

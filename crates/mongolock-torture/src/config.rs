@@ -80,3 +80,17 @@ pub fn pick_hot(rng: &mut impl Rng, cfg: &WorkerConfig) -> String {
 pub fn pick_cold(rng: &mut impl Rng, cfg: &WorkerConfig) -> String {
     cold_name(rng.random_range(0..cfg.cold_names.max(1)))
 }
+
+/// Prefix of the semaphore names (distinct from every lock name).
+pub const SEM_PREFIX: &str = "sem-";
+
+/// Semaphore names of the mix (MongoDB).
+pub const SEMAPHORES: usize = 3;
+
+/// The slot limit of every semaphore of the mix.
+pub const SEM_LIMIT: u32 = 3;
+
+/// Picks a semaphore name.
+pub fn pick_sem(rng: &mut impl Rng) -> String {
+    format!("{SEM_PREFIX}{}", rng.random_range(0..SEMAPHORES))
+}

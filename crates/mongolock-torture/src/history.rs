@@ -13,11 +13,11 @@
 //! * PostgreSQL: the rows of the history table filled by the harness's own trigger on the lock
 //!   table (`postgres.rs`), each already a [`LockState`] with microsecond times.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use mongodb::bson::{Bson, Document};
 
-use crate::checker::{AcceptedWrite, Grant};
+use crate::checker::{AcceptedWrite, Grant, SlotEvent};
 
 /// What happened to a document, as read from a change event.
 #[derive(Clone, Debug)]
@@ -28,13 +28,24 @@ pub enum Change {
     Update {
         updated: Document,
         removed: Vec<String>,
+        /// `truncatedArrays`: (path, new length).
+        truncated: Vec<(String, usize)>,
     },
     /// `delete` (for lock documents: the TTL monitor).
     Delete,
 }
 
-/// Applies `updatedFields` / `removedFields` to a stored copy of a document.
-pub fn apply_update(doc: &mut Document, updated: &Document, removed: &[String]) {
+/// Applies `truncatedArrays`, then `updatedFields` / `removedFields` to a stored copy of a
+/// document (an update's indexes are always within the truncated length).
+pub fn apply_update(
+    doc: &mut Document,
+    updated: &Document,
+    removed: &[String],
+    truncated: &[(String, usize)],
+) {
+    for (path, len) in truncated {
+        truncate_path(doc, path, *len);
+    }
     for (path, value) in updated {
         set_path(doc, path, value.clone());
     }
@@ -49,13 +60,41 @@ fn set_path(doc: &mut Document, path: &str, value: Bson) {
             doc.insert(path, value);
         }
         Some((head, rest)) => {
-            if !matches!(doc.get(head), Some(Bson::Document(_))) {
+            if !matches!(doc.get(head), Some(Bson::Document(_) | Bson::Array(_))) {
                 doc.insert(head, Document::new());
             }
-            if let Some(Bson::Document(inner)) = doc.get_mut(head) {
-                set_path(inner, rest, value);
+            if let Some(inner) = doc.get_mut(head) {
+                set_in(inner, rest, value);
             }
         }
+    }
+}
+
+/// Sets a dotted path inside a document or an array (numeric segments index arrays, as in
+/// `updatedFields` such as `slots.2` or `slots.0.exp`).
+fn set_in(target: &mut Bson, path: &str, value: Bson) {
+    match target {
+        Bson::Document(d) => set_path(d, path, value),
+        Bson::Array(a) => {
+            let (head, rest) = match path.split_once('.') {
+                Some((h, r)) => (h, Some(r)),
+                None => (path, None),
+            };
+            let Ok(i) = head.parse::<usize>() else { return };
+            while a.len() <= i {
+                a.push(Bson::Null);
+            }
+            match rest {
+                None => a[i] = value,
+                Some(rest) => {
+                    if !matches!(a[i], Bson::Document(_) | Bson::Array(_)) {
+                        a[i] = Bson::Document(Document::new());
+                    }
+                    set_in(&mut a[i], rest, value);
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -64,9 +103,35 @@ fn remove_path(doc: &mut Document, path: &str) {
         None => {
             doc.remove(path);
         }
+        Some((head, rest)) => match doc.get_mut(head) {
+            Some(Bson::Document(inner)) => remove_path(inner, rest),
+            Some(Bson::Array(a)) => {
+                let (idx, rest) = match rest.split_once('.') {
+                    Some((h, r)) => (h, Some(r)),
+                    None => (rest, None),
+                };
+                if let (Ok(i), Some(rest)) = (idx.parse::<usize>(), rest) {
+                    if let Some(Bson::Document(inner)) = a.get_mut(i) {
+                        remove_path(inner, rest);
+                    }
+                }
+            }
+            _ => {}
+        },
+    }
+}
+
+/// Applies a `truncatedArrays` entry: the array at `path` keeps its first `len` elements.
+fn truncate_path(doc: &mut Document, path: &str, len: usize) {
+    match path.split_once('.') {
+        None => {
+            if let Some(Bson::Array(a)) = doc.get_mut(path) {
+                a.truncate(len);
+            }
+        }
         Some((head, rest)) => {
             if let Some(Bson::Document(inner)) = doc.get_mut(head) {
-                remove_path(inner, rest);
+                truncate_path(inner, rest, len);
             }
         }
     }
@@ -189,13 +254,17 @@ impl LockHistory {
         let doc = match change {
             Change::Delete => return self.apply_state(name, None),
             Change::Full(doc) => doc,
-            Change::Update { updated, removed } => {
+            Change::Update {
+                updated,
+                removed,
+                truncated,
+            } => {
                 let mut doc = self
                     .names
                     .get_mut(name)
                     .map(|s| std::mem::take(&mut s.doc))
                     .unwrap_or_default();
-                apply_update(&mut doc, &updated, &removed);
+                apply_update(&mut doc, &updated, &removed, &truncated);
                 doc
             }
         };
@@ -317,7 +386,11 @@ impl ResourceHistory {
         };
         match change {
             Change::Full(full) => *doc = full,
-            Change::Update { updated, removed } => apply_update(doc, &updated, &removed),
+            Change::Update {
+                updated,
+                removed,
+                truncated,
+            } => apply_update(doc, &updated, &removed, &truncated),
             Change::Delete => {
                 doc.clear();
                 return None;
@@ -340,6 +413,135 @@ impl ResourceHistory {
             },
             at_us: micros(get_path(doc, "last.at")).unwrap_or(0),
         })
+    }
+}
+
+/// A slot of a semaphore document as the recorder last saw it.
+#[derive(Clone, Debug)]
+struct SeenSlot {
+    token: Option<u64>,
+    at_us: i64,
+    exp_us: i64,
+}
+
+/// The slot history of the semaphore documents of a lock collection (names with
+/// [`crate::config::SEM_PREFIX`]), read from the documented shape only: `limit` and
+/// `slots: [{id, token, at, exp, holder}]`; a release writes `leaseId: {released: <id>}`.
+///
+/// Per change event of a name it compares the `slots` array the write left with the one
+/// before: a slot id that appears is a grant (from its `at`), one whose `at` changed is a
+/// grant again (a retry replaces its own slot), a changed `token` is a stamp, a changed `exp`
+/// an extension; one that disappears ended: *released* when the same write marks its id
+/// released (its end is that write, in write order), else pruned after expiry (or deleted with
+/// the document) and its end is its last `exp` seen.
+#[derive(Default)]
+pub struct SlotHistory {
+    docs: HashMap<String, Document>,
+    open: HashMap<String, BTreeMap<String, SeenSlot>>,
+}
+
+impl SlotHistory {
+    /// An empty history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One change of the semaphore document `name`; returns what happened to its slots, in an
+    /// order the checker can apply (ends before grants).
+    pub fn apply(&mut self, name: &str, change: Change) -> Vec<SlotEvent> {
+        let mut events = Vec::new();
+        let before = self.open.remove(name).unwrap_or_default();
+        let doc = match change {
+            Change::Delete => {
+                self.docs.remove(name);
+                for (id, slot) in before {
+                    events.push(SlotEvent::Ended {
+                        name: name.to_owned(),
+                        id,
+                        released: false,
+                        end_us: slot.exp_us,
+                    });
+                }
+                return events;
+            }
+            Change::Full(doc) => doc,
+            Change::Update {
+                updated,
+                removed,
+                truncated,
+            } => {
+                let mut doc = self.docs.remove(name).unwrap_or_default();
+                apply_update(&mut doc, &updated, &removed, &truncated);
+                doc
+            }
+        };
+        let released = match get_path(&doc, "leaseId.released") {
+            Some(Bson::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let limit = uint(doc.get("limit")).unwrap_or(0);
+        let mut now: BTreeMap<String, (SeenSlot, String)> = BTreeMap::new();
+        if let Some(Bson::Array(slots)) = doc.get("slots") {
+            for s in slots {
+                let Bson::Document(s) = s else { continue };
+                let Ok(id) = s.get_str("id") else { continue };
+                let at_us = micros(s.get("at")).unwrap_or(i64::MIN);
+                let holder = match get_path(s, "holder.app") {
+                    Some(Bson::String(h)) => h.clone(),
+                    _ => String::new(),
+                };
+                let seen = SeenSlot {
+                    token: uint(s.get("token")),
+                    at_us,
+                    exp_us: micros(s.get("exp")).unwrap_or(at_us),
+                };
+                now.insert(id.to_owned(), (seen, holder));
+            }
+        }
+        for (id, slot) in &before {
+            if !now.contains_key(id) {
+                events.push(SlotEvent::Ended {
+                    name: name.to_owned(),
+                    id: id.clone(),
+                    released: released.as_deref() == Some(id.as_str()),
+                    end_us: slot.exp_us,
+                });
+            }
+        }
+        let mut open = BTreeMap::new();
+        for (id, (seen, holder)) in now {
+            match before.get(&id) {
+                Some(old) if old.at_us == seen.at_us => {
+                    if seen.token.is_some() && seen.token != old.token {
+                        events.push(SlotEvent::Token {
+                            name: name.to_owned(),
+                            id: id.clone(),
+                            token: seen.token.unwrap_or(0),
+                        });
+                    }
+                    if seen.exp_us != old.exp_us {
+                        events.push(SlotEvent::Extended {
+                            name: name.to_owned(),
+                            id: id.clone(),
+                            exp_us: seen.exp_us,
+                        });
+                    }
+                }
+                _ => events.push(SlotEvent::Granted {
+                    name: name.to_owned(),
+                    id: id.clone(),
+                    token: seen.token,
+                    at_us: seen.at_us,
+                    exp_us: seen.exp_us,
+                    limit,
+                    holder,
+                }),
+            }
+            open.insert(id, seen);
+        }
+        self.open.insert(name.to_owned(), open);
+        self.docs.insert(name.to_owned(), doc);
+        events
     }
 }
 
@@ -379,19 +581,23 @@ mod tests {
             Change::Update {
                 updated: doc! { "expiresAt": at(150) },
                 removed: vec![],
+                truncated: vec![],
             },
             Change::Update {
                 updated: doc! { "leaseId": Bson::Null, "expiresAt": at(120) },
                 removed: vec![],
+                truncated: vec![],
             },
             Change::Update {
                 updated: grant_doc("b", 2, 130, 230),
                 removed: vec![],
+                truncated: vec![],
             },
             // b ran out; c took over after its expiry.
             Change::Update {
                 updated: grant_doc("c", 3, 231, 331),
                 removed: vec![],
+                truncated: vec![],
             },
             Change::Delete,
             // A fresh document after TTL cleanup: unstamped grant, then the stamp.
@@ -400,6 +606,7 @@ mod tests {
             Change::Update {
                 updated: doc! { "fencingToken": 4_294_967_297_i64 },
                 removed: vec![],
+                truncated: vec![],
             },
         ]);
         assert_eq!(c.total(), 0, "{:?}", c.first());
@@ -413,11 +620,13 @@ mod tests {
             Change::Update {
                 updated: doc! { "expiresAt": at(150) },
                 removed: vec![],
+                truncated: vec![],
             },
             // b granted at 140 while a's lease runs until 150.
             Change::Update {
                 updated: grant_doc("b", 2, 140, 240),
                 removed: vec![],
+                truncated: vec![],
             },
         ]);
         assert_eq!(c.counts().get(&ViolationKind::Overlap), Some(&1));
@@ -442,14 +651,17 @@ mod tests {
             Change::Update {
                 updated: doc! { "_lock": grant_doc("a", 1, 0, 100) },
                 removed: vec![],
+                truncated: vec![],
             },
             Change::Update {
                 updated: doc! { "_lock.expiresAt": at(300) },
                 removed: vec![],
+                truncated: vec![],
             },
             Change::Update {
                 updated: doc! { "_lock": grant_doc("b", 2, 200, 400) },
                 removed: vec![],
+                truncated: vec![],
             },
         ];
         for e in events {
@@ -477,7 +689,8 @@ mod tests {
                 "n",
                 Change::Update {
                     updated: doc! {},
-                    removed: vec![]
+                    removed: vec![],
+                    truncated: vec![]
                 }
             )
             .is_none());
@@ -486,8 +699,77 @@ mod tests {
             Change::Update {
                 updated: doc! { "maxToken": 3_i64, "last.token": 3_i64, "last.writeId": "x2" },
                 removed: vec![],
+                truncated: vec![],
             },
         );
         assert_eq!(next.map(|w| (w.token, w.write_id)), Some((3, "x2".into())));
+    }
+
+    fn slot_doc(id: &str, token: i64, at_ms: i64, exp_ms: i64) -> Bson {
+        Bson::Document(
+            doc! { "id": id, "token": token, "at": at(at_ms), "exp": at(exp_ms),
+            "holder": { "app": "torture w1" } },
+        )
+    }
+
+    #[test]
+    fn slot_history_follows_array_updates_and_truncations() {
+        let mut h = SlotHistory::new();
+        let mut c = Checker::new();
+        let events = vec![
+            Change::Full(doc! { "_id": "sem-0", "limit": 2, "leaseId": "a",
+            "slots": [slot_doc("a", 1, 0, 100)] }),
+            // b appended, a extended.
+            Change::Update {
+                updated: doc! { "slots.1": slot_doc("b", 2, 10, 110), "slots.0.exp": at(150),
+                "leaseId": "b" },
+                removed: vec![],
+                truncated: vec![],
+            },
+            // a released: b moves to index 0, the array is truncated.
+            Change::Update {
+                updated: doc! { "slots.0": slot_doc("b", 2, 10, 110),
+                "leaseId": { "released": "a" } },
+                removed: vec![],
+                truncated: vec![("slots".into(), 1)],
+            },
+            // c granted at 20 (a's `exp` was 150, but a was released first in write order).
+            Change::Update {
+                updated: doc! { "slots.1": slot_doc("c", 3, 20, 120), "leaseId": "c" },
+                removed: vec![],
+                truncated: vec![],
+            },
+            // b expired and is pruned by d's grant at 115: c and d live, limit 2 kept.
+            Change::Full(doc! { "_id": "sem-0", "limit": 2, "leaseId": "d",
+            "slots": [slot_doc("c", 3, 20, 120), slot_doc("d", 4, 115, 215)] }),
+            Change::Delete,
+        ];
+        for e in events {
+            for ev in h.apply("sem-0", e) {
+                c.slot(ev);
+            }
+        }
+        assert_eq!(c.total(), 0, "{:?}", c.first());
+        let n = c.slot_counts();
+        assert_eq!((n.granted, n.released, n.expired), (4, 1, 3));
+
+        // The same, but d granted at 105, before b's expiry (110): three live, limit 2.
+        let mut h = SlotHistory::new();
+        let mut c = Checker::new();
+        for e in [
+            Change::Full(doc! { "_id": "sem-0", "limit": 2, "leaseId": "b",
+            "slots": [slot_doc("b", 2, 10, 110), slot_doc("c", 3, 20, 120)] }),
+            Change::Full(doc! { "_id": "sem-0", "limit": 2, "leaseId": "d",
+            "slots": [slot_doc("c", 3, 20, 120), slot_doc("d", 3, 105, 205)] }),
+        ] {
+            for ev in h.apply("sem-0", e) {
+                c.slot(ev);
+            }
+        }
+        assert_eq!(c.counts().get(&ViolationKind::SlotOverLimit), Some(&1));
+        assert_eq!(
+            c.counts().get(&ViolationKind::SlotTokenNotIncreasing),
+            Some(&1)
+        );
     }
 }

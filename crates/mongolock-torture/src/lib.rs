@@ -23,6 +23,16 @@
 //!   overlap ([`checker::Checker::strict_release_order`]).
 //! * `memory`: one process, many tasks, dropped futures only.
 //!
+//! Semaphores (MongoDB only): about 12% of a worker's operations take one slot of `sem-0..2`
+//! (limit 3) through `acquire` / `try_acquire` / `acquire_timeout` / `acquire_with`, under the
+//! same faults, and end it by release, a dropped release, a dropped guard or (2%, not
+//! extended) running out; no fenced writes. The recorder sends those names' documents to
+//! [`history::SlotHistory`], which reads each write's `slots` array, and the checker verifies
+//! that no more than `limit` slots of a name are live at any grant and that slot tokens only
+//! grow per name. PostgreSQL runs no semaphore operations: its history trigger records the
+//! exclusive lock columns only, not `slots` / `slot_limit`. The summary counts slots granted,
+//! released, expired and the most live at once; the workers' logged grants include slot grants.
+//!
 //! `--faults` takes the kinds of the chosen backend ([`faults::FaultKind::of_backend`]); a kind
 //! of another backend is refused with an error listing the applicable ones.
 //!

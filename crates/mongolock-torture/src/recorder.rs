@@ -14,8 +14,9 @@ use mongodb::change_stream::event::{ChangeStreamEvent, OperationType, ResumeToke
 use mongodb::Collection;
 use tokio::task::JoinHandle;
 
-use crate::checker::Checker;
-use crate::history::{Change, LockHistory, ResourceHistory};
+use crate::checker::{Checker, SlotEvent};
+use crate::config::SEM_PREFIX;
+use crate::history::{Change, LockHistory, ResourceHistory, SlotHistory};
 
 /// `_id` of the end marker inserted into each followed collection.
 pub fn end_marker() -> Document {
@@ -25,9 +26,12 @@ pub fn end_marker() -> Document {
 /// What a followed collection holds.
 pub enum Followed {
     /// Lock documents; `name` maps a document `_id` to a lock name (`None`: not a lock).
+    /// With `slots`, the names with [`SEM_PREFIX`] are semaphores: their documents go to the
+    /// slot history instead of the lock history.
     Locks {
         history: LockHistory,
         name: fn(&Bson) -> Option<String>,
+        slots: Option<SlotHistory>,
     },
     /// The resource.
     Resource(ResourceHistory),
@@ -40,6 +44,8 @@ pub struct Progress {
     pub grants: AtomicU64,
     /// Lock documents deleted (TTL cleanup).
     pub deletes: AtomicU64,
+    /// Semaphore slots granted.
+    pub slot_grants: AtomicU64,
     /// Change events read.
     pub events: AtomicU64,
     /// Times a change stream had to be reopened.
@@ -126,6 +132,12 @@ pub async fn follow(
                     Some(u) => Change::Update {
                         updated: u.updated_fields,
                         removed: u.removed_fields,
+                        truncated: u
+                            .truncated_arrays
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|t| (t.field, usize::try_from(t.new_size).unwrap_or(0)))
+                            .collect(),
                     },
                     None => continue,
                 },
@@ -133,8 +145,25 @@ pub async fn follow(
                 _ => continue,
             };
             match &mut followed {
-                Followed::Locks { history, name } => {
+                Followed::Locks {
+                    history,
+                    name,
+                    slots,
+                } => {
                     let Some(name) = name(&id) else { continue };
+                    if let Some(slots) = slots.as_mut().filter(|_| name.starts_with(SEM_PREFIX)) {
+                        let events = slots.apply(&name, change);
+                        if !events.is_empty() {
+                            let mut c = lock(&checker);
+                            for e in events {
+                                if matches!(e, SlotEvent::Granted { .. }) {
+                                    progress.slot_grants.fetch_add(1, Ordering::Relaxed);
+                                }
+                                c.slot(e);
+                            }
+                        }
+                        continue;
+                    }
                     let before = history.grants_opened();
                     let closed = history.apply(&name, change);
                     progress

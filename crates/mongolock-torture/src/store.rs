@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use crate::checker::Checker;
 use crate::config::{JOBS_COLLECTION, JOBS_LOCK_FIELD, LOCK_COLLECTION};
 use crate::faults::FaultTarget;
-use crate::history::{micros, LockHistory, ResourceHistory};
+use crate::history::{micros, LockHistory, ResourceHistory, SlotHistory};
 use crate::options::{Backend, RunArgs};
 use crate::postgres;
 use crate::recorder::{self, Followed, Progress};
@@ -224,6 +224,7 @@ impl MongoStore {
                 Followed::Locks {
                     history: LockHistory::new(None),
                     name: recorder::string_id,
+                    slots: Some(SlotHistory::new()),
                 },
             ),
             (
@@ -231,6 +232,7 @@ impl MongoStore {
                 Followed::Locks {
                     history: LockHistory::new(Some(JOBS_LOCK_FIELD)),
                     name: recorder::job_id,
+                    slots: None,
                 },
             ),
             (

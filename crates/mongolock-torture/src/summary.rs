@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::checker::{Checker, ViolationKind};
+use crate::checker::{Checker, SlotCounts, ViolationKind};
 use crate::faults::{FaultCounts, FaultKind};
 use crate::options::Backend;
 use crate::worklog::LogTotals;
@@ -45,6 +45,9 @@ pub struct Summary {
     pub faults: BTreeMap<String, u64>,
     /// Commands hit by fail points, by kind (other kinds: as injected).
     pub faults_fired: BTreeMap<String, u64>,
+    /// Semaphore slots recorded (MongoDB: from the lock collection's change stream; zero on
+    /// other backends, which run no semaphore operations).
+    pub slots: SlotCounts,
     /// Violations by kind.
     pub violations: BTreeMap<String, u64>,
     /// Total violations.
@@ -110,6 +113,7 @@ impl Summary {
             restarts: 0,
             faults: fault_map,
             faults_fired: fired,
+            slots: checker.slot_counts(),
             violations,
             violations_total: checker.total(),
             first_violations: checker.first().iter().map(|v| v.to_string()).collect(),
@@ -136,7 +140,7 @@ impl Summary {
         format!(
             "torture: backend={} seed={} workers={} acquisitions={} (workers logged {}) \
              writes accepted={} refused={} failed={} lost_seen={} ran_out={} ttl_deletes={} \
-             restarts={} stamp_inversions={}(max {}µs) recorder_resumes={}(failed {}) faults[{}] fired[{}] cli[{}] violations={} [{}] duration={:.1}s \
+             restarts={} slots granted={} released={} expired={} max_live={} stamp_inversions={}(max {}µs) recorder_resumes={}(failed {}) faults[{}] fired[{}] cli[{}] violations={} [{}] duration={:.1}s \
              rate={:.0}/s",
             self.backend,
             self.seed,
@@ -150,6 +154,10 @@ impl Summary {
             self.ran_out,
             self.ttl_deletes,
             self.restarts,
+            self.slots.granted,
+            self.slots.released,
+            self.slots.expired,
+            self.slots.max_live,
             self.release_stamp_inversions.0,
             self.release_stamp_inversions.1,
             self.recorder_resumes.0,

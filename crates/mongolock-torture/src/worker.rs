@@ -20,8 +20,8 @@ use tokio::sync::watch;
 
 use crate::checker::Grant;
 use crate::config::{
-    pick_cold, pick_hot, WorkerConfig, ELECTION_ROLE, JOBS_COLLECTION, JOBS_LOCK_FIELD,
-    LOCK_COLLECTION, WORKER_APP_NAME, WORKER_CONFIG_ENV,
+    pick_cold, pick_hot, pick_sem, WorkerConfig, ELECTION_ROLE, JOBS_COLLECTION, JOBS_LOCK_FIELD,
+    LOCK_COLLECTION, SEM_LIMIT, WORKER_APP_NAME, WORKER_CONFIG_ENV,
 };
 use crate::options::Backend;
 use crate::postgres::PgResource;
@@ -327,8 +327,109 @@ async fn bounded<T>(
     }
 }
 
+/// A semaphore slot's hold: no fenced writes (fencing is per lock, not per slot); a short or
+/// occasionally long hold checking `is_lost`, then released, released with the future
+/// dropped, dropped, or (`can_run_out`) left to run out.
+async fn hold_slot(env: &Env, rng: &mut StdRng, guard: LockGuard, via: &str, can_run_out: bool) {
+    let name = guard.name().to_owned();
+    let token = guard.fencing_token();
+    let lease = guard.lease_id().as_str().to_owned();
+    env.log.write(&LogLine::Grant {
+        name: name.clone(),
+        token,
+        lease: lease.clone(),
+        via: via.to_owned(),
+        t: now_us(),
+    });
+    let lease_len = lease_of(&env.cfg);
+    tokio::time::sleep(hold_time(rng, lease_len)).await;
+    if can_run_out {
+        tokio::time::sleep(lease_len.mul_f64(rng.random_range(1.05..1.5))).await;
+        if !guard.is_lost() {
+            env.error(
+                "semaphore",
+                format!("slot {lease} of {name} not lost after its lease"),
+            );
+        }
+        drop(guard);
+        end(env, &name, token, EndHow::RanOut);
+        return;
+    }
+    let roll: f64 = rng.random();
+    if roll < 0.6 {
+        match guard.release().await {
+            Ok(()) => end(env, &name, token, EndHow::Released),
+            Err(e) => {
+                env.error("release", e);
+                end(env, &name, token, EndHow::ReleaseFailed);
+            }
+        }
+    } else if roll < 0.8 && env.cfg.drop_futures {
+        let wait = Duration::from_micros(rng.random_range(0..2000));
+        tokio::select! {
+            r = guard.release() => match r {
+                Ok(()) => end(env, &name, token, EndHow::Released),
+                Err(e) => {
+                    env.error("release", e);
+                    end(env, &name, token, EndHow::ReleaseFailed);
+                }
+            },
+            () = tokio::time::sleep(wait) => {
+                env.log.write(&LogLine::Dropped { what: "release".into(), t: now_us() });
+                end(env, &name, token, EndHow::ReleaseDropped);
+            }
+        }
+    } else {
+        drop(guard);
+        end(env, &name, token, EndHow::Dropped);
+    }
+}
+
+/// A semaphore operation (MongoDB): one slot of `sem-0..` (limit [`SEM_LIMIT`]) through
+/// `acquire`, `try_acquire`, `acquire_timeout` or `acquire_with`, sometimes not extended.
+async fn sem_op(env: &Env, rng: &mut StdRng) {
+    let name = pick_sem(rng);
+    let run_out = rng.random_bool(0.02);
+    let provider = if run_out { &env.manual } else { &env.auto };
+    let Ok(sem) = provider.semaphore(name, SEM_LIMIT) else {
+        return;
+    };
+    let roll: f64 = rng.random();
+    let (got, via) = if run_out || roll < 0.25 {
+        (
+            bounded(env, rng, sem.try_acquire()).await,
+            "semaphore.try_acquire",
+        )
+    } else if roll < 0.5 {
+        (
+            bounded(env, rng, async { sem.acquire().await.map(Some) }).await,
+            "semaphore.acquire",
+        )
+    } else if roll < 0.8 {
+        let wait = Duration::from_millis(rng.random_range(0..300));
+        (
+            bounded(env, rng, sem.acquire_timeout(wait)).await,
+            "semaphore.acquire_timeout",
+        )
+    } else {
+        let wait = Duration::from_millis(rng.random_range(0..100));
+        (
+            bounded(env, rng, sem.acquire_with(Timeout::After(wait))).await,
+            "semaphore.acquire_with",
+        )
+    };
+    if let Some(g) = got {
+        hold_slot(env, rng, g, via, run_out).await;
+    }
+}
+
 /// One operation of the mix.
 async fn one_op(env: &Env, rng: &mut StdRng) {
+    // MongoDB: some operations are on semaphores (the recorder reads their slots from the
+    // change stream; PostgreSQL's history trigger does not record slots).
+    if matches!(env.sink, Sink::Mongo(_)) && rng.random_bool(0.12) {
+        return sem_op(env, rng).await;
+    }
     let roll: f64 = rng.random();
     let lease = lease_of(&env.cfg);
     if roll < 0.30 {

@@ -38,7 +38,7 @@ fn count(json: &Value, section: &str, key: &str) -> u64 {
 /// A 20-second run with worker processes on `backend`: zero violations, at least 200
 /// acquisitions, every kind in `kinds` injected and fired, futures dropped, documents (rows)
 /// deleted by TTL (cleanup), a lease left to run out and a worker restarted.
-fn short_process_run(backend: &str, fault_interval: &str, extra: &[&str], kinds: &[&str]) {
+fn short_process_run(backend: &str, fault_interval: &str, extra: &[&str], kinds: &[&str]) -> Value {
     let dir = std::env::temp_dir().join(format!("torture-test-{backend}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let summary = dir.join("summary.json");
@@ -89,11 +89,12 @@ fn short_process_run(backend: &str, fault_interval: &str, extra: &[&str], kinds:
         "no worker restarted: {json:#}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+    json
 }
 
 #[test]
 fn short_mongo_run_with_every_fault_kind_has_no_violation() {
-    short_process_run(
+    let json = short_process_run(
         "mongo",
         "120ms",
         &[],
@@ -108,6 +109,13 @@ fn short_mongo_run_with_every_fault_kind_has_no_violation() {
             "sigstop",
         ],
     );
+    // Semaphore slots were recorded, released and left to expire, and some names had more
+    // than one live slot at once.
+    let slots = &json["slots"];
+    assert!(slots["granted"].as_u64().unwrap() >= 20, "{json:#}");
+    assert!(slots["released"].as_u64().unwrap() >= 1, "{json:#}");
+    assert!(slots["expired"].as_u64().unwrap() >= 1, "{json:#}");
+    assert!(slots["max_live"].as_u64().unwrap() >= 2, "{json:#}");
 }
 
 #[test]
