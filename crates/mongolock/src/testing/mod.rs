@@ -607,6 +607,35 @@ pub async fn timeout_forever_waits_until_released(backend: Arc<dyn LockBackend>)
     }
 }
 
+/// Runs `acquire` `rounds` times, dropping every tenth future before its first poll and the
+/// others after a random 0–4 ms; a call that got its lease in time drops its guard (released in
+/// the background). Returns how many calls got a lease.
+pub(crate) async fn drop_acquires_at_random<F, Fut>(rounds: usize, acquire: F) -> usize
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = crate::Result<crate::LockGuard>>,
+{
+    let mut completed = 0;
+    for i in 0..rounds {
+        let micros = rand::rng().random_range(0..4000);
+        let fut = acquire();
+        let res = if i % 10 == 0 {
+            // Dropped before ever being polled.
+            drop(fut);
+            Err(())
+        } else {
+            tokio::time::timeout(Duration::from_micros(micros), fut)
+                .await
+                .map_err(|_| ())
+        };
+        if let Ok(guard) = res {
+            completed += 1;
+            drop(guard.unwrap());
+        }
+    }
+    completed
+}
+
 /// Dropping acquire futures at random moments, hundreds of times, leaves no lease held.
 pub async fn dropped_acquire_futures_leave_nothing_held(backend: Arc<dyn LockBackend>) {
     let name = unique_name("dropped");
@@ -635,24 +664,7 @@ pub async fn dropped_acquire_futures_leave_nothing_held(backend: Arc<dyn LockBac
         })
     };
     let lock = p.lock(name.clone()).unwrap();
-    let mut completed = 0;
-    for i in 0..300 {
-        let micros = rand::rng().random_range(0..4000);
-        let fut = lock.acquire();
-        let res = if i % 10 == 0 {
-            // Dropped before ever being polled.
-            drop(fut);
-            Err(())
-        } else {
-            tokio::time::timeout(Duration::from_micros(micros), fut)
-                .await
-                .map_err(|_| ())
-        };
-        if let Ok(guard) = res {
-            completed += 1;
-            drop(guard.unwrap());
-        }
-    }
+    let completed = drop_acquires_at_random(300, || lock.acquire()).await;
     stop.store(true, Ordering::SeqCst);
     churn.await.unwrap();
     let free = eventually(Duration::from_secs(20), || async {

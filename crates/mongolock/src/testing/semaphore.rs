@@ -8,7 +8,9 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::{builder, eventually, provider, slow_polling, unique_name, until_live};
+use super::{
+    builder, drop_acquires_at_random, eventually, provider, slow_polling, unique_name, until_live,
+};
 use crate::{Error, LockBackend, LockProvider};
 
 /// 12 tasks × 15 acquisitions of a semaphore of 3 around a shared "inside" counter: never more
@@ -391,23 +393,7 @@ pub async fn dropped_semaphore_acquires_leave_no_slot_held(backend: Arc<dyn Lock
             }
         })
     };
-    let mut completed = 0;
-    for i in 0..200 {
-        let micros = rand::rng().random_range(0..4000);
-        let fut = sem.acquire();
-        let res = if i % 10 == 0 {
-            drop(fut);
-            Err(())
-        } else {
-            tokio::time::timeout(Duration::from_micros(micros), fut)
-                .await
-                .map_err(|_| ())
-        };
-        if let Ok(guard) = res {
-            completed += 1;
-            drop(guard.unwrap());
-        }
-    }
+    let completed = drop_acquires_at_random(200, || sem.acquire()).await;
     stop.store(true, Ordering::SeqCst);
     churn.await.unwrap();
     // Every slot can be taken again, by single attempts, well before any lease could expire.
