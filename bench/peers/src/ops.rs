@@ -1,16 +1,18 @@
 //! `--ops`: what the *shape* of the acquire and release commands costs, with the driver alone
-//! (no lock library): mongolock's commands as sent today, a smaller variant of each, and the
-//! minimal update a polling peer sends. Client and server CPU per acquire + release pair.
+//! (no lock library around them): mongolock's commands exactly as its MongoDB backend sends
+//! them for an uncontended pair, an operator `findAndModify`, and the minimal update a polling
+//! peer sends. Client and server CPU per acquire + release pair; the difference between a row
+//! here and the library's own row in the main table is what the library adds around its
+//! commands.
 
 use std::time::{Duration, Instant};
 
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::ReturnDocument;
 use mongodb::{Client, Collection};
+use mongolock::{AcquireRequest, HolderInfo, LeaseMode, LockBackend, LockProvider, MongoBackend};
 
 use crate::{own_cpu, Server};
-
-const RELEASED_KEPT: i32 = 8;
 
 fn lease_id() -> String {
     format!("{:016x}-{:024x}", 7_u64, rand_u128() >> 32)
@@ -23,91 +25,32 @@ fn rand_u128() -> u128 {
     (u128::from(h.finish()) << 64) | u128::from(h.finish().rotate_left(17))
 }
 
-fn holder() -> Document {
-    doc! { "host": "bench-host", "pid": 4242_i64, "app": Bson::Null }
-}
-
-/// mongolock's acquire pipeline today (`backends/mongo/acquire.rs`).
-fn acquire_today(mine: &str) -> Vec<Document> {
-    let free = doc! {
-        "$or": [
-            { "$eq": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
-            { "$lte": ["$expiresAt", "$$NOW"] },
-            { "$eq": ["$leaseId", mine] },
-        ]
+/// mongolock's own acquire and release commands, as its MongoDB backend sends them for an
+/// uncontended pair (`MongoBackend::command_shapes`), on a lock document that exists.
+async fn pair_as_sent(coll: &Collection<Document>, backend: &MongoBackend, name: &str) {
+    let req = AcquireRequest {
+        name: name.to_owned(),
+        lease_id: backend.new_lease_id(),
+        ttl: Duration::from_secs(30),
+        holder: HolderInfo::current(None),
+        mode: LeaseMode::Exclusive,
     };
-    let lease = doc! {
-        "leaseId": { "$literal": mine },
-        "fencingToken": { "$add": ["$fencingToken", 1_i64] },
-        "acquiredAt": "$$NOW",
-        "expiresAt": { "$add": ["$$NOW", 30_000_i64] },
-        "holder": { "$literal": holder() },
-    };
-    vec![doc! {
-        "$replaceWith": { "$cond": [
-            free,
-            { "$mergeObjects": ["$$ROOT", lease] },
-            "$$ROOT",
-        ] }
-    }]
-}
-
-/// mongolock's release today (`backends/mongo/document.rs`, `release_update`).
-fn release_today(name: &str, mine: &str) -> (Document, Vec<Document>) {
-    let ours = doc! { "$literal": mine };
-    let is_mine = doc! { "$eq": ["$leaseId", ours.clone()] };
-    let filter = doc! { "_id": name, "$or": [ { "leaseId": mine }, { "released": mine } ] };
-    let pipeline = vec![doc! {
-        "$set": {
-            "leaseId": { "$cond": [is_mine.clone(), Bson::Null, "$leaseId"] },
-            "expiresAt": { "$cond": [is_mine.clone(), { "$min": ["$expiresAt", "$$NOW"] }, "$expiresAt"] },
-            "released": { "$cond": [
-                is_mine.clone(),
-                { "$slice": [
-                    { "$concatArrays": [{ "$ifNull": ["$released", []] }, [ours.clone()]] },
-                    -RELEASED_KEPT,
-                ] },
-                "$released",
-            ] },
-            "lastReleased": { "$cond": [is_mine, ours, "$lastReleased"] },
-        }
-    }];
-    (filter, pipeline)
-}
-
-/// A smaller release: the filter matches our lease only (a retry after a lost reply matches
-/// `lastReleased` instead and changes nothing), so no `$cond` per field and no `released`
-/// array in the document.
-fn release_small(name: &str, mine: &str) -> (Document, Vec<Document>) {
-    let filter = doc! { "_id": name, "leaseId": mine };
-    let pipeline = vec![doc! {
-        "$set": {
-            "leaseId": Bson::Null,
-            "expiresAt": { "$min": ["$expiresAt", "$$NOW"] },
-            "lastReleased": { "$literal": mine },
-        }
-    }];
-    (filter, pipeline)
-}
-
-async fn pair_today(coll: &Collection<Document>, name: &str, small_release: bool) {
-    let mine = lease_id();
+    let [(f, p, proj), (rf, rp, rproj)] = backend.command_shapes(&req);
     let d = coll
-        .find_one_and_update(doc! { "_id": name }, acquire_today(&mine))
-        .upsert(true)
+        .find_one_and_update(f, p)
         .return_document(ReturnDocument::After)
-        .projection(doc! { "leaseId": 1, "fencingToken": 1, "acquiredAt": 1, "expiresAt": 1 })
+        .projection(proj)
         .await
         .unwrap()
+        .expect("the lock document exists");
+    assert_eq!(d.get_str("leaseId").unwrap(), req.lease_id.as_str());
+    let r = coll
+        .find_one_and_update(rf, rp)
+        .return_document(ReturnDocument::After)
+        .projection(rproj)
+        .await
         .unwrap();
-    assert_eq!(d.get_str("leaseId").unwrap(), mine);
-    let (f, p) = if small_release {
-        release_small(name, &mine)
-    } else {
-        release_today(name, &mine)
-    };
-    let r = coll.update_one(f, p).await.unwrap();
-    assert_eq!(r.matched_count, 1);
+    assert!(r.is_some(), "released");
 }
 
 /// The acquire as `findAndModify` with an operator update (no pipeline; not a valid lock
@@ -171,22 +114,44 @@ pub fn ops(pairs: usize) {
                 use futures_util::StreamExt;
                 while stream.next().await.is_some() {}
             });
+            let backend = MongoBackend::builder(&client.database("bench_ops"))
+                .collection("locks")
+                .change_streams(false)
+                .build()
+                .unwrap();
+            // The first acquisition creates the lock document (with its fencing epoch).
+            let as_sent = "ops-as-sent";
+            LockProvider::builder(backend.clone())
+                .build()
+                .unwrap()
+                .lock(as_sent)
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
             let mut rows = Vec::new();
             for variant in [
-                "today",
-                "small release",
+                "mongolock's, as sent",
                 "findAndModify, operators",
                 "minimal (peer-like)",
             ] {
-                let name = format!("ops-{variant}");
+                let name = match variant {
+                    "mongolock's, as sent" => as_sent.to_owned(),
+                    _ => format!("ops-{variant}"),
+                };
                 let run = |n: usize| {
                     let coll = coll.clone();
                     let name = name.clone();
+                    let backend = backend.clone();
                     async move {
                         for _ in 0..n {
                             match variant {
-                                "today" => pair_today(&coll, &name, false).await,
-                                "small release" => pair_today(&coll, &name, true).await,
+                                "mongolock's, as sent" => {
+                                    pair_as_sent(&coll, &backend, &name).await
+                                }
                                 "findAndModify, operators" => {
                                     pair_fam_operators(&coll, &name).await
                                 }

@@ -132,45 +132,52 @@ fn acquire_pipeline(
             { "$eq": ["$leaseId", mine.clone()] },
         ]
     };
-    // The document's epoch has a token left (documents without an epoch have none).
-    let in_range = doc! {
-        "$and": [
+    // The document's epoch has a token left (documents without an epoch have none). Bound
+    // once (`$$inRange`) for the token and the epoch.
+    let mut vars = doc! {
+        "inRange": { "$and": [
             { "$isNumber": "$epoch" },
             { "$lt": ["$fencingToken", { "$multiply": ["$epoch", EPOCH_TOKENS] }] },
-        ]
+        ] },
     };
     let (token, epoch) = match new_lifetime {
         Some(n) => {
             // Created by this upsert (a new document has nothing but `_id`), in time.
-            let creating = doc! {
-                "$and": [
+            vars.insert(
+                "creating",
+                doc! { "$and": [
                     { "$eq": [{ "$type": "$leaseId" }, "missing"] },
                     { "$lt": ["$$NOW", n.create_before] },
-                ]
-            };
+                ] },
+            );
             (
                 Bson::Document(doc! { "$cond": [
-                    creating.clone(),
+                    "$$creating",
                     { "$literal": token_floor(n.epoch) },
                     "$fencingToken",
                 ] }),
-                Bson::Document(doc! { "$cond": [creating, { "$literal": n.epoch }, Bson::Null] }),
+                Bson::Document(
+                    doc! { "$cond": ["$$creating", { "$literal": n.epoch }, Bson::Null] },
+                ),
             )
         }
         None => (Bson::String("$fencingToken".into()), Bson::Null),
     };
-    let lease = doc! {
-        LEASE_ID: { "$literal": mine },
-        TOKEN: { "$cond": [in_range.clone(), { "$add": ["$fencingToken", 1_i64] }, token] },
-        EPOCH: { "$cond": [in_range, "$epoch", epoch] },
-        ACQUIRED_AT: "$$NOW",
-        EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
-        HOLDER: { "$literal": holder_doc(&req.holder) },
-        // Exclusive mode: the name's semaphore slots, if any, no longer count (`slots.rs`).
-        LIMIT: Bson::Null,
-        WAITERS: queue::on_grant(queueing.mark, ttl_millis(req.ttl), queueing.requeue),
-        RESERVED: queue::clear_reservation(),
-    };
+    let lease = doc! { "$let": {
+        "vars": vars,
+        "in": {
+            LEASE_ID: { "$literal": mine },
+            TOKEN: { "$cond": ["$$inRange", { "$add": ["$fencingToken", 1_i64] }, token] },
+            EPOCH: { "$cond": ["$$inRange", "$epoch", epoch] },
+            ACQUIRED_AT: "$$NOW",
+            EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
+            HOLDER: { "$literal": holder_doc(&req.holder) },
+            // Exclusive mode: the name's semaphore slots, if any, no longer count (`slots.rs`).
+            LIMIT: Bson::Null,
+            WAITERS: queue::on_grant(queueing.mark, ttl_millis(req.ttl), queueing.requeue),
+            RESERVED: queue::clear_reservation(),
+        },
+    } };
     let busy = if queueing.register {
         Bson::Document(doc! { "$mergeObjects": [
             "$$ROOT",
@@ -244,6 +251,19 @@ pub(super) async fn try_acquire(
         )?));
     }
     stamp_token(coll, req).await
+}
+
+/// The common-case attempt's command (the document exists): filter, pipeline and reply
+/// projection, as [`try_acquire`] sends them first.
+pub(super) fn command(
+    req: &AcquireRequest,
+    queueing: Queueing<'_>,
+) -> (Document, Vec<Document>, Document) {
+    (
+        doc! { "_id": req.name.as_str() },
+        acquire_pipeline(req, None, queueing),
+        reply_fields(),
+    )
 }
 
 /// `findAndModify` of the lock document with the acquire pipeline, returning the projected

@@ -87,9 +87,10 @@ pub(crate) fn ttl_millis(ttl: Duration) -> i64 {
 /// loss only if more than [`RELEASED_KEPT`] other leases were released in between (or the
 /// document was removed by TTL cleanup): the safe direction.
 ///
-/// With `queue` (named locks: `Some(reserve)`), the release also pops the first waiting process
-/// of the lock's queue into `next`, and with `reserve` reserves the lock for it (see
-/// `queue.rs`).
+/// With `queue` (named locks, whose `prefix` is empty: `Some(reserve)`), the release also pops
+/// the first waiting process of the lock's queue into `next`, and with `reserve` reserves the
+/// lock for it (see `queue.rs`); the update is then one `$replaceWith` merging the lease fields
+/// and the queue's into the document.
 pub(crate) fn release_update(
     prefix: &str,
     lease_id: &str,
@@ -101,7 +102,7 @@ pub(crate) fn release_update(
     let last_released_path = format!("{prefix}{LAST_RELEASED}");
     let ours = doc! { "$literal": lease_id };
     let filter = doc! { lease_path.as_str(): lease_id };
-    let mut set = doc! {
+    let set = doc! {
         lease_path.as_str(): Bson::Null,
         expires_path.as_str(): { "$min": [format!("${expires_path}"), "$$NOW"] },
         released_path.as_str(): { "$slice": [
@@ -113,10 +114,18 @@ pub(crate) fn release_update(
         ] },
         last_released_path.as_str(): ours,
     };
-    if let Some(reserve) = queue {
-        set.extend(super::queue::pop(lease_id, reserve));
+    match queue {
+        // Named locks (no prefix): the queue's fields are computed together (`queue::pop`).
+        Some(reserve) => (
+            filter,
+            vec![doc! { "$replaceWith": { "$mergeObjects": [
+                "$$ROOT",
+                set,
+                super::queue::pop(lease_id, reserve),
+            ] } }],
+        ),
+        None => (filter, vec![doc! { "$set": set }]),
     }
-    (filter, vec![doc! { "$set": set }])
 }
 
 /// The filter (to add to the document's `_id`, if known) that finds a lock whose holder

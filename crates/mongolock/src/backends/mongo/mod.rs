@@ -408,6 +408,23 @@ impl MongoBackend {
         self.watch.events()
     }
 
+    /// The commands of an uncontended exclusive acquire + release of `req`, exactly as this
+    /// backend sends them (filter, update pipeline and reply projection of each
+    /// `findAndModify`), for the peer benchmark's `--ops`, which prices their shape with the
+    /// driver alone. Not a stable API.
+    #[doc(hidden)]
+    pub fn command_shapes(&self, req: &AcquireRequest) -> [(Document, Vec<Document>, Document); 2] {
+        let queueing = queue::Queueing {
+            mark: self.watch.own_mark(),
+            register: false,
+            requeue: false,
+        };
+        [
+            acquire::command(req, queueing),
+            ops::release_command(&req.name, &req.lease_id, self.fair_handoff),
+        ]
+    }
+
     fn slot_leases(&self) -> MutexGuard<'_, HashSet<LeaseId>> {
         // Single inserts and removals: a poisoned set is still consistent.
         self.slot_leases.lock().unwrap_or_else(|e| e.into_inner())

@@ -19,15 +19,16 @@ use crate::error::Result;
 /// `queue.rs`).
 fn end_lease(reserve: bool) -> Vec<Document> {
     let forced = format!("force-release-{}", LeaseId::random().as_str());
-    let mut set = doc! {
+    let set = doc! {
         LEASE_ID: null,
         EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
         // Every semaphore slot ends too (`slots.rs`).
         LIMIT: Bson::Null,
         SLOTS: [],
     };
-    set.extend(queue::pop(&forced, reserve));
-    vec![doc! { "$set": set }]
+    vec![
+        doc! { "$replaceWith": { "$mergeObjects": ["$$ROOT", set, queue::pop(&forced, reserve)] } },
+    ]
 }
 
 pub(super) async fn extend(
@@ -62,6 +63,19 @@ pub(super) async fn extend(
     }
 }
 
+/// The release's `findAndModify`: filter, pipeline and reply projection.
+pub(super) fn release_command(
+    name: &str,
+    lease_id: &LeaseId,
+    reserve: bool,
+) -> (Document, Vec<Document>, Document) {
+    let (mut filter, pipeline) = document::release_update("", lease_id.as_str(), Some(reserve));
+    filter.insert("_id", name);
+    // Not a semaphore's document, whose `leaseId` only marks its last write (`slots.rs`).
+    filter.insert(LIMIT, Bson::Null);
+    (filter, pipeline, doc! { queue::NEXT: 1 })
+}
+
 /// Ends our lease. `Ok(None)`: it was not ours (any more). `Ok(Some(handoff))`: released (or
 /// released before, for a retry), and whom the release handed the lock to. One command when
 /// the lease was ours; otherwise a second one, a read through `reads` (the primary, majority
@@ -73,14 +87,11 @@ pub(super) async fn release(
     lease_id: &LeaseId,
     reserve: bool,
 ) -> Result<Option<queue::Handoff>> {
-    let (mut filter, pipeline) = document::release_update("", lease_id.as_str(), Some(reserve));
-    filter.insert("_id", name);
-    // Not a semaphore's document, whose `leaseId` only marks its last write (`slots.rs`).
-    filter.insert(LIMIT, Bson::Null);
+    let (filter, pipeline, projection) = release_command(name, lease_id, reserve);
     let doc = coll
         .find_one_and_update(filter, pipeline)
         .return_document(ReturnDocument::After)
-        .projection(doc! { queue::NEXT: 1 })
+        .projection(projection)
         .await
         .map_err(|e| classify(e, "release (findAndModify)"))?;
     if let Some(d) = doc {

@@ -110,9 +110,13 @@ pub(super) fn after_busy(mark: &str) -> Document {
 /// The queue after a grant to `mark` of a lease of `ttl_ms`: without its entry, and with it
 /// at the end when `requeue`.
 fn after_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Document {
+    // The live entries (`live`) but `mark`'s, in one pass.
     let others = doc! { "$filter": {
-        "input": live(),
-        "cond": { "$ne": ["$$this.m", { "$literal": mark }] },
+        "input": { "$ifNull": ["$waiters", []] },
+        "cond": { "$and": [
+            { "$gt": ["$$this.until", "$$NOW"] },
+            { "$ne": ["$$this.m", { "$literal": mark }] },
+        ] },
     } };
     if !requeue {
         return others;
@@ -124,41 +128,40 @@ fn after_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Document {
     doc! { "$slice": [{ "$concatArrays": [others, [entry]] }, MAX_WAITERS] }
 }
 
-/// The `$set` fields of a release of `released` (a lease id, or any unique string for a
-/// force-release) whose filter matched only a lock it ends: pop the first live entry into
-/// `next`.
+/// The queue fields a release of `released` (a lease id, or any unique string for a
+/// force-release) whose filter matched only a lock it ends writes: an expression whose value
+/// is the document of fields to merge into the lock document (`$mergeObjects`). It pops the
+/// first live entry into `next` (and with `reserve` reserves the lock for it); a lock without
+/// a queue gets no fields (`{}`). The live entries and the first mark are computed once
+/// (`$let`).
 pub(super) fn pop(released: &str, reserve: bool) -> Document {
-    let next = doc! { "$let": {
-        "vars": { "live": live() },
-        "in": { "$concat": [
-            { "$ifNull": [{ "$arrayElemAt": [marks("$$live"), 0] }, ""] },
-            "/",
-            { "$literal": released },
-        ] },
-    } };
-    let rest = doc! { "$let": {
-        "vars": { "live": live() },
-        "in": { "$slice": ["$$live", 1, MAX_WAITERS] },
-    } };
-    let reserved = doc! { "$let": {
-        "vars": { "first": { "$arrayElemAt": [marks_of_live(), 0] } },
-        "in": { "$cond": [
-            { "$eq": [{ "$ifNull": ["$$first", Bson::Null] }, Bson::Null] },
-            Bson::Null,
-            { "m": "$$first", "until": { "$add": ["$$NOW", fallback_ms()] } },
-        ] },
-    } };
-    // Only a lock with a queue is handed off: without one the fields are left alone, and the
-    // event (no `next` in it) wakes one acquirer per process, as designating nobody would.
-    let applies = queued();
-    let mut set = doc! {
-        NEXT: { "$cond": [applies.clone(), next, "$next"] },
-        WAITERS: { "$cond": [applies.clone(), rest, "$waiters"] },
+    let mut fields = doc! {
+        NEXT: { "$concat": [{ "$ifNull": ["$$first", ""] }, "/", { "$literal": released }] },
+        WAITERS: { "$slice": ["$$live", 1, MAX_WAITERS] },
     };
     if reserve {
-        set.insert(RESERVED, doc! { "$cond": [applies, reserved, "$reserved"] });
+        fields.insert(
+            RESERVED,
+            doc! { "$cond": [
+                { "$eq": [{ "$ifNull": ["$$first", Bson::Null] }, Bson::Null] },
+                Bson::Null,
+                { "m": "$$first", "until": { "$add": ["$$NOW", fallback_ms()] } },
+            ] },
+        );
     }
-    set
+    // Only a lock with a queue is handed off: without one the fields are left alone, and the
+    // event (no `next` in it) wakes one acquirer per process, as designating nobody would.
+    doc! { "$cond": [
+        queued(),
+        { "$let": {
+            "vars": { "live": live() },
+            "in": { "$let": {
+                "vars": { "first": { "$arrayElemAt": [marks("$$live"), 0] } },
+                "in": fields,
+            } },
+        } },
+        {},
+    ] }
 }
 
 /// Aggregation expression: the queue has entries (live or not).
@@ -183,10 +186,6 @@ pub(super) fn on_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Bson {
 /// stays absent.
 pub(super) fn clear_reservation() -> Document {
     doc! { "$cond": [{ "$ifNull": ["$reserved", false] }, Bson::Null, "$$REMOVE"] }
-}
-
-fn marks_of_live() -> Document {
-    doc! { "$map": { "input": live(), "in": "$$this.m" } }
 }
 
 fn fallback_ms() -> i64 {
