@@ -455,13 +455,13 @@ fn matched_array_position_follows_mongod_elem_match_key() {
     // `$elemMatch` on the array itself: its matching element; under an outer array, the
     // outer index.
     assert_eq!(
-        key(doc! {"a": {"$elemMatch": {"b": {"$size": 2}}}}, nested.clone()),
+        key(
+            doc! {"a": {"$elemMatch": {"b": {"$size": 2}}}},
+            nested.clone()
+        ),
         Some(1)
     );
-    assert_eq!(
-        key(doc! {"a.b": {"$elemMatch": {"c": 5}}}, nested),
-        Some(1)
-    );
+    assert_eq!(key(doc! {"a.b": {"$elemMatch": {"c": 5}}}, nested), Some(1));
     // Conjuncts are sorted by operator kind then path; the last one recording wins.
     let d = doc! {"a": [0, 5, 9], "b": [3, 4, 3]};
     assert_eq!(key(doc! {"a": {"$gt": 1}, "b": 3}, d.clone()), Some(1));

@@ -555,7 +555,11 @@ pub fn project_matched(
         return Ok(doc.clone());
     }
     let parsed = Projection::parse_find(projection)?;
-    if !parsed.finals.iter().any(|f| matches!(f, Final::Positional(_))) {
+    if !parsed
+        .finals
+        .iter()
+        .any(|f| matches!(f, Final::Positional(_)))
+    {
         return parsed.apply(doc, vars);
     }
     let filter = Filter::parse(query)?;

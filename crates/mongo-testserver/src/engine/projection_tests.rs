@@ -268,9 +268,8 @@ fn positional_projection_keeps_the_element_the_query_selects() {
 
 #[test]
 fn positional_projection_takes_the_position_of_the_last_array_matched() {
-    let pm = |d: Document, proj: Document, query: Document| {
-        project_matched(&d, &proj, &query, &vars())
-    };
+    let pm =
+        |d: Document, proj: Document, query: Document| project_matched(&d, &proj, &query, &vars());
     let ok = |d: Document, proj: Document, query: Document| {
         pm(d.clone(), proj.clone(), query.clone())
             .unwrap_or_else(|e| panic!("{proj} with {query} on {d}: {e}"))
@@ -283,7 +282,8 @@ fn positional_projection_takes_the_position_of_the_last_array_matched() {
     );
     // Several arrays: conditions sorted by kind then path, the last one decides (the
     // manual's deans_list example: `grades` comes last).
-    let deans = doc! {"_id": 8, "activity_ids": [1, 2], "grades": [90, 95], "deans_list": [2021, 2020]};
+    let deans =
+        doc! {"_id": 8, "activity_ids": [1, 2], "grades": [90, 95], "deans_list": [2021, 2020]};
     assert_eq!(
         ok(
             deans,
@@ -299,7 +299,11 @@ fn positional_projection_takes_the_position_of_the_last_array_matched() {
         doc! {"_id": 2, "a": [{"b": 5}]}
     );
     assert_eq!(
-        ok(docs, doc! {"a.$": 1, "_id": 0}, doc! {"a": {"$elemMatch": {"c": 2}}}),
+        ok(
+            docs,
+            doc! {"a.$": 1, "_id": 0},
+            doc! {"a": {"$elemMatch": {"c": 2}}}
+        ),
         doc! {"a": [{"b": 5, "c": 2}]}
     );
     // A path reaching no array is a plain inclusion.
@@ -314,10 +318,17 @@ fn positional_projection_takes_the_position_of_the_last_array_matched() {
     };
     let d = doc! {"_id": 1, "a": [1, 2, 3], "b": [10]};
     assert_eq!(
-        code(d.clone(), doc! {"a.$": 1}, doc! {"$or": [{"a": 2}, {"z": 1}]}),
+        code(
+            d.clone(),
+            doc! {"a.$": 1},
+            doc! {"$or": [{"a": 2}, {"z": 1}]}
+        ),
         51246
     );
-    assert_eq!(code(d.clone(), doc! {"a.$": 1}, doc! {"a": {"$ne": 7}}), 51246);
+    assert_eq!(
+        code(d.clone(), doc! {"a.$": 1}, doc! {"a": {"$ne": 7}}),
+        51246
+    );
     assert_eq!(code(d, doc! {"b.$": 1}, doc! {"a": 3}), 51247);
 }
 
@@ -342,7 +353,10 @@ fn slice_applies_after_the_projection_as_mongod() {
     );
     // `$slice` of a document or a scalar leaves it as it is.
     assert_eq!(
-        p(doc! {"a": {"b": 1}, "c": 2}, doc! {"a": {"$slice": 1}, "c": 0}),
+        p(
+            doc! {"a": {"b": 1}, "c": 2},
+            doc! {"a": {"$slice": 1}, "c": 0}
+        ),
         doc! {"a": {"b": 1}}
     );
     // Paths through arrays of documents and scalars.
