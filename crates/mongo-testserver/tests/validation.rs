@@ -485,6 +485,12 @@ async fn change_stream_options() {
                 stream(Bson::Document(doc! {"nope": true})),
                 Error(40415),
             ),
+            // A boolean only (no system collection exists here, so `true` shows nothing more).
+            (
+                "showSystemEvents number",
+                stream(Bson::Document(doc! {"showSystemEvents": 1})),
+                Error(14),
+            ),
             (
                 "nulls and flags",
                 stream(Bson::Document(

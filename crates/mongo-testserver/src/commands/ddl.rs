@@ -242,14 +242,16 @@ fn check_option_types(spec: &Document) -> CommandResult<()> {
                     }
                     // `isIndexVersionAllowedForCreation`: only v1 and v2.
                     Some(1 | 2) => {}
-                    Some(other) => return Err(CommandError::new(
-                        67,
-                        "CannotCreateIndex",
-                        format!(
+                    Some(other) => {
+                        return Err(CommandError::new(
+                            67,
+                            "CannotCreateIndex",
+                            format!(
                             "Invalid index specification {}; cannot create an index with v={other}",
                             crate::keys::render_doc(spec)
                         ),
-                    )),
+                        ))
+                    }
                 }
             }
             "collation" | "partialFilterExpression" if !matches!(v, Bson::Document(_)) => {
