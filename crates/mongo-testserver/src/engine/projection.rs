@@ -302,6 +302,12 @@ fn parse_level(
             // `a.b.$`: includes `a.b`, then keeps the matched element (`check_positional`
             // refused every other form).
             parts.pop();
+            if st.modes.elem_match {
+                return Err(loc(
+                    31256,
+                    "Cannot specify positional operator and $elemMatch.",
+                ));
+            }
             let full = parts.join(".");
             st.modes.inclusion.get_or_insert(full.clone());
             if st.modes.exclusion.is_some() {
@@ -367,13 +373,25 @@ fn parse_level(
                     }
                 }
                 if kind == Kind::Find && op == "$elemMatch" && d.len() == 1 {
+                    // The checks and their order of `projection_parser.cpp`.
+                    let cond = match d.get("$elemMatch") {
+                        Some(Bson::Document(c)) => c,
+                        other => {
+                            return Err(loc(
+                                31274,
+                                format!(
+                                    "elemMatch: Invalid argument, object required, but got {}",
+                                    other.map(super::compare::type_name).unwrap_or("missing")
+                                ),
+                            ))
+                        }
+                    };
+                    if st.finals.iter().any(|f| matches!(f, Final::Positional(_))) {
+                        return Err(loc(31255, "Cannot specify positional operator and $elemMatch."));
+                    }
                     if parts.len() > 1 {
                         return Err(loc(31275, "Cannot use $elemMatch projection on a nested field."));
                     }
-                    let cond = match d.get("$elemMatch") {
-                        Some(Bson::Document(c)) => c,
-                        _ => return Err(CommandError::bad_value("$elemMatch needs an Object")),
-                    };
                     // Neither inclusion nor exclusion: alone it includes, with exclusions it
                     // is part of an exclusion projection (as in mongod).
                     modes.elem_match = true;

@@ -329,7 +329,27 @@ fn positional_projection_takes_the_position_of_the_last_array_matched() {
         code(d.clone(), doc! {"a.$": 1}, doc! {"a": {"$ne": 7}}),
         51246
     );
-    assert_eq!(code(d, doc! {"b.$": 1}, doc! {"a": 3}), 51247);
+    assert_eq!(code(d.clone(), doc! {"b.$": 1}, doc! {"a": 3}), 51247);
+    // With `$elemMatch` (projection_parser.cpp): 31255 after a positional, 31256 before one;
+    // a non-object argument 31274.
+    let q = doc! {"a": 3};
+    assert_eq!(
+        code(
+            d.clone(),
+            doc! {"a.$": 1, "b": {"$elemMatch": {"$gt": 1}}},
+            q.clone()
+        ),
+        31255
+    );
+    assert_eq!(
+        code(
+            d.clone(),
+            doc! {"b": {"$elemMatch": {"$gt": 1}}, "a.$": 1},
+            q.clone()
+        ),
+        31256
+    );
+    assert_eq!(code(d, doc! {"b": {"$elemMatch": 1}}, q), 31274);
 }
 
 #[test]
