@@ -611,19 +611,32 @@ fn check_positional(projection: &Document) -> CommandResult<()> {
                 "Cannot specify more than one positional projection per query.",
             ));
         }
-        let on = matches!(
-            v,
+        // `parseElement`: a sub-object 31271, an exclusion 31395, any other literal 31308.
+        match v {
+            Bson::Document(_) => {
+                return Err(loc(
+                    31271,
+                    "positional projection cannot be used with an expression or sub object",
+                ))
+            }
             Bson::Boolean(_)
-                | Bson::Int32(_)
-                | Bson::Int64(_)
-                | Bson::Double(_)
-                | Bson::Decimal128(_)
-        ) && expr::truthy(Some(v));
-        if !on {
-            return Err(loc(
-                31395,
-                format!("Cannot use a positional projection ({k}) other than as an inclusion"),
-            ));
+            | Bson::Int32(_)
+            | Bson::Int64(_)
+            | Bson::Double(_)
+            | Bson::Decimal128(_) => {
+                if !expr::truthy(Some(v)) {
+                    return Err(loc(
+                        31395,
+                        "positional projection cannot be used with exclusion",
+                    ));
+                }
+            }
+            _ => {
+                return Err(loc(
+                    31308,
+                    "positional projection cannot be used with a literal",
+                ))
+            }
         }
         found = true;
     }

@@ -257,6 +257,8 @@ fn positional_projection_keeps_the_element_the_query_selects() {
     assert_eq!(code(doc! {"g.$": 1, "items.$": 1}, doc! {"g": 80}), 31276);
     assert_eq!(code(doc! {"items.$.n": 1}, doc! {"items.n": "a"}), 31394);
     assert_eq!(code(doc! {"g.$": 0}, doc! {"g": 80}), 31395);
+    assert_eq!(code(doc! {"g.$": "x"}, doc! {"g": 80}), 31308);
+    assert_eq!(code(doc! {"g.$": {"$slice": 1}}, doc! {"g": 80}), 31271);
     // Not a find projection.
     assert_eq!(
         Projection::parse_aggregate(&doc! {"g.$": 1})
