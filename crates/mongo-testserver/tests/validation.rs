@@ -501,6 +501,34 @@ async fn change_stream_options() {
         ],
     )
     .await;
+    // Not in API Version 1: refused under apiStrict (APIStrictError).
+    let strict = |flag: &str| {
+        let mut spec = Document::new();
+        spec.insert(flag, false);
+        doc! {
+            "aggregate": "c",
+            "pipeline": [{"$changeStream": spec}],
+            "cursor": {},
+            "apiVersion": "1",
+            "apiStrict": true,
+        }
+    };
+    check(
+        &db,
+        vec![
+            (
+                "showSystemEvents strict",
+                strict("showSystemEvents"),
+                Error(323),
+            ),
+            (
+                "showExpandedEvents strict",
+                strict("showExpandedEvents"),
+                Error(323),
+            ),
+        ],
+    )
+    .await;
     let local = client(&server).await.database("local");
     check(
         &local,
