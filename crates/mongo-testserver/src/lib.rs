@@ -91,7 +91,10 @@
 //! - **Command options** are checked as mongod's parsers check them: an unknown field is
 //!   40415, a wrongly typed option TypeMismatch (14), a negative `skip`/`limit`/`batchSize`
 //!   51024; numbers are truncated where mongod truncates them (`batchSize: 1.9` is 1); null is
-//!   an omitted option where mongod's parser says so, but not for `find`'s boolean flags;
+//!   an omitted option where mongod's parser says so, but not for `find`'s boolean flags
+//!   nor its `filter`/`projection`/`sort` (14); `listCollections`' `nameOnly` and
+//!   `authorizedCollections` take only booleans; `$changeStream`'s `showSystemEvents` and
+//!   `showExpandedEvents` are refused under `apiStrict: true` (323);
 //!   `findAndModify`'s `new`/`upsert`/`remove`/`bypassDocumentValidation` take numbers, while
 //!   `ordered` and an update statement's `upsert`/`multi` must be booleans; `maxTimeMS` is
 //!   refused with BadValue (2) unless an integral number in `[0, 2^31)` (`aggregate` and

@@ -312,12 +312,6 @@ fn parse_index(spec: &Document) -> CommandResult<Index> {
                 format!("index option '{k}' is not supported by this server"),
             ));
         }
-        if !INDEX_OPTIONS.contains(&k.as_str()) {
-            return Err(bad_spec(
-                spec,
-                &format!("The field '{k}' is not valid for an index specification."),
-            ));
-        }
     }
     let key = match spec.get("key") {
         Some(Bson::Document(k)) if !k.is_empty() => k.clone(),
