@@ -130,10 +130,9 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
     // `object_owned_nonempty_serialize` (`src/mongo/db/query/find_command.idl`), whose
     // deserializer `parseOwnedBSON` takes only an object: null is code 14, not an omitted field.
     for field in ["filter", "projection", "sort", "collation", "min", "max"] {
-        if let Some(v @ (Bson::Null | Bson::Undefined)) = cmd.get(field) {
+        if let Some(Bson::Null | Bson::Undefined) = cmd.get(field) {
             return Err(CommandError::type_mismatch(format!(
-                "Expected field {field} to be of type object, got {}",
-                crate::engine::compare::type_name(v)
+                "Expected field {field} to be of type object"
             )));
         }
     }
