@@ -587,10 +587,19 @@ pub fn project_matched(
 /// Checks a find projection's positional fields (`"a.b.$"`) as mongod checks them
 /// (`src/mongo/db/query/projection/projection_parser.cpp`).
 fn check_positional(projection: &Document) -> CommandResult<()> {
-    let mut found = false;
+    check_positional_level(projection, &mut false)
+}
+
+/// [`check_positional`] of one level of a projection (sub-projections are checked as well).
+fn check_positional_level(projection: &Document, found: &mut bool) -> CommandResult<()> {
     for (k, v) in projection {
         let parts: Vec<&str> = k.split('.').collect();
         let Some(at) = parts.iter().position(|p| *p == "$") else {
+            if let Bson::Document(sub) = v {
+                if !sub.keys().next().is_some_and(|f| f.starts_with('$')) {
+                    check_positional_level(sub, found)?;
+                }
+            }
             continue;
         };
         if at + 1 != parts.len() {
@@ -605,7 +614,7 @@ fn check_positional(projection: &Document) -> CommandResult<()> {
                 format!("FieldPath field names may not start with '$'. ({k})"),
             ));
         }
-        if found {
+        if *found {
             return Err(loc(
                 31276,
                 "Cannot specify more than one positional projection per query.",
@@ -638,7 +647,7 @@ fn check_positional(projection: &Document) -> CommandResult<()> {
                 ))
             }
         }
-        found = true;
+        *found = true;
     }
     Ok(())
 }

@@ -258,6 +258,16 @@ fn positional_projection_keeps_the_element_the_query_selects() {
     assert_eq!(code(doc! {"items.$.n": 1}, doc! {"items.n": "a"}), 31394);
     assert_eq!(code(doc! {"g.$": 0}, doc! {"g": 80}), 31395);
     assert_eq!(code(doc! {"g.$": "x"}, doc! {"g": 80}), 31308);
+    // In a sub-projection as well.
+    assert_eq!(code(doc! {"o": {"s.$": 0}}, doc! {"o.s": 7}), 31395);
+    assert_eq!(
+        code(doc! {"g.$": 1, "o": {"s.$": 1}}, doc! {"g": 80}),
+        31276
+    );
+    assert_eq!(
+        pm(doc! {"o": {"s.$": 1}, "_id": 0}, doc! {"o.s": 7}).unwrap(),
+        doc! {"o": {"s": [7]}}
+    );
     assert_eq!(code(doc! {"g.$": {"$slice": 1}}, doc! {"g": 80}), 31271);
     // Not a find projection.
     assert_eq!(
