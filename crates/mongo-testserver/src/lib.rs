@@ -79,13 +79,22 @@
 //!   errors MongoDB gives for a missing match (2), a missing or unused array filter (2, 9), a
 //!   missing or non-array field (2) and dynamic `$rename` paths (2).
 //! - **Find projections** (find, findAndModify `fields`): inclusion, exclusion, computed
-//!   fields, `$slice`, `$elemMatch` (alone it includes, alongside exclusions it excludes) and
-//!   the positional `a.$` (the first element satisfying the query's conditions on `a`, as for
-//!   positional updates; 51246 when there is none). Not implemented (refused by name): `$meta`.
+//!   fields, paths through arrays (scalars dropped by inclusions, nested arrays projected),
+//!   `$slice` (applied after the rest, its path included by an inclusion; it walks documents in
+//!   arrays on its path, leaving other elements and nested arrays alone), `$elemMatch` (alone it
+//!   includes, alongside exclusions it excludes) and the positional `a.$`: the first array on
+//!   the path keeps the element at the position the query's match recorded, as mongod's
+//!   elemMatchKey (MongoDB 4.4+: from the last condition, in mongod's normalized order, that
+//!   matched through an array, even another array; `$or`, `$nor` and negations record none;
+//!   51246 without a position, 51247 past the array's end). Not implemented (refused by name):
+//!   `$meta`.
 //! - **Command options** are checked as mongod's parsers check them: an unknown field is
 //!   40415, a wrongly typed option TypeMismatch (14), a negative `skip`/`limit`/`batchSize`
 //!   51024; numbers are truncated where mongod truncates them (`batchSize: 1.9` is 1); null is
-//!   an omitted option where mongod's parser says so, but not for `find`'s boolean flags;
+//!   an omitted option where mongod's parser says so, but not for `find`'s boolean flags
+//!   nor its `filter`/`projection`/`sort` (14); `listCollections`' `nameOnly` and
+//!   `authorizedCollections` take only booleans; `$changeStream`'s `showSystemEvents` and
+//!   `showExpandedEvents` are refused under `apiStrict: true` (323);
 //!   `findAndModify`'s `new`/`upsert`/`remove`/`bypassDocumentValidation` take numbers, while
 //!   `ordered` and an update statement's `upsert`/`multi` must be booleans; `maxTimeMS` is
 //!   refused with BadValue (2) unless an integral number in `[0, 2^31)` (`aggregate` and
@@ -123,8 +132,14 @@
 //!   numbers exactly; `$sqrt` and `$pow` on decimals are computed in binary and converted.
 //! - **Indexes**: single and compound, unique, sparse, partial (equality, `$exists: true`,
 //!   ranges, `$type`, `$in`, `$and`/`$or`; other filters: CannotCreateIndex, 67; equivalent
-//!   filters name the same index), TTL (`expireAfterSeconds` stored as an int). Not
-//!   implemented: text, geospatial, hashed, wildcard and hidden indexes, collations.
+//!   filters name the same index), TTL (`expireAfterSeconds` stored as an int). `createIndexes`
+//!   compares a request with existing indexes as mongod: same name and key with the same
+//!   unique/sparse/partial filter but other options 85 (IndexOptionsConflict), same name with
+//!   another key or identifying option 86 (IndexKeySpecsConflict), another name with the same
+//!   key and identifying options 85, an identical index a no-op (`note: "all indexes already
+//!   exist"`); option types as mongod's `validateIndexSpec` (unknown option 197, wrong type 14,
+//!   `v` other than 1 or 2: 67). Not implemented: text, geospatial, hashed, wildcard and hidden
+//!   indexes, collations.
 
 #![warn(missing_docs)]
 // CommandError carries mongod's whole error shape (labels, extra fields); errors are the cold

@@ -169,6 +169,16 @@ async fn find_count_distinct_and_get_more_options() {
             ),
             ("allowDiskUse", find(doc! {"allowDiskUse": 0}), Error(14)),
             ("sort", find(doc! {"sort": "x"}), Error(14)),
+            // `object_owned_nonempty_serialize` fields (find_command.idl): their deserializer
+            // takes only an object, null included.
+            ("filter null", find(doc! {"filter": null}), Error(14)),
+            (
+                "projection null",
+                find(doc! {"projection": null}),
+                Error(14),
+            ),
+            ("sort null", find(doc! {"sort": null}), Error(14)),
+            ("filter empty", find(doc! {"filter": {}}), Accepted),
             ("maxTimeMS string", find(doc! {"maxTimeMS": "x"}), Error(2)),
             ("maxTimeMS negative", find(doc! {"maxTimeMS": -1}), Error(2)),
             ("hint", find(doc! {"hint": "nope"}), Error(2)),
@@ -475,12 +485,46 @@ async fn change_stream_options() {
                 stream(Bson::Document(doc! {"nope": true})),
                 Error(40415),
             ),
+            // A boolean only (no system collection exists here, so `true` shows nothing more).
+            (
+                "showSystemEvents number",
+                stream(Bson::Document(doc! {"showSystemEvents": 1})),
+                Error(14),
+            ),
             (
                 "nulls and flags",
                 stream(Bson::Document(
                     doc! {"fullDocument": null, "resumeAfter": null, "showMigrationEvents": false, "showSystemEvents": true},
                 )),
                 Accepted,
+            ),
+        ],
+    )
+    .await;
+    // Not in API Version 1: refused under apiStrict (APIStrictError).
+    let strict = |flag: &str| {
+        let mut spec = Document::new();
+        spec.insert(flag, false);
+        doc! {
+            "aggregate": "c",
+            "pipeline": [{"$changeStream": spec}],
+            "cursor": {},
+            "apiVersion": "1",
+            "apiStrict": true,
+        }
+    };
+    check(
+        &db,
+        vec![
+            (
+                "showSystemEvents strict",
+                strict("showSystemEvents"),
+                Error(323),
+            ),
+            (
+                "showExpandedEvents strict",
+                strict("showExpandedEvents"),
+                Error(323),
             ),
         ],
     )
@@ -517,5 +561,42 @@ async fn update_constants_reach_the_pipeline() {
         .unwrap()
         .unwrap();
     assert_eq!(d, doc! {"_id": 1, "n": 1, "v": "constant", "w": 11});
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn list_collections_options() {
+    let (server, db) = setup().await;
+    let list = |extra: Document| {
+        let mut cmd = doc! {"listCollections": 1};
+        cmd.extend(extra);
+        cmd
+    };
+    check(
+        &db,
+        vec![
+            // IDL type `bool` (list_collections.idl): only a boolean; null is the default.
+            ("nameOnly number", list(doc! {"nameOnly": 1}), Error(14)),
+            ("nameOnly null", list(doc! {"nameOnly": null}), Accepted),
+            ("nameOnly", list(doc! {"nameOnly": true}), Accepted),
+            (
+                "authorizedCollections number",
+                list(doc! {"authorizedCollections": 0}),
+                Error(14),
+            ),
+            (
+                "authorizedCollections string",
+                list(doc! {"authorizedCollections": "x"}),
+                Error(14),
+            ),
+            (
+                "authorizedCollections",
+                list(doc! {"authorizedCollections": true, "nameOnly": true}),
+                Accepted,
+            ),
+            ("filter null", list(doc! {"filter": null}), Accepted),
+        ],
+    )
+    .await;
     server.shutdown().await;
 }

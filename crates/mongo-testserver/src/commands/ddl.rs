@@ -114,7 +114,11 @@ pub fn list_collections(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document
         "listCollections",
         &["filter", "nameOnly", "authorizedCollections", "cursor"],
     )?;
-    let name_only = args::get_bool(cmd, "listCollections", "nameOnly")?.unwrap_or(false);
+    // `nameOnly` and `authorizedCollections` are of IDL type `bool`
+    // (`src/mongo/db/list_collections.idl`): a boolean (null is the default), numbers are
+    // code 14.
+    let name_only = args::get_strict_bool(cmd, "listCollections", "nameOnly")?.unwrap_or(false);
+    args::get_strict_bool(cmd, "listCollections", "authorizedCollections")?;
     let filter = match args::get_doc(cmd, "listCollections", "filter")? {
         Some(f) => Some(Filter::parse(f)?),
         None => None,
@@ -175,6 +179,7 @@ const INDEX_OPTIONS: &[&str] = &[
     "v",
     "ns",
     "hidden",
+    "dropDups",
 ];
 /// Index options mongod knows that this server does not implement.
 const INDEX_UNSUPPORTED: &[&str] = &[
@@ -202,8 +207,96 @@ fn bad_spec(spec: &Document, msg: &str) -> CommandError {
     )
 }
 
+/// The type checks mongod's `validateIndexSpec` (`src/mongo/db/catalog/index_key_validate.cpp`)
+/// makes on the options of a specification, in the order of its fields.
+fn check_option_types(spec: &Document) -> CommandResult<()> {
+    let type_name = crate::engine::compare::type_name;
+    let must_be = |k: &str, what: &str, v: &Bson| {
+        Err(CommandError::type_mismatch(format!(
+            "The field '{k}' must be {what}, but got {}",
+            type_name(v)
+        )))
+    };
+    for (k, v) in spec {
+        let number = crate::engine::compare::is_number(v);
+        match k.as_str() {
+            "key" if !matches!(v, Bson::Document(_)) => return must_be(k, "an object", v),
+            "name" if !matches!(v, Bson::String(_)) => return must_be(k, "a string", v),
+            "hidden" if !matches!(v, Bson::Boolean(_)) => return must_be(k, "a bool", v),
+            "v" => {
+                if !number {
+                    return must_be(k, "a number", v);
+                }
+                let as_int = args::as_i64(v)
+                    .filter(|i| i32::try_from(*i).is_ok())
+                    .filter(|_| match v {
+                        Bson::Double(f) => f.fract() == 0.0,
+                        _ => true,
+                    });
+                match as_int {
+                    None => {
+                        return Err(CommandError::bad_value(format!(
+                            "Index version must be representable as a 32-bit integer, but got {}",
+                            crate::keys::render(v)
+                        )))
+                    }
+                    // `isIndexVersionAllowedForCreation`: only v1 and v2.
+                    Some(1 | 2) => {}
+                    Some(other) => {
+                        return Err(CommandError::new(
+                            67,
+                            "CannotCreateIndex",
+                            format!(
+                            "Invalid index specification {}; cannot create an index with v={other}",
+                            crate::keys::render_doc(spec)
+                        ),
+                        ))
+                    }
+                }
+            }
+            "collation" | "partialFilterExpression" if !matches!(v, Bson::Document(_)) => {
+                return must_be(k, "an object", v)
+            }
+            "collation" if v.as_document().is_some_and(Document::is_empty) => {
+                return Err(CommandError::bad_value(
+                    "The field 'collation' cannot be an empty object.",
+                ))
+            }
+            "weights" if !matches!(v, Bson::Document(_) | Bson::String(_)) => {
+                return must_be(k, "an object", v)
+            }
+            "background" | "unique" | "sparse" | "dropDups" | "prepareUnique" | "clustered"
+                if !number && !matches!(v, Bson::Boolean(_)) =>
+            {
+                return Err(CommandError::type_mismatch(format!(
+                    "The field '{k} has value {k}: {}, which is not convertible to bool",
+                    crate::keys::render(v)
+                )));
+            }
+            "default_language" | "language_override" if !matches!(v, Bson::String(_)) => {
+                return must_be(k, "a string", v)
+            }
+            "textIndexVersion" | "2dsphereIndexVersion" | "bits" | "min" | "max" if !number => {
+                return must_be(k, "a number", v)
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Parses and validates one index specification.
 fn parse_index(spec: &Document) -> CommandResult<Index> {
+    // Unknown fields first, as `validateIndexSpecFieldNames`.
+    for (k, _) in spec {
+        if !INDEX_OPTIONS.contains(&k.as_str()) && !INDEX_UNSUPPORTED.contains(&k.as_str()) {
+            return Err(bad_spec(
+                spec,
+                &format!("The field '{k}' is not valid for an index specification."),
+            ));
+        }
+    }
+    check_option_types(spec)?;
     for (k, v) in spec {
         if INDEX_UNSUPPORTED.contains(&k.as_str()) {
             if k == "collation" {
@@ -217,12 +310,6 @@ fn parse_index(spec: &Document) -> CommandResult<Index> {
                 67,
                 "CannotCreateIndex",
                 format!("index option '{k}' is not supported by this server"),
-            ));
-        }
-        if !INDEX_OPTIONS.contains(&k.as_str()) {
-            return Err(bad_spec(
-                spec,
-                &format!("The field '{k}' is not valid for an index specification."),
             ));
         }
     }
@@ -385,7 +472,10 @@ fn parse_index(spec: &Document) -> CommandResult<Index> {
     // The specification as listIndexes shows it: v, key, name, then the options.
     let mut shown = doc! {"v": 2, "key": key.clone(), "name": name.clone()};
     for (k, v) in spec {
-        if !matches!(k.as_str(), "v" | "key" | "name" | "ns" | "background") {
+        if !matches!(
+            k.as_str(),
+            "v" | "key" | "name" | "ns" | "background" | "dropDups"
+        ) {
             shown.insert(k.clone(), v.clone());
         }
     }
@@ -444,22 +534,76 @@ fn check_partial_filter(filter: &Document) -> Result<(), String> {
     Ok(())
 }
 
-/// Options that make two indexes on the same key different (equivalent partial filters
-/// compare equal).
-fn options_of(spec: &Document) -> Document {
-    let mut d = Document::new();
-    for (k, v) in spec {
-        match (k.as_str(), v) {
-            ("v" | "key" | "name", _) => {}
-            ("partialFilterExpression", Bson::Document(p)) => {
-                d.insert(k.clone(), canonical_filter(p).join("\n"));
-            }
-            _ => {
-                d.insert(k.clone(), v.clone());
-            }
-        }
+/// How a requested index compares with an existing one, as mongod's
+/// `IndexDescriptor::compareIndexOptions` (`src/mongo/db/index/index_descriptor.cpp`).
+#[derive(Debug, PartialEq)]
+enum Comparison {
+    /// The key pattern or an identifying option (unique, sparse, collation, partial filter)
+    /// differs: both may exist, under different names.
+    Different,
+    /// Same key and identifying options, other options differ: they cannot coexist.
+    Equivalent,
+    /// The same index.
+    Identical,
+}
+
+fn compare_indexes(requested: &Index, existing: &Index) -> Comparison {
+    use crate::engine::compare::values_equal;
+    let same_fields = |a: &[(String, Bson)], b: &[(String, Bson)]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b.iter())
+                .all(|((ka, va), (kb, vb))| ka == kb && values_equal(va, vb))
+    };
+    let pairs = |d: &Document| -> Vec<(String, Bson)> {
+        d.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    if !same_fields(&pairs(&requested.key), &pairs(&existing.key)) {
+        return Comparison::Different;
     }
-    d
+    // The `_id` index is always unique.
+    let is_id = |i: &Index| i.key.len() == 1 && i.key.contains_key("_id");
+    if (requested.unique || is_id(requested)) != (existing.unique || is_id(existing))
+        || requested.sparse != existing.sparse
+    {
+        return Comparison::Different;
+    }
+    let partial = |i: &Index| i.partial.as_ref().map(|p| canonical_filter(&p.0));
+    if partial(requested) != partial(existing) {
+        return Comparison::Different;
+    }
+    // The other options, compared as mongod's `populateOptionsMapForEqualityCheck` does
+    // (by name, ignoring the version, creation-time and separately checked fields).
+    let others = |spec: &Document| {
+        let mut m: Vec<(String, Bson)> = pairs(spec)
+            .into_iter()
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "key"
+                        | "ns"
+                        | "name"
+                        | "v"
+                        | "textIndexVersion"
+                        | "2dsphereIndexVersion"
+                        | "background"
+                        | "dropDups"
+                        | "collation"
+                        | "partialFilterExpression"
+                        | "unique"
+                        | "sparse"
+                        | "wildcardProjection"
+                )
+            })
+            .collect();
+        m.sort_by(|a, b| a.0.cmp(&b.0));
+        m
+    };
+    if same_fields(&others(&requested.spec), &others(&existing.spec)) {
+        Comparison::Identical
+    } else {
+        Comparison::Equivalent
+    }
 }
 
 /// A partial filter as a sorted list of its conditions, so that filters MongoDB considers
@@ -524,50 +668,64 @@ pub fn create_indexes(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> 
     let before = c.indexes.len();
     let mut to_add = Vec::new();
     for index in parsed {
+        // As mongod's `IndexCatalogImpl::_doesSpecConflictWithExisting`
+        // (`src/mongo/db/catalog/index_catalog_impl.cpp`): an index of the same name must be
+        // identical (86 IndexKeySpecsConflict when its key or an identifying option differs,
+        // 85 IndexOptionsConflict when another option does); an index of another name must not
+        // have the same key and identifying options (85).
+        let render = |i: &Index| crate::keys::render_doc(&i.spec);
         let mut exists = false;
-        for existing in c.indexes.iter().chain(to_add.iter()) {
-            let same_key = existing.key == index.key;
-            let same_name = existing.name == index.name;
-            let same_opts = options_of(&existing.spec) == options_of(&index.spec)
-                || (existing.name == "_id_" && same_key);
-            if same_key && same_name && same_opts {
-                exists = true;
-                break;
+        if let Some(existing) = c
+            .indexes
+            .iter()
+            .chain(to_add.iter())
+            .find(|e| e.name == index.name)
+        {
+            match compare_indexes(&index, existing) {
+                Comparison::Different => {
+                    return Err(CommandError::new(
+                        86,
+                        "IndexKeySpecsConflict",
+                        format!(
+                            "An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}",
+                            render(&index),
+                            render(existing)
+                        ),
+                    ))
+                }
+                Comparison::Equivalent => {
+                    return Err(CommandError::new(
+                        85,
+                        "IndexOptionsConflict",
+                        format!(
+                            "An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}",
+                            render(&index),
+                            render(existing)
+                        ),
+                    ))
+                }
+                Comparison::Identical => exists = true,
             }
-            if same_name && !same_key {
-                return Err(CommandError::new(
-                    86,
-                    "IndexKeySpecsConflict",
-                    format!(
-                        "An existing index has the same name as the requested index. When index names are not specified, they are auto generated and can cause conflicts. Please refer to our documentation. Requested index: {}, existing index: {}",
-                        crate::keys::render_doc(&index.spec),
-                        crate::keys::render_doc(&existing.spec)
-                    ),
-                ));
-            }
-            let same_partial = existing.partial.as_ref().map(|p| canonical_filter(&p.0))
-                == index.partial.as_ref().map(|p| canonical_filter(&p.0));
-            if same_key && same_partial {
-                let msg = if same_name {
-                    format!(
-                        "An equivalent index already exists with the same name but different options. Requested index: {}, existing index: {}",
-                        crate::keys::render_doc(&index.spec),
-                        crate::keys::render_doc(&existing.spec)
-                    )
-                } else if same_opts {
-                    format!(
-                        "Index already exists with a different name: {}",
-                        existing.name
-                    )
-                } else {
-                    format!(
-                        "An equivalent index already exists with a different name and options. Requested index: {}, existing index: {}",
-                        crate::keys::render_doc(&index.spec),
-                        crate::keys::render_doc(&existing.spec)
-                    )
-                };
-                return Err(CommandError::new(85, "IndexOptionsConflict", msg));
-            }
+        } else if let Some((existing, cmp)) = c
+            .indexes
+            .iter()
+            .chain(to_add.iter())
+            .map(|e| (e, compare_indexes(&index, e)))
+            .find(|(_, cmp)| *cmp != Comparison::Different)
+        {
+            let msg = if cmp == Comparison::Identical {
+                format!(
+                    "Index already exists with a different name: {}",
+                    existing.name
+                )
+            } else {
+                format!(
+                    "An equivalent index already exists with a different name and options. Requested index: {}, existing index: {}",
+                    render(&index),
+                    render(existing)
+                )
+            };
+            return Err(CommandError::new(85, "IndexOptionsConflict", msg));
         }
         if !exists {
             to_add.push(index);

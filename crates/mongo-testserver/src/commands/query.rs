@@ -126,6 +126,16 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
             )));
         }
     }
+    // `filter`, `projection`, `sort`, `collation`, `min` and `max` are of IDL type
+    // `object_owned_nonempty_serialize` (`src/mongo/db/query/find_command.idl`), whose
+    // deserializer `parseOwnedBSON` takes only an object: null is code 14, not an omitted field.
+    for field in ["filter", "projection", "sort", "collation", "min", "max"] {
+        if let Some(Bson::Null | Bson::Undefined) = cmd.get(field) {
+            return Err(CommandError::type_mismatch(format!(
+                "Expected field {field} to be of type object"
+            )));
+        }
+    }
     args::check_collation(cmd)?;
     let coll = args::coll_name(cmd, "find")?;
     let empty = Document::new();
@@ -504,6 +514,25 @@ pub fn aggregate(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
         ));
     }
     let stages = args::get_docs(cmd, "aggregate", "pipeline")?;
+    // `showSystemEvents` and `showExpandedEvents` are no part of API Version 1 (unstable
+    // fields of the `$changeStream` spec): under `apiStrict: true` mongod refuses them, given
+    // at all, with APIStrictError (323), as `jstests/change_streams/show_system_events.js` and
+    // `show_expanded_events.js` check.
+    if cmd.get("apiStrict") == Some(&Bson::Boolean(true)) {
+        if let Some(Ok(spec)) = stages.first().map(|s| s.get_document("$changeStream")) {
+            for flag in ["showSystemEvents", "showExpandedEvents"] {
+                if spec.contains_key(flag) {
+                    return Err(CommandError::new(
+                        323,
+                        "APIStrictError",
+                        format!(
+                            "BSON field '$changeStream.{flag}' is not allowed with apiStrict:true."
+                        ),
+                    ));
+                }
+            }
+        }
+    }
     let cursor_opts =
         match cmd.get("cursor") {
             Some(Bson::Document(c)) => c,

@@ -177,6 +177,27 @@ impl Filter {
         match_node(&self.root, doc, vars)
     }
 
+    /// The position mongod records while matching `doc` (its `MatchDetails` "elemMatchKey"),
+    /// which the positional projection `a.$` uses: `doc` must match the filter. As mongod
+    /// (`src/mongo/db/matcher/expression_path.h`, `path.cpp`, `expression_array.cpp`,
+    /// `expression_tree.cpp`): the conjuncts are flattened and sorted as the query is
+    /// normalized (by operator kind, then path: `matchExpressionComparator` in
+    /// `src/mongo/db/matcher/expression.cpp`) and each one that matches a value reached through
+    /// an array overwrites the position with the index in the outermost array traversed; an
+    /// `$elemMatch` on an array records the index of its matching element; `$or`, `$nor`,
+    /// negations and `$expr` record nothing. `None` when nothing recorded a position.
+    pub fn matched_array_position(
+        &self,
+        doc: &Document,
+        vars: &Vars,
+    ) -> CommandResult<Option<usize>> {
+        let mut key = None;
+        if !record_position(&self.root, doc, vars, &mut key)? {
+            return Ok(None);
+        }
+        Ok(key)
+    }
+
     /// If the filter pins `_id` by plain equality (`{_id: v}`, `{_id: {$eq: v}}`, or inside a
     /// top-level `$and`), that value. The server may look the document up directly, but must
     /// still call [`Filter::matches`] on it (other conditions may apply). Numbers of different
@@ -587,6 +608,261 @@ fn match_node(n: &Node, doc: &Document, vars: &Vars) -> CommandResult<bool> {
     }
 }
 
+/// One conjunct of a normalized `$and`: a node, or one operator on a path.
+enum Conjunct<'a> {
+    Node(&'a Node),
+    Pred(&'a str, &'a Pred),
+}
+
+/// Flattens `n` into the conjuncts of mongod's normalized `$and`: nested `$and`s, the
+/// operators of one path (`{a: {$gt: 1, $lt: 5}}`), the items of `$all` and a one-clause `$or`
+/// each become conjuncts.
+fn flatten<'a>(n: &'a Node, out: &mut Vec<Conjunct<'a>>) {
+    match n {
+        Node::And(c) => c.iter().for_each(|x| flatten(x, out)),
+        Node::Or(c) if c.len() == 1 => flatten(&c[0], out),
+        Node::Path { path, preds } => {
+            for p in preds {
+                match p {
+                    Pred::All(items) if !items.is_empty() => {
+                        out.extend(items.iter().map(|q| Conjunct::Pred(path, q)))
+                    }
+                    other => out.push(Conjunct::Pred(path, other)),
+                }
+            }
+        }
+        other => out.push(Conjunct::Node(other)),
+    }
+}
+
+/// The sort key of a conjunct: the rank of its mongod `MatchExpression::MatchType` (as
+/// declared in `src/mongo/db/matcher/expression.h`, after the optimizations that turn a
+/// one-value `$in` into `$eq` or a regex) and its path.
+fn conjunct_rank<'a>(c: &Conjunct<'a>) -> (u8, &'a str) {
+    match c {
+        Conjunct::Node(n) => match n {
+            Node::And(_) => (0, ""),
+            Node::Or(_) => (1, ""),
+            Node::Nor(_) => (20, ""),
+            Node::Expr(_) => (24, ""),
+            Node::Const(false) => (25, ""),
+            Node::Const(true) => (26, ""),
+            Node::Path { path, .. } => (5, path.as_str()),
+        },
+        Conjunct::Pred(path, p) => {
+            let rank = match p {
+                Pred::ElemMatchDoc(_) => 2,
+                Pred::ElemMatchValue(_) => 3,
+                Pred::Size(_) => 4,
+                Pred::Eq(_) => 5,
+                Pred::Cmp(Ordering::Less, true, _) => 6,
+                Pred::Cmp(Ordering::Less, _, _) => 7,
+                Pred::Cmp(_, false, _) => 8,
+                Pred::Cmp(_, true, _) => 9,
+                Pred::Regex(_) => 10,
+                Pred::Mod(..) => 11,
+                Pred::Exists(true) => 12,
+                Pred::In(items) => match items.as_slice() {
+                    [InItem::Value(_)] => 5,
+                    [InItem::Regex(_)] => 10,
+                    _ => 13,
+                },
+                Pred::Ne(_) | Pred::Nin(_) | Pred::Exists(false) | Pred::Not(_) => 19,
+                Pred::Type(_) => 21,
+                Pred::All(_) => 0,
+            };
+            (rank, path)
+        }
+    }
+}
+
+/// Matches `n` as mongod does with an elemMatchKey requested, updating `key` (see
+/// [`Filter::matched_array_position`]).
+fn record_position(
+    n: &Node,
+    doc: &Document,
+    vars: &Vars,
+    key: &mut Option<usize>,
+) -> CommandResult<bool> {
+    let mut conjuncts = Vec::new();
+    flatten(n, &mut conjuncts);
+    conjuncts.sort_by(|a, b| conjunct_rank(a).cmp(&conjunct_rank(b)));
+    for c in &conjuncts {
+        let matched = match c {
+            // `$or`/`$nor`/`$expr` children are matched without details in mongod.
+            Conjunct::Node(n) => match_node(n, doc, vars)?,
+            Conjunct::Pred(path, p) => record_pred(path, p, doc, vars, key)?,
+        };
+        if !matched {
+            // As `AndMatchExpression::matches`: a failed conjunct clears the details.
+            *key = None;
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Matches one operator on `path`, recording the position as mongod's `PathMatchExpression`.
+fn record_pred(
+    path: &str,
+    p: &Pred,
+    doc: &Document,
+    vars: &Vars,
+    key: &mut Option<usize>,
+) -> CommandResult<bool> {
+    match p {
+        // Negations (`NotMatchExpression`, `$nor`) match their child without details.
+        Pred::Ne(_) | Pred::Nin(_) | Pred::Exists(false) | Pred::Not(_) | Pred::All(_) => {
+            return path_pred(p, &query_leaves(doc, path), vars);
+        }
+        Pred::Size(_) | Pred::ElemMatchValue(_) | Pred::ElemMatchDoc(_) => {
+            // Array operators look at the array itself (no leaf traversal).
+            for (v, offset) in leaves_with_offsets(doc, path, false) {
+                let Some(Bson::Array(arr)) = v else {
+                    continue;
+                };
+                let inner = match p {
+                    Pred::Size(n) => {
+                        if arr.len() as i64 != *n {
+                            continue;
+                        }
+                        None
+                    }
+                    _ => match elem_match_index(p, arr, vars)? {
+                        Some(i) => Some(i),
+                        None => continue,
+                    },
+                };
+                // `matchesArray` records the element's index, then the path iterator's
+                // outer array offset (when there is one) overwrites it.
+                if let Some(o) = offset.or(inner) {
+                    *key = Some(o);
+                }
+                return Ok(true);
+            }
+        }
+        _ => {
+            for (v, offset) in leaves_with_offsets(doc, path, true) {
+                if single(p, v, vars)? {
+                    if let Some(o) = offset {
+                        *key = Some(o);
+                    }
+                    return Ok(true);
+                }
+            }
+        }
+    }
+    // Where this walk and `query_leaves` differ (an empty array on the path), the plain
+    // answer stands, recording nothing.
+    path_pred(p, &query_leaves(doc, path), vars)
+}
+
+/// The values `path` reaches in `doc`, in the order of mongod's `BSONElementIterator`
+/// (`src/mongo/db/matcher/path.cpp`), each with its array offset: the index in the outermost
+/// array traversed implicitly (`None` when none was). With `expand_leaf`, the elements of an
+/// array at the end of the path come before the array itself.
+fn leaves_with_offsets<'a>(
+    doc: &'a Document,
+    path: &str,
+    expand_leaf: bool,
+) -> Vec<(Option<&'a Bson>, Option<usize>)> {
+    let parts: Vec<&str> = path.split('.').collect();
+    let mut out = Vec::new();
+    offsets_in_doc(doc, &parts, None, expand_leaf, &mut out);
+    if out.is_empty() {
+        out.push((None, None));
+    }
+    out
+}
+
+fn offsets_in_doc<'a>(
+    doc: &'a Document,
+    parts: &[&str],
+    outer: Option<usize>,
+    expand: bool,
+    out: &mut Vec<(Option<&'a Bson>, Option<usize>)>,
+) {
+    match doc.get(parts[0]) {
+        Some(v) => offsets_in_value(v, &parts[1..], outer, expand, out),
+        None => out.push((None, outer)),
+    }
+}
+
+fn offsets_in_value<'a>(
+    v: &'a Bson,
+    rest: &[&str],
+    outer: Option<usize>,
+    expand: bool,
+    out: &mut Vec<(Option<&'a Bson>, Option<usize>)>,
+) {
+    if rest.is_empty() {
+        if let (true, Bson::Array(a)) = (expand, v) {
+            out.extend(
+                a.iter()
+                    .enumerate()
+                    .map(|(i, el)| (Some(el), outer.or(Some(i)))),
+            );
+        }
+        out.push((Some(v), outer));
+        return;
+    }
+    match v {
+        Bson::Document(d) => offsets_in_doc(d, rest, outer, expand, out),
+        Bson::Array(a) => {
+            let index = super::path::array_index(rest[0]);
+            for (i, el) in a.iter().enumerate() {
+                if let Bson::Document(d) = el {
+                    offsets_in_doc(d, rest, outer.or(Some(i)), expand, out);
+                }
+                if index != Some(i) {
+                    continue;
+                }
+                // An explicit index ("a.0") is no implicit traversal: no offset of its own.
+                if rest.len() == 1 {
+                    out.push((Some(el), outer));
+                } else {
+                    match el {
+                        Bson::Document(d) => offsets_in_doc(d, &rest[1..], outer, expand, out),
+                        Bson::Array(_) => offsets_in_value(el, &rest[1..], outer, expand, out),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        _ => out.push((None, outer)),
+    }
+}
+
+/// The index of the first element of `arr` an `$elemMatch` predicate accepts.
+fn elem_match_index(p: &Pred, arr: &[Bson], vars: &Vars) -> CommandResult<Option<usize>> {
+    for (i, el) in arr.iter().enumerate() {
+        let hit = match p {
+            Pred::ElemMatchValue(preds) => {
+                let mut all = true;
+                for q in preds {
+                    if !elem_value(q, el, vars)? {
+                        all = false;
+                        break;
+                    }
+                }
+                all
+            }
+            // As mongod: an element that is an array is matched as a document keyed by
+            // position.
+            Pred::ElemMatchDoc(node) => match el {
+                Bson::Document(d) => match_node(node, d, vars)?,
+                Bson::Array(a) => match_node(node, &array_as_document(a), vars)?,
+                _ => false,
+            },
+            _ => false,
+        };
+        if hit {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
+}
+
 /// Evaluates a predicate over all values a path reaches.
 fn path_pred(p: &Pred, leaves: &[Option<&Bson>], vars: &Vars) -> CommandResult<bool> {
     match p {
@@ -730,44 +1006,8 @@ fn single(p: &Pred, x: Option<&Bson>, vars: &Vars) -> CommandResult<bool> {
             }),
         },
         Pred::Size(n) => matches!(x, Some(Bson::Array(a)) if a.len() as i64 == *n),
-        Pred::ElemMatchValue(preds) => match x {
-            Some(Bson::Array(arr)) => {
-                let mut found = false;
-                for el in arr {
-                    let mut all = true;
-                    for q in preds {
-                        if !elem_value(q, el, vars)? {
-                            all = false;
-                            break;
-                        }
-                    }
-                    if all {
-                        found = true;
-                        break;
-                    }
-                }
-                found
-            }
-            _ => false,
-        },
-        Pred::ElemMatchDoc(node) => match x {
-            Some(Bson::Array(arr)) => {
-                let mut found = false;
-                for el in arr {
-                    // As mongod: an element that is an array is matched as a document keyed
-                    // by position.
-                    let matched = match el {
-                        Bson::Document(d) => match_node(node, d, vars)?,
-                        Bson::Array(a) => match_node(node, &array_as_document(a), vars)?,
-                        _ => false,
-                    };
-                    if matched {
-                        found = true;
-                        break;
-                    }
-                }
-                found
-            }
+        Pred::ElemMatchValue(_) | Pred::ElemMatchDoc(_) => match x {
+            Some(Bson::Array(arr)) => elem_match_index(p, arr, vars)?.is_some(),
             _ => false,
         },
         Pred::Regex(r) => match x {

@@ -429,3 +429,50 @@ fn range_comparisons_never_match_nan() {
     assert!(!m(doc! {"a": {"$lt": 10}}, doc! {"a": dec_nan}));
     assert!(m(doc! {"a": {"$gte": f64::NAN}}, doc! {"a": dec_nan}));
 }
+
+/// The position a match records (mongod's elemMatchKey), for `doc` matching `filter`.
+fn key(filter: Document, d: Document) -> Option<usize> {
+    let f = Filter::parse(&filter).unwrap_or_else(|e| panic!("parse error {e} for {filter}"));
+    assert!(
+        f.matches(&d, &vars()).unwrap_or(false),
+        "{filter} should match {d}"
+    );
+    f.matched_array_position(&d, &vars())
+        .unwrap_or_else(|e| panic!("{filter} on {d}: {e}"))
+}
+
+#[test]
+fn matched_array_position_follows_mongod_elem_match_key() {
+    // A leaf array: the index of the matching element.
+    assert_eq!(key(doc! {"a": {"$gte": 2}}, doc! {"a": [1, 2, 3]}), Some(1));
+    // No array traversed: nothing recorded.
+    assert_eq!(key(doc! {"a": 2}, doc! {"a": 2}), None);
+    // The whole array equal: no position.
+    assert_eq!(key(doc! {"a": [1, 2]}, doc! {"a": [1, 2]}), None);
+    // Through documents in an array: the index in the outermost array.
+    let nested = doc! {"a": [{"b": [{"c": 1}]}, {"b": [{"c": 7}, {"c": 5}]}]};
+    assert_eq!(key(doc! {"a.b.c": 5}, nested.clone()), Some(1));
+    // `$elemMatch` on the array itself: its matching element; under an outer array, the
+    // outer index.
+    assert_eq!(
+        key(
+            doc! {"a": {"$elemMatch": {"b": {"$size": 2}}}},
+            nested.clone()
+        ),
+        Some(1)
+    );
+    assert_eq!(key(doc! {"a.b": {"$elemMatch": {"c": 5}}}, nested), Some(1));
+    // Conjuncts are sorted by operator kind then path; the last one recording wins.
+    let d = doc! {"a": [0, 5, 9], "b": [3, 4, 3]};
+    assert_eq!(key(doc! {"a": {"$gt": 1}, "b": 3}, d.clone()), Some(1));
+    assert_eq!(key(doc! {"b": 3, "a": {"$gt": 8}}, d.clone()), Some(2));
+    assert_eq!(key(doc! {"b": 4, "a": 0}, d.clone()), Some(1));
+    // `$or`, `$nor`, negations and `$expr` record nothing; a one-clause `$or` is its clause.
+    assert_eq!(key(doc! {"$or": [{"a": 5}, {"x": 1}]}, d.clone()), None);
+    assert_eq!(key(doc! {"$or": [{"a": 5}]}, d.clone()), Some(1));
+    assert_eq!(key(doc! {"a": {"$ne": 7}}, d.clone()), None);
+    assert_eq!(key(doc! {"a": {"$nin": [7]}, "b": 4}, d.clone()), Some(1));
+    // `$all` items are conjuncts; a one-value `$in` is an equality.
+    assert_eq!(key(doc! {"a": {"$all": [5, 9]}}, d.clone()), Some(2));
+    assert_eq!(key(doc! {"a": {"$in": [9]}, "b": 4}, d), Some(1));
+}

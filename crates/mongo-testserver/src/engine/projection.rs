@@ -5,12 +5,19 @@
 //! projections `$slice` (`n` or `[skip, limit]`) and `$elemMatch` (which joins either kind of
 //! projection, and alone includes). Mixing inclusion and exclusion is refused (codes
 //! 31253/31254), as mongod. The positional projection `a.$` (find and findAndModify) keeps the
-//! element the query's conditions on `a` select. `$meta` is refused.
+//! element at the position the query's match recorded (see
+//! [`super::matcher::Filter::matched_array_position`]). `$meta` is refused.
+//!
+//! As mongod 4.4+ (`src/mongo/db/exec/projection_executor_builder.cpp`), `$slice` and `a.$`
+//! are applied after the inclusion/exclusion/computed part, in the order they are written, to
+//! its result: in an inclusion projection their paths are included, and `$slice` on `a.b`
+//! walks every document of an array `a` but leaves other elements (nested arrays too) as they
+//! are (`projection_executor_utils.cpp`).
 
 use bson::{Bson, Document};
 
 use super::expr::{self, Vars};
-use super::matcher::ElementCondition;
+use super::matcher::{ElementCondition, Filter};
 use super::path::set_agg_path;
 use crate::error::{CommandError, CommandResult};
 
@@ -21,6 +28,14 @@ pub struct Projection {
     include_id: bool,
     tree: Vec<(String, PNode)>,
     computed: Vec<(Vec<String>, Bson)>,
+    finals: Vec<Final>,
+}
+
+/// A find-only projection applied to the result of the rest of the projection.
+#[derive(Debug, Clone)]
+enum Final {
+    Slice(Vec<String>, Option<i64>, i64),
+    Positional(Vec<String>),
 }
 
 #[derive(Debug, Clone)]
@@ -29,7 +44,8 @@ enum PNode {
     Exclude,
     Sub(Vec<(String, PNode)>),
     Computed,
-    Slice(Option<i64>, i64),
+    /// A `$slice` path: included in an inclusion projection, sliced afterwards.
+    Slice,
     ElemMatch(Box<ElementCondition>),
 }
 
@@ -80,16 +96,23 @@ impl Projection {
     fn parse(spec: &Document, kind: Kind) -> CommandResult<Projection> {
         let mut tree: Vec<(String, PNode)> = Vec::new();
         let mut computed = Vec::new();
+        let mut finals = Vec::new();
         let mut modes = Modes::default();
         let mut id_setting: Option<bool> = None;
+        if kind == Kind::Find {
+            check_positional(spec)?;
+        }
         parse_level(
             spec,
             &[],
             kind,
-            &mut tree,
-            &mut computed,
-            &mut modes,
-            &mut id_setting,
+            &mut Parsed {
+                tree: &mut tree,
+                computed: &mut computed,
+                finals: &mut finals,
+                modes: &mut modes,
+                id_setting: &mut id_setting,
+            },
         )?;
         if let (Some(inc), Some(exc)) = (&modes.inclusion, &modes.exclusion) {
             let _ = inc;
@@ -113,11 +136,23 @@ impl Projection {
             include_id: id_setting != Some(false),
             tree,
             computed,
+            finals,
         })
     }
 
     /// Applies the projection to a document.
     pub fn apply(&self, doc: &Document, vars: &Vars) -> CommandResult<Document> {
+        self.apply_matched(doc, None, vars)
+    }
+
+    /// Applies the projection to a document `filter` matched (the positional projection takes
+    /// its position from that match; without a filter it finds none).
+    pub fn apply_matched(
+        &self,
+        doc: &Document,
+        filter: Option<&Filter>,
+        vars: &Vars,
+    ) -> CommandResult<Document> {
         let mut out = if self.inclusion {
             let mut out = include(doc, &self.tree, vars)?;
             if self.include_id {
@@ -143,6 +178,12 @@ impl Projection {
             match v {
                 Some(v) => set_agg_path(&mut out, &refs, v),
                 None => super::path::remove_agg_path(&mut out, &refs),
+            }
+        }
+        for f in &self.finals {
+            match f {
+                Final::Slice(parts, skip, limit) => slice_path(&mut out, parts, *skip, *limit),
+                Final::Positional(parts) => out = positional(doc, out, parts, filter, vars)?,
             }
         }
         Ok(out)
@@ -190,7 +231,7 @@ fn insert_node(
     }
 }
 
-fn check_path(path: &str) -> CommandResult<Vec<String>> {
+fn check_path(path: &str, kind: Kind) -> CommandResult<Vec<String>> {
     if path.is_empty() || path.split('.').any(str::is_empty) {
         return Err(loc(
             40352,
@@ -198,7 +239,11 @@ fn check_path(path: &str) -> CommandResult<Vec<String>> {
         ));
     }
     let parts: Vec<String> = path.split('.').map(str::to_string).collect();
-    for p in &parts {
+    for (i, p) in parts.iter().enumerate() {
+        if p == "$" && kind == Kind::Find && i + 1 == parts.len() && i > 0 {
+            // A positional projection, checked by `check_positional`.
+            continue;
+        }
         if p == "$" {
             // Find projections handle it (`project_matched`); elsewhere it is no field name.
             return Err(loc(
@@ -235,21 +280,54 @@ fn slice_arg(v: &Bson) -> Option<CommandResult<(Option<i64>, i64)>> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What parsing collects.
+struct Parsed<'a> {
+    tree: &'a mut Vec<(String, PNode)>,
+    computed: &'a mut Vec<(Vec<String>, Bson)>,
+    finals: &'a mut Vec<Final>,
+    modes: &'a mut Modes,
+    id_setting: &'a mut Option<bool>,
+}
+
 fn parse_level(
     spec: &Document,
     prefix: &[String],
     kind: Kind,
-    tree: &mut Vec<(String, PNode)>,
-    computed: &mut Vec<(Vec<String>, Bson)>,
-    modes: &mut Modes,
-    id_setting: &mut Option<bool>,
+    st: &mut Parsed<'_>,
 ) -> CommandResult<()> {
     for (k, v) in spec {
         let mut parts = prefix.to_vec();
-        parts.extend(check_path(k)?);
+        parts.extend(check_path(k, kind)?);
+        if parts.last().is_some_and(|p| p == "$") {
+            // `a.b.$`: includes `a.b`, then keeps the matched element (`check_positional`
+            // refused every other form).
+            parts.pop();
+            if st.modes.elem_match {
+                return Err(loc(
+                    31256,
+                    "Cannot specify positional operator and $elemMatch.",
+                ));
+            }
+            let full = parts.join(".");
+            st.modes.inclusion.get_or_insert(full.clone());
+            if st.modes.exclusion.is_some() {
+                return Err(loc(
+                    31253,
+                    format!("Cannot do inclusion on field {full} in exclusion projection"),
+                ));
+            }
+            insert_node(st.tree, &parts, PNode::Include, &full)?;
+            st.finals.push(Final::Positional(parts));
+            continue;
+        }
         let full = parts.join(".");
         let is_id = full == "_id";
+        let (tree, computed, modes, id_setting) = (
+            &mut *st.tree,
+            &mut *st.computed,
+            &mut *st.modes,
+            &mut *st.id_setting,
+        );
         let node = match v {
             Bson::Boolean(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => {
                 let on = expr::truthy(Some(v));
@@ -289,18 +367,31 @@ fn parse_level(
                 if kind == Kind::Find && op == "$slice" && d.len() == 1 {
                     if let Some(r) = d.get("$slice").and_then(slice_arg) {
                         let (skip, limit) = r?;
-                        insert_node(tree, &parts, PNode::Slice(skip, limit), &full)?;
+                        insert_node(tree, &parts, PNode::Slice, &full)?;
+                        st.finals.push(Final::Slice(parts, skip, limit));
                         continue;
                     }
                 }
                 if kind == Kind::Find && op == "$elemMatch" && d.len() == 1 {
+                    // The checks and their order of `projection_parser.cpp`.
+                    let cond = match d.get("$elemMatch") {
+                        Some(Bson::Document(c)) => c,
+                        other => {
+                            return Err(loc(
+                                31274,
+                                format!(
+                                    "elemMatch: Invalid argument, object required, but got {}",
+                                    other.map(super::compare::type_name).unwrap_or("missing")
+                                ),
+                            ))
+                        }
+                    };
+                    if st.finals.iter().any(|f| matches!(f, Final::Positional(_))) {
+                        return Err(loc(31255, "Cannot specify positional operator and $elemMatch."));
+                    }
                     if parts.len() > 1 {
                         return Err(loc(31275, "Cannot use $elemMatch projection on a nested field."));
                     }
-                    let cond = match d.get("$elemMatch") {
-                        Some(Bson::Document(c)) => c,
-                        _ => return Err(CommandError::bad_value("$elemMatch needs an Object")),
-                    };
                     // Neither inclusion nor exclusion: alone it includes, with exclusions it
                     // is part of an exclusion projection (as in mongod).
                     modes.elem_match = true;
@@ -315,7 +406,7 @@ fn parse_level(
                 PNode::Computed
             }
             Bson::Document(d) => {
-                parse_level(d, &parts, kind, tree, computed, modes, id_setting)?;
+                parse_level(d, &parts, kind, st)?;
                 continue;
             }
             other => {
@@ -387,8 +478,8 @@ fn include(doc: &Document, tree: &[(String, PNode)], vars: &Vars) -> CommandResu
                 }
                 _ => {}
             },
-            PNode::Slice(skip, limit) => {
-                out.insert(k.clone(), slice_value(v, *skip, *limit));
+            PNode::Slice => {
+                out.insert(k.clone(), v.clone());
             }
             PNode::ElemMatch(f) => {
                 if let Some(first) = first_elem_match(v, f, vars)? {
@@ -439,9 +530,6 @@ fn exclude(doc: &Document, tree: &[(String, PNode)], vars: &Vars) -> CommandResu
                 };
                 out.insert(k.clone(), nv);
             }
-            Some(PNode::Slice(skip, limit)) => {
-                out.insert(k.clone(), slice_value(v, *skip, *limit));
-            }
             Some(PNode::ElemMatch(f)) => {
                 if let Some(first) = first_elem_match(v, f, vars)? {
                     out.insert(k.clone(), first);
@@ -473,8 +561,8 @@ pub fn project(doc: &Document, projection: &Document, vars: &Vars) -> CommandRes
 }
 
 /// Applies a find projection to a document `query` matched: the positional projection
-/// `{"a.$": 1}` keeps the first element of the array `a` that satisfies `query`'s conditions on
-/// `a` (see `update::query_matched_index`).
+/// `{"a.$": 1}` keeps the element at the position the match recorded (see
+/// [`Filter::matched_array_position`]).
 pub fn project_matched(
     doc: &Document,
     projection: &Document,
@@ -484,37 +572,34 @@ pub fn project_matched(
     if projection.is_empty() {
         return Ok(doc.clone());
     }
-    let Some((array_path, spec)) = positional_spec(projection)? else {
-        return Projection::parse_find(projection)?.apply(doc, vars);
-    };
-    let projection = Projection::parse_find(&spec)?;
-    let parts: Vec<&str> = array_path.split('.').collect();
-    let Some(Bson::Array(arr)) = value_through_documents(doc, &parts) else {
-        // Not an array (or reached through one): projected as an inclusion of the path.
-        return projection.apply(doc, vars);
-    };
-    let i = super::update::query_matched_index(query, &array_path, arr, vars)?
-        .ok_or_else(|| {
-            loc(
-                51246,
-                "Executor error during find command :: caused by :: positional operator '.$' couldn't find a matching element in the array",
-            )
-        })?;
-    let mut doc = doc.clone();
-    let element = arr.get(i).cloned().unwrap_or(Bson::Null);
-    super::path::set_agg_path(&mut doc, &parts, Bson::Array(vec![element]));
-    projection.apply(&doc, vars)
+    let parsed = Projection::parse_find(projection)?;
+    if !parsed
+        .finals
+        .iter()
+        .any(|f| matches!(f, Final::Positional(_)))
+    {
+        return parsed.apply(doc, vars);
+    }
+    let filter = Filter::parse(query)?;
+    parsed.apply_matched(doc, Some(&filter), vars)
 }
 
-/// A projection's positional field (`"a.b.$"`), checked as mongod checks it, with the
-/// projection that includes `a.b` instead; `None` when there is none.
-fn positional_spec(projection: &Document) -> CommandResult<Option<(String, Document)>> {
-    let mut found: Option<String> = None;
-    let mut spec = Document::new();
+/// Checks a find projection's positional fields (`"a.b.$"`) as mongod checks them
+/// (`src/mongo/db/query/projection/projection_parser.cpp`).
+fn check_positional(projection: &Document) -> CommandResult<()> {
+    check_positional_level(projection, &mut false)
+}
+
+/// [`check_positional`] of one level of a projection (sub-projections are checked as well).
+fn check_positional_level(projection: &Document, found: &mut bool) -> CommandResult<()> {
     for (k, v) in projection {
         let parts: Vec<&str> = k.split('.').collect();
         let Some(at) = parts.iter().position(|p| *p == "$") else {
-            spec.insert(k.clone(), v.clone());
+            if let Bson::Document(sub) = v {
+                if !sub.keys().next().is_some_and(|f| f.starts_with('$')) {
+                    check_positional_level(sub, found)?;
+                }
+            }
             continue;
         };
         if at + 1 != parts.len() {
@@ -529,44 +614,118 @@ fn positional_spec(projection: &Document) -> CommandResult<Option<(String, Docum
                 format!("FieldPath field names may not start with '$'. ({k})"),
             ));
         }
-        if found.is_some() {
+        if *found {
             return Err(loc(
                 31276,
                 "Cannot specify more than one positional projection per query.",
             ));
         }
-        let on = matches!(
-            v,
+        // `parseElement`: a sub-object 31271, an exclusion 31395, any other literal 31308.
+        match v {
+            Bson::Document(_) => {
+                return Err(loc(
+                    31271,
+                    "positional projection cannot be used with an expression or sub object",
+                ))
+            }
             Bson::Boolean(_)
-                | Bson::Int32(_)
-                | Bson::Int64(_)
-                | Bson::Double(_)
-                | Bson::Decimal128(_)
-        ) && expr::truthy(Some(v));
-        if !on {
-            return Err(loc(
-                31395,
-                format!("Cannot use a positional projection ({k}) other than as an inclusion"),
-            ));
+            | Bson::Int32(_)
+            | Bson::Int64(_)
+            | Bson::Double(_)
+            | Bson::Decimal128(_) => {
+                if !expr::truthy(Some(v)) {
+                    return Err(loc(
+                        31395,
+                        "positional projection cannot be used with exclusion",
+                    ));
+                }
+            }
+            _ => {
+                return Err(loc(
+                    31308,
+                    "positional projection cannot be used with a literal",
+                ))
+            }
         }
-        let path = parts[..at].join(".");
-        spec.insert(path.clone(), 1);
-        found = Some(path);
+        *found = true;
     }
-    Ok(found.map(|path| (path, spec)))
+    Ok(())
 }
 
-/// The value at `parts`, reached through documents only.
-fn value_through_documents<'a>(doc: &'a Document, parts: &[&str]) -> Option<&'a Bson> {
-    let (first, rest) = parts.split_first()?;
-    let mut cur = doc.get(*first)?;
-    for p in rest {
-        cur = match cur {
-            Bson::Document(d) => d.get(*p)?,
-            _ => return None,
-        };
+/// The positional projection of `path` on `projected` (the result of the rest of the
+/// projection of `pre_image`), as mongod's `applyFindPositionalProjection`
+/// (`src/mongo/db/exec/projection_executor_utils.cpp`): the first array along the path is
+/// replaced by its element at the position the filter's match recorded on the pre-image;
+/// without a recorded position that is error 51246, a position past its end 51247; a path
+/// reaching no array leaves the document as it is.
+fn positional(
+    pre_image: &Document,
+    mut projected: Document,
+    path: &[String],
+    filter: Option<&Filter>,
+    vars: &Vars,
+) -> CommandResult<Document> {
+    let mut at: Option<(usize, Bson)> = None;
+    {
+        let mut sub = &projected;
+        for (i, part) in path.iter().enumerate() {
+            match sub.get(part) {
+                Some(Bson::Array(arr)) => {
+                    let key = match filter {
+                        Some(f) => f.matched_array_position(pre_image, vars)?,
+                        None => None,
+                    };
+                    let key = key.ok_or_else(|| {
+                        loc(
+                            51246,
+                            "Executor error during find command :: caused by :: positional operator '.$' couldn't find a matching element in the array",
+                        )
+                    })?;
+                    let el = arr.get(key).cloned().ok_or_else(|| {
+                        loc(
+                            51247,
+                            "Executor error during find command :: caused by :: positional operator '.$' element mismatch",
+                        )
+                    })?;
+                    at = Some((i, el));
+                    break;
+                }
+                Some(Bson::Document(d)) => sub = d,
+                // As mongod: anything else leaves the current document for the next part.
+                _ => {}
+            }
+        }
     }
-    Some(cur)
+    if let Some((i, el)) = at {
+        let refs: Vec<&str> = path[..=i].iter().map(String::as_str).collect();
+        set_agg_path(&mut projected, &refs, Bson::Array(vec![el]));
+    }
+    Ok(projected)
+}
+
+/// `$slice` of the arrays at `path` in a projected document, as mongod's
+/// `applyFindSliceProjection` (`src/mongo/db/exec/projection_executor_utils.cpp`): arrays on
+/// the way have their documents walked and other elements kept; the array at the end is
+/// sliced; anything else is left as it is.
+fn slice_path(doc: &mut Document, path: &[String], skip: Option<i64>, limit: i64) {
+    let Some((first, rest)) = path.split_first() else {
+        return;
+    };
+    let Some(v) = doc.get_mut(first) else {
+        return;
+    };
+    match v {
+        Bson::Array(_) if rest.is_empty() => *v = slice_value(v, skip, limit),
+        Bson::Array(a) => {
+            for el in a.iter_mut() {
+                if let Bson::Document(d) = el {
+                    slice_path(d, rest, skip, limit);
+                }
+            }
+        }
+        Bson::Document(d) if !rest.is_empty() => slice_path(d, rest, skip, limit),
+        _ => {}
+    }
 }
 
 #[cfg(test)]

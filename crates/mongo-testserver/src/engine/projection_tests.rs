@@ -257,11 +257,148 @@ fn positional_projection_keeps_the_element_the_query_selects() {
     assert_eq!(code(doc! {"g.$": 1, "items.$": 1}, doc! {"g": 80}), 31276);
     assert_eq!(code(doc! {"items.$.n": 1}, doc! {"items.n": "a"}), 31394);
     assert_eq!(code(doc! {"g.$": 0}, doc! {"g": 80}), 31395);
+    assert_eq!(code(doc! {"g.$": "x"}, doc! {"g": 80}), 31308);
+    // In a sub-projection as well.
+    assert_eq!(code(doc! {"o": {"s.$": 0}}, doc! {"o.s": 7}), 31395);
+    assert_eq!(
+        code(doc! {"g.$": 1, "o": {"s.$": 1}}, doc! {"g": 80}),
+        31276
+    );
+    assert_eq!(
+        pm(doc! {"o": {"s.$": 1}, "_id": 0}, doc! {"o.s": 7}).unwrap(),
+        doc! {"o": {"s": [7]}}
+    );
+    assert_eq!(code(doc! {"g.$": {"$slice": 1}}, doc! {"g": 80}), 31271);
     // Not a find projection.
     assert_eq!(
         Projection::parse_aggregate(&doc! {"g.$": 1})
             .err()
             .map(|e| e.code),
         Some(31324)
+    );
+}
+
+#[test]
+fn positional_projection_takes_the_position_of_the_last_array_matched() {
+    let pm =
+        |d: Document, proj: Document, query: Document| project_matched(&d, &proj, &query, &vars());
+    let ok = |d: Document, proj: Document, query: Document| {
+        pm(d.clone(), proj.clone(), query.clone())
+            .unwrap_or_else(|e| panic!("{proj} with {query} on {d}: {e}"))
+    };
+    // The condition is on another array (4.4+).
+    let d = doc! {"_id": 1, "a": [1, 2, 3], "b": [10, 20, 30]};
+    assert_eq!(
+        ok(d.clone(), doc! {"b.$": 1, "_id": 0}, doc! {"a": 2}),
+        doc! {"b": [20]}
+    );
+    // Several arrays: conditions sorted by kind then path, the last one decides (the
+    // manual's deans_list example: `grades` comes last).
+    let deans =
+        doc! {"_id": 8, "activity_ids": [1, 2], "grades": [90, 95], "deans_list": [2021, 2020]};
+    assert_eq!(
+        ok(
+            deans,
+            doc! {"deans_list.$": 1},
+            doc! {"activity_ids": 1, "grades": 95, "deans_list": 2021}
+        ),
+        doc! {"_id": 8, "deans_list": [2020]}
+    );
+    // `a.b.$` where `a` is the array: the first array on the path is projected.
+    let docs = doc! {"_id": 2, "a": [{"b": 1, "c": 1}, {"b": 5, "c": 2}]};
+    assert_eq!(
+        ok(docs.clone(), doc! {"a.b.$": 1}, doc! {"a.b": 5}),
+        doc! {"_id": 2, "a": [{"b": 5}]}
+    );
+    assert_eq!(
+        ok(
+            docs,
+            doc! {"a.$": 1, "_id": 0},
+            doc! {"a": {"$elemMatch": {"c": 2}}}
+        ),
+        doc! {"a": [{"b": 5, "c": 2}]}
+    );
+    // A path reaching no array is a plain inclusion.
+    assert_eq!(
+        ok(doc! {"_id": 3, "x": 1}, doc! {"x.$": 1}, doc! {"x": 1}),
+        doc! {"_id": 3, "x": 1}
+    );
+    // Errors: no position recorded (`$or`, negations), or one past the projected array.
+    let code = |d: Document, proj: Document, query: Document| match pm(d, proj, query) {
+        Ok(r) => panic!("expected an error, got {r}"),
+        Err(e) => e.code,
+    };
+    let d = doc! {"_id": 1, "a": [1, 2, 3], "b": [10]};
+    assert_eq!(
+        code(
+            d.clone(),
+            doc! {"a.$": 1},
+            doc! {"$or": [{"a": 2}, {"z": 1}]}
+        ),
+        51246
+    );
+    assert_eq!(
+        code(d.clone(), doc! {"a.$": 1}, doc! {"a": {"$ne": 7}}),
+        51246
+    );
+    assert_eq!(code(d.clone(), doc! {"b.$": 1}, doc! {"a": 3}), 51247);
+    // With `$elemMatch` (projection_parser.cpp): 31255 after a positional, 31256 before one;
+    // a non-object argument 31274.
+    let q = doc! {"a": 3};
+    assert_eq!(
+        code(
+            d.clone(),
+            doc! {"a.$": 1, "b": {"$elemMatch": {"$gt": 1}}},
+            q.clone()
+        ),
+        31255
+    );
+    assert_eq!(
+        code(
+            d.clone(),
+            doc! {"b": {"$elemMatch": {"$gt": 1}}, "a.$": 1},
+            q.clone()
+        ),
+        31256
+    );
+    assert_eq!(code(d, doc! {"b": {"$elemMatch": 1}}, q), 31274);
+}
+
+#[test]
+fn slice_applies_after_the_projection_as_mongod() {
+    // Exclusion-style (a `$slice` alone): documents of `a` are walked, other elements kept,
+    // nested arrays left alone.
+    let d = doc! {"_id": 1, "a": [{"b": [1, 2], "c": 1}, 5, [{"b": [3, 4]}]], "z": 1};
+    assert_eq!(
+        p(d.clone(), doc! {"a.b": {"$slice": 1}}),
+        doc! {"_id": 1, "a": [{"b": [1], "c": 1}, 5, [{"b": [3, 4]}]], "z": 1}
+    );
+    // With an inclusion: the `$slice` path is included too; scalars in `a` are dropped by the
+    // inclusion, nested arrays projected (and not sliced).
+    assert_eq!(
+        p(d.clone(), doc! {"a.b": {"$slice": -1}, "a.c": 1, "_id": 0}),
+        doc! {"a": [{"b": [2], "c": 1}, [{"b": [3, 4]}]]}
+    );
+    assert_eq!(
+        p(d.clone(), doc! {"a": {"$slice": 1}, "z": 1}),
+        doc! {"_id": 1, "a": [{"b": [1, 2], "c": 1}], "z": 1}
+    );
+    // `$slice` of a document or a scalar leaves it as it is.
+    assert_eq!(
+        p(
+            doc! {"a": {"b": 1}, "c": 2},
+            doc! {"a": {"$slice": 1}, "c": 0}
+        ),
+        doc! {"a": {"b": 1}}
+    );
+    // Paths through arrays of documents and scalars.
+    let mixed = doc! {"_id": 2, "a": [{"b": 1, "c": 2}, 3, [{"b": 4, "c": 5}, 6], {"c": 7}]};
+    assert_eq!(
+        p(mixed.clone(), doc! {"a.b": 1, "_id": 0}),
+        doc! {"a": [{"b": 1}, [{"b": 4}], {}]}
+    );
+    assert_eq!(
+        p(mixed, doc! {"a.b": 0, "_id": 0}),
+        doc! {"a": [{"c": 2}, 3, [{"c": 5}, 6], {"c": 7}]}
     );
 }

@@ -723,7 +723,6 @@ mod apply;
 #[path = "update_positional.rs"]
 mod positional;
 use apply::{apply_op, slot};
-pub(crate) use positional::query_matched_index;
 
 #[cfg(test)]
 #[path = "update_tests.rs"]
