@@ -85,8 +85,8 @@
 //!   early). The update's `SET` decides the grant once, from one `clock_timestamp()` (`g.ok`),
 //!   and writes either the new lease or the old lease columns unchanged. A busy attempt writes
 //!   nothing, except when it registers its backend in the handoff queue (`queue.rs`): then
-//!   the update runs whatever the `WHERE` of a grant says, rewrites only `waiters`, and returns
-//!   the holder's latest expiry.
+//!   the update runs whatever the grant test says, rewrites only `waiters`, and returns the
+//!   holder's latest expiry.
 //! * **Extend**: `UPDATE ... SET expires_at = clock_timestamp() + ttl WHERE name AND lease_id =
 //!   ours AND expires_at > clock_timestamp()`: an expired lease is never extended.
 //! * **Release**: `UPDATE ... SET lease_id = NULL, expires_at = least(expires_at,
@@ -106,9 +106,10 @@
 //! (`g.ok`, one `clock_timestamp()` call in the `SET`'s sub-select) and every lease column's
 //! new value follows that one result: either all are the new lease's or all are kept, so no
 //! interleaving of clock readings can write a half-granted row. (The `WHERE` repeats the test
-//! only to skip the write of a busy attempt that does not register; it decides nothing: when
-//! it passes, `g.ok` is evaluated later on the same locked row and is what counts.) Extensions only move `expires_at` of an unexpired lease of
-//! the same lease id, also under the row lock. Row locks serialize every write of a name, so
+//! only to skip the write of a busy attempt that needs not register; it decides nothing: when
+//! it passes, `g.ok` is evaluated later on the same locked row and is what counts.)
+//! Extensions only move `expires_at` of an unexpired lease of the same lease id, also under the
+//! row lock. Row locks serialize every write of a name, so
 //! each write sees the result of the previous one: a second lease id can be written only at a
 //! server time at or after the first lease's last `expires_at`. The first insert of a name is
 //! serialized by the primary key (`ON CONFLICT` turns a concurrent insert into the update path,

@@ -11,8 +11,10 @@
 //!   the backend's listening connection is live, registers the backend's mark in the row's
 //!   `waiters` (`jsonb`, `[{"m": <mark>, "u": <until>}, ...]`, in order of first registration;
 //!   a later busy attempt only moves `u`), in the same statement as the attempt: the acquire
-//!   statement's `ON CONFLICT DO UPDATE` then always writes the row, keeping every lease column
-//!   as it is when the attempt is busy. `u` is the holder's expiry plus
+//!   statement's `ON CONFLICT DO UPDATE` then writes the row, keeping every lease column as it
+//!   is when the attempt is busy. A backend already queued until the holder's expiry plus
+//!   [`REGISTRATION`] or later writes nothing (each write is a commit, with its WAL flush).
+//!   `u` is the holder's expiry plus
 //!   [`REGISTRATION`], so a backend that died leaves the queue by itself; entries whose `u` has
 //!   passed (by `clock_timestamp()`) are dropped by every statement that rewrites the queue. At
 //!   most [`MAX_WAITERS`] entries: later backends are not queued (the fallback wakes them).
@@ -106,6 +108,18 @@ pub(super) fn after_busy(row: &str, now: &str, mark: &str) -> String {
             ELSE jsonb_agg(e.w ORDER BY e.i) END
           {})",
         live_entries(row, now, None)
+    )
+}
+
+/// Whether `mark` is already queued in `row` for as long as a registration now would keep it
+/// (until the holder's expiry plus [`REGISTRATION`] or later): a busy attempt then needs no
+/// write (a write is a commit, with its WAL flush).
+pub(super) fn is_queued(row: &str, mark: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM jsonb_array_elements({row}.waiters) AS e(w)
+                  WHERE e.w->>'m' = {mark}
+                    AND (e.w->>'u')::timestamptz >= {row}.expires_at + {})",
+        registration()
     )
 }
 

@@ -115,8 +115,9 @@ impl Schema {
                        holder_pid, holder_app";
         // The grant is decided once, by `g.ok` (see "Why two holders never overlap" in the
         // module docs); the queue (`queue.rs`: `$7` the backend's mark, `$8` register when
-        // busy, `$9` requeue when granted) only rides along. Without `$8` a busy attempt writes
-        // nothing (the `WHERE`); with it, it rewrites the row with its lease unchanged.
+        // busy, `$9` requeue when granted) only rides along. A busy attempt writes nothing (the
+        // `WHERE`) unless it registers (`$8`) and its backend is not yet queued for the current
+        // holder's expiry; then it rewrites the row with its lease unchanged.
         let free = |now: &str| {
             format!(
                 "((l.lease_id IS NULL AND l.slot_limit IS NULL) OR l.expires_at <= {now}
@@ -142,7 +143,7 @@ impl Schema {
                               ELSE l.waiters END
                     FROM (SELECT c.now, {free_c} AS ok
                             FROM (SELECT clock_timestamp() AS now) c) g)
-               WHERE $8::boolean OR {free_now}
+               WHERE {free_now} OR ($8::boolean AND NOT {queued})
                RETURNING l.lease_id IS NOT DISTINCT FROM $2::text AS acquired, l.fencing_token,
                          l.acquired_at, l.expires_at
              )
@@ -169,6 +170,7 @@ impl Schema {
             after_busy = queue::after_busy("l", "g.now", "$7::text"),
             free_c = free("c.now"),
             free_now = free("clock_timestamp()"),
+            queued = queue::is_queued("l", "$7::text"),
         );
         // A semaphore's slots (`slot_limit` not null): see "Semaphores" in the backend's
         // module docs.
