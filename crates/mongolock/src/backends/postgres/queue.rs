@@ -35,6 +35,8 @@
 //!   or empty, else only after [`HANDOFF_FALLBACK`] if nothing else happened to the name
 //!   (`Hub::deliver`, `backends/wakeups.rs`): the designated process died or its acquirers
 //!   gave up. A notification without a designation wakes one acquirer per process, as before.
+//!   (A process of an earlier version, during a rolling upgrade, cannot parse the new format:
+//!   it logs a warning and wakes every waiter and holder to re-check, which is safe.)
 //! * **The releasing backend** reads `handoff` from its release's reply (`RETURNING`) and
 //!   delivers the release in-process the same way, without waiting for its own notification.
 //!   A release whose outcome is unknown (an error) is delivered in-process as a release to
