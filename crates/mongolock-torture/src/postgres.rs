@@ -5,7 +5,8 @@
 //!   table [`LOCK_HISTORY`] and an `AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW` trigger on
 //!   the lock table that appends every row change to it: a `bigserial` sequence number, the
 //!   operation, `clock_timestamp()`, the name, the old and new lease id and token, the new
-//!   `acquired_at` / `expires_at` and the holder's application name. The trigger is the
+//!   `acquired_at` / `expires_at` and the holder's application name (an update that changes
+//!   none of the lease's columns, only the library's handoff queue, is left out). The trigger is the
 //!   harness's SQL, not the library's, and relies only on the table's documented columns. It
 //!   runs in the transaction of the change, so the history holds exactly the committed changes.
 //!   The lock statement holds the row lock of the name while the trigger draws the sequence
@@ -111,6 +112,11 @@ pub async fn install(client: &Client, url: &str, schema: &str) -> Result<(), Any
                VALUES ('delete', clock_timestamp(), OLD.name, OLD.lease_id, OLD.fencing_token,
                        OLD.expires_at);
              RETURN OLD;
+           ELSIF TG_OP = 'UPDATE' AND OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
+                 AND OLD.fencing_token = NEW.fencing_token
+                 AND OLD.expires_at = NEW.expires_at AND OLD.acquired_at = NEW.acquired_at THEN
+             -- Nothing of the lease changed (a busy attempt queued its process): no history.
+             RETURN NEW;
            ELSIF TG_OP = 'UPDATE' THEN
              INSERT INTO {history} (op, at, name, old_lease, new_lease, old_token, new_token,
                                     acquired_at, expires_at, holder_app)

@@ -742,8 +742,32 @@ async fn without_notifications_waiters_poll_and_extension_detects_loss() {
     assert!(!b.live_notifications());
 }
 
-/// A table created before semaphores existed (no `slot_limit`/`slots` columns) gets them from
-/// the migration of a new backend, keeps its tokens, and then serves semaphores.
+/// The trigger function of the versions before the handoff queue (payload `<token> <lease id
+/// or -> <name>`), as their migration installs it.
+const OLD_TRIGGER_FUNCTION: &str = "CREATE OR REPLACE FUNCTION public.mongolock_notify()
+  RETURNS trigger LANGUAGE plpgsql AS $fn$
+  BEGIN
+    IF TG_OP = 'DELETE' THEN
+      PERFORM pg_notify(TG_ARGV[0], OLD.fencing_token || ' - ' || OLD.name);
+      RETURN OLD;
+    END IF;
+    IF TG_OP = 'UPDATE'
+       AND OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
+       AND OLD.fencing_token = NEW.fencing_token THEN
+      RETURN NEW;
+    END IF;
+    PERFORM pg_notify(TG_ARGV[0],
+      NEW.fencing_token || ' ' || coalesce(NEW.lease_id, '-') || ' ' || NEW.name);
+    RETURN NEW;
+  END
+  $fn$";
+
+/// A table created before semaphores existed (no `slot_limit`/`slots` columns, nor the handoff
+/// queue's `waiters`/`handoff`) gets them from the migration of a new backend, keeps its
+/// tokens, and then serves semaphores and hands off across processes. The trigger function
+/// (shared by the schema's tables) of the new version works on the old table before it is
+/// migrated, and an old version's function (put back by an older build's migration) is
+/// replaced.
 #[tokio::test]
 async fn tables_from_before_semaphores_are_migrated() {
     let Some(url) = url() else { return };
@@ -757,14 +781,29 @@ async fn tables_from_before_semaphores_are_migrated() {
     let g = p.lock("jobs").unwrap().acquire().await.unwrap();
     let before = g.fencing_token();
     g.release().await.unwrap();
-    // The table as the previous version created it.
-    admin(&url)
-        .await
+    let admin = admin(&url).await;
+    // The table as the previous versions created it.
+    admin
         .batch_execute(&format!(
-            "ALTER TABLE public.\"{table}\" DROP COLUMN slot_limit, DROP COLUMN slots"
+            "ALTER TABLE public.\"{table}\" DROP COLUMN slot_limit, DROP COLUMN slots,
+               DROP COLUMN waiters, DROP COLUMN handoff"
         ))
         .await
-        .expect("drop the semaphore columns");
+        .expect("drop the semaphore and queue columns");
+    // The new function on a table without the new columns (another table of the schema was
+    // migrated first): writes still work and are published.
+    admin
+        .batch_execute(&format!(
+            "UPDATE public.\"{table}\" SET lease_id = 'someone' WHERE name = 'jobs';
+             UPDATE public.\"{table}\" SET lease_id = NULL WHERE name = 'jobs';"
+        ))
+        .await
+        .expect("the new trigger function works on an old table");
+    // An older build's migration puts its function back.
+    admin
+        .batch_execute(OLD_TRIGGER_FUNCTION)
+        .await
+        .expect("install the old trigger function");
     let new = PostgresBackend::builder(&url)
         .table(&table)
         .build()
@@ -782,4 +821,67 @@ async fn tables_from_before_semaphores_are_migrated() {
     assert!(sem.try_acquire().await.unwrap().is_none());
     a.release().await.unwrap();
     b.release().await.unwrap();
+    let migrated: bool = admin
+        .query_one(
+            &format!(
+                "SELECT p.prosrc LIKE '%handoff%'
+                        AND (SELECT count(*) FROM pg_attribute
+                              WHERE attrelid = 'public.\"{table}\"'::regclass
+                                AND attname IN ('slots', 'slot_limit', 'waiters', 'handoff')
+                                AND NOT attisdropped) = 4
+                   FROM pg_proc p WHERE p.oid = 'public.mongolock_notify()'::regprocedure"
+            ),
+            &[],
+        )
+        .await
+        .expect("read the catalog")
+        .get(0);
+    assert!(
+        migrated,
+        "the queue columns and the new trigger function are in place"
+    );
+    // Locks hand off across processes on the migrated table: a second backend queues and is
+    // designated by the release.
+    let other = PostgresBackend::builder(&url)
+        .table(&table)
+        .build()
+        .unwrap();
+    let holder = p.lock("x").unwrap().acquire().await.unwrap();
+    let q = LockProvider::builder(other.clone())
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_secs(30),
+            Duration::from_secs(40),
+        ))
+        .build()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            other.live_notifications()
+        })
+        .await
+    );
+    let waiting = tokio::spawn(async move { q.lock("x").unwrap().acquire().await });
+    let queued = eventually(Duration::from_secs(20), || async {
+        admin
+            .query_one(
+                &format!(
+                    "SELECT jsonb_array_length(waiters) FROM public.\"{table}\" WHERE name = 'x'"
+                ),
+                &[],
+            )
+            .await
+            .map(|r| r.get::<_, i32>(0) == 1)
+            .unwrap_or(false)
+    })
+    .await;
+    assert!(queued, "the waiting backend never queued");
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the designated backend got the lock")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }

@@ -7,6 +7,9 @@
 pub mod memory;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
+// What the cross-process handoff queues of MongoDB and PostgreSQL share.
+#[cfg(any(feature = "mongodb", feature = "postgres"))]
+pub(crate) mod handoff;
 // The notification core of the backends that subscribe to changes (MongoDB, PostgreSQL).
 #[cfg(any(feature = "mongodb", feature = "postgres"))]
 pub(crate) mod notify;

@@ -466,11 +466,11 @@ impl LockBackend for MongoBackend {
         }
         // This attempt's own acquirer is registered before it (when the call will wait).
         let acquirers = self.watch.acquirers(&req.name);
-        let queueing = queue::Queueing {
-            mark: self.watch.own_mark(),
-            register: acquirers >= 1 && self.watch.is_live_for(&req.name),
-            requeue: acquirers >= 2,
-        };
+        let queueing = queue::Queueing::new(
+            self.watch.own_mark(),
+            acquirers,
+            self.watch.is_live_for(&req.name),
+        );
         let attempt = acquire::try_acquire(&self.coll, req, self.cleanup_after, queueing).await?;
         if let Attempt::Acquired(lease) = &attempt {
             self.watch

@@ -35,12 +35,12 @@
 //! The queue only orders who may try first: acquisition stays one atomic test of "free or
 //! expired by `$$NOW`" (plus "not reserved for another process") and grant, so the queue
 //! cannot break mutual exclusion or token order; a wrong or stale designation costs at most
-//! the fallback delay.
-
-use std::time::Duration;
+//! the fallback delay. (What the PostgreSQL queue shares with this one: `backends/handoff.rs`.)
 
 use mongodb::bson::{doc, Bson, Document};
 
+pub(crate) use crate::backends::handoff::{Handoff, Queueing};
+use crate::backends::handoff::{MAX_WAITERS, REGISTRATION};
 use crate::backends::wakeups::HANDOFF_FALLBACK;
 
 /// The queue of waiting backends.
@@ -49,23 +49,6 @@ pub(super) const WAITERS: &str = "waiters";
 pub(super) const NEXT: &str = "next";
 /// The designated process's head start: `{m: <mark>, until: <date>}` or null.
 pub(super) const RESERVED: &str = "reserved";
-
-/// How long a registration outlives the holder's expiry.
-pub(super) const REGISTRATION: Duration = Duration::from_secs(2);
-
-/// Most entries in a queue.
-pub(super) const MAX_WAITERS: i64 = 64;
-
-/// What an acquire attempt does with the queue.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Queueing<'a> {
-    /// The backend's mark (the prefix of its lease ids).
-    pub(super) mark: &'a str,
-    /// Register the backend when the attempt is busy.
-    pub(super) register: bool,
-    /// Keep the backend at the end of the queue when the attempt is granted.
-    pub(super) requeue: bool,
-}
 
 fn registration_ms() -> i64 {
     REGISTRATION.as_millis() as i64
@@ -201,18 +184,6 @@ pub(super) fn not_reserved_for_others(mark: &str) -> Document {
     ] }
 }
 
-/// Whom a release handed the lock to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Handoff {
-    /// Not known (no `next` in the event or reply): wake one acquirer per process, as without
-    /// a queue.
-    Unknown,
-    /// Nobody was queued: wake one acquirer per process.
-    Nobody,
-    /// The backend with this mark.
-    To(String),
-}
-
 impl Handoff {
     /// The handoff recorded in a `next` value (`"<mark>/<released>"`, an empty mark for
     /// nobody), if it was written by the release of `released` (`None`: the value is known to
@@ -224,17 +195,8 @@ impl Handoff {
         };
         match s.split_once('/') {
             Some((_, after)) if released.is_some_and(|r| r != after) => Handoff::Unknown,
-            Some(("", _)) => Handoff::Nobody,
-            Some((mark, _)) => Handoff::To(mark.to_owned()),
+            Some((mark, _)) => Handoff::to_mark(mark),
             None => Handoff::Unknown,
-        }
-    }
-
-    /// Whether a process whose backend has mark `own` should wake one of its acquirers at once.
-    pub(crate) fn wakes(&self, own: &str) -> bool {
-        match self {
-            Handoff::To(m) => m == own,
-            Handoff::Unknown | Handoff::Nobody => true,
         }
     }
 }

@@ -5,23 +5,28 @@
 //! # What is published
 //! A trigger on the lock table (created by the migration, `schema.rs`) calls `pg_notify` on
 //! the table's channel for every insert, every delete and every update that changes the lease
-//! id or the fencing token, with the payload `<token> <lease id or -> <name>`. So grants,
-//! releases, takeovers, force-releases and cleanup are published; extensions (only
-//! `expires_at` changes) and busy attempts (no write) are not. PostgreSQL delivers a
-//! notification when its transaction commits, in commit order, to every session that listens
-//! on the channel: the change is visible to a read made after it arrives.
+//! id or the fencing token, with the payload `<token> <lease id or -> <name>`, or for a release
+//! that designates the next process `<token>/<designated mark>/<releasing mark> - <name>`
+//! (`queue.rs`). So grants, releases, takeovers, force-releases and cleanup are published;
+//! extensions (only `expires_at` changes) and busy attempts (no write, or only the queue) are
+//! not. PostgreSQL delivers a notification when its transaction commits, in commit order, to
+//! every session that listens on the channel: the change is visible to a read made after it
+//! arrives.
 //!
 //! # Everything else is the shared notification core
 //! The listening connection is the [`Feed`] of the backend's [`Notifier`]
 //! (`backends/notify/`), which the MongoDB backend's change stream shares; this module only
 //! opens the connection and reads its payloads. Each payload is delivered to the name's entry
 //! in the per-name registry (`backends/wakeups.rs`): a payload without a lease (release,
-//! force-release, delete) wakes the longest-waiting registered acquirer of the name in this
-//! process (one per change), every observer and the holders; a grant wakes observers and
-//! holders only (it frees nothing). Every payload carries the row's fencing token, so a holder
-//! judges a late notification (one from before its grant) by its smaller token, and reads its
-//! row only for a lease the backend did not grant itself or after a reconnection (see the
-//! core's loss detection).
+//! force-release, delete) wakes every observer and the holders, and one registered acquirer of
+//! the name in this process — at once when the release designated this backend or nobody (or
+//! the payload names no designation), else only after the handoff fallback if nothing else
+//! happened to the name (`queue.rs`); a grant wakes observers and holders only (it frees
+//! nothing). The notifications of this backend's own exclusive releases are ignored: the
+//! releasing call delivers them in-process from its reply. Every payload carries the row's
+//! fencing token, so a holder judges a late notification (one from before its grant) by its
+//! smaller token, and reads its row only for a lease the backend did not grant itself or after
+//! a reconnection (see the core's loss detection).
 //!
 //! # Fallback and reconnection
 //! Notifications sent while no session listens are lost (PostgreSQL keeps no history), so
@@ -46,9 +51,10 @@ use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, Config, Notification};
 
 use super::errors;
+use super::queue::parse_first;
 use super::tls::MakeTls;
 use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
-use crate::backends::wakeups::{Change, Hub};
+use crate::backends::wakeups::Hub;
 
 /// How often an idle listening connection is pinged.
 pub(crate) const PING_EVERY: Duration = Duration::from_secs(5);
@@ -63,37 +69,32 @@ pub(crate) type Listener = Notifier<Listening>;
 
 impl Listener {
     /// A listener whose connection opens on first need; `enabled: false` means never (poll).
-    pub(crate) fn new(config: Config, tls: MakeTls, channel: String, enabled: bool) -> Listener {
+    /// `own` is the backend's mark (`queue.rs`).
+    pub(crate) fn new(
+        config: Config,
+        tls: MakeTls,
+        channel: String,
+        enabled: bool,
+        own: String,
+    ) -> Listener {
         Notifier::with_feed(enabled, move || Listening {
             label: format!("lock notification connection (channel {channel})"),
             config: config.clone(),
             tls: tls.clone(),
             channel: channel.clone(),
+            own: own.clone(),
             conn: None,
         })
     }
 }
 
-/// The payload `<token> <lease id or -> <name>` as the name and its change.
-fn parse(payload: &str) -> Option<(&str, Change)> {
-    let mut parts = payload.splitn(3, ' ');
-    let token = parts.next()?.parse::<u64>().ok()?;
-    let lease = parts.next()?;
-    let name = parts.next()?;
-    let lease_id = (lease != "-").then(|| lease.to_owned());
-    Some((
-        name,
-        Change::Lease {
-            lease_id,
-            token: Some(token),
-        },
-    ))
-}
-
-fn dispatch(hub: &Hub, payload: &str) {
-    match parse(payload) {
-        // No handoff queue: a release is for any acquirer.
-        Some((name, change)) => hub.deliver(name, change, true),
+/// Delivers one payload (`queue.rs`: [`parse_first`] and what a designation means) to the
+/// registry of the backend marked `own`.
+fn dispatch(hub: &Hub, own: &str, payload: &str) {
+    match parse_first(payload) {
+        // This backend's own release: delivered in-process after its reply.
+        Some(notice) if !notice.by.is_empty() && notice.by == own => {}
+        Some(notice) => hub.deliver(notice.name, notice.change, notice.handoff.wakes(own)),
         None => {
             tracing::warn!(%payload, "unexpected lock notification; every waiter and holder re-checks");
             hub.wake_all(true);
@@ -108,6 +109,8 @@ pub(crate) struct Listening {
     /// The same TLS settings as the pool's connections.
     tls: MakeTls,
     channel: String,
+    /// The backend's mark.
+    own: String,
     conn: Option<Open>,
 }
 
@@ -139,7 +142,7 @@ impl Feed for Listening {
         let error = loop {
             tokio::select! {
                 n = conn.notifications.recv() => match n {
-                    Some(Ok(n)) => dispatch(hub, n.payload()),
+                    Some(Ok(n)) => dispatch(hub, &self.own, n.payload()),
                     Some(Err(e)) => break errors::describe(&e),
                     None => break "the connection was closed".to_owned(),
                 },
@@ -218,16 +221,24 @@ async fn open(config: &Config, tls: &MakeTls, channel: &str) -> Result<Open, Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backends::wakeups::lease;
+    use std::time::Duration;
 
-    #[test]
-    fn payloads_are_parsed() {
-        assert_eq!(
-            parse("7 abc my lock"),
-            Some(("my lock", lease(Some("abc"), Some(7))))
-        );
-        assert_eq!(parse("8 - x y"), Some(("x y", lease(None, Some(8)))));
-        assert_eq!(parse("nope - x"), None);
-        assert_eq!(parse("9 -"), None);
+    #[tokio::test]
+    async fn designations_and_own_releases() {
+        let hub = Hub::new(crate::backends::wakeups::Status::Live);
+        // Designated elsewhere: nobody here at once.
+        let w = hub.change_waiter("x");
+        dispatch(&hub, "me-", "5/other-/them- - x");
+        assert!(!w.wait(Duration::from_millis(50)).await);
+        // Designated here, or nobody, or an old payload: one at once.
+        for payload in ["6/me-/them- - x", "7//them- - x", "8 - x"] {
+            let w = hub.change_waiter("x");
+            dispatch(&hub, "me-", payload);
+            assert!(w.wait(Duration::from_secs(5)).await, "{payload}");
+        }
+        // Our own release: delivered by the releasing call, not by the listener.
+        let w = hub.change_waiter("x");
+        dispatch(&hub, "me-", "9/me-/me- - x");
+        assert!(!w.wait(Duration::from_millis(50)).await);
     }
 }

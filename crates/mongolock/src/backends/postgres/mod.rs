@@ -50,13 +50,19 @@
 //! name text PRIMARY KEY, lease_id text, fencing_token bigint NOT NULL,
 //! acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
 //! holder_host text, holder_pid bigint, holder_app text,
-//! released text[] NOT NULL DEFAULT '{}'       -- the last 8 released lease ids
+//! released text[] NOT NULL DEFAULT '{}',      -- the last 8 released lease ids
+//! slot_limit integer, slots jsonb NOT NULL DEFAULT '[]',   -- semaphores (below)
+//! waiters jsonb NOT NULL DEFAULT '[]', handoff text        -- the handoff queue (`queue.rs`)
 //! ```
 //!
 //! plus a sequence `<table>_fencing_token` (the source of every fencing token of the table), an
 //! index on `expires_at` (for cleanup) and a trigger that publishes lease changes with
 //! `pg_notify` (`listen.rs`). The migration runs in one transaction under an advisory lock, so
-//! processes starting together do not race; a backend checks once (one query) whether it ran.
+//! processes starting together do not race; a backend checks once (one query) whether it ran:
+//! whether the table has every column and its trigger calls this version's function. Tables
+//! created by earlier versions get the columns added since (`slot_limit`/`slots`, then
+//! `waiters`/`handoff`: `ALTER TABLE .. ADD COLUMN IF NOT EXISTS`) and the current trigger
+//! function; rows written before keep their tokens.
 //!
 //! # One statement per operation, on the server's clock
 //! Every operation is one SQL statement in its own (autocommit) transaction: one round trip.
@@ -76,22 +82,34 @@
 //!   lease_id IS NULL OR expires_at <= clock_timestamp() OR lease_id = ours RETURNING ...`,
 //!   wrapped in a CTE whose outer `SELECT` also returns the current holder's expiry when the
 //!   attempt was busy (from the statement's snapshot; a stale value only makes a waiter retry
-//!   early). A busy attempt writes nothing.
+//!   early). The update's `SET` decides the grant once, from one `clock_timestamp()` (`g.ok`),
+//!   and writes either the new lease or the old lease columns unchanged. A busy attempt writes
+//!   nothing, except when it registers its backend in the handoff queue (`queue.rs`): then
+//!   the update runs whatever the grant test says, rewrites only `waiters`, and returns the
+//!   holder's latest expiry.
 //! * **Extend**: `UPDATE ... SET expires_at = clock_timestamp() + ttl WHERE name AND lease_id =
 //!   ours AND expires_at > clock_timestamp()`: an expired lease is never extended.
 //! * **Release**: `UPDATE ... SET lease_id = NULL, expires_at = least(expires_at,
 //!   clock_timestamp()), released = <last 8 released ids, ours appended> WHERE lease_id =
-//!   ours`; in the same statement, an id already in `released` reports success (a retry after a
-//!   lost reply). A lease someone else ended never appears there, so `false` means just that.
-//! * **Force-release**: clears an unexpired lease; the token is kept.
+//!   ours`, popping the first queued backend into `handoff` (returned with the reply); in the
+//!   same statement, an id already in `released` reports success (a retry after a lost reply).
+//!   A lease someone else ended never appears there, so `false` means just that.
+//! * **Force-release**: clears an unexpired lease (popping the queue likewise); the token is
+//!   kept.
 //! * **Inspect / list**: one `SELECT` each; `held` is judged with one `clock_timestamp()`.
 //!   `list` is sorted by name bytewise (`COLLATE "C"`), as Rust sorts strings.
 //!
 //! # Why two holders never overlap (in server time)
 //! A grant writes the row of the name while holding its row lock, and only when the row has no
 //! lease, an expired one (`expires_at <= clock_timestamp()`, evaluated after the lock was
-//! taken), or the requester's own. Extensions only move `expires_at` of an unexpired lease of
-//! the same lease id, also under the row lock. Row locks serialize every write of a name, so
+//! taken), or the requester's own. The acquire statement evaluates that test once per row
+//! (`g.ok`, one `clock_timestamp()` call in the `SET`'s sub-select) and every lease column's
+//! new value follows that one result: either all are the new lease's or all are kept, so no
+//! interleaving of clock readings can write a half-granted row. (The `WHERE` repeats the test
+//! only to skip the write of a busy attempt that needs not register; it decides nothing: when
+//! it passes, `g.ok` is evaluated later on the same locked row and is what counts.)
+//! Extensions only move `expires_at` of an unexpired lease of the same lease id, also under the
+//! row lock. Row locks serialize every write of a name, so
 //! each write sees the result of the previous one: a second lease id can be written only at a
 //! server time at or after the first lease's last `expires_at`. The first insert of a name is
 //! serialized by the primary key (`ON CONFLICT` turns a concurrent insert into the update path,
@@ -114,8 +132,8 @@
 //!   our statement started (it cannot overlap it), `t'` was drawn before the row was deleted,
 //!   and `t` after: `t' < t`.
 //!
-//! Release, expiry, takeover and force-release never lower `fencing_token`; nothing else
-//! writes it. Tokens are therefore strictly increasing per name, forever, and (a consequence
+//! Release, expiry, takeover and force-release never lower `fencing_token`; a busy attempt
+//! that registers in the queue writes it back unchanged; nothing else writes it. Tokens are therefore strictly increasing per name, forever, and (a consequence
 //! of one sequence per table) unique across the table's names; they have gaps.
 //!
 //! # Semaphores
@@ -150,11 +168,24 @@
 //! background task of each backend runs it every [`DEFAULT_CLEANUP_EVERY`] (configurable, or
 //! off). Correctness never depends on cleanup.
 //!
+//! # The handoff queue cannot break either guarantee (`queue.rs`)
+//! The columns `waiters` and `handoff` order which process tries first after a release. They
+//! are written only inside the lock statements above, under the same row lock, and no grant
+//! condition reads them: the acquire statement's `g.ok`, the slot statement's conditions, the
+//! extension's and the release's `WHERE` are the ones argued above, word for word. A busy
+//! attempt that registers rewrites `lease_id`, `fencing_token`, `acquired_at`, `expires_at`,
+//! the holder and `slot_limit` with the values it read under the row lock, so the row's lease
+//! is exactly what it was; it draws no token. So mutual exclusion and token order hold as
+//! argued, whatever the queue says, and a wrong, stale or lost designation only delays a
+//! waiter, by at most the handoff fallback (500 ms).
+//!
 //! # Wake-ups (`listen.rs`)
-//! One `LISTEN` connection per backend wakes one waiting acquirer per name and process within
-//! milliseconds of a release, lets busy waiters sleep until the holder's expiry otherwise, tells
-//! holders at once when their lease was taken or force-released, and falls back to polling
-//! (and re-checks) while it reconnects. Behind PgBouncer in transaction pooling mode `LISTEN`
+//! One `LISTEN` connection per backend wakes waiting acquirers within milliseconds of a
+//! release — one in the process that the release designated (the first in the row's queue),
+//! the other processes one each only if the lock was not taken within the handoff fallback
+//! (`queue.rs`) — lets busy waiters sleep until the holder's expiry otherwise, tells holders at
+//! once when their lease was taken or force-released, and falls back to polling (and
+//! re-checks) while it reconnects. Behind PgBouncer in transaction pooling mode `LISTEN`
 //! does not work: turn notifications off ([`PostgresBackendBuilder::notifications`]) or point
 //! the backend at the server directly.
 //!
@@ -177,6 +208,7 @@
 mod errors;
 mod listen;
 mod ops;
+mod queue;
 mod schema;
 
 mod tls;
@@ -195,6 +227,8 @@ use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LeaseMode, LockBackend,
     LockInfo,
 };
+use crate::backends::handoff;
+use crate::backends::wakeups::Change;
 use crate::error::{Error, Result};
 use listen::Listener;
 use schema::Schema;
@@ -255,6 +289,9 @@ struct Inner {
     /// Serializes this backend's migration checks.
     migrating: tokio::sync::Mutex<()>,
     listener: Listener,
+    /// This backend's mark: the prefix of its lease ids and its name in handoff queues
+    /// (`queue.rs`).
+    mark: String,
     cleanup_after: Duration,
     cleanup_every: Option<Duration>,
     cleanup_started: AtomicBool,
@@ -441,11 +478,13 @@ impl PostgresBackendBuilder {
             listen_config.get_application_name().unwrap_or("mongolock")
         );
         listen_config.application_name(&listen_name);
+        let mark = handoff::new_mark();
         let listener = Listener::new(
             listen_config,
             tls,
             schema.channel.clone(),
             self.notifications,
+            mark.clone(),
         );
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
@@ -454,6 +493,7 @@ impl PostgresBackendBuilder {
                 ready: AtomicBool::new(false),
                 migrating: tokio::sync::Mutex::new(()),
                 listener,
+                mark,
                 cleanup_after: self.cleanup_after,
                 cleanup_every: self.cleanup_every,
                 cleanup_started: AtomicBool::new(false),
@@ -688,9 +728,9 @@ impl Inner {
         if self.ready.load(Ordering::Acquire) {
             return Ok(());
         }
-        let (sql, table, trigger) = self.schema.migrated_query();
+        let (sql, table, trigger, version) = self.schema.migrated_query();
         let migrated: bool = client
-            .query_one(sql, &[&table, &trigger])
+            .query_one(sql, &[&table, &trigger, &version])
             .await
             .map_err(|e| errors::map("check the lock table", e))?
             .try_get(0)
@@ -757,6 +797,13 @@ impl LockBackend for PostgresBackend {
             // (`still_holds`), since other slots' grants do not end its lease.
             return ops::slot_attempt(&rows, &req.name, limit);
         }
+        // This attempt's own acquirer is registered before it (when the call will wait).
+        let listener = &self.inner.listener;
+        let queueing = queue::Queueing::new(
+            &self.inner.mark,
+            listener.acquirers(&req.name),
+            listener.is_live_for(&req.name),
+        );
         let rows = self
             .query(
                 "acquire",
@@ -768,6 +815,9 @@ impl LockBackend for PostgresBackend {
                     &p.host,
                     &p.pid,
                     &p.app,
+                    &queueing.mark,
+                    &queueing.register,
+                    &queueing.requeue,
                 ],
             )
             .await?;
@@ -803,17 +853,38 @@ impl LockBackend for PostgresBackend {
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.inner.listener.released(lease_id);
         ops::check_name(name)?;
-        let rows = self
+        let released = self
             .query(
                 "release",
                 &self.inner.schema.release,
-                &[&name, &lease_id.as_str()],
+                &[&name, &lease_id.as_str(), &self.inner.mark],
             )
-            .await?;
-        match rows.first() {
-            Some(r) => r.try_get(0).map_err(ops::decode),
-            None => Ok(false),
+            .await
+            .and_then(|rows| ops::released(&rows));
+        // The listener ignores the notifications of this backend's own exclusive releases
+        // (`queue.rs`): they are delivered here, with the reply's designation. A slot's
+        // release (no designation) is left to the listener; one whose outcome is unknown is
+        // delivered to anybody (at worst a spurious attempt).
+        let here = match &released {
+            Ok(r) => r
+                .handoff
+                .as_ref()
+                .map(|h| (h.wakes(&self.inner.mark), r.token)),
+            Err(_) => Some((true, None)),
+        };
+        if let Some((here, token)) = here {
+            let change = Change::Lease {
+                lease_id: None,
+                token,
+            };
+            self.inner.listener.hub().deliver(name, change, here);
         }
+        released.map(|r| r.released)
+    }
+
+    /// Marked with this backend's mark (`queue.rs`).
+    fn new_lease_id(&self) -> LeaseId {
+        LeaseId::random_with_prefix(&self.inner.mark)
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::Row;
 
+use super::queue::{self, Handoff};
 use crate::backend::{AcquireRequest, Attempt, Lease, LeaseHolder, LeaseId, LockInfo};
 use crate::error::{Error, Result};
 use crate::holder::HolderInfo;
@@ -78,6 +79,35 @@ impl AcquireParams {
                 .map(|a| clean(a).into_owned()),
         }
     }
+}
+
+/// The reply of the release statement (one row).
+pub(crate) struct Released {
+    /// Whether the lease was released (now or by an earlier call).
+    pub(crate) released: bool,
+    /// Whom this release designated (`queue.rs`): `None` when it ended no exclusive lease now
+    /// (a slot, a retry, not ours).
+    pub(crate) handoff: Option<Handoff>,
+    /// The row's token after the release, when it ended a lease now.
+    pub(crate) token: Option<u64>,
+}
+
+/// Decodes the release statement's reply.
+pub(crate) fn released(rows: &[Row]) -> Result<Released> {
+    let Some(row) = rows.first() else {
+        return Ok(Released {
+            released: false,
+            handoff: None,
+            token: None,
+        });
+    };
+    let handoff: Option<String> = row.try_get("handoff").map_err(decode)?;
+    let token: Option<i64> = row.try_get("fencing_token").map_err(decode)?;
+    Ok(Released {
+        released: row.try_get("released").map_err(decode)?,
+        handoff: handoff.as_deref().map(queue::recorded),
+        token: token.and_then(|t| u64::try_from(t).ok()),
+    })
 }
 
 /// The outcome of the acquire statement: at most one row, `acquired` first.

@@ -1,6 +1,7 @@
 //! Where the locks live (schema, table, sequence, notification channel), the SQL of every
 //! operation, and the migration that creates them.
 
+use super::queue;
 use crate::error::{Error, Result};
 
 /// The longest table name accepted: PostgreSQL allows 63 bytes per identifier, and the
@@ -13,6 +14,11 @@ pub(crate) const MAX_SCHEMA_LEN: usize = 63;
 /// Name of the trigger (on the lock table) and of its function (in the lock schema) that
 /// publish every change of a lease with `pg_notify`.
 const NOTIFY: &str = "mongolock_notify";
+
+/// A comment in the body of the trigger function of this version (handoff designations in the
+/// payload): a table whose trigger calls an older function (replaced by an older build's
+/// migration) is migrated again.
+const NOTIFY_VERSION: &str = "mongolock payload v2";
 
 /// `ident` as a quoted SQL identifier.
 fn quote(ident: &str) -> String {
@@ -107,29 +113,64 @@ impl Schema {
         let ttl = micros(3);
         let columns = "name, lease_id, fencing_token, acquired_at, expires_at, holder_host, \
                        holder_pid, holder_app";
+        // The grant is decided once, by `g.ok` (see "Why two holders never overlap" in the
+        // module docs); the queue (`queue.rs`: `$7` the backend's mark, `$8` register when
+        // busy, `$9` requeue when granted) only rides along. A busy attempt writes nothing (the
+        // `WHERE`) unless it registers (`$8`) and its backend is not yet queued for the current
+        // holder's expiry; then it rewrites the row with its lease unchanged.
+        let free = |now: &str| {
+            format!(
+                "((l.lease_id IS NULL AND l.slot_limit IS NULL) OR l.expires_at <= {now}
+                   OR l.lease_id = EXCLUDED.lease_id)"
+            )
+        };
+        let keep = |column: &str, granted: &str| {
+            format!("CASE WHEN g.ok THEN {granted} ELSE l.{column} END")
+        };
         let acquire = format!(
             "WITH granted AS (
-               INSERT INTO {t} AS l ({columns})
-               VALUES ($1, $2, {next}, clock_timestamp(), clock_timestamp() + {ttl}, $4, $5, $6)
+               INSERT INTO {t} AS l ({columns}, waiters)
+               SELECT $1::text, $2::text, {next}, c.now, c.now + {ttl}, $4::text, $5::bigint,
+                      $6::text, {first}
+                 FROM (SELECT clock_timestamp() AS now) c
                ON CONFLICT (name) DO UPDATE SET
-                 lease_id = EXCLUDED.lease_id,
-                 fencing_token = {next},
-                 acquired_at = clock_timestamp(),
-                 expires_at = clock_timestamp() + {ttl},
-                 holder_host = EXCLUDED.holder_host,
-                 holder_pid = EXCLUDED.holder_pid,
-                 holder_app = EXCLUDED.holder_app,
-                 slot_limit = NULL
-               WHERE (l.lease_id IS NULL AND l.slot_limit IS NULL)
-                  OR l.expires_at <= clock_timestamp()
-                  OR l.lease_id = EXCLUDED.lease_id
-               RETURNING l.fencing_token, l.acquired_at, l.expires_at
+                 (lease_id, fencing_token, acquired_at, expires_at, holder_host, holder_pid,
+                  holder_app, slot_limit, waiters) =
+                 (SELECT {lease}, {token}, {acquired}, {expires}, {host}, {pid}, {app},
+                         CASE WHEN g.ok THEN NULL ELSE l.slot_limit END,
+                         CASE WHEN g.ok THEN {after_grant}
+                              WHEN $8::boolean THEN {after_busy}
+                              ELSE l.waiters END
+                    FROM (SELECT c.now, {free_c} AS ok
+                            FROM (SELECT clock_timestamp() AS now) c) g)
+               WHERE {free_now} OR ($8::boolean AND NOT {queued})
+               RETURNING l.lease_id IS NOT DISTINCT FROM $2::text AS acquired, l.fencing_token,
+                         l.acquired_at, l.expires_at
              )
-             SELECT true AS acquired, fencing_token, acquired_at, expires_at FROM granted
+             SELECT acquired, fencing_token, acquired_at, expires_at FROM granted
              UNION ALL
              SELECT false, fencing_token, acquired_at, expires_at FROM {t}
               WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
-                AND NOT EXISTS (SELECT 1 FROM granted)"
+                AND NOT EXISTS (SELECT 1 FROM granted)",
+            first = queue::first("$7::text", &format!("c.now + {ttl}"), "$9::boolean"),
+            lease = keep("lease_id", "EXCLUDED.lease_id"),
+            token = keep("fencing_token", &next),
+            acquired = keep("acquired_at", "g.now"),
+            expires = keep("expires_at", &format!("g.now + {ttl}")),
+            host = keep("holder_host", "EXCLUDED.holder_host"),
+            pid = keep("holder_pid", "EXCLUDED.holder_pid"),
+            app = keep("holder_app", "EXCLUDED.holder_app"),
+            after_grant = queue::after_grant(
+                "l",
+                "g.now",
+                "$7::text",
+                &format!("g.now + {ttl}"),
+                "$9::boolean"
+            ),
+            after_busy = queue::after_busy("l", "g.now", "$7::text"),
+            free_c = free("c.now"),
+            free_now = free("clock_timestamp()"),
+            queued = queue::is_queued("l", "$7::text"),
         );
         // A semaphore's slots (`slot_limit` not null): see "Semaphores" in the backend's
         // module docs.
@@ -226,35 +267,53 @@ impl Schema {
         let rest =
             "(SELECT coalesce(jsonb_agg(s), '[]'::jsonb) FROM jsonb_array_elements(l.slots) s
                       WHERE s->>'id' <> $2 AND (s->>'exp')::timestamptz > clock_timestamp())";
+        // An exclusive release also pops the first queued backend into `handoff` (`queue.rs`;
+        // `$3` is the releasing backend's mark); a slot's leaves the queue alone.
         let release = format!(
             "WITH ended AS (
                UPDATE {t} AS l SET
-                 (lease_id, fencing_token, slots, expires_at) = (
+                 (lease_id, fencing_token, slots, expires_at, waiters, handoff) = (
                    SELECT NULL::text,
                           CASE WHEN l.slot_limit IS NULL THEN l.fencing_token ELSE {next} END,
                           CASE WHEN l.slot_limit IS NULL THEN l.slots ELSE r.rest END,
                           CASE WHEN l.slot_limit IS NULL OR jsonb_array_length(r.rest) = 0
                                THEN least(l.expires_at, clock_timestamp())
                                ELSE (SELECT max((s->>'exp')::timestamptz)
-                                       FROM jsonb_array_elements(r.rest) s) END
-                     FROM (SELECT {rest} AS rest) r),
+                                       FROM jsonb_array_elements(r.rest) s) END,
+                          CASE WHEN l.slot_limit IS NULL THEN {popped} ELSE l.waiters END,
+                          CASE WHEN l.slot_limit IS NULL THEN {designation} ELSE l.handoff END
+                     FROM (SELECT {rest} AS rest) r, (SELECT {live} AS live) q),
                  released = (array_append(released, $2::text))[greatest(cardinality(released) - 6, 1):]
                WHERE name = $1
                  AND ((l.slot_limit IS NULL AND lease_id = $2)
                    OR (l.slot_limit IS NOT NULL AND EXISTS (
                          SELECT 1 FROM jsonb_array_elements(l.slots) s WHERE s->>'id' = $2)))
-               RETURNING 1
+               RETURNING l.fencing_token, CASE WHEN l.slot_limit IS NULL THEN l.handoff END AS handoff
              )
              SELECT EXISTS (SELECT 1 FROM ended)
-                 OR EXISTS (SELECT 1 FROM {t} WHERE name = $1 AND $2 = ANY (released))"
+                 OR EXISTS (SELECT 1 FROM {t} WHERE name = $1 AND $2 = ANY (released)) AS released,
+                    (SELECT handoff FROM ended) AS handoff,
+                    (SELECT fencing_token FROM ended) AS fencing_token",
+            popped = queue::popped("q.live"),
+            designation = queue::designation("q.live", "$3::text", "$2::text"),
+            live = queue::live("l", "clock_timestamp()"),
         );
+        // An exclusive lease forced out hands off like a release (by nobody's mark).
         let force_release = format!(
-            "UPDATE {t} SET lease_id = NULL, expires_at = least(expires_at, clock_timestamp()),
-                     fencing_token = CASE WHEN slot_limit IS NULL THEN fencing_token ELSE {next} END,
-                     slot_limit = NULL, slots = '[]'
+            "UPDATE {t} AS l SET
+               (lease_id, expires_at, fencing_token, slot_limit, slots, waiters, handoff) = (
+                 SELECT NULL::text, least(l.expires_at, clock_timestamp()),
+                        CASE WHEN l.slot_limit IS NULL THEN l.fencing_token ELSE {next} END,
+                        NULL::integer, '[]'::jsonb,
+                        CASE WHEN l.slot_limit IS NULL THEN {popped} ELSE l.waiters END,
+                        CASE WHEN l.slot_limit IS NULL THEN {designation} ELSE l.handoff END
+                   FROM (SELECT {live} AS live) q)
               WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
                 AND expires_at > clock_timestamp()
-              RETURNING 1"
+              RETURNING 1",
+            popped = queue::popped("q.live"),
+            designation = queue::designation("q.live", "''", "l.lease_id"),
+            live = queue::live("l", "clock_timestamp()"),
         );
         let select = format!(
             "SELECT name, lease_id, fencing_token, acquired_at, expires_at, holder_host,
@@ -316,15 +375,19 @@ impl Schema {
         }
     }
 
-    /// Whether the migration already ran (its last step, the trigger, exists): one query with
-    /// `$1` = the quoted table name and `$2` = the trigger name.
-    pub(crate) fn migrated_query(&self) -> (&'static str, String, &'static str) {
+    /// Whether the migration already ran (the trigger exists and calls this version's function,
+    /// and the table has every column): one query with `$1` = the quoted table name, `$2` =
+    /// the trigger name and `$3` = the function's version mark ([`NOTIFY_VERSION`]).
+    pub(crate) fn migrated_query(&self) -> (&'static str, String, &'static str, &'static str) {
         (
-            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)
-                AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)
-                             AND attname = 'slots' AND NOT attisdropped)",
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+                             WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2
+                               AND p.prosrc LIKE '%' || $3 || '%')
+                AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1)
+                      AND attname IN ('slots', 'waiters', 'handoff') AND NOT attisdropped) = 3",
             self.table_q.clone(),
             NOTIFY,
+            NOTIFY_VERSION,
         )
     }
 
@@ -336,7 +399,7 @@ impl Schema {
     }
 
     /// One query reporting which objects exist: schema, sequence, table, index, trigger, the
-    /// semaphore columns (six booleans, in that order).
+    /// semaphore columns, the queue columns (seven booleans, in that order).
     pub(crate) fn existing_query(&self) -> String {
         let s = &self.schema_q;
         format!(
@@ -345,13 +408,16 @@ impl Schema {
                     EXISTS (SELECT 1 FROM pg_trigger
                              WHERE tgrelid = to_regclass({}) AND tgname = {}),
                     EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({})
-                             AND attname = 'slots' AND NOT attisdropped)",
+                             AND attname = 'slots' AND NOT attisdropped),
+                    (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass({})
+                      AND attname IN ('waiters', 'handoff') AND NOT attisdropped) = 2",
             literal(s),
             literal(&self.sequence_q),
             literal(&self.table_q),
             literal(&format!("{s}.{}", self.index_q)),
             literal(&self.table_q),
             literal(NOTIFY),
+            literal(&self.table_q),
             literal(&self.table_q),
         )
     }
@@ -399,28 +465,49 @@ impl Schema {
                        ADD COLUMN IF NOT EXISTS slots jsonb NOT NULL DEFAULT '[]'"
                 ),
             ),
+            // The handoff queue (`queue.rs`; added after semaphores, likewise).
+            (
+                Some(6),
+                format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS waiters jsonb NOT NULL DEFAULT '[]',
+                       ADD COLUMN IF NOT EXISTS handoff text"
+                ),
+            ),
             (
                 Some(3),
                 format!("CREATE INDEX IF NOT EXISTS {idx} ON {t} (expires_at)"),
             ),
-            // Payload: `<token> <lease id, or - for none> <name>`; a deleted row reports no
-            // lease. Extensions (only `expires_at` changes) publish nothing.
+            // Payload: `<token> <lease id, or - for none> <name>`, and for a release with a
+            // new designation `<token>/<designated mark>/<releasing mark> - <name>`
+            // (`queue.rs`); a deleted row reports no lease. Extensions and queue registrations
+            // (neither lease id nor token changes) publish nothing. The function is shared by
+            // the tables of the schema, so it reads `handoff` through `to_jsonb`, which also
+            // works for a table that does not have the column yet.
             (
                 None,
                 format!(
                     "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+                     DECLARE
+                       h text;
+                       d text := '';
                      BEGIN
+                       -- {NOTIFY_VERSION}
                        IF TG_OP = 'DELETE' THEN
                          PERFORM pg_notify(TG_ARGV[0], OLD.fencing_token || ' - ' || OLD.name);
                          RETURN OLD;
                        END IF;
-                       IF TG_OP = 'UPDATE'
-                          AND OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
-                          AND OLD.fencing_token = NEW.fencing_token THEN
-                         RETURN NEW;
+                       IF TG_OP = 'UPDATE' THEN
+                         IF OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
+                            AND OLD.fencing_token = NEW.fencing_token THEN
+                           RETURN NEW;
+                         END IF;
+                         h := to_jsonb(NEW)->>'handoff';
+                         IF h IS NOT NULL AND h IS DISTINCT FROM to_jsonb(OLD)->>'handoff' THEN
+                           d := '/' || split_part(h, '/', 1) || '/' || split_part(h, '/', 2);
+                         END IF;
                        END IF;
-                       PERFORM pg_notify(TG_ARGV[0],
-                         NEW.fencing_token || ' ' || coalesce(NEW.lease_id, '-') || ' ' || NEW.name);
+                       PERFORM pg_notify(TG_ARGV[0], NEW.fencing_token || d || ' '
+                         || coalesce(NEW.lease_id, '-') || ' ' || NEW.name);
                        RETURN NEW;
                      END
                      $fn$"
