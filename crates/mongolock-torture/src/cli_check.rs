@@ -23,13 +23,17 @@ use tokio::sync::watch;
 /// owner next to it afterwards: a command killed between the two left an ownerless D that every
 /// later command reported as an overlap.)
 const SCRIPT: &str = r#"trap 'if [ -n "$M" ]; then rm -rf "$D"; fi; rm -rf "$T"; exit 143' TERM
+# Running: signalable and not a zombie (a zombie has exited; it only waits to be reaped).
+alive() { kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
 T="$D.new.$$"
 mkdir "$T" && echo "$MONGOLOCK_FENCING_TOKEN $$" > "$T/owner" || exit 98
 if ! mv -T "$T" "$D" 2>/dev/null; then
   owner=$(cat "$D/owner" 2>/dev/null)
   pid=${owner#* }
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN started while the command with token ${owner% *} (pid $pid) was still running" >> "$LOG"
+  if [ -n "$pid" ] && alive "$pid"; then
+    state=$(grep '^State:' "/proc/$pid/status" 2>/dev/null | tr -s '[:space:]' ' ')
+    parent=$(grep '^PPid:' "/proc/$pid/status" 2>/dev/null | tr -s '[:space:]' ' ')
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while the command with token ${owner% *} (pid $pid, $state,$parent) was still running, at $(date +%s.%N)" >> "$LOG"
     rm -rf "$T"
     exit 99
   fi
