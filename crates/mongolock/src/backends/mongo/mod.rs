@@ -414,11 +414,8 @@ impl MongoBackend {
     /// driver alone. Not a stable API.
     #[doc(hidden)]
     pub fn command_shapes(&self, req: &AcquireRequest) -> [(Document, Vec<Document>, Document); 2] {
-        let queueing = queue::Queueing {
-            mark: self.watch.own_mark(),
-            register: false,
-            requeue: false,
-        };
+        // Uncontended: no acquirer of this backend waits for the name.
+        let queueing = queue::Queueing::new(self.watch.own_mark(), 0, false);
         [
             acquire::command(req, queueing),
             ops::release_command(&req.name, &req.lease_id, self.fair_handoff),

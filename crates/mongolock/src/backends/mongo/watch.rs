@@ -33,7 +33,7 @@
 //! uncontended acquire + release would cost four commands instead of two. So:
 //!
 //! * Every lease id this backend hands out starts with a mark of the backend, 16 random hex
-//!   digits and `-` ([`own_prefix`]; [`LockBackend::new_lease_id`](crate::LockBackend)). Lease
+//!   digits and `-` ([`new_mark`]; [`LockBackend::new_lease_id`](crate::LockBackend)). Lease
 //!   ids are hex, so the backend's ids are exactly the strings in the range `[mark-, mark.)`,
 //!   which a plain range `$match` tests on any MongoDB.
 //! * A release records the released id in the scalar `lastReleased` (next to `released`).
@@ -179,6 +179,7 @@ use super::document::{self, LAST_RELEASED, LEASE_ID, TOKEN};
 use super::errors;
 use super::queue::{Handoff, NEXT};
 use crate::backend::{ChangeWaiter, LeaseId};
+use crate::backends::handoff::new_mark;
 use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
 use crate::backends::wakeups::{Change, Covered, Hub};
 
@@ -238,7 +239,7 @@ pub(crate) struct Watcher {
     notifier: Notifier<ChangeFeed>,
     coll: Collection<Document>,
     target: Arc<Target>,
-    /// The mark on this backend's own lease ids (see [`own_prefix`]).
+    /// The mark on this backend's own lease ids (see [`new_mark`]).
     own: String,
     /// Events read from the stream, ever (diagnostics).
     events: Arc<AtomicU64>,
@@ -255,7 +256,7 @@ impl std::fmt::Debug for Watcher {
 impl Watcher {
     /// A watcher whose stream starts on first need; `enabled: false` means never (poll).
     pub(crate) fn new(coll: Collection<Document>, enabled: bool, target: Target) -> Watcher {
-        let own = own_prefix();
+        let own = new_mark();
         let target = Arc::new(target);
         let events = Arc::new(AtomicU64::new(0));
         let feed = {
@@ -311,7 +312,7 @@ impl Watcher {
         self.notifier.wait_for_change(name, max_wait).await;
     }
 
-    /// A lease id for an acquire call of this backend: marked with [`own_prefix`], so that the
+    /// A lease id for an acquire call of this backend: marked with [`new_mark`], so that the
     /// stream leaves out this backend's own grants and releases (see the [module docs](self)).
     pub(crate) fn new_lease_id(&self) -> LeaseId {
         LeaseId::random_with_prefix(&self.own)
@@ -352,7 +353,7 @@ impl Watcher {
             .deliver(name, change, handoff.wakes(&self.own));
     }
 
-    /// The mark of this backend's lease ids (see [`own_prefix`]).
+    /// The mark of this backend's lease ids (see [`new_mark`]).
     pub(crate) fn own_mark(&self) -> &str {
         &self.own
     }
@@ -404,13 +405,6 @@ impl Watcher {
     }
 }
 
-/// A new mark for the lease ids of one backend: 16 random hex digits and `-`. Lease ids are
-/// hex digits, so the ids of this backend are exactly the strings in
-/// `[own, own with '-' replaced by '.')` (`.` follows `-`): a range `$match` can test.
-fn own_prefix() -> String {
-    format!("{:016x}-", rand::random::<u64>())
-}
-
 /// The stream's pipeline; see the [module docs](self).
 fn pipeline(target: &Target, own: &str, covered: &Covered) -> Vec<Document> {
     match target {
@@ -420,7 +414,7 @@ fn pipeline(target: &Target, own: &str, covered: &Covered) -> Vec<Document> {
 }
 
 /// The pipeline of the lock collection; `own` is the backend's lease-id mark (see
-/// [`own_prefix`]): events that grant one of its leases, or release one (the release records
+/// [`new_mark`]): events that grant one of its leases, or release one (the release records
 /// the id in `lastReleased`), do not pass. With [`Covered::Only`], only those names' events
 /// pass (and the events that concern every name).
 fn names_pipeline(own: &str, covered: &Covered) -> Vec<Document> {
@@ -687,7 +681,7 @@ pub(crate) struct ChangeFeed {
     ns: String,
     coll: Collection<Document>,
     target: Arc<Target>,
-    /// The mark on this backend's own lease ids (see [`own_prefix`]).
+    /// The mark on this backend's own lease ids (see [`new_mark`]).
     own: String,
     /// The names the open stream delivers (see "Narrowed to the names in use").
     covered: Covered,
