@@ -324,9 +324,21 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
 /// stack: the engine walks commands recursively, and a command may nest up to
 /// [`wire::MAX_NESTING_DEPTH`] levels, which a 2 MiB runtime thread (in a debug build) cannot
 /// always afford. Each level costs a message at least 7 bytes, so small messages skip the check.
-const DEEP_REQUEST_LEVELS: usize = 32;
+const DEEP_REQUEST_LEVELS: usize = crate::changestream::DEEP_PIPELINE_LEVELS;
 /// Stack of the thread that runs a deep request (reserved address space, not memory in use).
 const DEEP_REQUEST_STACK: usize = 256 << 20;
+
+/// Whether `body` is a `getMore` on a change stream whose stages nest deeper than
+/// [`DEEP_REQUEST_LEVELS`]: the aggregate that opened it ran on a large stack, and so must
+/// every `getMore` that evaluates its stages.
+fn deep_stream_get_more(shared: &Shared, body: &Document) -> bool {
+    match body.iter().next() {
+        Some((name, Bson::Int64(id))) if name == "getMore" => {
+            shared.lock().cursors.is_deep_stream(*id)
+        }
+        _ => false,
+    }
+}
 
 async fn handle_msg(
     shared: &Arc<Shared>,
@@ -335,12 +347,13 @@ async fn handle_msg(
     sequences: Vec<(String, Vec<Document>)>,
     frame_len: usize,
 ) -> Outcome {
-    let deep = frame_len >= 7 * DEEP_REQUEST_LEVELS
+    let deep = (frame_len >= 7 * DEEP_REQUEST_LEVELS
         && (limits::shape(&body, DEEP_REQUEST_LEVELS).depth > DEEP_REQUEST_LEVELS
             || sequences
                 .iter()
                 .flat_map(|(_, docs)| docs)
-                .any(|d| limits::shape(d, DEEP_REQUEST_LEVELS).depth + 2 > DEEP_REQUEST_LEVELS));
+                .any(|d| limits::shape(d, DEEP_REQUEST_LEVELS).depth + 2 > DEEP_REQUEST_LEVELS)))
+        || deep_stream_get_more(shared, &body);
     if !deep {
         return commands::handle(shared, conn, body, sequences).await;
     }
