@@ -249,8 +249,15 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
                 checksum = msg.has_checksum();
                 let request_id = msg.request_id;
                 response_to = request_id;
-                let outcome =
-                    handle_msg(&shared, &mut conn, msg.body, msg.sequences, in_buf.len()).await;
+                let outcome = handle_msg(
+                    &shared,
+                    &mut conn,
+                    msg.body,
+                    msg.sequences,
+                    in_buf.len(),
+                    msg.depth_bound,
+                )
+                .await;
                 let reply = match outcome {
                     Outcome::Reply(r) => r,
                     Outcome::Close => break,
@@ -346,8 +353,11 @@ async fn handle_msg(
     body: Document,
     sequences: Vec<(String, Vec<Document>)>,
     frame_len: usize,
+    depth_bound: usize,
 ) -> Outcome {
+    // `depth_bound` is never below the depths `limits::shape` finds: within it, no walk.
     let deep = (frame_len >= 7 * DEEP_REQUEST_LEVELS
+        && depth_bound > DEEP_REQUEST_LEVELS
         && (limits::shape(&body, DEEP_REQUEST_LEVELS).depth > DEEP_REQUEST_LEVELS
             || sequences
                 .iter()

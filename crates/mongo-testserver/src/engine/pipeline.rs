@@ -610,7 +610,7 @@ fn run_parsed(
             Stage::AddFields(fields) => {
                 let mut out = Vec::with_capacity(docs.len());
                 for d in docs {
-                    out.push(add_fields(&d, fields, vars)?);
+                    out.push(add_fields(d, fields, vars)?);
                 }
                 out
             }
@@ -641,20 +641,24 @@ fn run_parsed(
 }
 
 fn add_fields(
-    d: &Document,
+    mut d: Document,
     fields: &[(Vec<String>, Bson)],
     vars: &Vars,
 ) -> CommandResult<Document> {
-    let mut out = d.clone();
-    for (parts, e) in fields {
-        let v = expr::evaluate(e, d, vars)?;
+    // Every expression sees the input document: evaluate them all first, then set the fields
+    // in place (no copy of the document).
+    let mut values = Vec::with_capacity(fields.len());
+    for (_, e) in fields {
+        values.push(expr::evaluate(e, &d, vars)?);
+    }
+    for ((parts, _), v) in fields.iter().zip(values) {
         let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
         match v {
-            Some(v) => set_agg_path(&mut out, &refs, v),
-            None => super::path::remove_agg_path(&mut out, &refs),
+            Some(v) => set_agg_path(&mut d, &refs, v),
+            None => super::path::remove_agg_path(&mut d, &refs),
         }
     }
-    Ok(out)
+    Ok(d)
 }
 
 #[path = "pipeline_group.rs"]
