@@ -479,47 +479,6 @@ impl Update {
     /// conflicting paths: code 40 ConflictingUpdateOperators; unsupported pipeline stage:
     /// code 72 InvalidOptions; an empty pipeline is a no-op (as mongod).
     pub fn parse(update: &Bson) -> CommandResult<Update> {
-        Self::parse_inner(update, None)
-    }
-
-    /// [`Update::parse`] of an update the caller gives up: a pipeline's expressions and a
-    /// replacement document are moved into the result, not cloned. Same checks and errors.
-    pub fn parse_owned(update: Bson) -> CommandResult<Update> {
-        match update {
-            Bson::Array(stages) => {
-                let mut docs = Vec::with_capacity(stages.len());
-                for s in stages {
-                    match s {
-                        Bson::Document(d) => docs.push(d),
-                        other => {
-                            return Err(CommandError::type_mismatch(format!(
-                                "Each element of the 'pipeline' array must be an object, found {}",
-                                type_name(&other)
-                            )))
-                        }
-                    }
-                }
-                Ok(Update::Pipeline(pipeline::Parsed::parse_update_owned(
-                    docs,
-                )?))
-            }
-            Bson::Document(d) => Self::parse_inner(&Bson::Null, Some(d)),
-            other => Self::parse_inner(&other, None),
-        }
-    }
-
-    /// Parses `update`, or the document `owned` when given (moved into a replacement).
-    fn parse_inner(update: &Bson, owned: Option<Document>) -> CommandResult<Update> {
-        if let Some(d) = owned {
-            let first_is_op = d.keys().next().is_some_and(|k| k.starts_with('$'));
-            if first_is_op {
-                return Ok(Update::Operators(parse_operators(&d)?));
-            }
-            if let Some(k) = d.keys().find(|k| k.starts_with('$')) {
-                return Err(replacement_dollar(k));
-            }
-            return Ok(Update::Replacement(d));
-        }
         match update {
             Bson::Array(stages) => {
                 let mut docs = Vec::with_capacity(stages.len());
@@ -553,6 +512,41 @@ impl Update {
                 "Update argument must be either an object or an array, found {}",
                 type_name(other)
             ))),
+        }
+    }
+
+    /// [`Update::parse`] of an update the caller gives up: a pipeline's expressions and a
+    /// replacement document are moved into the result, not cloned. Same checks and errors.
+    pub fn parse_owned(update: Bson) -> CommandResult<Update> {
+        match update {
+            Bson::Array(stages) => {
+                let mut docs = Vec::with_capacity(stages.len());
+                for s in stages {
+                    match s {
+                        Bson::Document(d) => docs.push(d),
+                        other => {
+                            return Err(CommandError::type_mismatch(format!(
+                                "Each element of the 'pipeline' array must be an object, found {}",
+                                type_name(&other)
+                            )))
+                        }
+                    }
+                }
+                Ok(Update::Pipeline(pipeline::Parsed::parse_update_owned(
+                    docs,
+                )?))
+            }
+            Bson::Document(d) => {
+                let first_is_op = d.keys().next().is_some_and(|k| k.starts_with('$'));
+                if first_is_op {
+                    return Ok(Update::Operators(parse_operators(&d)?));
+                }
+                if let Some(k) = d.keys().find(|k| k.starts_with('$')) {
+                    return Err(replacement_dollar(k));
+                }
+                Ok(Update::Replacement(d))
+            }
+            other => Self::parse(&other),
         }
     }
 
