@@ -10,7 +10,7 @@
 //! read of the collection), and a stream narrowed by its `$match` to a few documents drops
 //! most of them. So, as mongod 5.1 and later does during its oplog read, a stream first tests
 //! part of its leading `$match` against the event's *key fields* alone — `operationType`,
-//! `ns` and `documentKey`, built once per write — and builds the full event only when that
+//! `ns` and `documentKey`, built at most once per write — and builds the full event only when that
 //! test passes. The events a stream returns are exactly those it returned without the test:
 //!
 //! * Only a stream whose first stage is a `$match` (and whose stages all parse) is tested, so
@@ -90,8 +90,9 @@ pub struct Event {
     pub change: NewEvent,
     /// The event's key fields (`operationType`, `ns`, `documentKey`), exactly as the full event
     /// shows them: what a stream's [pushed-down](self#filtering-before-building-an-event)
-    /// conjuncts are tested against. Built once per write, shared by every stream.
-    key_fields: Document,
+    /// conjuncts are tested against. Built when a stream first needs them (never when no
+    /// stream pushes a conjunct down), then shared by every stream.
+    key_fields: std::sync::OnceLock<Document>,
 }
 
 /// The bounded event log.
@@ -164,12 +165,11 @@ impl EventLog {
         if self.events.len() >= self.capacity {
             self.events.pop_front();
         }
-        let key_fields = key_fields(&e);
         self.events.push_back(Event {
             seq,
             wall_time: DateTime::now(),
             change: e,
-            key_fields,
+            key_fields: std::sync::OnceLock::new(),
         });
         self.tx.send_replace(seq);
     }
@@ -618,7 +618,10 @@ impl StreamCursor {
             .iter()
             // Pushed-down conjuncts hold no `$expr`, so matching cannot fail; an error would
             // keep the event (the full `$match` then reports it).
-            .any(|f| matches!(f.matches(&e.key_fields, vars), Ok(false)))
+            .any(|f| {
+                let partial = e.key_fields.get_or_init(|| key_fields(&e.change));
+                matches!(f.matches(partial, vars), Ok(false))
+            })
     }
 
     fn invalidate_doc(&self, seq: u64, ts: Timestamp) -> Document {
