@@ -715,7 +715,7 @@ fn push_down(stages: &[Document]) -> Vec<Filter> {
     split_conjuncts(filter, &mut conjuncts);
     conjuncts
         .into_iter()
-        .filter(|c| reads_only_key_fields(c))
+        .filter(reads_only_key_fields)
         .filter_map(|c| Filter::parse(&c).ok())
         .collect()
 }
