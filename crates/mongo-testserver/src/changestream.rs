@@ -3,6 +3,37 @@
 //!
 //! Resume tokens are `{_data: <hex>}` where the hex encodes this server's epoch, the event's
 //! cluster time, its sequence number and a kind byte (event, invalidate, or high-water mark).
+//!
+//! # Filtering before building an event
+//! Every write is read by every open stream of its namespace. Building a change event costs
+//! (the resume token, a copy of the full document, the `updateDescription`, an `updateLookup`
+//! read of the collection), and a stream narrowed by its `$match` to a few documents drops
+//! most of them. So, as mongod 5.1 and later does during its oplog read, a stream first tests
+//! part of its leading `$match` against the event's *key fields* alone — `operationType`,
+//! `ns` and `documentKey`, built at most once per write — and builds the full event only when that
+//! test passes. The events a stream returns are exactly those it returned without the test:
+//!
+//! * Only a stream whose first stage is a `$match` (and whose stages all parse) is tested, so
+//!   the `$match` sees the event as built, before any other stage changes it.
+//! * The `$match` filter is split into its top-level conjuncts (`$and`s flattened). A conjunct
+//!   is *pushed down* only if every field path it reads, through `$and`/`$or`/`$nor`, starts with
+//!   `operationType`, `ns` or `documentKey`, and it uses no top-level operator other than
+//!   `$and`, `$or`, `$nor`, `$comment`, `$alwaysTrue`, `$alwaysFalse` (so not `$expr`, which may
+//!   read anything). A query predicate on a path reads only the values at that path, and the
+//!   partial event holds those three fields with the very values the full event holds (and
+//!   lacks them exactly when the full event does). So a pushed-down conjunct is true of the
+//!   partial event exactly when it is true of the full one: it cannot depend on a field the
+//!   partial event lacks. A conjunct that reads anything else (`fullDocument`,
+//!   `updateDescription`, `clusterTime`, an `$or` with one such branch...) is never evaluated
+//!   early.
+//! * The partial event is used only to *reject*: when a pushed-down conjunct is false, the
+//!   whole conjunction is false on the full event too, and the event is skipped. Otherwise the
+//!   full event is built and the whole `$match` (and every later stage) runs on it as before.
+//! * Only a `$match` without `$expr` anywhere is pushed down: a filter without `$expr` cannot
+//!   fail while matching, so rejecting early cannot hide an error a later-evaluated conjunct
+//!   would have raised on the full event. Building an event has no effects (an `updateLookup`
+//!   only reads), and a skipped event still ends the stream when it is the drop that
+//!   invalidates it.
 
 use std::collections::VecDeque;
 
@@ -11,6 +42,7 @@ use tokio::sync::watch;
 
 use crate::clock::ts_cmp;
 use crate::engine::expr::Vars;
+use crate::engine::matcher::Filter;
 use crate::error::{CommandError, CommandResult};
 use crate::store::Store;
 
@@ -56,6 +88,11 @@ pub struct Event {
     pub wall_time: DateTime,
     /// What changed.
     pub change: NewEvent,
+    /// The event's key fields (`operationType`, `ns`, `documentKey`), exactly as the full event
+    /// shows them: what a stream's [pushed-down](self#filtering-before-building-an-event)
+    /// conjuncts are tested against. Built when a stream first needs them (never when no
+    /// stream pushes a conjunct down), then shared by every stream.
+    key_fields: std::sync::OnceLock<Document>,
 }
 
 /// The bounded event log.
@@ -99,6 +136,27 @@ pub struct NewEvent {
     pub update_description: Option<Document>,
 }
 
+/// `ns` of an event as its change document shows it.
+fn ns_doc(e: &NewEvent) -> Document {
+    if e.op == OpType::DropDatabase {
+        doc! {"db": e.db.clone()}
+    } else {
+        doc! {"db": e.db.clone(), "coll": e.coll.clone()}
+    }
+}
+
+/// The partial event of `e`: its [`KEY_FIELDS`], with the values the full event has.
+fn key_fields(e: &NewEvent) -> Document {
+    let mut d = doc! {
+        "operationType": e.op.name(),
+        "ns": ns_doc(e),
+    };
+    if let Some(k) = &e.document_key {
+        d.insert("documentKey", k.clone());
+    }
+    d
+}
+
 impl EventLog {
     /// Appends an event and wakes waiting change-stream cursors.
     pub fn push(&mut self, e: NewEvent) {
@@ -111,6 +169,7 @@ impl EventLog {
             seq,
             wall_time: DateTime::now(),
             change: e,
+            key_fields: std::sync::OnceLock::new(),
         });
         self.tx.send_replace(seq);
     }
@@ -224,6 +283,13 @@ pub struct StreamCursor {
     /// The later stages, parsed once at open; a stage that does not parse fails the first
     /// event that reaches it, as before.
     stages: Result<crate::engine::pipeline::Parsed, CommandError>,
+    /// The conjuncts of the leading `$match` that read only [`KEY_FIELDS`] (see
+    /// [filtering before building an event](self#filtering-before-building-an-event)); empty
+    /// when none can be pushed down.
+    pushed_down: Vec<Filter>,
+    /// The stages nest deeper than [`DEEP_PIPELINE_LEVELS`]: `getMore` evaluates them on a thread
+    /// with a large stack, as the server runs deeply nested requests.
+    pub deep: bool,
     /// Next sequence number to read.
     position: u64,
     /// Cluster time of the last thing returned (for high-water-mark tokens).
@@ -352,10 +418,21 @@ impl StreamCursor {
                 ));
             }
         }
+        let parsed = crate::engine::pipeline::Parsed::parse(stages);
+        let pushed_down = if parsed.is_ok() {
+            push_down(stages)
+        } else {
+            Vec::new()
+        };
+        let deep = stages.iter().any(|s| {
+            crate::limits::shape(s, DEEP_PIPELINE_LEVELS).depth + 2 > DEEP_PIPELINE_LEVELS
+        });
         let mut cursor = StreamCursor {
             scope,
             update_lookup,
-            stages: crate::engine::pipeline::Parsed::parse(stages),
+            stages: parsed,
+            pushed_down,
+            deep,
             position: log.next_seq(),
             last_ts: now,
             pending_invalidate: None,
@@ -484,7 +561,12 @@ impl StreamCursor {
             if !self.matches_scope(e) {
                 continue;
             }
-            if let Some(d) = self.event_doc(e, store, vars)? {
+            let built = if self.rejects_early(e, vars) {
+                None
+            } else {
+                self.event_doc(e, store, vars)?
+            };
+            if let Some(d) = built {
                 // An event that cannot be sent fails the getMore that reaches it, and every
                 // later one: the stream never moves past it (mongod: BSONObjectTooLarge).
                 let first = out.is_empty();
@@ -529,6 +611,19 @@ impl StreamCursor {
         Ok(out)
     }
 
+    /// Whether a pushed-down conjunct of the leading `$match` rejects `e`'s key fields: then
+    /// the full event could not pass the `$match` either, and is not built.
+    fn rejects_early(&self, e: &Event, vars: &Vars) -> bool {
+        self.pushed_down
+            .iter()
+            // Pushed-down conjuncts hold no `$expr`, so matching cannot fail; an error would
+            // keep the event (the full `$match` then reports it).
+            .any(|f| {
+                let partial = e.key_fields.get_or_init(|| key_fields(&e.change));
+                matches!(f.matches(partial, vars), Ok(false))
+            })
+    }
+
     fn invalidate_doc(&self, seq: u64, ts: Timestamp) -> Document {
         doc! {
             "_id": make_token(self.epoch, ts, seq, KIND_INVALIDATE),
@@ -570,14 +665,7 @@ impl StreamCursor {
             }
             _ => {}
         }
-        if e.change.op == OpType::DropDatabase {
-            d.insert("ns", doc! {"db": e.change.db.clone()});
-        } else {
-            d.insert(
-                "ns",
-                doc! {"db": e.change.db.clone(), "coll": e.change.coll.clone()},
-            );
-        }
+        d.insert("ns", ns_doc(&e.change));
         if let Some(k) = &e.change.document_key {
             d.insert("documentKey", k.clone());
         }
@@ -605,7 +693,74 @@ impl StreamCursor {
     }
 }
 
-/// A boolean `$changeStream` option (mongod refuses other types with TypeMismatch).
+/// The fields of a change event that [`push_down`] conjuncts may read.
+const KEY_FIELDS: &[&str] = &["operationType", "ns", "documentKey"];
+
+/// A stream whose stages nest deeper than this runs its `getMore`s on a thread with a large
+/// stack (the level at which the server moves a request there).
+pub const DEEP_PIPELINE_LEVELS: usize = 32;
+
+/// The conjuncts of the leading `$match` of `stages` that read nothing but [`KEY_FIELDS`],
+/// parsed; empty when the first stage is not a `$match` or the `$match` uses `$expr`
+/// anywhere. (See [filtering before building an event](self#filtering-before-building-an-event).)
+fn push_down(stages: &[Document]) -> Vec<Filter> {
+    let Some(Bson::Document(filter)) = stages.first().and_then(|s| s.get("$match")) else {
+        return Vec::new();
+    };
+    match Filter::parse(filter) {
+        Ok(whole) if !whole.uses_expr() => {}
+        _ => return Vec::new(),
+    }
+    let mut conjuncts = Vec::new();
+    split_conjuncts(filter, &mut conjuncts);
+    conjuncts
+        .into_iter()
+        .filter(reads_only_key_fields)
+        .filter_map(|c| Filter::parse(&c).ok())
+        .collect()
+}
+
+/// The top-level conjuncts of `filter`, one field each; `$and`s are flattened.
+fn split_conjuncts(filter: &Document, out: &mut Vec<Document>) {
+    for (k, v) in filter {
+        match v {
+            Bson::Array(items)
+                if k == "$and" && items.iter().all(|i| matches!(i, Bson::Document(_))) =>
+            {
+                for item in items {
+                    if let Bson::Document(d) = item {
+                        split_conjuncts(d, out);
+                    }
+                }
+            }
+            _ => {
+                let mut one = Document::new();
+                one.insert(k.clone(), v.clone());
+                out.push(one);
+            }
+        }
+    }
+}
+
+/// Whether every field path `filter` reads starts with one of [`KEY_FIELDS`] (through `$and`,
+/// `$or`, `$nor`); any other top-level operator (`$expr`, ...) reads the whole event.
+fn reads_only_key_fields(filter: &Document) -> bool {
+    filter.iter().all(|(k, v)| match k.as_str() {
+        "$and" | "$or" | "$nor" => match v {
+            Bson::Array(items) => items
+                .iter()
+                .all(|i| matches!(i, Bson::Document(d) if reads_only_key_fields(d))),
+            _ => false,
+        },
+        "$comment" | "$alwaysTrue" | "$alwaysFalse" => true,
+        op if op.starts_with('$') => false,
+        path => path
+            .split('.')
+            .next()
+            .is_some_and(|first| KEY_FIELDS.contains(&first)),
+    })
+}
+
 /// A string-valued enumeration option (TypeMismatch when not a string).
 fn enum_option<'v>(name: &str, v: &'v Bson) -> CommandResult<&'v str> {
     match v {
@@ -624,6 +779,7 @@ fn bad_enum(name: &str, value: &str) -> CommandError {
     ))
 }
 
+/// A boolean `$changeStream` option (mongod refuses other types with TypeMismatch).
 fn bool_flag(name: &str, v: &Bson) -> CommandResult<bool> {
     match v {
         Bson::Boolean(b) => Ok(*b),
@@ -693,6 +849,184 @@ mod tests {
                 increment: 99,
             },
         )
+    }
+
+    /// A log of every kind of event on `db.c` and `db.d`, ending with the database's drop.
+    fn mixed_log() -> EventLog {
+        let mut log = EventLog::default();
+        let mut n = 0;
+        let mut push = |coll: &str, op: OpType, id: Option<i32>, a: i32| {
+            n += 1;
+            let full = matches!(op, OpType::Insert | OpType::Replace)
+                .then(|| doc! {"_id": id.unwrap_or(0), "a": a});
+            let update_description = (op == OpType::Update).then(|| {
+                doc! {"updatedFields": {"a": a}, "removedFields": [], "truncatedArrays": []}
+            });
+            log.push(NewEvent {
+                cluster_time: Timestamp {
+                    time: 100,
+                    increment: n,
+                },
+                db: "db".into(),
+                coll: coll.into(),
+                op,
+                document_key: id.map(|id| doc! {"_id": id}),
+                full_document: full,
+                update_description,
+            });
+        };
+        for id in 1..=4 {
+            push("c", OpType::Insert, Some(id), id);
+            push("d", OpType::Insert, Some(id), id + 10);
+        }
+        push("c", OpType::Update, Some(1), 5);
+        push("c", OpType::Update, Some(2), 7);
+        push("c", OpType::Replace, Some(3), 5);
+        push("d", OpType::Update, Some(3), 1);
+        push("c", OpType::Delete, Some(4), 0);
+        push("d", OpType::Drop, None, 0);
+        push("c", OpType::Insert, Some(5), 2);
+        push("", OpType::DropDatabase, None, 0);
+        log
+    }
+
+    /// What a database stream with `stages` returns from `log`, with and without pushing its
+    /// `$match` down, and how many conjuncts were pushed down.
+    fn both_ways(log: &EventLog, stages: &[Document]) -> (Vec<Document>, Vec<Document>, usize) {
+        let vars = Vars::new(DateTime::now());
+        let ts = Timestamp {
+            time: 100,
+            increment: 99,
+        };
+        let from = doc! {"startAtOperationTime": Timestamp { time: 100, increment: 1 }};
+        let run = |push: bool| {
+            let mut cursor =
+                StreamCursor::open(Scope::Database("db".into()), &from, stages, log, ts).unwrap();
+            let pushed = cursor.pushed_down.len();
+            if !push {
+                cursor.pushed_down.clear();
+            }
+            let mut out = Vec::new();
+            while !cursor.closed {
+                let batch = cursor.read(log, &Store::default(), 3, &vars, ts).unwrap();
+                if batch.is_empty() {
+                    break;
+                }
+                out.extend(batch.into_iter().map(|mut d| {
+                    // An invalidate's wall time is the time it is read.
+                    if d.get_str("operationType") == Ok("invalidate") {
+                        d.remove("wallTime");
+                    }
+                    d
+                }));
+            }
+            (out, pushed)
+        };
+        let (pushed_events, pushed) = run(true);
+        let (plain_events, _) = run(false);
+        (pushed_events, plain_events, pushed)
+    }
+
+    #[test]
+    fn pushed_down_match_returns_the_same_events() {
+        let log = mixed_log();
+        let names = vec![Bson::Int32(1), Bson::Int32(3)];
+        let everywhere = vec!["drop", "dropDatabase", "rename", "invalidate"];
+        // (filter, conjuncts pushed down)
+        let cases: Vec<(Document, usize)> = vec![
+            (doc! {"documentKey._id": {"$in": names.clone()}}, 1),
+            // The shape of mongolock's narrowed stream.
+            (
+                doc! {
+                    "$or": [
+                        {"operationType": {"$in": ["insert", "replace", "delete", "drop", "dropDatabase"]}},
+                        {"operationType": "update", "updateDescription.updatedFields.a": {"$exists": true}},
+                    ],
+                    "$nor": [
+                        {"updateDescription.updatedFields.a": 7},
+                        {"fullDocument.a": {"$gte": 12, "$lt": 14}},
+                    ],
+                    "$and": [{"$or": [
+                        {"documentKey._id": {"$in": names.clone()}},
+                        {"operationType": {"$in": everywhere.clone()}},
+                    ]}],
+                },
+                1,
+            ),
+            // An $or with a branch on a field the partial event lacks is not pushed down.
+            (
+                doc! {"$or": [{"documentKey._id": 2}, {"fullDocument.a": 5}]},
+                0,
+            ),
+            (
+                doc! {"$nor": [{"ns.coll": "d"}, {"operationType": "delete"}]},
+                1,
+            ),
+            (
+                doc! {"$nor": [{"ns.coll": "d"}, {"updateDescription.updatedFields.a": 5}]},
+                0,
+            ),
+            (
+                doc! {"fullDocument.a": {"$gt": 2}, "operationType": "insert"},
+                1,
+            ),
+            (
+                doc! {"$and": [
+                    {"operationType": {"$ne": "update"}},
+                    {"$and": [{"ns": {"db": "db", "coll": "c"}}, {"clusterTime": {"$exists": true}}]},
+                ]},
+                2,
+            ),
+            // Missing in both: documentKey of drops.
+            (doc! {"documentKey": {"$exists": false}}, 1),
+            (doc! {"documentKey": null}, 1),
+            (doc! {"documentKey": {"_id": 3}, "$comment": "x"}, 2),
+            (
+                doc! {"operationType": {"$nin": ["insert"]}, "wallTime": {"$exists": true}},
+                1,
+            ),
+            (
+                doc! {"updateDescription.updatedFields.a": {"$exists": true}},
+                0,
+            ),
+            (doc! {"documentKey._id": {"$elemMatch": {"$gt": 1}}}, 1),
+            // $expr anywhere: nothing is pushed down.
+            (
+                doc! {"operationType": "insert", "$expr": {"$eq": ["$documentKey._id", 2]}},
+                0,
+            ),
+        ];
+        for (filter, expect_pushed) in cases {
+            let stages = vec![
+                doc! {"$match": filter.clone()},
+                doc! {"$project": {"fullDocument": 0}},
+            ];
+            let (pushed, plain, n) = both_ways(&log, &stages);
+            assert_eq!(n, expect_pushed, "conjuncts pushed down for {filter}");
+            assert_eq!(pushed, plain, "events of {filter}");
+        }
+        // A $match after another stage is not pushed down.
+        let stages = vec![
+            doc! {"$addFields": {"operationType": "insert"}},
+            doc! {"$match": {"operationType": "insert"}},
+        ];
+        let (pushed, plain, n) = both_ways(&log, &stages);
+        assert_eq!((n, pushed.len()), (0, plain.len()));
+        assert_eq!(pushed, plain);
+    }
+
+    #[test]
+    fn a_skipped_drop_still_invalidates() {
+        let log = mixed_log();
+        let stages = vec![doc! {"$match": {"operationType": "insert", "documentKey._id": 5}}];
+        let (pushed, plain, n) = both_ways(&log, &stages);
+        assert_eq!(n, 2);
+        assert_eq!(pushed, plain);
+        let kinds: Vec<&str> = pushed
+            .iter()
+            .map(|d| d.get_str("operationType").unwrap())
+            .collect();
+        assert_eq!(kinds, ["insert", "invalidate"]);
     }
 
     #[test]

@@ -53,12 +53,23 @@ impl Cursors {
         }
     }
 
+    /// Whether the cursor is a change stream whose stages nest so deeply that its `getMore`s
+    /// run on a thread with a large stack (see [`StreamCursor::deep`]).
+    pub fn is_deep_stream(&self, id: i64) -> bool {
+        matches!(
+            self.map.get(&id),
+            Some(Cursor {
+                kind: CursorKind::Stream(sc),
+                ..
+            }) if sc.deep
+        )
+    }
+
     /// A cursor by id.
     pub fn get_mut(&mut self, id: i64) -> Option<&mut Cursor> {
         self.map.get_mut(&id)
     }
 
-    /// Whether the cursor is a change stream.
     /// How many cursors are open, and how many of them are change streams.
     pub fn open_counts(&self) -> (usize, usize) {
         let streams = self
@@ -69,6 +80,7 @@ impl Cursors {
         (self.map.len(), streams)
     }
 
+    /// Whether the cursor is a change stream.
     pub fn is_stream(&self, id: i64) -> bool {
         matches!(
             self.map.get(&id),

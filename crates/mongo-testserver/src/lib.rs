@@ -48,6 +48,14 @@
 //! branches; `serverStatus` `metrics.queryExecutor.scanned`/`scannedObjects` count what they
 //! examined). Connections are independent tasks: a malformed frame closes only its own connection.
 //!
+//! A change stream tests the conjuncts of its leading `$match` that read only `operationType`,
+//! `ns` and `documentKey` against those fields of a write before it builds the change event
+//! (as mongod 5.1+ filters during its oplog read), so a stream narrowed to a few documents
+//! costs little for the writes it does not deliver; it returns exactly the events it would
+//! without that test (the argument is in `changestream.rs`). A request nesting more than 32
+//! levels, and every `getMore` of a change stream whose stages do, runs on a thread with a
+//! large stack.
+//!
 //! # Limits
 //! Documents over 16 MiB are refused with mongod's errors, messages over 48 MB close the
 //! connection, idle cursors expire after 10 minutes, the change-stream event log keeps the

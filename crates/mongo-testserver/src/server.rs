@@ -249,8 +249,15 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
                 checksum = msg.has_checksum();
                 let request_id = msg.request_id;
                 response_to = request_id;
-                let outcome =
-                    handle_msg(&shared, &mut conn, msg.body, msg.sequences, in_buf.len()).await;
+                let outcome = handle_msg(
+                    &shared,
+                    &mut conn,
+                    msg.body,
+                    msg.sequences,
+                    in_buf.len(),
+                    msg.depth_bound,
+                )
+                .await;
                 let reply = match outcome {
                     Outcome::Reply(r) => r,
                     Outcome::Close => break,
@@ -324,9 +331,21 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
 /// stack: the engine walks commands recursively, and a command may nest up to
 /// [`wire::MAX_NESTING_DEPTH`] levels, which a 2 MiB runtime thread (in a debug build) cannot
 /// always afford. Each level costs a message at least 7 bytes, so small messages skip the check.
-const DEEP_REQUEST_LEVELS: usize = 32;
+const DEEP_REQUEST_LEVELS: usize = crate::changestream::DEEP_PIPELINE_LEVELS;
 /// Stack of the thread that runs a deep request (reserved address space, not memory in use).
 const DEEP_REQUEST_STACK: usize = 256 << 20;
+
+/// Whether `body` is a `getMore` on a change stream whose stages nest deeper than
+/// [`DEEP_REQUEST_LEVELS`]: the aggregate that opened it ran on a large stack, and so must
+/// every `getMore` that evaluates its stages.
+fn deep_stream_get_more(shared: &Shared, body: &Document) -> bool {
+    match body.iter().next() {
+        Some((name, Bson::Int64(id))) if name == "getMore" => {
+            shared.lock().cursors.is_deep_stream(*id)
+        }
+        _ => false,
+    }
+}
 
 async fn handle_msg(
     shared: &Arc<Shared>,
@@ -334,13 +353,17 @@ async fn handle_msg(
     body: Document,
     sequences: Vec<(String, Vec<Document>)>,
     frame_len: usize,
+    depth_bound: usize,
 ) -> Outcome {
-    let deep = frame_len >= 7 * DEEP_REQUEST_LEVELS
+    // `depth_bound` is never below the depths `limits::shape` finds: within it, no walk.
+    let deep = (frame_len >= 7 * DEEP_REQUEST_LEVELS
+        && depth_bound > DEEP_REQUEST_LEVELS
         && (limits::shape(&body, DEEP_REQUEST_LEVELS).depth > DEEP_REQUEST_LEVELS
             || sequences
                 .iter()
                 .flat_map(|(_, docs)| docs)
-                .any(|d| limits::shape(d, DEEP_REQUEST_LEVELS).depth + 2 > DEEP_REQUEST_LEVELS));
+                .any(|d| limits::shape(d, DEEP_REQUEST_LEVELS).depth + 2 > DEEP_REQUEST_LEVELS)))
+        || deep_stream_get_more(shared, &body);
     if !deep {
         return commands::handle(shared, conn, body, sequences).await;
     }

@@ -78,6 +78,11 @@ pub struct MsgRequest {
     pub body: Document,
     /// Document sequences (kind 1 sections): identifier and documents.
     pub sequences: Vec<(String, Vec<Document>)>,
+    /// An upper bound on the nesting depth of the request: of the body, and of each sequence
+    /// document plus the 2 levels it takes once inserted into the body as an array. Counts
+    /// empty documents and arrays (so it is never below [`crate::limits::shape`]'s depth);
+    /// `usize::MAX` when a document was decoded by the bson crate.
+    pub depth_bound: usize,
 }
 
 impl MsgRequest {
@@ -154,6 +159,16 @@ fn read_cstring(bytes: &[u8], at: usize) -> Result<(String, usize), WireError> {
 
 /// Parses one BSON document starting at `at`; returns it and the offset after it.
 fn read_document(bytes: &[u8], at: usize, limit: usize) -> Result<(Document, usize), WireError> {
+    read_document_depth(bytes, at, limit).map(|(d, end, _)| (d, end))
+}
+
+/// [`read_document`], and an upper bound on the document's nesting depth (see
+/// [`MsgRequest::depth_bound`]).
+fn read_document_depth(
+    bytes: &[u8],
+    at: usize,
+    limit: usize,
+) -> Result<(Document, usize, usize), WireError> {
     let len = read_i32(bytes, at)?;
     if len < 5 || len as usize > limit {
         return Err(malformed(format!("invalid BSON document length {len}")));
@@ -166,8 +181,8 @@ fn read_document(bytes: &[u8], at: usize, limit: usize) -> Result<(Document, usi
         RawDocument::from_bytes(slice).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
     // The fast decoder refuses nesting deeper than MAX_NESTING_DEPTH (among everything else
     // it does not handle); the slow path then says why.
-    if let Some(doc) = fast::parse_document(slice) {
-        return Ok((doc, end));
+    if let Some((doc, depth)) = fast::parse_document(slice) {
+        return Ok((doc, end, depth));
     }
     // Each nesting level takes at least 7 bytes: smaller documents cannot be too deep.
     if slice.len() >= 7 * MAX_NESTING_DEPTH {
@@ -175,7 +190,7 @@ fn read_document(bytes: &[u8], at: usize, limit: usize) -> Result<(Document, usi
     }
     // Unusual types or invalid input: the bson crate decides (and explains the error).
     let doc = Document::try_from(raw).map_err(|e| malformed(format!("invalid BSON: {e}")))?;
-    Ok((doc, end))
+    Ok((doc, end, usize::MAX))
 }
 
 /// A direct BSON decoder for the common element types (the bson crate's generic decoder is a
@@ -189,6 +204,8 @@ mod fast {
         pos: usize,
         /// Nesting level of the document or array being read (the top level is 1).
         depth: usize,
+        /// The deepest level read so far.
+        max_depth: usize,
     }
 
     impl<'a> Reader<'a> {
@@ -234,15 +251,17 @@ mod fast {
         }
     }
 
-    /// Parses a whole document (the slice must be exactly one document).
-    pub fn parse_document(bytes: &[u8]) -> Option<Document> {
+    /// Parses a whole document (the slice must be exactly one document); returns it with its
+    /// nesting depth (the document being level 1; empty documents and arrays count).
+    pub fn parse_document(bytes: &[u8]) -> Option<(Document, usize)> {
         let mut r = Reader {
             bytes,
             pos: 0,
             depth: 0,
+            max_depth: 0,
         };
         let d = document(&mut r)?;
-        (r.pos == bytes.len()).then_some(d)
+        (r.pos == bytes.len()).then_some((d, r.max_depth))
     }
 
     fn document(r: &mut Reader<'_>) -> Option<Document> {
@@ -269,6 +288,7 @@ mod fast {
             return None;
         }
         r.depth += 1;
+        r.max_depth = r.max_depth.max(r.depth);
         let start = r.pos;
         let len = r.i32()?;
         if len < 5 {
@@ -416,6 +436,7 @@ fn parse_msg(bytes: &[u8], request_id: i32) -> Result<MsgRequest, WireError> {
     let mut at = HEADER_LEN + 4;
     let mut body = None;
     let mut sequences = Vec::new();
+    let mut depth_bound = 0;
     while at < bytes.len() {
         let kind = bytes[at];
         at += 1;
@@ -424,7 +445,8 @@ fn parse_msg(bytes: &[u8], request_id: i32) -> Result<MsgRequest, WireError> {
                 if body.is_some() {
                     return Err(malformed("more than one body section"));
                 }
-                let (doc, next) = read_document(bytes, at, MAX_INTERNAL_BSON_SIZE)?;
+                let (doc, next, depth) = read_document_depth(bytes, at, MAX_INTERNAL_BSON_SIZE)?;
+                depth_bound = depth_bound.max(depth);
                 body = Some(doc);
                 at = next;
             }
@@ -440,8 +462,9 @@ fn parse_msg(bytes: &[u8], request_id: i32) -> Result<MsgRequest, WireError> {
                 let (identifier, mut pos) = read_cstring(&bytes[..seq_end], at + 4)?;
                 let mut docs = Vec::new();
                 while pos < seq_end {
-                    let (doc, next) =
-                        read_document(&bytes[..seq_end], pos, MAX_INTERNAL_BSON_SIZE)?;
+                    let (doc, next, depth) =
+                        read_document_depth(&bytes[..seq_end], pos, MAX_INTERNAL_BSON_SIZE)?;
+                    depth_bound = depth_bound.max(depth.saturating_add(2));
                     docs.push(doc);
                     pos = next;
                 }
@@ -457,6 +480,7 @@ fn parse_msg(bytes: &[u8], request_id: i32) -> Result<MsgRequest, WireError> {
         flags,
         body,
         sequences,
+        depth_bound,
     })
 }
 
@@ -578,7 +602,17 @@ mod tests {
             "l": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16] },
         };
         let bytes = bson::to_vec(&d).unwrap();
-        assert_eq!(fast::parse_document(&bytes), Some(d));
+        assert_eq!(fast::parse_document(&bytes).map(|(d, _)| d), Some(d));
+        // The depth counts every level, empty ones too (never below `limits::shape`'s).
+        assert_eq!(
+            fast::parse_document(&bytes).map(|(_, depth)| depth),
+            Some(4)
+        );
+        let empty = bson::to_vec(&doc! {"a": {"b": []}}).unwrap();
+        assert_eq!(
+            fast::parse_document(&empty).map(|(_, depth)| depth),
+            Some(3)
+        );
         // Unusual types fall back.
         let r = bson::to_vec(&doc! {"r": bson::Regex { pattern: "a".into(), options: "".into() }})
             .unwrap();

@@ -742,7 +742,11 @@ fn run_delete(
 }
 
 /// `findAndModify`.
-pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult<Document> {
+/// `findAndModify`. The `update` value is taken out of `cmd` (left `null`) and parsed by value:
+/// nothing reads it afterwards.
+pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &mut Document) -> CommandResult<Document> {
+    let update_arg = cmd.get_mut("update").map(std::mem::take);
+    let cmd: &Document = cmd;
     check_fields(
         cmd,
         name,
@@ -787,8 +791,8 @@ pub fn find_and_modify(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResu
     args::check_doc_array(cmd, name, "arrayFilters")?;
     args::check_hint_type(cmd)?;
     args::check_collation(cmd)?;
-    let update = match cmd.get("update") {
-        Some(u) => Some(Update::parse(u)?.with_positional(query, cmd.get("arrayFilters"))?),
+    let update = match update_arg {
+        Some(u) => Some(Update::parse_owned(u)?.with_positional(query, cmd.get("arrayFilters"))?),
         None => None,
     };
     match (&update, remove) {

@@ -179,7 +179,7 @@ pub async fn handle(
         db: &db,
         vars,
     };
-    let result = dispatch(&ctx, &name, &body).await;
+    let result = dispatch(&ctx, &name, &mut body).await;
     let result = result.map(|mut reply| {
         if let Some(Effect {
             write_concern_error: Some(wce),
@@ -314,8 +314,14 @@ fn finish_labeled(shared: &Shared, _body: &Document, result: CommandResult<Docum
     reply
 }
 
-async fn dispatch(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult<Document> {
+/// Runs the command `cmd` named `name`. A command may take values out of `cmd` that it alone
+/// reads (`findAndModify`'s `update`); the caller reads only generic fields afterwards.
+async fn dispatch(ctx: &Ctx<'_>, name: &str, cmd: &mut Document) -> CommandResult<Document> {
     args::check_generic(ctx, name, cmd)?;
+    if matches!(name, "findAndModify" | "findandmodify") {
+        return crud::find_and_modify(ctx, name, cmd);
+    }
+    let cmd: &Document = cmd;
     match name {
         "hello" | "isMaster" | "ismaster" => admin::hello(ctx, name, cmd),
         "ping" => admin::ping(cmd),
@@ -330,7 +336,6 @@ async fn dispatch(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult<Do
         "insert" => crud::insert(ctx, cmd),
         "update" => crud::update(ctx, cmd),
         "delete" => crud::delete(ctx, cmd),
-        "findAndModify" | "findandmodify" => crud::find_and_modify(ctx, name, cmd),
         "find" => query::find(ctx, cmd),
         "getMore" => query::get_more(ctx, cmd).await,
         "killCursors" => query::kill_cursors(ctx, cmd),

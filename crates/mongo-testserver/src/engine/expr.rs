@@ -373,40 +373,51 @@ impl Ctx<'_> {
     }
 
     fn variable(&mut self, spec: &str) -> R {
-        let mut parts = spec.split('.');
-        let name = parts.next().unwrap_or_default();
-        let rest: Vec<&str> = parts.collect();
-        let base: Option<Bson> = match name {
-            "NOW" => Some(Bson::DateTime(self.vars.now)),
-            "ROOT" | "CURRENT" => Some(Bson::Document(self.root.clone())),
-            "REMOVE" => None,
-            "CLUSTER_TIME" => match self.vars.cluster_time {
-                Some(t) => Some(Bson::Timestamp(t)),
-                None => {
-                    return Err(loc(
-                        10071200,
-                        "$$CLUSTER_TIME is unavailable in this deployment (standalone server)",
-                    ))
-                }
-            },
-            _ => {
-                if let Some((_, v)) = self.locals.iter().rev().find(|(n, _)| n == name) {
-                    v.clone()
-                } else if let Some(v) = self.vars.user.get(name) {
-                    Some(v.clone())
-                } else {
-                    return Err(loc(17276, format!("Use of undefined variable: {name}")));
-                }
+        let (name, rest) = match spec.split_once('.') {
+            Some((name, rest)) => (name, Some(rest)),
+            None => (spec, None),
+        };
+        // A path below a variable is looked up in place: the variable's value (the whole root
+        // document, say) is never cloned to read one field of it.
+        let below = |base: &Bson, rest: &str| -> Option<Bson> {
+            let parts: Vec<&str> = rest.split('.').collect();
+            expr_path(base, &parts)
+        };
+        let owned = |base: Bson| -> Option<Bson> {
+            match rest {
+                None => Some(base),
+                Some(rest) => below(&base, rest),
             }
         };
-        if rest.is_empty() {
-            return Ok(base);
+        match name {
+            "NOW" => Ok(owned(Bson::DateTime(self.vars.now))),
+            "ROOT" | "CURRENT" => Ok(match rest {
+                None => Some(Bson::Document(self.root.clone())),
+                Some(rest) => super::path::expr_path_doc(self.root, rest),
+            }),
+            "REMOVE" => Ok(None),
+            "CLUSTER_TIME" => match self.vars.cluster_time {
+                Some(t) => Ok(owned(Bson::Timestamp(t))),
+                None => Err(loc(
+                    10071200,
+                    "$$CLUSTER_TIME is unavailable in this deployment (standalone server)",
+                )),
+            },
+            _ => {
+                let value = if let Some((_, v)) = self.locals.iter().rev().find(|(n, _)| n == name)
+                {
+                    v.as_ref()
+                } else if let Some(v) = self.vars.user.get(name) {
+                    Some(v)
+                } else {
+                    return Err(loc(17276, format!("Use of undefined variable: {name}")));
+                };
+                Ok(match rest {
+                    None => value.cloned(),
+                    Some(rest) => value.and_then(|v| below(v, rest)),
+                })
+            }
         }
-        // `$$ROOT.a.b` and `$$CURRENT.a.b` avoid cloning the whole root.
-        if name == "ROOT" || name == "CURRENT" {
-            return Ok(super::path::expr_path_doc(self.root, &rest.join(".")));
-        }
-        Ok(base.and_then(|b| expr_path(&b, &rest)))
     }
 
     fn with_local<T>(

@@ -267,6 +267,75 @@ fn flatten_add_fields(
     Ok(())
 }
 
+/// [`flatten_add_fields`] of a specification the caller gives up: the expressions are moved
+/// into the result, not cloned. Same checks, in the same order.
+fn flatten_add_fields_owned(
+    spec: Document,
+    prefix: &[String],
+    out: &mut Vec<(Vec<String>, Bson)>,
+) -> CommandResult<()> {
+    for (k, v) in spec {
+        if k.is_empty() || k.split('.').any(str::is_empty) {
+            return Err(loc(
+                40352,
+                format!("FieldPath cannot be constructed with empty string: '{k}'"),
+            ));
+        }
+        if k.starts_with('$') {
+            return Err(loc(
+                16410,
+                format!("FieldPath field names may not start with '$'. Consider using $getField or $setField. ({k})"),
+            ));
+        }
+        let mut parts = prefix.to_vec();
+        parts.extend(k.split('.').map(str::to_string));
+        match v {
+            Bson::Document(d)
+                if !d.is_empty() && !d.keys().next().is_some_and(|x| x.starts_with('$')) =>
+            {
+                flatten_add_fields_owned(d, &parts, out)?;
+            }
+            other => {
+                expr::validate(&other)?;
+                out.push((parts, other));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`parse_stage`] of a stage the caller gives up: the expressions of `$set`/`$addFields`
+/// and `$replaceWith` are moved into the parsed stage, not cloned (the costly part of parsing
+/// an update pipeline). Every other stage, and every error, is [`parse_stage`]'s.
+fn parse_stage_owned(stage: Document, update_only: bool) -> CommandResult<Stage> {
+    match stage_name(&stage) {
+        Ok(("$replaceWith", arg)) => {
+            expr::validate(arg)?;
+            match stage.into_iter().next() {
+                Some((_, arg)) => Ok(Stage::ReplaceRoot(arg, "'replacement document'")),
+                // `stage_name` found exactly one field.
+                None => Err(loc(
+                    40323,
+                    "A pipeline stage specification object must contain exactly one field.",
+                )),
+            }
+        }
+        Ok(("$addFields" | "$set", Bson::Document(_))) => match stage.into_iter().next() {
+            Some((_, Bson::Document(spec))) => {
+                let mut fields = Vec::new();
+                flatten_add_fields_owned(spec, &[], &mut fields)?;
+                Ok(Stage::AddFields(fields))
+            }
+            // `stage_name` found exactly this one field, a document.
+            _ => Err(loc(
+                40323,
+                "A pipeline stage specification object must contain exactly one field.",
+            )),
+        },
+        _ => parse_stage(&stage, update_only),
+    }
+}
+
 fn parse_stage(stage: &Document, update_only: bool) -> CommandResult<Stage> {
     let (name, arg) = stage_name(stage)?;
     if update_only && !UPDATE_STAGES.contains(&name) {
@@ -540,6 +609,16 @@ impl Parsed {
             .map(Parsed)
     }
 
+    /// [`Parsed::parse_update`] of stages the caller gives up (their expressions are moved,
+    /// not cloned).
+    pub fn parse_update_owned(stages: Vec<Document>) -> CommandResult<Parsed> {
+        stages
+            .into_iter()
+            .map(|s| parse_stage_owned(s, true))
+            .collect::<CommandResult<_>>()
+            .map(Parsed)
+    }
+
     /// Whether the pipeline has no stages.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -610,7 +689,7 @@ fn run_parsed(
             Stage::AddFields(fields) => {
                 let mut out = Vec::with_capacity(docs.len());
                 for d in docs {
-                    out.push(add_fields(&d, fields, vars)?);
+                    out.push(add_fields(d, fields, vars)?);
                 }
                 out
             }
@@ -641,20 +720,24 @@ fn run_parsed(
 }
 
 fn add_fields(
-    d: &Document,
+    mut d: Document,
     fields: &[(Vec<String>, Bson)],
     vars: &Vars,
 ) -> CommandResult<Document> {
-    let mut out = d.clone();
-    for (parts, e) in fields {
-        let v = expr::evaluate(e, d, vars)?;
+    // Every expression sees the input document: evaluate them all first, then set the fields
+    // in place (no copy of the document).
+    let mut values = Vec::with_capacity(fields.len());
+    for (_, e) in fields {
+        values.push(expr::evaluate(e, &d, vars)?);
+    }
+    for ((parts, _), v) in fields.iter().zip(values) {
         let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
         match v {
-            Some(v) => set_agg_path(&mut out, &refs, v),
-            None => super::path::remove_agg_path(&mut out, &refs),
+            Some(v) => set_agg_path(&mut d, &refs, v),
+            None => super::path::remove_agg_path(&mut d, &refs),
         }
     }
-    Ok(out)
+    Ok(d)
 }
 
 #[path = "pipeline_group.rs"]

@@ -502,14 +502,8 @@ impl Update {
                 if first_is_op {
                     Ok(Update::Operators(parse_operators(d)?))
                 } else {
-                    for k in d.keys() {
-                        if k.starts_with('$') {
-                            return Err(code(
-                                52,
-                                "DollarPrefixedFieldName",
-                                format!("The dollar ($) prefixed field '{k}' in '{k}' is not allowed in the context of an update's replacement document. Consider using an aggregation pipeline with $replaceWith."),
-                            ));
-                        }
+                    if let Some(k) = d.keys().find(|k| k.starts_with('$')) {
+                        return Err(replacement_dollar(k));
                     }
                     Ok(Update::Replacement(d.clone()))
                 }
@@ -518,6 +512,41 @@ impl Update {
                 "Update argument must be either an object or an array, found {}",
                 type_name(other)
             ))),
+        }
+    }
+
+    /// [`Update::parse`] of an update the caller gives up: a pipeline's expressions and a
+    /// replacement document are moved into the result, not cloned. Same checks and errors.
+    pub fn parse_owned(update: Bson) -> CommandResult<Update> {
+        match update {
+            Bson::Array(stages) => {
+                let mut docs = Vec::with_capacity(stages.len());
+                for s in stages {
+                    match s {
+                        Bson::Document(d) => docs.push(d),
+                        other => {
+                            return Err(CommandError::type_mismatch(format!(
+                                "Each element of the 'pipeline' array must be an object, found {}",
+                                type_name(&other)
+                            )))
+                        }
+                    }
+                }
+                Ok(Update::Pipeline(pipeline::Parsed::parse_update_owned(
+                    docs,
+                )?))
+            }
+            Bson::Document(d) => {
+                let first_is_op = d.keys().next().is_some_and(|k| k.starts_with('$'));
+                if first_is_op {
+                    return Ok(Update::Operators(parse_operators(&d)?));
+                }
+                if let Some(k) = d.keys().find(|k| k.starts_with('$')) {
+                    return Err(replacement_dollar(k));
+                }
+                Ok(Update::Replacement(d))
+            }
+            other => Self::parse(&other),
         }
     }
 
@@ -644,6 +673,15 @@ impl Update {
         };
         Ok(modified.then_some(new_doc))
     }
+}
+
+/// A replacement document may not hold a `$`-prefixed top-level field.
+fn replacement_dollar(k: &str) -> CommandError {
+    code(
+        52,
+        "DollarPrefixedFieldName",
+        format!("The dollar ($) prefixed field '{k}' in '{k}' is not allowed in the context of an update's replacement document. Consider using an aggregation pipeline with $replaceWith."),
+    )
 }
 
 /// Whether two documents encode to the same bytes (types, order, -0.0 and NaN included).
