@@ -182,6 +182,8 @@ struct Cell {
     held: u64,
     server_bytes_per_lock: Option<f64>,
     client_bytes_per_lock: f64,
+    /// Server CPU per acquisition (µs), when the server is this benchmark's child.
+    server_cpu_per_acq: Option<f64>,
 }
 
 fn cell(procs: usize, names: usize, secs: f64, rt: &tokio::runtime::Runtime) -> Cell {
@@ -205,6 +207,7 @@ fn cell(procs: usize, names: usize, secs: f64, rt: &tokio::runtime::Runtime) -> 
         assert_eq!(w.recv()[0], "ready");
     }
     let s0 = rt.block_on(server_stats(&admin));
+    let cpu0 = server.cpu();
     let t0 = Instant::now();
     for w in &mut workers {
         w.send("go");
@@ -222,6 +225,7 @@ fn cell(procs: usize, names: usize, secs: f64, rt: &tokio::runtime::Runtime) -> 
         acq_per_sec += count as f64 / elapsed;
     }
     let s1 = rt.block_on(server_stats(&admin));
+    let cpu1 = server.cpu();
     // The workers waited for late events after their runs: not part of the rate.
     let wall = (t0.elapsed().as_secs_f64() - 1.2).max(secs);
     // Hold every name once, spread over the processes.
@@ -256,6 +260,10 @@ fn cell(procs: usize, names: usize, secs: f64, rt: &tokio::runtime::Runtime) -> 
             _ => None,
         },
         client_bytes_per_lock: client_bytes as f64 / held.max(1) as f64,
+        server_cpu_per_acq: match (cpu0, cpu1) {
+            (Some(a), Some(b)) => Some((b - a).as_secs_f64() * 1e6 / acquisitions.max(1) as f64),
+            _ => None,
+        },
     }
 }
 
@@ -282,17 +290,18 @@ pub fn scale(quick: bool) {
          releases a random name of N for {secs} s; then every name held once (spread over the \
          processes) for memory; a fresh server per cell; {cores} cores\n"
     );
-    println!("| processes | names | acquisitions/s | server commands/s | findAndModify / acquisition | change events delivered / acquisition | change-stream cursors | locks held | server memory / held lock | client memory / held lock |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| processes | names | acquisitions/s | server commands/s | findAndModify / acquisition | server CPU µs / acquisition | change events delivered / acquisition | change-stream cursors | locks held | server memory / held lock | client memory / held lock |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for c in &cells {
         let kib = |b: f64| format!("{:.2} KiB", b / 1024.0);
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {:.2} | {} | {} | {} | {} |",
             c.procs,
             c.names,
             c.acq_per_sec,
             c.commands_per_sec,
             c.attempts_per_acq,
+            c.server_cpu_per_acq.map_or("n/a".into(), |u| format!("{u:.0}")),
             c.events_per_acq,
             c.streams.map_or("n/a".into(), |s| s.to_string()),
             c.held,
@@ -311,7 +320,8 @@ pub fn scale(quick: bool) {
     println!(
         "\nfindAndModify / acquisition counts every findAndModify per acquisition: the acquire \
          attempts, the release, and on a name's first acquisition the miss and the fencing epoch \
-         (2.00 is one attempt and one release). Change events delivered / acquisition: events \
+         (2.00 is one attempt and one release). Server CPU / acquisition: the server's CPU time \
+         over the run (its getMores and change events included) per acquisition. Change events delivered / acquisition: events \
          all the processes' change streams delivered, per acquisition (other processes' grants \
          and releases of names a process waits on or holds). Memory per held lock is the RSS growth while \
          every name is acquired once and held (\"—\": under 100 locks, below what RSS \
