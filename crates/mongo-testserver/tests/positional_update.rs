@@ -324,6 +324,10 @@ async fn errors_with_mongod_codes() {
             doc! {"q": {"a": 2}, "u": {"$set": {"a.$": 0, "a.1.x": 9}}},
             40,
         ),
+        (
+            doc! {"q": {"a": 2}, "u": {"$set": {"a.$": 0}, "$rename": {"n": "a.1"}}},
+            40,
+        ),
         // The position names a field of a scalar: the path cannot be created.
         (doc! {"q": {"a": 2}, "u": {"$set": {"n.$": 0}}}, 28),
     ] {

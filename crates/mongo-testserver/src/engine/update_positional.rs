@@ -95,7 +95,7 @@ impl Positional {
             Some(_) => false,
         };
         if !positional_paths && no_filters {
-            // The common case costs nothing (no copy of the query).
+            // The common case costs nothing (the query is not parsed again).
             return Ok(Positional::default());
         }
         let mut filters: Vec<(String, Filter)> = Vec::new();
@@ -168,9 +168,16 @@ impl Positional {
             },
             filters,
             plain_paths: if dollar {
+                // A `$rename` occupies its source and its target (update_object_node.cpp).
                 ops.iter()
                     .filter(|op| !op.parts.iter().any(|p| is_positional(p)))
-                    .map(|op| op.parts.clone())
+                    .flat_map(|op| {
+                        let to = match &op.kind {
+                            Kind::Rename(to_parts, _) => Some(to_parts.clone()),
+                            _ => None,
+                        };
+                        std::iter::once(op.parts.clone()).chain(to)
+                    })
                     .collect()
             } else {
                 Vec::new()
