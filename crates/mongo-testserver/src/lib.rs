@@ -81,11 +81,13 @@
 //! - **Update operators**: `$set $unset $setOnInsert $inc $mul $min $max $rename $currentDate
 //!   $push (with $each $position $slice $sort) $addToSet $pop $pull $pullAll $bit`, plus
 //!   replacements and pipeline updates (with an update statement's constants `c` as `$$name`). `$`-prefixed names below the top level are allowed
-//!   (MongoDB 5.0+); a top-level one only when an upsert inserts. The positional operators `$` (the element the query matched, through
-//!   `{a: v}`, `{"a.f": v}`, `{a: {$elemMatch: ..}}` and top-level `$and`), `$[]` and
-//!   `$[<identifier>]` with `arrayFilters` (update and findAndModify), nested as well; the
-//!   errors MongoDB gives for a missing match (2), a missing or unused array filter (2, 9), a
-//!   missing or non-array field (2) and dynamic `$rename` paths (2).
+//!   (MongoDB 5.0+); a top-level one only when an upsert inserts. The positional operators `$` (the position the query's match recorded on
+//!   each document, as for the positional projection below, even from a condition on another
+//!   array), `$[]` and `$[<identifier>]` with `arrayFilters` (update and findAndModify), nested
+//!   as well; the errors MongoDB gives for no recorded position or an upsert inserting (2), two
+//!   `$` or a positional element first in a path (2), `$` landing on another operator's path
+//!   (40), a missing or unused array filter (2, 9), a missing or non-array field for `$[]` (2)
+//!   and dynamic `$rename` paths (2).
 //! - **Find projections** (find, findAndModify `fields`): inclusion, exclusion, computed
 //!   fields, paths through arrays (scalars dropped by inclusions, nested arrays projected),
 //!   `$slice` (applied after the rest, its path included by an inclusion; it walks documents in

@@ -132,8 +132,8 @@ fn parse_update_path(path: &str) -> CommandResult<Vec<String>> {
                 ),
             ));
         }
-        if i > 0 && positional::is_positional(p) {
-            positional::check_element(p, path)?;
+        if positional::is_positional(p) {
+            positional::check_element(p, i, path)?;
             continue;
         }
         // Since MongoDB 5.0 only a top-level field may not start with '$' (it would be taken
@@ -637,11 +637,13 @@ impl Update {
             Update::Pipeline(stages) => pipeline::run_parsed_update_pipeline(stages, doc, vars)?,
             Update::Operators(ops) => {
                 let mut work = doc.clone();
+                // What `$` stands for: the position the query's match on `doc` recorded.
+                let matched = ops.positional.matched_position(doc, is_insert, vars)?;
                 for op in &ops.ops {
                     if op.parts.iter().any(|p| positional::is_positional(p)) {
                         let concrete = ops
                             .positional
-                            .expand(&work, &op.parts, &op.path, is_insert, vars)?;
+                            .expand(&work, &op.parts, &op.path, matched, vars)?;
                         for parts in concrete {
                             let one = Op {
                                 path: op.path.clone(),

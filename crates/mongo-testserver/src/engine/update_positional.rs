@@ -1,18 +1,29 @@
-//! The positional update operators: `$` (the array element the query matched), `$[]` (every
-//! element) and `$[<identifier>]` (the elements an `arrayFilters` entry matches).
+//! The positional update operators: `$` (the array position the query's match recorded),
+//! `$[]` (every element) and `$[<identifier>]` (the elements an `arrayFilters` entry matches).
 //!
 //! An operator whose path holds one is expanded, against the document being updated, into one
 //! operator per concrete array index, which is then applied like any other.
+//!
+//! `$` takes the position mongod's matcher records while matching the pre-image (its
+//! "elemMatchKey", [`Filter::matched_array_position`], the position the positional projection
+//! uses too): `src/mongo/db/exec/update_stage.cpp` re-matches the document with match details
+//! requested and hands the key to the update driver as the "matched field", which
+//! `src/mongo/db/update/update_object_node.cpp` applies the positional child under, whatever
+//! the element at that path is (an array's element, an object's field, or a path to create).
 
 use super::*;
-use crate::engine::matcher::{ElementCondition, Filter};
+use crate::engine::matcher::Filter;
 
 /// The query and array filters positional paths are resolved with.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Positional {
-    query: Document,
+    /// The statement's query, parsed, when a path holds `$`: its match records the position.
+    query: Option<Filter>,
     /// `(identifier, filter over {identifier: element})`.
     filters: Vec<(String, Filter)>,
+    /// The paths of the operators without positional elements, which a path made concrete by
+    /// `$` must not collide with.
+    plain_paths: Vec<Vec<String>>,
 }
 
 /// Whether a path element is positional.
@@ -20,8 +31,26 @@ pub(super) fn is_positional(part: &str) -> bool {
     part == "$" || (part.starts_with("$[") && part.ends_with(']'))
 }
 
-/// Checks one positional path element (`$`, `$[]`, `$[id]`).
-pub(super) fn check_element(part: &str, path: &str) -> CommandResult<()> {
+/// Checks one positional path element (`$`, `$[]`, `$[id]`) at `index` in `path`: none may
+/// come first (`src/mongo/db/update/update_object_node.cpp`, `parseAndMerge` and
+/// `parseArrayFilterIdentifier`: code 2, after the count of `$` elements), and an identifier
+/// must be a lowercase letter followed by letters and digits.
+pub(super) fn check_element(part: &str, index: usize, path: &str) -> CommandResult<()> {
+    if index == 0 {
+        if path.split('.').filter(|p| *p == "$").count() > 1 {
+            return Err(CommandError::bad_value(format!(
+                "Too many positional (i.e. '$') elements found in path '{path}'"
+            )));
+        }
+        if part == "$" {
+            return Err(CommandError::bad_value(format!(
+                "Cannot have positional (i.e. '$') element in the first position in path '{path}'"
+            )));
+        }
+        return Err(CommandError::bad_value(format!(
+            "Cannot have array filter identifier (i.e. '$[<id>]') element in the first position in path '{path}'"
+        )));
+    }
     if part == "$" || part == "$[]" {
         return Ok(());
     }
@@ -44,6 +73,8 @@ fn identifier(part: &str) -> Option<&str> {
         .filter(|id| !id.is_empty())
 }
 
+/// No position recorded (or an upsert inserting, which has none): code 2, as
+/// `UpdateObjectNode::apply` (`src/mongo/db/update/update_object_node.cpp`).
 fn no_positional_match() -> CommandError {
     CommandError::bad_value("The positional operator did not find the match needed from the query.")
 }
@@ -64,7 +95,7 @@ impl Positional {
             Some(_) => false,
         };
         if !positional_paths && no_filters {
-            // The common case costs nothing (no copy of the query).
+            // The common case costs nothing (the query is not parsed again).
             return Ok(Positional::default());
         }
         let mut filters: Vec<(String, Filter)> = Vec::new();
@@ -128,50 +159,92 @@ impl Positional {
                 "The array filter for identifier '{unused}' was not used in the update"
             )));
         }
+        let dollar = ops.iter().any(|op| op.parts.iter().any(|p| p == "$"));
         Ok(Positional {
-            query: query.clone(),
+            query: if dollar {
+                Some(Filter::parse(query)?)
+            } else {
+                None
+            },
             filters,
+            plain_paths: if dollar {
+                // A `$rename` occupies its source and its target (update_object_node.cpp).
+                ops.iter()
+                    .filter(|op| !op.parts.iter().any(|p| is_positional(p)))
+                    .flat_map(|op| {
+                        let to = match &op.kind {
+                            Kind::Rename(to_parts, _) => Some(to_parts.clone()),
+                            _ => None,
+                        };
+                        std::iter::once(op.parts.clone()).chain(to)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         })
     }
 
-    /// The concrete paths of `parts` in `doc`.
+    /// The array position `$` stands for in an update of `pre_image` (the stored document,
+    /// before any operator applies): the one the query's match recorded
+    /// ([`Filter::matched_array_position`]). `None` without a `$` path, when nothing recorded
+    /// a position, and when an upsert inserts (`src/mongo/db/exec/upsert_stage.cpp` applies
+    /// the update to the seed document with an empty matched field).
+    pub(super) fn matched_position(
+        &self,
+        pre_image: &Document,
+        is_insert: bool,
+        vars: &Vars,
+    ) -> CommandResult<Option<usize>> {
+        match &self.query {
+            Some(query) if !is_insert => query.matched_array_position(pre_image, vars),
+            _ => Ok(None),
+        }
+    }
+
+    /// The concrete paths of `parts` in `doc`; `$` stands for `matched`
+    /// ([`Positional::matched_position`]).
     pub(super) fn expand(
         &self,
         doc: &Document,
         parts: &[String],
         path: &str,
-        is_insert: bool,
+        matched: Option<usize>,
         vars: &Vars,
     ) -> CommandResult<Vec<Vec<String>>> {
         let Some(k) = parts.iter().position(|p| is_positional(p)) else {
             return Ok(vec![parts.to_vec()]);
         };
         let prefix = &parts[..k];
-        let prefix_path = prefix.join(".");
-        if parts[k] == "$" && is_insert {
-            return Err(no_positional_match());
+        if parts[k] == "$" {
+            // `UpdateObjectNode::apply` (update_object_node.cpp) refuses a missing position,
+            // then applies the operator under the field named by the position, whatever the
+            // element at the prefix is: an array's element, an object's field named by the
+            // digits, or a path to create (or to refuse, as any path).
+            let i = matched.ok_or_else(no_positional_match)?;
+            let mut concrete: Vec<String> = prefix.to_vec();
+            concrete.push(i.to_string());
+            concrete.extend(parts[k + 1..].iter().cloned());
+            self.check_merge(&concrete)?;
+            return self.expand(doc, &concrete, path, matched, vars);
         }
+        let prefix_path = prefix.join(".");
         let arr = match lookup(doc, prefix) {
             Some(Bson::Array(a)) => a,
-            Some(other) if parts[k] != "$" => {
+            Some(other) => {
                 return Err(CommandError::bad_value(format!(
                     "Cannot apply array updates to non-array element {}: {}",
                     prefix.last().map(String::as_str).unwrap_or(""),
                     crate::keys::render(other)
                 )))
             }
-            None if parts[k] != "$" => {
+            None => {
                 return Err(CommandError::bad_value(format!(
                     "The path '{prefix_path}' must exist in the document in order to apply array updates."
                 )))
             }
-            _ => return Err(no_positional_match()),
         };
-        let indexes: Vec<usize> = if parts[k] == "$" {
-            vec![self
-                .matched_index(&prefix_path, arr, vars)?
-                .ok_or_else(no_positional_match)?]
-        } else if parts[k] == "$[]" {
+        let indexes: Vec<usize> = if parts[k] == "$[]" {
             (0..arr.len()).collect()
         } else {
             let id = identifier(&parts[k]).unwrap_or("");
@@ -200,78 +273,28 @@ impl Positional {
             let mut concrete: Vec<String> = prefix.to_vec();
             concrete.push(i.to_string());
             concrete.extend(parts[k + 1..].iter().cloned());
-            out.extend(self.expand(doc, &concrete, path, is_insert, vars)?);
+            out.extend(self.expand(doc, &concrete, path, matched, vars)?);
         }
         Ok(out)
     }
 
-    /// The index of the first element of the array at `array_path` that satisfies every
-    /// condition the query puts on that array (`{a: 5}`, `{"a.x": 1}`, `{a: {$elemMatch: ..}}`,
-    /// through top-level `$and`).
-    fn matched_index(
-        &self,
-        array_path: &str,
-        arr: &[Bson],
-        vars: &Vars,
-    ) -> CommandResult<Option<usize>> {
-        query_matched_index(&self.query, array_path, arr, vars)
-    }
-}
-
-/// The index of the first element of the array at `array_path` that satisfies every condition
-/// `query` puts on that array (`{a: 5}`, `{"a.x": 1}`, `{a: {$elemMatch: ..}}`, through
-/// top-level `$and`): what the positional `$` of an update or a projection stands for.
-pub(crate) fn query_matched_index(
-    query: &Document,
-    array_path: &str,
-    arr: &[Bson],
-    vars: &Vars,
-) -> CommandResult<Option<usize>> {
-    enum Cond {
-        Element(ElementCondition),
-        Field(Filter),
-    }
-    let mut conds = Vec::new();
-    let mut stack: Vec<&Document> = vec![query];
-    while let Some(q) = stack.pop() {
-        for (k, v) in q {
-            if k == "$and" {
-                if let Bson::Array(items) = v {
-                    stack.extend(items.iter().filter_map(Bson::as_document));
-                }
-            } else if k == array_path {
-                let cond = match v {
-                    Bson::Document(d) if d.len() == 1 && d.contains_key("$elemMatch") => {
-                        ElementCondition::parse(d.get("$elemMatch").unwrap_or(&Bson::Null))?
-                    }
-                    other => ElementCondition::parse(other)?,
-                };
-                conds.push(Cond::Element(cond));
-            } else if let Some(rest) = k.strip_prefix(array_path).and_then(|r| r.strip_prefix('.'))
-            {
-                let mut f = Document::new();
-                f.insert(rest, v.clone());
-                conds.push(Cond::Field(Filter::parse(&f)?));
+    /// A path `$` made concrete must not fall on or under (or above) the path of another
+    /// operator: mongod merges the positional child with the child of the same name and
+    /// refuses two operators on one spot with code 40 at the shorter path
+    /// (`UpdateNode::createUpdateNodeByMerging`, `src/mongo/db/update/update_node.cpp`).
+    fn check_merge(&self, concrete: &[String]) -> CommandResult<()> {
+        for other in &self.plain_paths {
+            let n = other.len().min(concrete.len());
+            if other[..n] == concrete[..n] {
+                return Err(CommandError::new(
+                    40,
+                    "ConflictingUpdateOperators",
+                    format!("Update created a conflict at '{}'", concrete[..n].join(".")),
+                ));
             }
         }
+        Ok(())
     }
-    if conds.is_empty() {
-        return Ok(None);
-    }
-    'elements: for (i, el) in arr.iter().enumerate() {
-        for c in &conds {
-            let ok = match (c, el) {
-                (Cond::Element(e), _) => e.matches(el, vars)?,
-                (Cond::Field(f), Bson::Document(d)) => f.matches(d, vars)?,
-                (Cond::Field(_), _) => false,
-            };
-            if !ok {
-                continue 'elements;
-            }
-        }
-        return Ok(Some(i));
-    }
-    Ok(None)
 }
 
 /// The value at concrete `parts` (numeric parts index arrays).

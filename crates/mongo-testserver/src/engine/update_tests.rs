@@ -575,7 +575,10 @@ fn parse_errors() {
     assert!(Update::parse(&b(doc! {"$set": {"a.$": 1, "b.$[].c.$[x]": 1}})).is_ok());
     assert_eq!(parse_err(b(doc! {"$set": {"a.$.b.$": 1}})).code, 2);
     assert_eq!(parse_err(b(doc! {"$set": {"a.$[X]": 1}})).code, 2);
-    assert_eq!(parse_err(b(doc! {"$set": {"$[]": 1}})).code, 52);
+    // A positional element first (update_object_node.cpp: BadValue, not a `$` field name).
+    assert_eq!(parse_err(b(doc! {"$set": {"$[]": 1}})).code, 2);
+    assert_eq!(parse_err(b(doc! {"$set": {"$.a": 1}})).code, 2);
+    assert_eq!(parse_err(b(doc! {"$set": {"$[x].a": 1}})).code, 2);
     // A top-level `$` field: stored by an upsert's insert, refused on a stored document.
     assert_eq!(
         run_insert(b(doc! {"$set": {"$a": 1}}), doc! {"_id": 1}, true).0,
