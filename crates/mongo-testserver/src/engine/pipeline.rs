@@ -232,44 +232,11 @@ pub fn sort_documents(docs: &mut [Document], spec: &Document) -> CommandResult<(
     Ok(())
 }
 
+/// The fields of a `$set`/`$addFields` specification as `(path, expression)` pairs, nested
+/// documents without operators flattened into dotted paths. Takes the specification by value:
+/// its expressions are moved into the result, not cloned (a borrowed specification is cloned
+/// once by the caller).
 fn flatten_add_fields(
-    spec: &Document,
-    prefix: &[String],
-    out: &mut Vec<(Vec<String>, Bson)>,
-) -> CommandResult<()> {
-    for (k, v) in spec {
-        if k.is_empty() || k.split('.').any(str::is_empty) {
-            return Err(loc(
-                40352,
-                format!("FieldPath cannot be constructed with empty string: '{k}'"),
-            ));
-        }
-        if k.starts_with('$') {
-            return Err(loc(
-                16410,
-                format!("FieldPath field names may not start with '$'. Consider using $getField or $setField. ({k})"),
-            ));
-        }
-        let mut parts = prefix.to_vec();
-        parts.extend(k.split('.').map(str::to_string));
-        match v {
-            Bson::Document(d)
-                if !d.is_empty() && !d.keys().next().is_some_and(|x| x.starts_with('$')) =>
-            {
-                flatten_add_fields(d, &parts, out)?;
-            }
-            other => {
-                expr::validate(other)?;
-                out.push((parts, other.clone()));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// [`flatten_add_fields`] of a specification the caller gives up: the expressions are moved
-/// into the result, not cloned. Same checks, in the same order.
-fn flatten_add_fields_owned(
     spec: Document,
     prefix: &[String],
     out: &mut Vec<(Vec<String>, Bson)>,
@@ -293,7 +260,7 @@ fn flatten_add_fields_owned(
             Bson::Document(d)
                 if !d.is_empty() && !d.keys().next().is_some_and(|x| x.starts_with('$')) =>
             {
-                flatten_add_fields_owned(d, &parts, out)?;
+                flatten_add_fields(d, &parts, out)?;
             }
             other => {
                 expr::validate(&other)?;
@@ -323,7 +290,7 @@ fn parse_stage_owned(stage: Document, update_only: bool) -> CommandResult<Stage>
         Ok(("$addFields" | "$set", Bson::Document(_))) => match stage.into_iter().next() {
             Some((_, Bson::Document(spec))) => {
                 let mut fields = Vec::new();
-                flatten_add_fields_owned(spec, &[], &mut fields)?;
+                flatten_add_fields(spec, &[], &mut fields)?;
                 Ok(Stage::AddFields(fields))
             }
             // `stage_name` found exactly this one field, a document.
@@ -415,7 +382,7 @@ fn parse_stage(stage: &Document, update_only: bool) -> CommandResult<Stage> {
                 loc(40272, format!("{name} specification stage must be an object, got {}", type_name(arg)))
             })?;
             let mut fields = Vec::new();
-            flatten_add_fields(d, &[], &mut fields)?;
+            flatten_add_fields(d.clone(), &[], &mut fields)?;
             Stage::AddFields(fields)
         }
         "$replaceRoot" => {
@@ -598,15 +565,6 @@ impl Parsed {
     /// Parses and validates an update pipeline (as [`validate_update_pipeline`]).
     pub fn parse_update(stages: &[Document]) -> CommandResult<Parsed> {
         parse_all(stages, true).map(Parsed)
-    }
-
-    /// [`Parsed::parse_update`] of stages borrowed from a command (not cloned first).
-    pub fn parse_update_refs(stages: &[&Document]) -> CommandResult<Parsed> {
-        stages
-            .iter()
-            .map(|s| parse_stage(s, true))
-            .collect::<CommandResult<_>>()
-            .map(Parsed)
     }
 
     /// [`Parsed::parse_update`] of stages the caller gives up (their expressions are moved,

@@ -480,38 +480,11 @@ impl Update {
     /// code 72 InvalidOptions; an empty pipeline is a no-op (as mongod).
     pub fn parse(update: &Bson) -> CommandResult<Update> {
         match update {
-            Bson::Array(stages) => {
-                let mut docs = Vec::with_capacity(stages.len());
-                for s in stages {
-                    match s {
-                        Bson::Document(d) => docs.push(d),
-                        other => {
-                            return Err(CommandError::type_mismatch(format!(
-                                "Each element of the 'pipeline' array must be an object, found {}",
-                                type_name(other)
-                            )))
-                        }
-                    }
-                }
-                Ok(Update::Pipeline(pipeline::Parsed::parse_update_refs(
-                    &docs,
-                )?))
+            // Operators are read in place; anything else is parsed from a copy.
+            Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
+                Ok(Update::Operators(parse_operators(d)?))
             }
-            Bson::Document(d) => {
-                let first_is_op = d.keys().next().is_some_and(|k| k.starts_with('$'));
-                if first_is_op {
-                    Ok(Update::Operators(parse_operators(d)?))
-                } else {
-                    if let Some(k) = d.keys().find(|k| k.starts_with('$')) {
-                        return Err(replacement_dollar(k));
-                    }
-                    Ok(Update::Replacement(d.clone()))
-                }
-            }
-            other => Err(CommandError::failed_to_parse(format!(
-                "Update argument must be either an object or an array, found {}",
-                type_name(other)
-            ))),
+            other => Self::parse_owned(other.clone()),
         }
     }
 
@@ -546,7 +519,10 @@ impl Update {
                 }
                 Ok(Update::Replacement(d))
             }
-            other => Self::parse(&other),
+            other => Err(CommandError::failed_to_parse(format!(
+                "Update argument must be either an object or an array, found {}",
+                type_name(&other)
+            ))),
         }
     }
 
