@@ -628,61 +628,8 @@ async fn handoffs_are_prompt_and_do_not_stampede() {
     );
 
     let before = counting.acquires.load(std::sync::atomic::Ordering::SeqCst);
-    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let released_at: Arc<std::sync::Mutex<Option<Instant>>> = Default::default();
-    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let generation = Arc::new(tokio::sync::watch::channel(0_u64).0);
-    let mut tasks = Vec::new();
-    for _ in 0..=WAITERS {
-        let lock = provider.lock("handoff").unwrap();
-        let (inside, tokens, released_at, samples, generation) = (
-            inside.clone(),
-            tokens.clone(),
-            released_at.clone(),
-            samples.clone(),
-            generation.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            use std::sync::atomic::Ordering::SeqCst;
-            let mut rx = generation.subscribe();
-            loop {
-                let g = lock.acquire().await.unwrap();
-                assert_eq!(inside.fetch_add(1, SeqCst), 0, "two holders");
-                tokens.lock().unwrap().push(g.fencing_token());
-                generation.send_modify(|g| *g += 1);
-                let mine = *generation.borrow();
-                if let Some(r) = released_at.lock().unwrap().take() {
-                    samples.lock().unwrap().push(r.elapsed());
-                }
-                let done = samples.lock().unwrap().len() >= HANDOFFS;
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                assert!(!g.is_lost(), "a holder was told its lease is gone");
-                inside.fetch_sub(1, SeqCst);
-                if !done {
-                    *released_at.lock().unwrap() = Some(Instant::now());
-                }
-                g.release().await.unwrap();
-                if done {
-                    return;
-                }
-                let _ = rx.wait_for(|g| *g > mine).await;
-            }
-        }));
-    }
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(120), t)
-            .await
-            .expect("handoffs finished (a waiter was not woken?)")
-            .unwrap();
-    }
-    let tokens = tokens.lock().unwrap().clone();
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens must grow in acquisition order: {tokens:?}"
-    );
+    let samples = mongolock::testing::hand_around(&provider, "handoff", WAITERS, HANDOFFS).await;
     let attempts = counting.acquires.load(std::sync::atomic::Ordering::SeqCst) - before;
-    let samples = samples.lock().unwrap().clone();
     let m = median(samples.clone());
     eprintln!(
         "postgres handoff median {m:?}, max {:?}; {:.1} attempts per handoff",

@@ -92,7 +92,8 @@ async fn queue(client: &tokio_postgres::Client, table: &str, name: &str) -> (Vec
     (row.get(0), row.get(1))
 }
 
-/// Eight processes, one task each, hand one lock around in turn: each release wakes only the
+/// Eight processes, one task each, hand one lock around in turn (each task asks again only
+/// once another holds the lock): each release wakes only the
 /// designated process, so a handoff costs about two attempts (the designated one's grant and
 /// the releasing one's busy attempt when it asks again), where waking one acquirer per
 /// process cost about eight.
@@ -106,67 +107,13 @@ async fn handoffs_across_processes_cost_about_two_attempts() {
     for _ in 0..PROCESSES {
         processes.push(Process::new(&url, &table, Duration::from_secs(30)).await);
     }
-    let inside = Arc::new(AtomicUsize::new(0));
-    let grants = Arc::new(AtomicUsize::new(0));
-    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let released_at: Arc<std::sync::Mutex<Option<Instant>>> = Default::default();
-    let generation = Arc::new(tokio::sync::watch::channel(0_usize).0);
-    let mut tasks = Vec::new();
-    for p in &processes {
-        let lock = p.provider.lock("turns").unwrap();
-        let (inside, grants, tokens, samples, released_at, generation) = (
-            inside.clone(),
-            grants.clone(),
-            tokens.clone(),
-            samples.clone(),
-            released_at.clone(),
-            generation.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut rx = generation.subscribe();
-            loop {
-                if grants.load(Ordering::SeqCst) > HANDOFFS {
-                    return;
-                }
-                let g = lock.acquire().await.expect("acquire");
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                tokens.lock().unwrap().push(g.fencing_token());
-                if let Some(r) = released_at.lock().unwrap().take() {
-                    samples.lock().unwrap().push(r.elapsed());
-                }
-                let n = grants.fetch_add(1, Ordering::SeqCst) + 1;
-                generation.send_replace(n);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                *released_at.lock().unwrap() = Some(Instant::now());
-                g.release().await.expect("release");
-                // Ask again only once somebody else holds it (no barging: round robin).
-                let _ = rx.wait_for(|g| *g > n).await;
-            }
-        }));
-    }
-    // The last grant's holder releases and waits for a next grant that never comes: the
-    // others return once they see the count; wait for HANDOFFS handoffs, then stop everyone.
-    assert!(
-        eventually(Duration::from_secs(120), || async {
-            grants.load(Ordering::SeqCst) > HANDOFFS
-        })
-        .await,
-        "only {} grants in 120 s (a designated process was not woken?)",
-        grants.load(Ordering::SeqCst)
-    );
+    let providers: Vec<LockProvider> = processes.iter().map(|p| p.provider.clone()).collect();
+    let samples = mongolock::testing::hand_around_among(&providers, "turns", 1, HANDOFFS).await;
+    // After the last counted handoff every other task takes the lock once more: those
+    // handoffs' attempts are counted too.
+    let handoffs = samples.len() + PROCESSES - 1;
     let attempts: usize = processes.iter().map(Process::attempts).sum();
-    let handoffs = grants.load(Ordering::SeqCst) - 1;
-    for t in &tasks {
-        t.abort();
-    }
-    let tokens = tokens.lock().unwrap().clone();
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens must grow in acquisition order: {tokens:?}"
-    );
-    let mut samples = samples.lock().unwrap().clone();
+    let mut samples = samples;
     samples.sort();
     let per_handoff = attempts as f64 / handoffs as f64;
     eprintln!(

@@ -1228,14 +1228,26 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 /// `waiters + 1` tasks of one provider hand the lock `name` around until `handoffs` handoffs
-/// happened (a task that released sits out until someone else holds the lock, so every release
-/// is a handoff). Asserts that there are never two holders, that no holder is told its lease is
-/// gone while it holds it, that tokens grow in acquisition order and that the tasks finish
-/// within 120 s; returns the handoff latencies (release → next holder).
+/// happened; see [`hand_around_among`].
 pub async fn hand_around(
     provider: &LockProvider,
     name: &str,
     waiters: usize,
+    handoffs: usize,
+) -> Vec<Duration> {
+    hand_around_among(std::slice::from_ref(provider), name, waiters + 1, handoffs).await
+}
+
+/// `tasks_each` tasks of every provider (each provider standing for a process) hand the lock
+/// `name` around until `handoffs` handoffs happened (a task that released sits out until
+/// someone else holds the lock, so every release is a handoff; then each task takes the lock
+/// once more and stops). Asserts that there are never two holders, that no holder is told its
+/// lease is gone while it holds it, that tokens grow in acquisition order and that the tasks
+/// finish within 120 s; returns the handoff latencies (release → next holder).
+pub async fn hand_around_among(
+    providers: &[LockProvider],
+    name: &str,
+    tasks_each: usize,
     handoffs: usize,
 ) -> Vec<Duration> {
     let inside = Arc::new(AtomicUsize::new(0));
@@ -1244,7 +1256,10 @@ pub async fn hand_around(
     let samples = Arc::new(Mutex::new(Vec::new()));
     let generation = Arc::new(tokio::sync::watch::channel(0_u64).0);
     let mut tasks = Vec::new();
-    for _ in 0..=waiters {
+    for provider in providers
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p, tasks_each))
+    {
         let lock = provider.lock(name).expect("valid name");
         let (inside, tokens, released_at, samples, generation) = (
             inside.clone(),
@@ -1280,11 +1295,13 @@ pub async fn hand_around(
         }));
     }
     for t in tasks {
-        let finished = tokio::time::timeout(Duration::from_secs(120), t).await;
-        assert!(
-            finished.is_ok(),
-            "{name}: handoffs did not finish in 120 s (a waiter was not woken?)"
-        );
+        match tokio::time::timeout(Duration::from_secs(120), t).await {
+            Ok(Ok(())) => {}
+            // An assertion of a task failed: fail with its message.
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Ok(Err(e)) => panic!("{name}: a handing-around task ended: {e}"),
+            Err(_) => panic!("{name}: handoffs did not finish in 120 s (a waiter was not woken?)"),
+        }
     }
     let tokens = tokens.lock().unwrap().clone();
     assert!(
