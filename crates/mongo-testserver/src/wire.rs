@@ -80,8 +80,8 @@ pub struct MsgRequest {
     pub sequences: Vec<(String, Vec<Document>)>,
     /// An upper bound on the nesting depth of the request: of the body, and of each sequence
     /// document plus the 2 levels it takes once inserted into the body as an array. Counts
-    /// empty documents and arrays (so it is never below [`crate::limits::shape`]'s depth);
-    /// `usize::MAX` when a document was decoded by the bson crate.
+    /// empty documents and arrays (so it is never below the depth the server's nesting limits
+    /// measure); `usize::MAX` when a document was decoded by the bson crate.
     pub depth_bound: usize,
 }
 
