@@ -14,10 +14,10 @@
 //!   statement's `ON CONFLICT DO UPDATE` then writes the row, keeping every lease column as it
 //!   is when the attempt is busy. A backend already queued until the holder's expiry plus
 //!   [`REGISTRATION`] or later writes nothing (each write is a commit, with its WAL flush).
-//!   `u` is the holder's expiry plus
-//!   [`REGISTRATION`], so a backend that died leaves the queue by itself; entries whose `u` has
-//!   passed (by `clock_timestamp()`) are dropped by every statement that rewrites the queue. At
-//!   most [`MAX_WAITERS`] entries: later backends are not queued (the fallback wakes them).
+//!   `u` is the holder's expiry plus [`REGISTRATION`], so a backend that died leaves the queue
+//!   by itself; entries whose `u` has passed (by `clock_timestamp()`) are dropped by every
+//!   statement that rewrites the queue. At most [`MAX_WAITERS`] entries: later backends are not
+//!   queued (the fallback wakes them).
 //! * **Grant.** A grant removes the granted backend's entry, and puts it back at the end (until
 //!   the new lease's expiry plus [`REGISTRATION`]) when more of that backend's acquirers wait,
 //!   so processes take turns.
