@@ -5,6 +5,7 @@
 mod pg;
 mod poll;
 
+use pg::admin;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -30,15 +31,6 @@ fn backend_as(url: &str, table: &str, app: &str) -> PostgresBackend {
         .table(table)
         .build()
         .expect("valid options")
-}
-
-/// An administrative connection (for pg_terminate_backend and direct reads).
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(conn);
-    client
 }
 
 /// Terminates every connection whose application name is `app`; returns how many.

@@ -6,6 +6,7 @@
 mod pg;
 mod poll;
 
+use pg::admin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,14 +66,6 @@ impl Process {
     fn attempts(&self) -> usize {
         self.counting.acquires.load(Ordering::SeqCst)
     }
-}
-
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(conn);
-    client
 }
 
 /// The marks in the queue of `name`, in order, and the row's last designation.

@@ -7,6 +7,7 @@
 
 mod pg;
 
+use pg::admin;
 use std::path::Path;
 use std::time::Duration;
 
@@ -52,14 +53,6 @@ fn write_as_server(path: &Path, contents: &str, owner_of: &Path, mode: u32) {
     let meta = std::fs::metadata(owner_of).unwrap();
     std::os::unix::fs::chown(path, Some(meta.uid()), Some(meta.gid())).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("admin connection");
-    tokio::spawn(conn);
-    client
 }
 
 /// A server of this test's own with `ssl = on` and a certificate for `localhost` (not for

@@ -23,3 +23,12 @@ pub fn url() -> Option<String> {
 pub fn unique_table(prefix: &str) -> String {
     format!("{prefix}_{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
 }
+
+/// An administrative connection (for `pg_terminate_backend`, direct reads and DDL).
+pub async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(conn);
+    client
+}
