@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::duration::{display, parse_duration, parse_positive, parse_ttl, parse_wait, Wait};
+use crate::duration::{
+    display, parse_command_ttl, parse_duration, parse_positive, parse_ttl, parse_wait, Wait,
+};
 
 /// Default connection string when neither `--uri` nor `MONGODB_URI` is given.
 pub const DEFAULT_URI: &str = "mongodb://localhost:27017";
@@ -431,13 +433,14 @@ impl Cli {
 #[derive(Debug, Args)]
 pub struct ExecArgs {
     /// Lease duration: how long the lock stays held after mongolock stops renewing it (for
-    /// example after a crash). Renewed every TTL/3 while CMD runs.
+    /// example after a crash). Renewed every TTL/3 while CMD runs. At least 1s: a renewal must
+    /// land within a third of it.
     #[arg(
         long,
         env = "MONGOLOCK_TTL",
         value_name = "DURATION",
         default_value = DEFAULT_TTL,
-        value_parser = parse_ttl
+        value_parser = parse_command_ttl
     )]
     pub ttl: Duration,
 
@@ -571,13 +574,14 @@ pub struct ChildCommand {
 #[derive(Debug, Args)]
 pub struct ElectArgs {
     /// Lease duration of a leadership term: how long the role stays taken after the leader
-    /// stops renewing it (for example after a crash). Renewed every TTL/3.
+    /// stops renewing it (for example after a crash). Renewed every TTL/3. At least 1s: a
+    /// renewal must land within a third of it.
     #[arg(
         long,
         env = "MONGOLOCK_TTL",
         value_name = "DURATION",
         default_value = DEFAULT_TTL,
-        value_parser = parse_ttl
+        value_parser = parse_command_ttl
     )]
     pub ttl: Duration,
 
@@ -639,7 +643,8 @@ pub struct SuperviseArgs {
     #[arg(long)]
     pub control_fd: i32,
 
-    /// CMD leads its own process group; signals go to the group.
+    /// The supervisor leads a new process group, which CMD shares; passed-on signals go to the
+    /// group (see `supervisor.rs`).
     #[arg(long)]
     pub own_group: bool,
 

@@ -65,6 +65,29 @@ pub fn parse_ttl(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The shortest `--ttl` of `exec` and `elect`. A lease is renewed every third of it, and with the
+/// default `--grace` (a third) a renewal has the next third, less the drift margin (1 % + 5 ms),
+/// to land before the command gets SIGTERM; the supervisor checks its boot-clock deadlines every
+/// 100 ms. Below one second that window is under a third of a second: a single slow round trip
+/// or a scheduling delay on a loaded machine would stop the command, so every command would be
+/// killed sooner or later without any other holder.
+pub const MIN_COMMAND_TTL: Duration = Duration::from_secs(1);
+
+/// The lease duration of `exec` and `elect` (`--ttl`): [`parse_ttl`], and at least
+/// [`MIN_COMMAND_TTL`].
+pub fn parse_command_ttl(s: &str) -> Result<Duration, String> {
+    let d = parse_ttl(s)?;
+    if d < MIN_COMMAND_TTL {
+        return Err(format!(
+            "the lease duration {s:?} is too short to be renewed reliably: the minimum is {} \
+             (the lease is renewed every third of it, and a renewal must land within the next \
+             third); choose 1s or more, for example 30s",
+            display(MIN_COMMAND_TTL)
+        ));
+    }
+    Ok(d)
+}
+
 /// `--wait`: a duration (`0` = one attempt) or `forever`.
 pub fn parse_wait(s: &str) -> Result<Wait, String> {
     match s.trim() {

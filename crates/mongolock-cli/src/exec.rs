@@ -22,7 +22,9 @@ use crate::duration::{display, human, Wait};
 use crate::events::{Event, Lease};
 use crate::exit::{self, CliError};
 use crate::signals::{self, Signals};
-use crate::supervisor::{monotonic_now_ns, FromSupervisor, ToSupervisor, SUBCOMMAND};
+use crate::supervisor::{
+    boot_now_ns, monotonic_now_ns, Deadline, FromSupervisor, ToSupervisor, SUBCOMMAND,
+};
 
 /// Environment variable holding the lock name in CMD's environment.
 pub const ENV_NAME: &str = "MONGOLOCK_NAME";
@@ -431,15 +433,25 @@ impl StopPolicy {
     }
 }
 
-/// `at` on `CLOCK_MONOTONIC`, the supervisor's clock. Reading that clock before `Instant::now()`
-/// can only make the result early, never late.
-fn monotonic_ns(at: Instant) -> u64 {
+/// `at` as absolute times on the supervisor's two clocks, `CLOCK_MONOTONIC` and
+/// `CLOCK_BOOTTIME`: each clock's reading plus the time left until `at` on the monotonic clock.
+/// Reading the clocks before `Instant::now()` can only make the result early, never late. The
+/// boot-time value is late by any suspend between the guard's request and this call, which the
+/// guard's own boot-time deadline (checked by `is_lost`) accounts for.
+fn deadline_at(at: Instant) -> Deadline {
     let mono = monotonic_now_ns();
+    let boot = boot_now_ns();
     let now = Instant::now();
-    if at >= now {
-        mono.saturating_add(u64::try_from((at - now).as_nanos()).unwrap_or(u64::MAX))
-    } else {
-        mono.saturating_sub(u64::try_from((now - at).as_nanos()).unwrap_or(u64::MAX))
+    let shift = |clock: u64| {
+        if at >= now {
+            clock.saturating_add(u64::try_from((at - now).as_nanos()).unwrap_or(u64::MAX))
+        } else {
+            clock.saturating_sub(u64::try_from((now - at).as_nanos()).unwrap_or(u64::MAX))
+        }
+    };
+    Deadline {
+        mono_ns: shift(mono),
+        boot_ns: shift(boot),
     }
 }
 
@@ -459,8 +471,8 @@ impl Control {
 
     async fn deadlines(&mut self, term: Instant, kill: Instant) {
         self.send(ToSupervisor::Deadlines {
-            term_ns: monotonic_ns(term),
-            kill_ns: monotonic_ns(kill),
+            term: deadline_at(term),
+            kill: deadline_at(kill),
         })
         .await;
     }
@@ -501,8 +513,10 @@ fn self_exe() -> std::io::Result<std::path::PathBuf> {
 }
 
 /// Starts CMD, with the lock in its environment, under a supervisor process (see
-/// `supervisor.rs`) that enforces the lease's deadlines. Outside a terminal's foreground, CMD
-/// leads a new process group so that stopping it reaches everything it started.
+/// `supervisor.rs`) that enforces the lease's deadlines. Outside a terminal's foreground, the
+/// supervisor leads a new process group which CMD shares, so that job control of mongolock's
+/// group never stops the supervisor without CMD. Nothing is started when the lease is already
+/// lost, or too nearly gone for a SIGTERM deadline in the future ([`exit::LOCK_LOST`]).
 pub async fn spawn(
     command: &[OsString],
     guard: &LockGuard,
@@ -511,6 +525,10 @@ pub async fn spawn(
     let Some(program) = command.first() else {
         return Err(CliError::with_code(exit::FAILURE, "no command given"));
     };
+    let (term, kill) = policy.renewing(guard.local_deadline());
+    if guard.is_lost() || term.min(kill) <= Instant::now() {
+        return Err(lost_before_start(guard));
+    }
     let terminal = in_terminal_foreground();
     let cannot =
         |e: std::io::Error| CliError::failure(format!("cannot start the supervisor process: {e}"));
@@ -572,10 +590,31 @@ pub async fn spawn(
             let _ = spawned.supervisor.wait().await;
             Err(spawn_error(program, errno))
         }
+        Some(FromSupervisor::Expired) => {
+            let _ = spawned.supervisor.wait().await;
+            Err(lost_before_start(guard))
+        }
         _ => Err(CliError::failure(
             "the supervisor process ended before starting the command",
         )),
     }
+}
+
+/// The error for a lease lost (or with less than `--grace` of trusted time left) before the
+/// command could start.
+fn lost_before_start(guard: &LockGuard) -> CliError {
+    let reason = guard
+        .lost_reason()
+        .unwrap_or_else(|| "its local deadline passed before the command could start".to_owned());
+    CliError::with_code(
+        exit::LOCK_LOST,
+        format!(
+            "the lease on {:?} (fencing token {}) was lost before the command started: {reason}; \
+             command not run",
+            guard.name(),
+            guard.fencing_token()
+        ),
+    )
 }
 
 /// The error for a command that could not be started (`errno` from exec).

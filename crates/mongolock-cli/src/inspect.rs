@@ -45,7 +45,7 @@ pub async fn run(global: &GlobalArgs, args: InspectArgs) -> Result<i32, CliError
 /// readers) are listed one per line after the lock's own fields.
 fn text(info: &LockInfo, holders: &[LeaseHolder]) -> String {
     let mut rows: Vec<(&str, String)> = vec![
-        ("name", info.name.clone()),
+        ("name", crate::list::shown_name(&info.name)),
         ("state", state(info).to_owned()),
         (
             if info.held { "holder" } else { "last holder" },

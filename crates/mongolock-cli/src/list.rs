@@ -157,6 +157,18 @@ pub fn timestamp(at: SystemTime) -> String {
 }
 
 /// Holder as `host (pid N) app "x"`, or `-`.
+/// A lock name as shown in text for people: unchanged when it is plain, otherwise quoted and
+/// escaped the way holder application names are (`"evil\u{1b}[31mRED"`), so that a name cannot
+/// move the cursor, colour or retitle the operator's terminal.
+pub fn shown_name(name: &str) -> String {
+    let escaped = format!("{name:?}");
+    if escaped.len() == name.len() + 2 && &escaped[1..escaped.len() - 1] == name {
+        name.to_owned()
+    } else {
+        escaped
+    }
+}
+
 pub fn holder_text(info: &LockInfo) -> String {
     info.holder
         .as_ref()
@@ -200,7 +212,7 @@ pub fn table_with_holders(locks: &[LockInfo], holders: &[Vec<LeaseHolder>]) -> S
             holder.push_str(&format!(" +{} more", more - 1));
         }
         rows.push([
-            info.name.clone(),
+            shown_name(&info.name),
             holder,
             info.fencing_token.to_string(),
             info.acquired_at.map_or_else(

@@ -1,5 +1,6 @@
 //! The supervisor: a small process between `mongolock exec`/`elect` and the command, which keeps
-//! the command from outliving its lease even when mongolock itself cannot act.
+//! the command — and everything it started — from outliving its lease even when mongolock itself
+//! cannot act.
 //!
 //! mongolock re-executes its own binary as `mongolock __supervise --control-fd N -- CMD...`; the
 //! supervisor spawns CMD, is its parent, and talks to mongolock over a Unix socket pair on fd N
@@ -7,13 +8,13 @@
 //!
 //! # Why a separate process, and why it is enough
 //! * **mongolock is SIGKILLed** (OOM killer, `kill -9`): the kernel closes its end of the socket,
-//!   the supervisor reads end-of-file, SIGKILLs CMD (its whole process group when it has one),
-//!   reaps it and exits. Nothing in mongolock has to run for this.
-//! * **mongolock is SIGSTOPped, or its async runtime starves**: mongolock hands the supervisor
-//!   absolute deadlines on `CLOCK_MONOTONIC` (system-wide, and it keeps running while mongolock
-//!   is stopped): *SIGTERM at* and *SIGKILL at*, sent again after every successful renewal. The
-//!   supervisor enforces them itself with `poll()` timeouts, so a mongolock that stops
-//!   renewing — for whatever reason — simply stops moving the deadlines and CMD is killed in time.
+//!   the supervisor reads end-of-file, SIGKILLs CMD and all its descendants (see *The process
+//!   tree*), reaps them and exits. Nothing in mongolock has to run for this.
+//! * **mongolock is stopped, or its async runtime starves**: mongolock hands the supervisor
+//!   absolute deadlines — *SIGTERM at* and *SIGKILL at* — on two clocks, `CLOCK_MONOTONIC` and
+//!   `CLOCK_BOOTTIME` (see *Suspend*), sent again after every successful renewal. The supervisor
+//!   enforces them itself, so a mongolock that stops renewing — for whatever reason — simply
+//!   stops moving the deadlines and CMD is killed in time.
 //! * **The supervisor itself is SIGKILLed** (for instance together with mongolock's process group):
 //!   on Linux CMD has the parent-death signal SIGKILL (`prctl(PR_SET_PDEATHSIG)`). The
 //!   parent-death signal fires when the *thread* that forked the child exits; the supervisor is
@@ -22,11 +23,66 @@
 //!   took effect, `getppid()` no longer returns the supervisor's pid and the child exits at once
 //!   instead of running CMD, so there is no window. Elsewhere there is no parent-death signal:
 //!   CMD outlives a SIGKILLed supervisor (but not a SIGKILLed mongolock, see the first point).
-//!   CMD's own children are not covered by the parent-death signal; only the supervisor's
-//!   process-group kill reaches them.
+//!   CMD's own descendants are not covered by the parent-death signal.
+//! * **The supervisor alone is stopped or starved**: mongolock kills it (and so CMD, by the
+//!   parent-death signal) when CMD's exit has not been reported a margin after the SIGKILL
+//!   deadline.
 //! * **Terminal signals** (Ctrl-C reaches the whole foreground group, which the supervisor shares
 //!   with mongolock) must not kill the supervisor: it ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT,
 //!   and mongolock passes these on as messages. CMD gets the default dispositions back before exec.
+//!
+//! # Job control: a stopped job never runs its command past the lease
+//! Invariant: **the supervisor and CMD are always in the same process group**, and the supervisor
+//! ignores the job-control stop signals SIGTSTP, SIGTTIN and SIGTTOU (CMD gets their default
+//! dispositions back). In a terminal's foreground, that group is mongolock's (CMD must be in the
+//! terminal's foreground group to use the terminal and to get Ctrl-C itself); otherwise the
+//! supervisor leads a new group (`--own-group`), which mongolock's own job control never reaches.
+//! Every way to stop the job then keeps the lease's bound:
+//! * **Ctrl-Z, or SIGTSTP/SIGTTIN/SIGTTOU to any group.** The supervisor is never stopped by these:
+//!   it keeps enforcing the deadlines. mongolock (stopped) renews nothing, so CMD — stopped by the
+//!   same signal, or still running because it ignores it, or in another group — is SIGKILLed at
+//!   the SIGKILL deadline, before the lease can expire. A job continued before that deadline
+//!   simply goes on.
+//! * **SIGSTOP to mongolock's group** when the supervisor leads its own: only mongolock stops; the
+//!   supervisor enforces the deadlines as above.
+//! * **SIGSTOP to the group the supervisor shares with CMD** (mongolock's in a terminal's
+//!   foreground, or the supervisor's own): SIGSTOP cannot be caught, so the supervisor stops —
+//!   and with it CMD and every descendant still in the group: they run nothing while stopped. On
+//!   SIGCONT every process of the group resumes at once; the supervisor's `poll()` has an
+//!   absolute expiry that has passed, so it returns at once, finds the deadline passed and
+//!   SIGKILLs the whole tree instead of letting it work on. CMD can run for the few
+//!   milliseconds the scheduler gives it before the supervisor; only fencing tokens cover
+//!   those. When mongolock is not in the stopped group (the supervisor leads its own), mongolock
+//!   also kills the stopped supervisor a margin after the SIGKILL deadline, and the parent-death
+//!   signal kills stopped CMD.
+//! * **SIGSTOP to the supervisor alone**: mongolock kills it, as above.
+//!
+//! A descendant of CMD that left the process group (`setsid`, `setpgid`) is not stopped by a
+//! group stop: while the supervisor is SIGSTOPped it can run on, until the supervisor is
+//! continued (or killed by mongolock: such a descendant then survives, see below).
+//!
+//! # Suspend
+//! `CLOCK_MONOTONIC` stops while the machine is suspended; the server's clock does not. Each
+//! deadline is therefore sent on `CLOCK_BOOTTIME` as well (it counts the suspend), and a deadline
+//! has passed when it has on either clock. `poll()` timeouts run on the monotonic clock, so they
+//! are capped at [`BOOT_CHECK_TICK`]: after a resume the boot-time deadline is noticed within
+//! that long, and CMD is SIGKILLed — not SIGTERMed with a grace — when the SIGKILL deadline has
+//! passed. The boot-time deadline mongolock sends is its monotonic remaining time added to the
+//! boot-time clock read when it sends it. For tests, `MONGOLOCK_TEST_BOOT_OFFSET_FILE` names a
+//! file whose number of milliseconds is added to every boot-time reading.
+//!
+//! # The process tree
+//! On Linux the supervisor is a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant of CMD
+//! whose parent dies is re-parented to the supervisor, not to init, so every descendant of CMD —
+//! also one that called `setsid` or `setpgid` — stays a descendant of the supervisor. When CMD
+//! exits, when a SIGKILL deadline passes and when mongolock goes away, the supervisor SIGKILLs
+//! every descendant it finds by walking `/proc/*/stat` parent links, reaps, and repeats until
+//! none is left; only then does it report CMD's exit, so mongolock releases the lease after the
+//! tree is gone. A process is signalled through a pidfd opened and then checked against the
+//! start time seen in the walk, so a recycled pid is never hit. Not covered: a descendant that
+//! escapes the tree (a double fork through a daemon, or another subreaper, e.g. a nested
+//! supervisor or a container runtime), and descendants when the supervisor itself is SIGKILLed.
+//! Elsewhere than Linux, SIGKILL reaches CMD's process group only.
 //!
 //! # File descriptors
 //! The supervisor's socket end is inherited on purpose (mongolock clears its close-on-exec flag
@@ -34,11 +90,12 @@
 //! else, so CMD never sees it. mongolock's own end is close-on-exec from the start.
 //!
 //! # Protocol
-//! One ASCII line per message. mongolock → supervisor: `deadlines TERM_NS KILL_NS` (absolute
-//! `CLOCK_MONOTONIC` nanoseconds; the first message, before CMD is started) and `signal N` (pass
-//! signal N on). Supervisor → mongolock: `started PID`, `spawn-failed ERRNO`, `sigterm` and
-//! `sigkill` (sent because a deadline passed), `exited RAW_WAIT_STATUS`. Once SIGTERM was sent,
-//! later deadlines may only bring SIGKILL earlier.
+//! One ASCII line per message. mongolock → supervisor: `deadlines TERM KILL TERM_BOOT KILL_BOOT`
+//! (absolute nanoseconds on `CLOCK_MONOTONIC` and on `CLOCK_BOOTTIME`; the first message, before
+//! CMD is started) and `signal N` (pass signal N on). Supervisor → mongolock: `started PID`,
+//! `spawn-failed ERRNO`, `expired` (a deadline had passed when the first message arrived: CMD
+//! was not started), `sigterm` and `sigkill` (sent because a deadline passed), `exited
+//! RAW_WAIT_STATUS`. Once SIGTERM was sent, later deadlines may only bring SIGKILL earlier.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -56,27 +113,92 @@ pub const SUBCOMMAND: &str = "__supervise";
 /// least this often.
 const EXIT_CHECK_TICK: Duration = Duration::from_millis(50);
 
+/// The longest `poll()` timeout: `poll()` sleeps on the monotonic clock, which stops during a
+/// suspend, so boot-time deadlines (and the test clock offset) are checked at least this often.
+pub const BOOT_CHECK_TICK: Duration = Duration::from_millis(100);
+
 /// The signals the supervisor ignores (mongolock passes them on as messages) and CMD gets back
 /// with their default dispositions.
 const PASSED_ON: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
-/// Now on `CLOCK_MONOTONIC`, in nanoseconds. The same clock in mongolock and the supervisor.
-pub fn monotonic_now_ns() -> u64 {
+/// The job-control stop signals: the supervisor ignores them so that it keeps enforcing the
+/// deadlines while its job is stopped (see the module docs); CMD gets the defaults back.
+const JOB_STOPS: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
+
+/// The environment variable naming the test-only boot-clock offset file (see the module docs).
+pub const TEST_BOOT_OFFSET_FILE: &str = "MONGOLOCK_TEST_BOOT_OFFSET_FILE";
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on the
-    // platforms we build for, so the call cannot fail.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+    // SAFETY: `ts` is a valid, writable timespec. The clocks used exist on the platforms we
+    // build for; should the call fail, the zeroed value reads as time 0 (deadlines never pass
+    // on that clock, and the other clock still applies).
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec.max(0) as u64).saturating_mul(1_000_000_000) + ts.tv_nsec.max(0) as u64
+}
+
+/// Now on `CLOCK_MONOTONIC`, in nanoseconds. The same clock in mongolock and the supervisor.
+pub fn monotonic_now_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// Now on `CLOCK_BOOTTIME` (Linux; elsewhere the monotonic clock), in nanoseconds, plus the
+/// test offset: when [`TEST_BOOT_OFFSET_FILE`] is set, the number of milliseconds written in
+/// that file (read again on every call; missing, empty or unparseable is 0).
+pub fn boot_now_ns() -> u64 {
+    #[cfg(target_os = "linux")]
+    let now = clock_ns(libc::CLOCK_BOOTTIME);
+    #[cfg(not(target_os = "linux"))]
+    let now = monotonic_now_ns();
+    let offset_ms = std::env::var_os(TEST_BOOT_OFFSET_FILE)
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| text.trim().parse::<i64>().ok())
+        .unwrap_or(0);
+    let offset_ns = offset_ms.saturating_mul(1_000_000);
+    if offset_ns >= 0 {
+        now.saturating_add(offset_ns as u64)
+    } else {
+        now.saturating_sub(offset_ns.unsigned_abs())
+    }
+}
+
+/// Absolute deadlines on both clocks (nanoseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    pub mono_ns: u64,
+    pub boot_ns: u64,
+}
+
+impl Deadline {
+    /// Whether it has passed on either clock.
+    fn passed(&self) -> bool {
+        monotonic_now_ns() >= self.mono_ns || boot_now_ns() >= self.boot_ns
+    }
+
+    /// The earlier of two deadlines, clock by clock.
+    fn min(self, other: Deadline) -> Deadline {
+        Deadline {
+            mono_ns: self.mono_ns.min(other.mono_ns),
+            boot_ns: self.boot_ns.min(other.boot_ns),
+        }
+    }
+
+    /// Time left until it passes, by the clock that passes it first.
+    fn left_ns(&self) -> u64 {
+        self.mono_ns
+            .saturating_sub(monotonic_now_ns())
+            .min(self.boot_ns.saturating_sub(boot_now_ns()))
+    }
 }
 
 /// A message from mongolock.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ToSupervisor {
-    /// SIGTERM at, SIGKILL at (`CLOCK_MONOTONIC` ns).
-    Deadlines { term_ns: u64, kill_ns: u64 },
+    /// SIGTERM at, SIGKILL at.
+    Deadlines { term: Deadline, kill: Deadline },
     /// Pass this signal on to CMD.
     Signal(i32),
 }
@@ -86,6 +208,8 @@ pub enum ToSupervisor {
 pub enum FromSupervisor {
     Started(i32),
     SpawnFailed(i32),
+    /// A deadline had passed before CMD could be started; it was not.
+    Expired,
     SentSigterm,
     SentSigkill,
     /// The raw wait status of CMD.
@@ -95,20 +219,31 @@ pub enum FromSupervisor {
 impl ToSupervisor {
     pub fn encode(&self) -> String {
         match self {
-            ToSupervisor::Deadlines { term_ns, kill_ns } => {
-                format!("deadlines {term_ns} {kill_ns}\n")
-            }
+            ToSupervisor::Deadlines { term, kill } => format!(
+                "deadlines {} {} {} {}\n",
+                term.mono_ns, kill.mono_ns, term.boot_ns, kill.boot_ns
+            ),
             ToSupervisor::Signal(n) => format!("signal {n}\n"),
         }
     }
 
-    fn decode(line: &str) -> Option<Self> {
+    pub fn decode(line: &str) -> Option<Self> {
         let mut words = line.split_ascii_whitespace();
         let msg = match words.next()? {
-            "deadlines" => ToSupervisor::Deadlines {
-                term_ns: words.next()?.parse().ok()?,
-                kill_ns: words.next()?.parse().ok()?,
-            },
+            "deadlines" => {
+                let mut n = || words.next()?.parse::<u64>().ok();
+                let (term_mono, kill_mono, term_boot, kill_boot) = (n()?, n()?, n()?, n()?);
+                ToSupervisor::Deadlines {
+                    term: Deadline {
+                        mono_ns: term_mono,
+                        boot_ns: term_boot,
+                    },
+                    kill: Deadline {
+                        mono_ns: kill_mono,
+                        boot_ns: kill_boot,
+                    },
+                }
+            }
             "signal" => ToSupervisor::Signal(words.next()?.parse().ok()?),
             _ => return None,
         };
@@ -117,10 +252,11 @@ impl ToSupervisor {
 }
 
 impl FromSupervisor {
-    fn encode(&self) -> String {
+    pub fn encode(&self) -> String {
         match self {
             FromSupervisor::Started(pid) => format!("started {pid}\n"),
             FromSupervisor::SpawnFailed(errno) => format!("spawn-failed {errno}\n"),
+            FromSupervisor::Expired => "expired\n".into(),
             FromSupervisor::SentSigterm => "sigterm\n".into(),
             FromSupervisor::SentSigkill => "sigkill\n".into(),
             FromSupervisor::Exited(raw) => format!("exited {raw}\n"),
@@ -134,6 +270,7 @@ impl FromSupervisor {
         let msg = match word {
             "started" => FromSupervisor::Started(number()?),
             "spawn-failed" => FromSupervisor::SpawnFailed(number()?),
+            "expired" => FromSupervisor::Expired,
             "sigterm" => FromSupervisor::SentSigterm,
             "sigkill" => FromSupervisor::SentSigkill,
             "exited" => FromSupervisor::Exited(number()?),
@@ -145,7 +282,7 @@ impl FromSupervisor {
 
 /// Runs the supervisor; returns its exit status (0 unless the control channel is unusable).
 pub fn run(args: &SuperviseArgs) -> i32 {
-    for sig in PASSED_ON {
+    for sig in PASSED_ON.into_iter().chain(JOB_STOPS) {
         // SAFETY: setting a signal to SIG_IGN installs no handler code; the process is
         // single-threaded.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
@@ -159,6 +296,19 @@ pub fn run(args: &SuperviseArgs) -> i32 {
     }
     // SAFETY: mongolock passed us this descriptor (checked open above) for our exclusive use.
     let control = unsafe { UnixStream::from_raw_fd(fd) };
+    if args.own_group {
+        // Lead a new group, which CMD joins (see the module docs). Fails only if we already lead
+        // one, which is as good.
+        // SAFETY: setpgid has no memory-safety preconditions.
+        unsafe { libc::setpgid(0, 0) };
+    }
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes a plain integer. Should it fail (kernels
+    // before 3.4), orphaned descendants go to init and only the /proc walk of still-linked
+    // descendants finds them.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong);
+    }
     Supervisor::new(control, args).serve()
 }
 
@@ -166,8 +316,8 @@ struct Supervisor<'a> {
     control: UnixStream,
     inbox: Vec<u8>,
     args: &'a SuperviseArgs,
-    term_ns: u64,
-    kill_ns: u64,
+    term: Deadline,
+    kill: Deadline,
     sent_term: bool,
     sent_kill: bool,
 }
@@ -181,29 +331,38 @@ enum Inbox {
 
 impl<'a> Supervisor<'a> {
     fn new(control: UnixStream, args: &'a SuperviseArgs) -> Self {
+        let never = Deadline {
+            mono_ns: u64::MAX,
+            boot_ns: u64::MAX,
+        };
         Supervisor {
             control,
             inbox: Vec::new(),
             args,
-            term_ns: 0,
-            kill_ns: 0,
+            term: never,
+            kill: never,
             sent_term: false,
             sent_kill: false,
         }
     }
 
     fn serve(mut self) -> i32 {
-        // CMD starts only once we know its deadlines.
+        // CMD starts only once we know its deadlines, and only if none has passed: a lease that
+        // is already (nearly) gone must not run anything.
         loop {
             match self.receive(true) {
-                Inbox::Message(ToSupervisor::Deadlines { term_ns, kill_ns }) => {
-                    self.term_ns = term_ns;
-                    self.kill_ns = kill_ns;
+                Inbox::Message(ToSupervisor::Deadlines { term, kill }) => {
+                    self.term = term;
+                    self.kill = kill;
                     break;
                 }
                 Inbox::Message(ToSupervisor::Signal(_)) | Inbox::Nothing => {}
                 Inbox::Closed => return 0,
             }
+        }
+        if self.term.passed() || self.kill.passed() {
+            self.report(FromSupervisor::Expired);
+            return 0;
         }
         let mut child = match self.spawn() {
             Ok(child) => child,
@@ -219,17 +378,21 @@ impl<'a> Supervisor<'a> {
         loop {
             match child.try_wait() {
                 Ok(Some(status)) => {
+                    // What CMD started must not outlive it (nor run on after the release). CMD
+                    // is reaped: its pid no longer needs excluding.
+                    kill_tree(0);
                     self.report(FromSupervisor::Exited(status.into_raw()));
                     return 0;
                 }
                 Ok(None) => {}
                 Err(_) => {
                     // Cannot happen for our own unreaped child; never leave it unsupervised.
-                    self.signal(pid, libc::SIGKILL);
+                    self.kill_all(pid);
                     let _ = child.wait();
                     return 1;
                 }
             }
+            reap_orphans(pid);
             self.enforce(pid);
             let timeout = self.next_timeout(exited.is_some());
             let mut fds = vec![libc::pollfd {
@@ -253,7 +416,7 @@ impl<'a> Supervisor<'a> {
                         Inbox::Nothing => break,
                         Inbox::Closed => {
                             // mongolock is gone: nobody renews the lease any more.
-                            self.signal(pid, libc::SIGKILL);
+                            self.kill_all(pid);
                             let _ = child.wait();
                             return 0;
                         }
@@ -265,13 +428,12 @@ impl<'a> Supervisor<'a> {
 
     /// Sends the signals whose deadline has passed.
     fn enforce(&mut self, pid: i32) {
-        let now = monotonic_now_ns();
-        if !self.sent_kill && now >= self.kill_ns {
-            self.signal(pid, libc::SIGKILL);
+        if !self.sent_kill && self.kill.passed() {
+            self.kill_all(pid);
             self.sent_kill = true;
             self.sent_term = true; // no SIGTERM after SIGKILL
             self.report(FromSupervisor::SentSigkill);
-        } else if !self.sent_term && now >= self.term_ns {
+        } else if !self.sent_term && self.term.passed() {
             self.signal(pid, libc::SIGTERM);
             self.sent_term = true;
             self.report(FromSupervisor::SentSigterm);
@@ -279,44 +441,60 @@ impl<'a> Supervisor<'a> {
     }
 
     /// The `poll()` timeout in milliseconds until the next deadline (rounded up: the deadlines
-    /// mongolock sends already leave a margin before the lease's expiry), -1 for none.
+    /// mongolock sends already leave a margin before the lease's expiry), capped at
+    /// [`BOOT_CHECK_TICK`] (and [`EXIT_CHECK_TICK`] without a pidfd).
     fn next_timeout(&self, have_pidfd: bool) -> i32 {
         let next = if !self.sent_term {
-            Some(self.term_ns.min(self.kill_ns))
+            Some(self.term.min(self.kill))
         } else if !self.sent_kill {
-            Some(self.kill_ns)
+            Some(self.kill)
         } else {
             None
         };
-        let mut ms = next.map(|at| at.saturating_sub(monotonic_now_ns()).div_ceil(1_000_000));
-        if !have_pidfd {
-            let tick = EXIT_CHECK_TICK.as_millis() as u64;
-            ms = Some(ms.map_or(tick, |ms| ms.min(tick)));
-        }
-        ms.map_or(-1, |ms| ms.min(i32::MAX as u64) as i32)
+        let tick = if have_pidfd {
+            BOOT_CHECK_TICK
+        } else {
+            EXIT_CHECK_TICK
+        };
+        let tick = tick.as_millis() as u64;
+        let ms = next.map_or(tick, |at| at.left_ns().div_ceil(1_000_000).min(tick));
+        ms as i32
     }
 
     fn apply(&mut self, msg: ToSupervisor, pid: i32) {
         match msg {
-            ToSupervisor::Deadlines { term_ns, kill_ns } => {
+            ToSupervisor::Deadlines { term, kill } => {
                 if self.sent_term {
                     // Stopping is final: a late renewal cannot postpone SIGKILL.
-                    self.kill_ns = self.kill_ns.min(kill_ns);
+                    self.kill = self.kill.min(kill);
                 } else {
-                    self.term_ns = term_ns;
-                    self.kill_ns = kill_ns;
+                    self.term = term;
+                    self.kill = kill;
                 }
             }
             ToSupervisor::Signal(sig) => self.signal(pid, sig),
         }
     }
 
-    /// Signals CMD (its process group when it leads one). CMD is our unreaped child whenever
-    /// this is called, so neither its pid nor its group id can have been reused.
+    /// Signals CMD: with `--own-group` the whole process group, which the supervisor leads and
+    /// shares with CMD (only the signals the supervisor ignores are sent this way); otherwise the
+    /// group is mongolock's, and only CMD is signalled. CMD is our unreaped child whenever this
+    /// is called, so its pid cannot have been reused.
     fn signal(&self, pid: i32, sig: i32) {
-        let target = if self.args.own_group { -pid } else { pid };
+        let target = if self.args.own_group && PASSED_ON.contains(&sig) {
+            0
+        } else {
+            pid
+        };
         // SAFETY: kill has no memory-safety preconditions.
         unsafe { libc::kill(target, sig) };
+    }
+
+    /// SIGKILLs CMD and every descendant (see the module docs).
+    fn kill_all(&self, pid: i32) {
+        // SAFETY: CMD is our unreaped child: its pid cannot have been reused.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        kill_tree(pid);
     }
 
     fn spawn(&self) -> io::Result<Child> {
@@ -325,16 +503,13 @@ impl<'a> Supervisor<'a> {
         };
         let mut cmd = Command::new(program);
         cmd.args(args);
-        if self.args.own_group {
-            cmd.process_group(0);
-        }
         // SAFETY: getpid is always safe.
         let supervisor = unsafe { libc::getpid() };
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe calls (signal, prctl, getppid, _exit).
         unsafe {
             cmd.pre_exec(move || {
-                for sig in PASSED_ON {
+                for sig in PASSED_ON.into_iter().chain(JOB_STOPS) {
                     libc::signal(sig, libc::SIG_DFL);
                 }
                 #[cfg(target_os = "linux")]
@@ -385,6 +560,147 @@ impl<'a> Supervisor<'a> {
     }
 }
 
+/// A process seen in `/proc`: its parent, start time (clock ticks after boot; with the pid it
+/// names one process for good) and whether it is a zombie.
+#[cfg(target_os = "linux")]
+#[derive(Clone, Copy)]
+struct Proc {
+    pid: i32,
+    ppid: i32,
+    start: u64,
+    zombie: bool,
+}
+
+/// Reads `/proc/PID/stat`.
+#[cfg(target_os = "linux")]
+fn read_stat(pid: i32) -> Option<Proc> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is parenthesised and may hold anything: fields after it.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // fields[0] is field 3 (state), fields[1] field 4 (ppid), fields[19] field 22 (starttime).
+    Some(Proc {
+        pid,
+        ppid: fields.get(1)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+        zombie: matches!(*fields.first()?, "Z" | "X"),
+    })
+}
+
+/// Every descendant of this process, by the parent links in `/proc`.
+#[cfg(target_os = "linux")]
+fn descendants() -> Vec<Proc> {
+    // SAFETY: getpid is always safe.
+    let me = unsafe { libc::getpid() };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let all: Vec<Proc> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(read_stat)
+        .collect();
+    let mut found: Vec<Proc> = Vec::new();
+    let mut frontier = vec![me];
+    while let Some(parent) = frontier.pop() {
+        for p in all.iter().filter(|p| p.ppid == parent && p.pid != me) {
+            if !found.iter().any(|f| f.pid == p.pid) {
+                found.push(*p);
+                frontier.push(p.pid);
+            }
+        }
+    }
+    found
+}
+
+/// SIGKILLs `p` if the pid still names the process seen (same start time): through a pidfd
+/// opened before the check where available, so that the signal cannot reach a recycled pid.
+#[cfg(target_os = "linux")]
+fn kill_checked(p: &Proc) {
+    let same = || read_stat(p.pid).is_some_and(|now| now.start == p.start);
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p.pid, 0) };
+    if fd >= 0 {
+        let fd = PidFd(fd as RawFd);
+        if same() {
+            // SAFETY: pidfd_send_signal takes our open pidfd, a signal, a null siginfo and
+            // flags 0.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.0,
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+        }
+    } else if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) && same() {
+        // Kernels before 5.3: a descendant's pid is recycled only after it was reaped, which
+        // for a child of ours is our own doing; for a grandchild the window between the check
+        // and the kill is tiny.
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(p.pid, libc::SIGKILL) };
+    }
+}
+
+/// SIGKILLs every descendant except CMD (`cmd`, reaped by its `Child`; 0 once reaped) and
+/// reaps them, until none is left. Descendants whose parent dies are re-parented to us (we are a subreaper), so
+/// the walk finds them on the next round.
+#[cfg(target_os = "linux")]
+fn kill_tree(cmd: i32) {
+    loop {
+        reap_orphans(cmd);
+        let live: Vec<Proc> = descendants()
+            .into_iter()
+            .filter(|p| !p.zombie && p.pid != cmd)
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        for p in &live {
+            kill_checked(p);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Elsewhere: CMD's process group, when it has one of its own.
+#[cfg(not(target_os = "linux"))]
+fn kill_tree(cmd: i32) {
+    // SAFETY: kill has no memory-safety preconditions; CMD is our unreaped child.
+    unsafe {
+        if libc::getpgid(cmd) == cmd {
+            libc::kill(-cmd, libc::SIGKILL);
+        }
+    }
+}
+
+/// Reaps exited children other than CMD: descendants re-parented to us (a subreaper) when
+/// their parent died.
+fn reap_orphans(cmd: i32) {
+    loop {
+        // SAFETY: an all-zero siginfo_t is a valid value; waitid writes into it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is valid and writable. WNOWAIT leaves the child reapable.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: waitid filled `info` (si_pid 0 when no child has exited).
+        let pid = unsafe { info.si_pid() };
+        if r != 0 || pid == 0 || pid == cmd {
+            // CMD's exit is collected by its `Child`; others wait for the next round.
+            return;
+        }
+        // SAFETY: `pid` is our exited child; reaping it has no other effect.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+    }
+}
+
 /// A pidfd (Linux ≥ 5.3): readable once the process has exited, so `poll()` wakes at CMD's exit.
 struct PidFd(RawFd);
 
@@ -417,8 +733,14 @@ mod tests {
     fn messages_round_trip() {
         for msg in [
             ToSupervisor::Deadlines {
-                term_ns: 1,
-                kill_ns: u64::MAX,
+                term: Deadline {
+                    mono_ns: 1,
+                    boot_ns: 2,
+                },
+                kill: Deadline {
+                    mono_ns: u64::MAX,
+                    boot_ns: 3,
+                },
             },
             ToSupervisor::Signal(15),
         ] {
@@ -427,6 +749,7 @@ mod tests {
         for msg in [
             FromSupervisor::Started(42),
             FromSupervisor::SpawnFailed(2),
+            FromSupervisor::Expired,
             FromSupervisor::SentSigterm,
             FromSupervisor::SentSigkill,
             FromSupervisor::Exited(9),

@@ -1,0 +1,618 @@
+//! End-to-end tests of the command's supervision at the edges of its lease: job control (with
+//! and without a terminal), a suspend (through the test-only boot-clock offset), a lease lost
+//! before the command starts, the command's whole process tree, and bad input on output.
+//!
+//! Each test prints what it measured (`cargo test -- --nocapture` shows it). Deadlines are
+//! generous and conditions are polled.
+
+mod common;
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use mongodb::bson::doc;
+
+/// Whether `pid` names a live process (a zombie counts as dead: it no longer runs).
+fn alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z'),
+        Err(_) => !cfg!(target_os = "linux"),
+    }
+}
+
+/// The state letter of `pid` (`T` when stopped) and its parent, from `/proc`.
+fn stat(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+async fn wait_dead(what: &str, pid: i32, since: Instant, timeout: Duration) -> Duration {
+    while alive(pid) {
+        assert!(
+            since.elapsed() < timeout,
+            "{what} (pid {pid}) still alive {:?} after the event",
+            since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    since.elapsed()
+}
+
+fn read_pid(path: &Path) -> i32 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("pid file {}: {e}", path.display()))
+        .trim()
+        .parse()
+        .expect("a pid")
+}
+
+fn kill(pid: i32, signo: i32) {
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid, signo);
+    }
+}
+
+/// A command that writes its pid, then a wall-clock timestamp (ns) to `$D/beat` every 0.1 s, and
+/// ignores SIGTSTP (so that only its supervision can stop it).
+const BEATING: &str = "trap '' TSTP; echo $$ > \"$D/cmd.tmp\"; mv \"$D/cmd.tmp\" \"$D/cmd.pid\"; \
+                       while :; do date +%s%N >> \"$D/beat\"; sleep 0.1; done";
+
+fn beats(dir: &Path) -> Vec<u128> {
+    read_lines(&dir.join("beat"))
+        .iter()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A second `exec` of `name` (waiting up to 60 s): it must run while the first holder is stopped,
+/// once the first lease has expired. Returns the wall-clock time its command ran.
+async fn second_holder_runs(env: &Env, name: &str) -> u128 {
+    let out = env
+        .run(&[
+            "exec",
+            "--ttl",
+            "5s",
+            "--wait",
+            "60s",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "date +%s%N > \"$D/second\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    std::fs::read_to_string(env.path("second"))
+        .expect("the second command ran")
+        .trim()
+        .parse()
+        .expect("a timestamp")
+}
+
+/// After the second holder ran at `second_at`: the first command wrote nothing since (checked
+/// again a second later, for a command that would still be running).
+async fn first_wrote_nothing_after(env: &Env, test: &str, second_at: u128) {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let beats = beats(&env.dir);
+    let last = beats.iter().copied().max().unwrap_or(0);
+    println!(
+        "{test}: {} beats; the last {} ms before the second holder's command",
+        beats.len(),
+        (second_at as i128 - last as i128) / 1_000_000
+    );
+    let after: Vec<u128> = beats.iter().copied().filter(|b| *b >= second_at).collect();
+    assert!(
+        after.is_empty(),
+        "{test}: the first command kept running beside the next holder: {} beats after it \
+         started (the last {} ms after)",
+        after.len(),
+        (last - second_at) / 1_000_000
+    );
+}
+
+/// `kill -STOP -<pgid of mongolock>` without a terminal: the command is never run past the lease;
+/// on `kill -CONT` mongolock reports the loss and the command is dead, not resumed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_process_group_never_runs_its_command_past_the_lease() {
+    let test = "stopgroup";
+    let env = Env::new(test).await;
+    let holder = env.spawn(&[
+        "exec", "--ttl", "3s", "--grace", "1s", test, "--", "sh", "-c", BEATING,
+    ]);
+    let mongolock = holder.id().expect("running") as i32;
+    wait_for("the command to start", LONG, || {
+        env.path("cmd.pid").exists()
+    })
+    .await;
+    let cmd = read_pid(&env.path("cmd.pid"));
+    // The test runs mongolock as the leader of its own process group.
+    kill(-mongolock, libc::SIGSTOP);
+    let stopped = Instant::now();
+    let second_at = second_holder_runs(&env, test).await;
+    println!(
+        "{test}: the second holder ran {:?} after the stop",
+        stopped.elapsed()
+    );
+    first_wrote_nothing_after(&env, test, second_at).await;
+
+    kill(-mongolock, libc::SIGCONT);
+    let continued = Instant::now();
+    let out = finish(holder, LONG).await;
+    wait_dead("the first command", cmd, continued, Duration::from_secs(10)).await;
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("lost the lock") && text(&out.stderr).contains("SIGKILL"),
+        "{}",
+        describe(&out)
+    );
+}
+
+/// Everything stopped — mongolock's group and the group the command shares with its
+/// supervisor — past the lease: on SIGCONT the command is SIGKILLed, not resumed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_stopped_past_its_lease_is_killed_on_continue() {
+    let test = "stopall";
+    let env = Env::new(test).await;
+    let holder = env.spawn(&[
+        "exec", "--ttl", "3s", "--grace", "1s", test, "--", "sh", "-c", BEATING,
+    ]);
+    let mongolock = holder.id().expect("running") as i32;
+    wait_for("the command to start", LONG, || {
+        env.path("cmd.pid").exists()
+    })
+    .await;
+    let cmd = read_pid(&env.path("cmd.pid"));
+    // SAFETY: getpgid has no memory-safety preconditions.
+    let cmd_group = unsafe { libc::getpgid(cmd) };
+    kill(-cmd_group, libc::SIGSTOP);
+    kill(-mongolock, libc::SIGSTOP);
+    let second_at = second_holder_runs(&env, test).await;
+    first_wrote_nothing_after(&env, test, second_at).await;
+    let before = beats(&env.dir).len();
+
+    let continued = Instant::now();
+    kill(-cmd_group, libc::SIGCONT);
+    kill(-mongolock, libc::SIGCONT);
+    let died = wait_dead("the first command", cmd, continued, Duration::from_secs(10)).await;
+    // Let a resumed command show itself: it would write ten beats a second.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let resumed = beats(&env.dir).len() - before;
+    println!("{test}: continued; the command was dead {died:?} later, after {resumed} beats");
+    assert!(
+        resumed <= 2,
+        "the command resumed after its lease had expired: {resumed} beats after SIGCONT"
+    );
+    let out = finish(holder, LONG).await;
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+}
+
+/// A pseudo-terminal whose output is collected by a thread.
+struct Pty {
+    master: OwnedFd,
+    output: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Pty {
+    /// Runs `sh -m -c SCRIPT` (a job-control shell) as the session leader of a new
+    /// pseudo-terminal, with `D` and `MONGOLOCK` (the binary) in its environment.
+    fn shell(dir: &Path, script: &str) -> (Pty, std::process::Child) {
+        let (mut master, mut slave) = (-1, -1);
+        // SAFETY: openpty writes two descriptors; the null pointers ask for defaults.
+        let r = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: both descriptors are new and ours.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        // SAFETY: fcntl on our open descriptor.
+        unsafe { libc::fcntl(master.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+        let stdio = |fd: &OwnedFd| std::process::Stdio::from(fd.try_clone().expect("dup"));
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-m", "-c", script])
+            .env("D", dir)
+            .env("MONGOLOCK", BIN)
+            .env_remove("MONGODB_URI")
+            .env_remove("MONGOLOCK_TTL")
+            .env_remove("MONGOLOCK_GRACE")
+            .stdin(stdio(&slave))
+            .stdout(stdio(&slave))
+            .stderr(stdio(&slave));
+        // SAFETY: setsid and ioctl are async-signal-safe; fd 0 is the terminal's slave side.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn the shell in a terminal");
+        drop(slave);
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let reader = master.try_clone().expect("dup");
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            let mut file = std::fs::File::from(reader);
+            let mut buf = [0u8; 4096];
+            loop {
+                match std::io::Read::read(&mut file, &mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => sink.lock().expect("output").extend_from_slice(&buf[..n]),
+                }
+            }
+        });
+        (Pty { master, output }, child)
+    }
+
+    /// Types `bytes` (e.g. `\x1a`, Ctrl-Z).
+    fn type_in(&self, bytes: &[u8]) {
+        // SAFETY: writing from a valid buffer to our open descriptor.
+        let n = unsafe { libc::write(self.master.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        assert_eq!(n, bytes.len() as isize);
+    }
+
+    fn output(&self) -> String {
+        text(&self.output.lock().expect("output"))
+    }
+}
+
+/// `mongolock exec` in a terminal, started in the foreground (`background` false) or in the
+/// background and then brought to the foreground with `fg`, then Ctrl-Z: the command (which
+/// ignores SIGTSTP) never runs past its lease; after SIGCONT mongolock reports the loss.
+#[cfg(target_os = "linux")]
+async fn ctrl_z_never_runs_the_command_past_the_lease(background: bool) {
+    let test = if background { "ctrlz_bg" } else { "ctrlz_fg" };
+    let env = Env::new(test).await;
+    let exec = format!(
+        "\"$MONGOLOCK\" --uri '{}' --db '{}' exec --ttl 3s --grace 1s {test} -- sh -c '{}' \
+         2> \"$D/err\"",
+        env.uri,
+        env.db,
+        BEATING.replace('\'', "'\\''")
+    );
+    let script = if background {
+        format!("{exec} & fg; sleep 1000")
+    } else {
+        format!("{exec}; sleep 1000")
+    };
+    let (pty, mut shell) = Pty::shell(&env.dir, &script);
+    wait_for("the command to start", LONG, || {
+        env.path("cmd.pid").exists()
+    })
+    .await;
+    let cmd = read_pid(&env.path("cmd.pid"));
+    let supervisor = stat(cmd).expect("the command's stat").1;
+    let mongolock = stat(supervisor).expect("the supervisor's stat").1;
+    // `fg` has made mongolock's group the terminal's foreground group.
+    wait_for("mongolock in the terminal's foreground", LONG, || {
+        // SAFETY: tcgetpgrp and getpgid only read process state.
+        unsafe { libc::tcgetpgrp(pty.master.as_raw_fd()) == libc::getpgid(mongolock) }
+    })
+    .await;
+    pty.type_in(b"\x1a");
+    wait_for("mongolock to stop", LONG, || {
+        stat(mongolock).is_some_and(|(state, _)| state == 'T')
+    })
+    .await;
+    let second_at = second_holder_runs(&env, test).await;
+    first_wrote_nothing_after(&env, test, second_at).await;
+
+    let continued = Instant::now();
+    // SAFETY: getpgid only reads process state.
+    kill(-unsafe { libc::getpgid(mongolock) }, libc::SIGCONT);
+    wait_dead("the first command", cmd, continued, Duration::from_secs(10)).await;
+    wait_dead("mongolock", mongolock, continued, LONG).await;
+    let err = std::fs::read_to_string(env.path("err")).unwrap_or_default();
+    let _ = shell.kill();
+    let _ = shell.wait();
+    assert!(
+        err.contains("lost the lock"),
+        "mongolock's stderr:\n{err}\nterminal:\n{}",
+        pty.output()
+    );
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_z_in_the_foreground_never_runs_the_command_past_the_lease() {
+    ctrl_z_never_runs_the_command_past_the_lease(false).await;
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_z_after_fg_never_runs_the_command_past_the_lease() {
+    ctrl_z_never_runs_the_command_past_the_lease(true).await;
+}
+
+/// A command that ignores SIGTERM and writes its pid.
+const STUBBORN: &str =
+    "trap '' TERM; echo $$ > \"$D/cmd.tmp\"; mv \"$D/cmd.tmp\" \"$D/cmd.pid\"; exec sleep 120";
+
+/// A suspend longer than the lease (simulated by moving the boot-time clock, which counts
+/// suspends, while the monotonic clock does not): the command is SIGKILLed at once, not
+/// SIGTERMed with a grace, and mongolock reports the loss.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_suspend_longer_than_the_lease_the_command_is_sigkilled_promptly() {
+    let test = "suspend";
+    let env = Env::new(test).await;
+    let offset = env.path("boot-offset");
+    let holder = env
+        .cmd(&[
+            "exec", "--ttl", "60s", "--grace", "20s", test, "--", "sh", "-c", STUBBORN,
+        ])
+        .env("MONGOLOCK_TEST_BOOT_OFFSET_FILE", &offset)
+        .spawn()
+        .expect("spawn mongolock");
+    wait_for("the command to start", LONG, || {
+        env.path("cmd.pid").exists()
+    })
+    .await;
+    let cmd = read_pid(&env.path("cmd.pid"));
+    let tmp = env.path("boot-offset.tmp");
+    std::fs::write(&tmp, "120000").expect("offset");
+    std::fs::rename(&tmp, &offset).expect("offset");
+    let resumed = Instant::now();
+    // Without the boot clock: SIGTERM (ignored) after ~40 s and SIGKILL after ~60 s.
+    let died = wait_dead("the command", cmd, resumed, Duration::from_secs(15)).await;
+    println!("{test}: boot clock moved 120 s; the command was dead {died:?} later");
+    let out = finish(holder, LONG).await;
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("lost the lock") && stderr.contains("sent SIGKILL"),
+        "{}",
+        describe(&out)
+    );
+    assert!(
+        stderr.contains("killed by SIGKILL") && !stderr.contains("sent SIGTERM"),
+        "{}",
+        describe(&out)
+    );
+}
+
+/// The supervisor, handed deadlines that have passed, does not start the command.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn the_supervisor_does_not_start_a_command_whose_deadlines_have_passed() {
+    use std::io::{BufRead, Write};
+    let dir = std::env::temp_dir().join(format!("mongolock-cli-{}-expired", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let marker = dir.join("ran");
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    let fd = theirs.as_raw_fd();
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["__supervise", "--control-fd", "3", "--", "touch"])
+        .arg(&marker)
+        .stdin(std::process::Stdio::null());
+    // SAFETY: dup2 is async-signal-safe; `fd` is open until after spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut supervisor = cmd.spawn().expect("spawn the supervisor");
+    drop(theirs);
+    // Long past on both clocks.
+    (&ours)
+        .write_all(b"deadlines 1 1 1 1\n")
+        .expect("send deadlines");
+    let mut reply = String::new();
+    std::io::BufReader::new(&ours)
+        .read_line(&mut reply)
+        .expect("the supervisor's reply");
+    drop(ours);
+    let status = supervisor.wait().expect("wait");
+    std::thread::sleep(Duration::from_millis(200));
+    let ran = marker.exists();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(reply.trim(), "expired", "status {status:?}");
+    assert!(!ran, "the command ran although its deadlines had passed");
+}
+
+/// A lease already lost when the command would start (its grant's reply arrived after the
+/// lease's local deadline): the command is not run, and exec exits 76.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_lost_before_the_command_starts_runs_nothing() {
+    let test = "lostatspawn";
+    let env = Env::new(test).await;
+    if env.server.is_none() && std::env::var("MONGODB_FAILPOINTS").as_deref() != Ok("1") {
+        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+        return;
+    }
+    let observer = mongodb::Client::with_uri_str(with_app_name(&env.uri, "observer"))
+        .await
+        .expect("observer client");
+    // The grant's reply comes 2.5 s late: past the 1 s lease.
+    observer
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": {
+                "failCommands": ["findAndModify"],
+                "appName": "late",
+                "blockConnection": true,
+                "blockTimeMS": 2_500,
+            },
+        })
+        .await
+        .expect("configureFailPoint");
+    let out = finish(
+        env.cmd_as(
+            "late",
+            &[
+                "exec",
+                "--ttl",
+                "1s",
+                "--wait",
+                "30s",
+                test,
+                "--",
+                "sh",
+                "-c",
+                "touch \"$D/ran\"",
+            ],
+        )
+        .spawn()
+        .expect("spawn"),
+        LONG,
+    )
+    .await;
+    let _ = observer
+        .database("admin")
+        .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
+        .await;
+    println!("{test}: {}", describe(&out));
+    assert!(
+        !env.path("ran").exists(),
+        "the command ran on a lease already lost: {}",
+        describe(&out)
+    );
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+}
+
+/// A command that starts a child in a new session (`setsid`) and one in the background, writes
+/// their pids, and exits 0.
+const LEAVES_CHILDREN: &str = "setsid sh -c 'echo $$ > \"$D/esc.tmp\"; mv \"$D/esc.tmp\" \
+                               \"$D/esc.pid\"; exec sleep 1000' & sleep 1000 & \
+                               echo $! > \"$D/bg.pid\"; \
+                               while [ ! -f \"$D/esc.pid\" ]; do sleep 0.01; done";
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_the_command_started_outlives_exec() {
+    for subcommand in ["exec", "elect"] {
+        let test = format!("tree_{subcommand}");
+        let env = Env::new(&test).await;
+        let out = env
+            .run(&[subcommand, &test, "--", "sh", "-c", LEAVES_CHILDREN])
+            .await;
+        let escapee = read_pid(&env.path("esc.pid"));
+        let background = read_pid(&env.path("bg.pid"));
+        let (esc_alive, bg_alive) = (alive(escapee), alive(background));
+        kill(escapee, libc::SIGKILL);
+        kill(background, libc::SIGKILL);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert!(
+            !esc_alive && !bg_alive,
+            "{subcommand} returned while the command's children ran on: the setsid child (pid \
+             {escapee}) {}, the background child (pid {background}) {}",
+            if esc_alive { "alive" } else { "dead" },
+            if bg_alive { "alive" } else { "dead" },
+        );
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_lease_kills_descendants_that_left_the_group() {
+    let test = "tree_lost";
+    let env = Env::new(test).await;
+    let script = format!("{LEAVES_CHILDREN}; echo ready > \"$D/ready\"; wait");
+    let holder = env.spawn(&[
+        "exec", "--ttl", "10s", "--grace", "0", test, "--", "sh", "-c", &script,
+    ]);
+    wait_for("the command's children", LONG, || {
+        env.path("ready").exists()
+    })
+    .await;
+    let escapee = read_pid(&env.path("esc.pid"));
+    let background = read_pid(&env.path("bg.pid"));
+    let released = Instant::now();
+    let out = env.run(&["release", "--force", test]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = finish(holder, LONG).await;
+    let (esc_alive, bg_alive) = (alive(escapee), alive(background));
+    kill(escapee, libc::SIGKILL);
+    kill(background, libc::SIGKILL);
+    println!(
+        "{test}: force-released; exec returned {:?} later",
+        released.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    assert!(
+        !esc_alive && !bg_alive,
+        "the lease was lost but the command's children ran on: the setsid child (pid {escapee}) \
+         {}, the background child (pid {background}) {}",
+        if esc_alive { "alive" } else { "dead" },
+        if bg_alive { "alive" } else { "dead" },
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ttl_too_short_to_renew_is_a_usage_error() {
+    for subcommand in ["exec", "elect"] {
+        for ttl in ["1ms", "999ms"] {
+            let out = tokio::process::Command::new(BIN)
+                .args([subcommand, "--ttl", ttl, "x", "--", "true"])
+                .env_remove("MONGOLOCK_TTL")
+                .output()
+                .await
+                .expect("run");
+            assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+            let stderr = text(&out.stderr);
+            assert!(
+                stderr.contains("too short") && stderr.contains("the minimum is 1s"),
+                "{subcommand} --ttl {ttl}: {}",
+                describe(&out)
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_names_are_escaped_on_the_terminal() {
+    let env = Env::new("escape").await;
+    let name = "evil\x1b[31mRED";
+    let out = env.run(&["exec", name, "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    for args in [vec!["list"], vec!["inspect", name]] {
+        let out = env.run(&args).await;
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", describe(&out));
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            !all.contains('\x1b'),
+            "{args:?} printed an escape character: {all:?}"
+        );
+        assert!(all.contains("evil\\u{1b}[31mRED"), "{args:?}: {all:?}");
+    }
+    // Messages that name the lock: a busy lock.
+    let holder = env.spawn(&["exec", name, "--", "sh", "-c", &hold_until("held", "stop")]);
+    wait_for("the holder", LONG, || env.path("held").exists()).await;
+    let out = env.run(&["exec", "--wait", "0", name, "--", "true"]).await;
+    std::fs::write(env.path("stop"), "").expect("stop");
+    let _ = finish(holder, LONG).await;
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(
+        !text(&out.stderr).contains('\x1b'),
+        "{:?}",
+        text(&out.stderr)
+    );
+}
