@@ -496,13 +496,20 @@ async fn a_lease_lost_before_the_command_starts_runs_nothing() {
         describe(&out)
     );
     assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    // Not started and killed at once: not started at all.
+    assert!(
+        text(&out.stderr).contains("command not run") && !text(&out.stderr).contains("SIGKILL"),
+        "the command was started on a lease already lost: {}",
+        describe(&out)
+    );
 }
 
 /// A command that starts a child in a new session (`setsid`) and one in the background, writes
 /// their pids, and exits 0.
+/// (The children's output goes elsewhere, so that exec's own pipes close when it exits.)
 const LEAVES_CHILDREN: &str = "setsid sh -c 'echo $$ > \"$D/esc.tmp\"; mv \"$D/esc.tmp\" \
-                               \"$D/esc.pid\"; exec sleep 1000' & sleep 1000 & \
-                               echo $! > \"$D/bg.pid\"; \
+                               \"$D/esc.pid\"; exec sleep 1000' >/dev/null 2>&1 & \
+                               sleep 1000 >/dev/null 2>&1 & echo $! > \"$D/bg.pid\"; \
                                while [ ! -f \"$D/esc.pid\" ]; do sleep 0.01; done";
 
 #[cfg(target_os = "linux")]
