@@ -262,6 +262,14 @@ mod tests {
     use mongolock::{HolderInfo, LeaseId};
     use std::time::UNIX_EPOCH;
 
+    #[test]
+    fn names_with_control_characters_are_escaped() {
+        assert_eq!(shown_name("reports:daily"), "reports:daily");
+        assert_eq!(shown_name("évé 🦀"), "évé 🦀");
+        assert_eq!(shown_name("evil\x1b[31mRED"), "\"evil\\u{1b}[31mRED\"");
+        assert_eq!(shown_name("two\nlines"), "\"two\\nlines\"");
+    }
+
     fn info(held: bool, lease: bool) -> LockInfo {
         let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         LockInfo {
