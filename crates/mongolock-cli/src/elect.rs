@@ -120,6 +120,21 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
             .emit();
         let child = match spawn(&args.child.command, leadership.guard(), policy).await {
             Ok(child) => child,
+            Err(e) if e.code == exit::LOCK_LOST => {
+                // The term was lost before the command could start: nothing ran; campaign again.
+                let lease = Lease::of(leadership.guard());
+                drop(leadership);
+                Event::new("lost")
+                    .lease_snapshot(&lease)
+                    .field("action", "command not run")
+                    .message(format!("mongolock: {e}; campaigning again"))
+                    .emit();
+                tokio::select! {
+                    () = tokio::time::sleep(RECAMPAIGN_PAUSE) => {}
+                    sig = signals.recv() => return Ok(exit::for_signal(sig)),
+                }
+                continue;
+            }
             Err(e) => {
                 if let Err(re) = leadership.resign().await {
                     tracing::warn!(role = %name, error = %conn.error("resign", &re), "could not resign");

@@ -504,6 +504,67 @@ async fn a_lease_lost_before_the_command_starts_runs_nothing() {
     );
 }
 
+/// Under `elect`, a term lost before the command starts runs nothing and campaigns again; the
+/// next term runs the command once.
+#[tokio::test(flavor = "multi_thread")]
+async fn elect_campaigns_again_when_the_term_is_lost_before_the_command_starts() {
+    let test = "lostatspawn_elect";
+    let env = Env::new(test).await;
+    if env.server.is_none() && std::env::var("MONGODB_FAILPOINTS").as_deref() != Ok("1") {
+        eprintln!("skipped: failCommand needs test commands (set MONGODB_FAILPOINTS=1)");
+        return;
+    }
+    let observer = mongodb::Client::with_uri_str(with_app_name(&env.uri, "observer"))
+        .await
+        .expect("observer client");
+    observer
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": {
+                "failCommands": ["findAndModify"],
+                "appName": "late",
+                "blockConnection": true,
+                "blockTimeMS": 2_500,
+            },
+        })
+        .await
+        .expect("configureFailPoint");
+    let out = finish(
+        env.cmd_as(
+            "late",
+            &[
+                "elect",
+                "--ttl",
+                "1s",
+                test,
+                "--",
+                "sh",
+                "-c",
+                "echo \"$MONGOLOCK_FENCING_TOKEN\" >> \"$D/ran\"",
+            ],
+        )
+        .spawn()
+        .expect("spawn"),
+        LONG,
+    )
+    .await;
+    let _ = observer
+        .database("admin")
+        .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
+        .await;
+    println!("{test}: {}", describe(&out));
+    let ran = read_lines(&env.path("ran"));
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert_eq!(ran.len(), 1, "runs: {ran:?}\n{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("command not run; campaigning again"),
+        "{}",
+        describe(&out)
+    );
+}
+
 /// A command that starts a child in a new session (`setsid`) and one in the background, writes
 /// their pids, and exits 0.
 /// (The children's output goes elsewhere, so that exec's own pipes close when it exits.)
