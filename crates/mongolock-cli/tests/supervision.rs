@@ -1,5 +1,6 @@
 //! End-to-end tests of the command's supervision: the command is dead before its lease can
-//! expire, also when mongolock is SIGKILLed or SIGSTOPped or its renewals hang.
+//! expire, also when mongolock is SIGKILLed or SIGSTOPped or its renewals hang. (Job control,
+//! suspend and the process tree: `lease_edges.rs`.)
 //!
 //! Each test prints what it measured (`cargo test -- --nocapture` shows it). Deadlines are
 //! generous and conditions are polled. Against a real deployment (`MONGODB_URI`), the fail-point
@@ -67,9 +68,19 @@ const STUBBORN_WITH_CHILD: &str = "trap '' TERM; sleep 120 & echo $! > \"$D/chil
 const STUBBORN: &str =
     "trap '' TERM; echo $$ > \"$D/cmd.tmp\"; mv \"$D/cmd.tmp\" \"$D/cmd.pid\"; exec sleep 120";
 
+/// The parent of `pid`, from `/proc/PID/stat`.
+fn parent(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let (_, rest) = stat.rsplit_once(')').expect("stat format");
+    rest.split_ascii_whitespace()
+        .nth(1)
+        .and_then(|ppid| ppid.parse().ok())
+        .expect("a parent pid")
+}
+
 /// SIGKILLs a running `mongolock SUBCOMMAND` and checks that its command and the command's
-/// child are gone soon after. With `whole_group`, mongolock's process group (mongolock and the
-/// supervisor) is killed, which leaves only the parent-death signal (Linux) to stop the command.
+/// child are gone soon after. With `whole_group`, mongolock's process group and the supervisor
+/// are killed at once, which leaves only the parent-death signal (Linux) to stop the command.
 async fn sigkill_of_mongolock_kills_the_command(subcommand: &str, whole_group: bool) {
     let test = format!(
         "{subcommand}_sigkill_{}",
@@ -97,7 +108,11 @@ async fn sigkill_of_mongolock_kills_the_command(subcommand: &str, whole_group: b
 
     let killed = Instant::now();
     if whole_group {
+        // The supervisor is the command's parent (outside a terminal it leads the group it
+        // shares with the command, so it is killed by pid).
+        let supervisor = parent(cmd);
         signal_pid(-mongolock, libc::SIGKILL);
+        signal_pid(supervisor, libc::SIGKILL);
     } else {
         signal_pid(mongolock, libc::SIGKILL);
     }
@@ -109,7 +124,7 @@ async fn sigkill_of_mongolock_kills_the_command(subcommand: &str, whole_group: b
     );
     if whole_group {
         // The parent-death signal reaches only the command itself.
-        signal_pid(-cmd, libc::SIGKILL);
+        signal_pid(child, libc::SIGKILL);
     } else {
         let took = wait_dead(
             "the command's child",
