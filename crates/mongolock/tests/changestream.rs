@@ -1095,7 +1095,10 @@ async fn mongodb_44_a_force_release_wakes_the_previous_releasers_waiter() {
             .unwrap()
     };
     let queued = eventually(Duration::from_secs(30), || async {
-        lock_doc().await.get_array("waiters").is_ok_and(|w| !w.is_empty())
+        lock_doc()
+            .await
+            .get_array("waiters")
+            .is_ok_and(|w| !w.is_empty())
     })
     .await;
     assert!(queued, "the waiter did not queue: {}", lock_doc().await);
@@ -1106,8 +1109,10 @@ async fn mongodb_44_a_force_release_wakes_the_previous_releasers_waiter() {
         .unwrap_or_else(|_| {
             panic!(
                 "the waiter in the process of the previous release slept through another \
-                 process's force-release (the lease it forced out expires {:?} after it)",
+                 process's force-release (the lease it forced out would have expired in {:?})",
                 g.expires_at()
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default()
             )
         })
         .unwrap();
@@ -1159,7 +1164,10 @@ async fn a_waiter_that_starts_during_a_dead_designees_reservation_is_served_soon
             .unwrap()
     };
     let queued = eventually(Duration::from_secs(30), || async {
-        lock_doc().await.get_array("waiters").is_ok_and(|w| !w.is_empty())
+        lock_doc()
+            .await
+            .get_array("waiters")
+            .is_ok_and(|w| !w.is_empty())
     })
     .await;
     assert!(queued, "the designee did not queue: {}", lock_doc().await);

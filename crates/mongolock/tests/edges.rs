@@ -644,7 +644,10 @@ async fn a_release_retried_after_many_other_releases_is_not_a_loss() {
     }
     let result = releasing.await.unwrap();
     t.fail_point_off().await;
-    eprintln!("released token {token}; then {} turns: {turns:?}", turns.len());
+    eprintln!(
+        "released token {token}; then {} turns: {turns:?}",
+        turns.len()
+    );
     result.unwrap_or_else(|e| {
         panic!("the retried release of token {token} after {turns:?} reported: {e}")
     });
@@ -663,11 +666,12 @@ async fn a_document_release_retried_after_other_grants_is_not_a_loss() {
     let coll_name = unique("jobs");
     let plain = t.db.collection::<Document>(&coll_name);
     plain.insert_one(doc! { "_id": 1, "n": 1 }).await.unwrap();
-    let owner = DocumentLocks::builder(&t.database_as(&app).await.collection::<Document>(&coll_name))
-        .expiry(Duration::from_secs(60))
-        .auto_extend(false)
-        .build()
-        .unwrap();
+    let owner =
+        DocumentLocks::builder(&t.database_as(&app).await.collection::<Document>(&coll_name))
+            .expiry(Duration::from_secs(60))
+            .auto_extend(false)
+            .build()
+            .unwrap();
     let others = DocumentLocks::builder(&plain)
         .expiry(Duration::from_secs(60))
         .build()
@@ -690,7 +694,10 @@ async fn a_document_release_retried_after_other_grants_is_not_a_loss() {
     }
     let result = releasing.await.unwrap();
     t.fail_point_off().await;
-    eprintln!("released token {token}; then {} turns: {turns:?}", turns.len());
+    eprintln!(
+        "released token {token}; then {} turns: {turns:?}",
+        turns.len()
+    );
     result.unwrap_or_else(|e| {
         panic!("the retried release of document 1 (token {token}) after {turns:?} reported: {e}")
     });

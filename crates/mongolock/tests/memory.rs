@@ -28,7 +28,10 @@ async fn a_release_repeated_after_many_other_releases_reports_success() {
                 holder: HolderInfo::current(None),
                 mode: LeaseMode::Exclusive,
             };
-            assert!(matches!(b.try_acquire(&req).await.unwrap(), Attempt::Acquired(_)));
+            assert!(matches!(
+                b.try_acquire(&req).await.unwrap(),
+                Attempt::Acquired(_)
+            ));
         }
     };
     let first = LeaseId::random();

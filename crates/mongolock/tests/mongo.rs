@@ -968,8 +968,14 @@ async fn a_slot_stamp_never_moves_the_epoch_backwards() {
     .unwrap();
     let guard = acquiring.await.unwrap().expect("the slot was granted");
     t.fail_point_off().await;
-    let d = coll.find_one(doc! { "_id": name.as_str() }).await.unwrap().unwrap();
-    let epoch = d.get_i64("epoch").unwrap_or_else(|_| panic!("no epoch: {d}"));
+    let d = coll
+        .find_one(doc! { "_id": name.as_str() })
+        .await
+        .unwrap()
+        .unwrap();
+    let epoch = d
+        .get_i64("epoch")
+        .unwrap_or_else(|_| panic!("no epoch: {d}"));
     let token = guard.fencing_token() as i64;
     eprintln!("stamped token {token}, epoch {epoch}: {d}");
     assert!(
@@ -1025,7 +1031,11 @@ async fn a_grant_waiting_for_its_token_shows_no_token() {
     let acquiring = tokio::spawn(async move { lock.acquire().await });
     // The grant is written (a lease id, no epoch) and the stamp is blocked.
     let in_flight = poll::eventually(Duration::from_secs(20), || async {
-        let d = coll.find_one(doc! { "_id": name.as_str() }).await.unwrap().unwrap();
+        let d = coll
+            .find_one(doc! { "_id": name.as_str() })
+            .await
+            .unwrap()
+            .unwrap();
         d.get_str("leaseId").is_ok() && d.get("epoch") == Some(&Bson::Null)
     })
     .await;
@@ -1034,7 +1044,10 @@ async fn a_grant_waiting_for_its_token_shows_no_token() {
     let listed = observer.list().await.unwrap();
     let guard = acquiring.await.unwrap().expect("granted");
     t.fail_point_off().await;
-    eprintln!("during the stamp: {info:?}; then token {}", guard.fencing_token());
+    eprintln!(
+        "during the stamp: {info:?}; then token {}",
+        guard.fencing_token()
+    );
     assert!(info.held, "{info:?}");
     assert_eq!(
         info.fencing_token, None,
@@ -1048,7 +1061,11 @@ async fn a_grant_waiting_for_its_token_shows_no_token() {
         "a leader with the previous term"
     );
     let after = observer.inspect(&name).await.unwrap().unwrap();
-    assert_eq!(after.fencing_token, Some(guard.fencing_token()), "{after:?}");
+    assert_eq!(
+        after.fencing_token,
+        Some(guard.fencing_token()),
+        "{after:?}"
+    );
     assert!(guard.fencing_token() as i64 > 5 * EPOCH_TOKENS);
     guard.release().await.unwrap();
 }
