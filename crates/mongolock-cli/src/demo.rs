@@ -273,7 +273,7 @@ async fn drive(
                 let info = observer.inspect(LOCK_NAME).await.ok().flatten();
                 let lease_expires = info
                     .as_ref()
-                    .filter(|i| i.fencing_token == token)
+                    .filter(|i| i.fencing_token == Some(token))
                     .and_then(|i| i.expires_at);
                 let expiry_text = lease_expires.map_or_else(String::new, |e| {
                     format!(

@@ -369,7 +369,7 @@ pub async fn describe_holder(provider: &LockProvider, name: &str) -> Option<Stri
     });
     Some(format!(
         "{holder} (fencing token {}{expires})",
-        info.fencing_token
+        crate::inspect::token_text(info.fencing_token)
     ))
 }
 

@@ -41,6 +41,11 @@ pub async fn run(global: &GlobalArgs, args: InspectArgs) -> Result<i32, CliError
     Ok(exit::SUCCESS)
 }
 
+/// A lock's fencing token as shown: `-` when the lease has none yet (MongoDB: being issued).
+pub(crate) fn token_text(token: Option<u64>) -> String {
+    token.map_or_else(|| "-".to_owned(), |t| t.to_string())
+}
+
 /// The text form for people; several `holders` (a semaphore's slots, a read-write lock's
 /// readers) are listed one per line after the lock's own fields.
 fn text(info: &LockInfo, holders: &[LeaseHolder]) -> String {
@@ -51,7 +56,7 @@ fn text(info: &LockInfo, holders: &[LeaseHolder]) -> String {
             if info.held { "holder" } else { "last holder" },
             holder_text(info),
         ),
-        ("fencing token", info.fencing_token.to_string()),
+        ("fencing token", token_text(info.fencing_token)),
     ];
     if let Some(lease) = &info.lease_id {
         rows.push(("lease id", lease.to_string()));
@@ -102,7 +107,7 @@ mod tests {
             name: "deploy".into(),
             held: true,
             lease_id: Some(LeaseId::from_string("ab12")),
-            fencing_token: 17,
+            fencing_token: Some(17),
             holder: Some(HolderInfo {
                 host: "build-7".into(),
                 pid: 4242,

@@ -214,7 +214,7 @@ pub fn table_with_holders(locks: &[LockInfo], holders: &[Vec<LeaseHolder>]) -> S
         rows.push([
             shown_name(&info.name),
             holder,
-            info.fencing_token.to_string(),
+            crate::inspect::token_text(info.fencing_token),
             info.acquired_at.map_or_else(
                 || "-".to_owned(),
                 |at| humantime::format_rfc3339_seconds(at).to_string(),
@@ -276,7 +276,7 @@ mod tests {
             name: "reports:daily".into(),
             held,
             lease_id: lease.then(|| LeaseId::from_string("abc")),
-            fencing_token: 7,
+            fencing_token: Some(7),
             holder: Some(HolderInfo {
                 host: "build-7".into(),
                 pid: 4242,

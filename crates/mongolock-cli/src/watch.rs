@@ -196,7 +196,7 @@ mod tests {
             name: "deploy".into(),
             held: true,
             lease_id: Some(LeaseId::from_string("ab12")),
-            fencing_token: 17,
+            fencing_token: Some(17),
             holder: Some(HolderInfo {
                 host: "build-7".into(),
                 pid: 4242,

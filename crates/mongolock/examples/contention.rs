@@ -95,7 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "[{:>6.3}s] inspect: held={} by {holder}, token {}",
                 start.elapsed().as_secs_f64(),
                 info.held,
-                info.fencing_token
+                info.fencing_token.map_or("-".to_owned(), |t| t.to_string())
             );
         }
     }
@@ -114,7 +114,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "  {:<16} held={:<5} last token {:>12}  last holder {}  (lease ended {:?} ago)",
             info.name,
             info.held,
-            info.fencing_token,
+            info.fencing_token.map_or("-".to_owned(), |t| t.to_string()),
             info.holder.map(|h| h.to_string()).unwrap_or_default(),
             ago
         );

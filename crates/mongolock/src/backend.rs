@@ -77,6 +77,19 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::holder::HolderInfo;
 
+/// How long a backend remembers, per name, a lease id that its holder released: a release
+/// retried within this time after its first try was applied (a lost reply) reports success.
+/// Well above the default [release timeout](crate::LockProviderBuilder::release_timeout) (5 s),
+/// within which the core retries a release; with a longer release timeout, a retry later than
+/// this may report [`Error::LeaseLost`](crate::Error::LeaseLost).
+pub const RELEASED_KEPT_FOR: Duration = Duration::from_secs(60);
+
+/// At most this many released lease ids are remembered per name (the most recent ones): a
+/// retried release after more than this many other releases of the same name within
+/// [`RELEASED_KEPT_FOR`] may report [`Error::LeaseLost`](crate::Error::LeaseLost) (the safe
+/// direction). Bounds the stored list (about 70 bytes an id on MongoDB).
+pub const RELEASED_KEPT_MAX: usize = 256;
+
 /// Unique identifier of one lease (one successful acquire call). Extension and release are
 /// matched against it, so a process can never extend or release someone else's lease.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -179,8 +192,12 @@ pub struct LockInfo {
     /// The current lease id; `None` after release or force-release. May be `Some` while `held`
     /// is false: the lease expired and nobody has taken the name since.
     pub lease_id: Option<LeaseId>,
-    /// The most recently issued fencing token (0 if none was issued yet).
-    pub fencing_token: u64,
+    /// The fencing token of the current (or, when none, the most recent) lease. `None` when that
+    /// lease has no token yet: nothing was ever granted (a document lock never taken), or — on
+    /// MongoDB, for a few milliseconds — the lease was granted and its token is still being
+    /// issued from a fresh fencing epoch (or never was: the grant expired first). Never the
+    /// previous holder's token next to the new holder's lease id.
+    pub fencing_token: Option<u64>,
     /// Metadata of the current or most recent holder.
     pub holder: Option<HolderInfo>,
     /// Server time at which the current or most recent lease was granted.
@@ -230,14 +247,15 @@ pub struct LeaseHolder {
 
 impl LeaseHolder {
     /// The holder described by `info`: `Some` while `info` shows an unexpired lease with its
-    /// lease id and times. (A semaphore's [`LockInfo`] describes only its most recent slot.)
+    /// lease id, token and times (`None` while the lease's token is still being issued). (A
+    /// semaphore's [`LockInfo`] describes only its most recent slot.)
     pub fn from_info(info: &LockInfo) -> Option<LeaseHolder> {
         if !info.held {
             return None;
         }
         Some(LeaseHolder {
             lease_id: info.lease_id.clone()?,
-            fencing_token: info.fencing_token,
+            fencing_token: info.fencing_token?,
             acquired_at: info.acquired_at?,
             expires_at: info.expires_at?,
             holder: info.holder.clone(),
@@ -353,10 +371,13 @@ pub trait LockBackend: Send + Sync + 'static {
     /// Ends the caller's lease, keeping the fencing token for the next holder.
     ///
     /// Idempotent for the owner: returns `true` when this call ended the lease *and* when the
-    /// lease id had already been released by its owner (a retry after a lost reply; the MongoDB
-    /// and memory backends remember the last 8 released lease ids per name). Returns `false`
-    /// only when someone else ended or took the lease (expiry and takeover, force-release) or
-    /// the backend has no record of it. Never affects another lease id.
+    /// lease id had already been released by its owner (a retry after a lost reply). Every
+    /// backend remembers the lease ids its holders released, per name, for at least
+    /// [`RELEASED_KEPT_FOR`] after each release (at most the [`RELEASED_KEPT_MAX`] most recent
+    /// ones), whatever else happens to the name meanwhile. Returns `false` only when someone
+    /// else ended or took the lease (expiry and takeover, force-release) or the backend has no
+    /// record of it any more (a retry later than that, or after more releases than that): a
+    /// false loss, never a false success. Never affects another lease id.
     async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool>;
 
     /// A fresh lease id for one acquire call. Must be unique; the default is

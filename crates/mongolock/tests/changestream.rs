@@ -1038,3 +1038,205 @@ async fn a_dead_process_at_the_head_of_the_queue_holds_nobody_up_for_long() {
     // Far below the 120 s lease and the hour-long registration (the reservation is 500 ms).
     assert!(waited < Duration::from_secs(30), "{waited:?}");
 }
+
+/// MongoDB 4.4 reports pipeline updates as replace events carrying the whole document. A
+/// force-release by another process must wake a waiter at once also in the process that made
+/// the lock's previous release — whose change stream leaves out events showing no lease and
+/// its own lease id in `lastReleased` (its own releases) — not after the forced-out lease's
+/// expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mongodb_44_a_force_release_wakes_the_previous_releasers_waiter() {
+    let t = test_database_with(TestServer::builder().pipeline_updates_as_replace(true)).await;
+    if t.server.is_none() {
+        eprintln!("skipped: needs the embedded server's MongoDB 4.4 mode");
+        return;
+    }
+    let coll = unique("locks");
+    let backend = || {
+        MongoBackend::builder(&t.db)
+            .collection(coll.clone())
+            .build()
+            .unwrap()
+    };
+    let (releasing, holding, operator) = (backend(), backend(), backend());
+    // Polling alone would sleep at least 5 s, and a live waiter sleeps until the 30 s lease's
+    // expiry: a prompt wake-up can only come from the stream.
+    let releaser = LockProvider::builder(releasing.clone())
+        .wait_strategy(WaitStrategy::random_sleep(
+            Duration::from_secs(5),
+            Duration::from_secs(6),
+        ))
+        .build()
+        .unwrap();
+    let holder = LockProvider::builder(holding)
+        .expiry(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let name = unique("forced44");
+    // The releasing process makes the lock's last release: `lastReleased` is its lease id.
+    common::take_once(&releaser, &name).await;
+    until_live(&releasing).await;
+    let g = holder.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let waiting = {
+        let lock = releaser.lock(name.clone()).unwrap();
+        tokio::spawn(async move {
+            lock.acquire_timeout(Duration::from_secs(60))
+                .await
+                .unwrap()
+                .expect("the waiter got the lock")
+        })
+    };
+    // The waiter's process queues in the document once its stream covers the name.
+    let lock_doc = || async {
+        t.db.collection::<Document>(&coll)
+            .find_one(doc! { "_id": name.as_str() })
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let queued = eventually(Duration::from_secs(30), || async {
+        lock_doc()
+            .await
+            .get_array("waiters")
+            .is_ok_and(|w| !w.is_empty())
+    })
+    .await;
+    assert!(queued, "the waiter did not queue: {}", lock_doc().await);
+    let forced_at = Instant::now();
+    assert!(operator.force_release(&name).await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the waiter in the process of the previous release slept through another \
+                 process's force-release (the lease it forced out would have expired in {:?})",
+                g.expires_at()
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default()
+            )
+        })
+        .unwrap();
+    eprintln!(
+        "4.4 mode: force-release to the previous releaser's waiter in {:?}",
+        forced_at.elapsed()
+    );
+    assert!(next.fencing_token() > g.fencing_token());
+    next.release().await.unwrap();
+}
+
+/// With fair handoff, a process that starts waiting while the lock is reserved for a process
+/// that died (it queued, then its client shut down) gets the lock soon after the reservation
+/// lapses: not after the reservation plus a whole lease (30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_that_starts_during_a_dead_designees_reservation_is_served_soon() {
+    let t = test_database().await;
+    let coll = unique("locks");
+    let name = unique("dead-designee");
+    let ttl = Duration::from_secs(30);
+    let provider = |db: &mongodb::Database| {
+        LockProvider::builder(
+            MongoBackend::builder(db)
+                .collection(coll.clone())
+                .fair_handoff(true)
+                .build()
+                .unwrap(),
+        )
+        .expiry(ttl)
+        .build()
+        .unwrap()
+    };
+    let holder = provider(&t.db);
+    let guard = holder.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    // The designee: its own client, queued behind the holder, then dead.
+    let designee_client = common::client(&t.uri, None).await;
+    let designee = provider(&designee_client.database(t.db.name()));
+    until_live(&**designee.backend()).await;
+    let designee_waits = {
+        let lock = designee.lock(name.as_str()).unwrap();
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    let coll_handle = t.db.collection::<Document>(&coll);
+    let lock_doc = || async {
+        coll_handle
+            .find_one(doc! { "_id": name.as_str() })
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let queued = eventually(Duration::from_secs(30), || async {
+        lock_doc()
+            .await
+            .get_array("waiters")
+            .is_ok_and(|w| !w.is_empty())
+    })
+    .await;
+    assert!(queued, "the designee did not queue: {}", lock_doc().await);
+    designee_waits.abort();
+    drop(designee);
+    designee_client.shutdown().await;
+    // A waiter of another process, ready before the release: its stream is live and covers
+    // the name (a first wait asks for it, and a name stays covered after use). Its polling
+    // sleeps 25 s: a prompt acquisition can only come from its live wait.
+    let waiter = LockProvider::builder(
+        MongoBackend::builder(&t.db)
+            .collection(coll.clone())
+            .fair_handoff(true)
+            .build()
+            .unwrap(),
+    )
+    .expiry(ttl)
+    .wait_strategy(WaitStrategy::random_sleep(
+        Duration::from_secs(25),
+        Duration::from_secs(26),
+    ))
+    .build()
+    .unwrap();
+    until_live(&**waiter.backend()).await;
+    let primed = waiter
+        .lock(name.as_str())
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(primed.is_none(), "the lock is held");
+    let held_token = guard.fencing_token();
+    guard.release().await.unwrap();
+    // The release reserved the lock for the dead designee for 500 ms. So that the waiter surely
+    // starts during the reservation on a loaded machine, stretch it to 3 s from now.
+    let d = lock_doc().await;
+    let reserved_for = d
+        .get_document("reserved")
+        .ok()
+        .and_then(|r| r.get_str("m").ok())
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("the release reserved nothing: {d}"));
+    coll_handle
+        .update_one(
+            doc! { "_id": name.as_str() },
+            vec![doc! { "$set": { "reserved.until": { "$add": ["$$NOW", 3000_i64] } } }],
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let got = waiter
+        .lock(name.as_str())
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the waiter got the lock");
+    let waited = started.elapsed();
+    eprintln!(
+        "reserved for the dead {reserved_for}; the waiter that started during the reservation \
+         got the lock after {waited:?}"
+    );
+    assert!(got.fencing_token() > held_token);
+    // The reservation lapses 3 s after the waiter started; before the fix it slept until the
+    // reservation plus the 30 s lease.
+    assert!(
+        waited < Duration::from_secs(20),
+        "the waiter slept {waited:?}: until the reservation plus a lease ({ttl:?}), not until \
+         the reservation lapsed"
+    );
+    got.release().await.unwrap();
+}

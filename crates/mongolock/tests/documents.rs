@@ -787,7 +787,7 @@ async fn fencing_tokens_grow_per_document() {
     }
     let locks = locks_on(&coll);
     let info = locks.inspect("x").await.unwrap().unwrap();
-    assert_eq!((info.fencing_token, info.held), (0, false));
+    assert_eq!((info.fencing_token, info.held), (None, false));
 
     let mut tokens = Vec::new();
     for _ in 0..3 {
@@ -797,7 +797,7 @@ async fn fencing_tokens_grow_per_document() {
     }
     assert_eq!(tokens, [1, 2, 3]);
     let info = locks.inspect("x").await.unwrap().unwrap();
-    assert_eq!(info.fencing_token, 3, "release keeps the token");
+    assert_eq!(info.fencing_token, Some(3), "release keeps the token");
     assert!(!info.held);
     assert!(info.lease_id.is_none());
     assert!(info.expires_at.unwrap() <= info.observed_at);

@@ -3,6 +3,7 @@
 //! mongo-testserver, or against `MONGODB_URI` when set.
 
 mod common;
+mod poll;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -874,4 +875,197 @@ async fn a_semaphore_holds_across_backends() {
     tokens.dedup();
     assert_eq!(tokens.len(), n, "repeated fencing tokens");
     assert!(most.load(Ordering::SeqCst) >= 1);
+}
+
+/// 2²⁰: the tokens of one fencing epoch (`backends/mongo/mod.rs`).
+const EPOCH_TOKENS: i64 = 1 << 20;
+
+/// A lock document whose epoch `epoch` has no token left (as after 2²⁰ grants), with its
+/// counter at `epoch`: the next grant takes no token and is stamped from a fresh epoch.
+async fn epoch_used_up(coll: &mongodb::Collection<Document>, name: &str, epoch: i64, slots: bool) {
+    let past = common::millis_ago(60_000);
+    let mut lock = doc! {
+        "_id": name,
+        "leaseId": Bson::Null,
+        "fencingToken": epoch * EPOCH_TOKENS,
+        "epoch": epoch,
+        "acquiredAt": past,
+        "expiresAt": past,
+        "holder": { "host": "earlier", "pid": 1_i64, "app": Bson::Null },
+        "released": [],
+    };
+    if slots {
+        lock.insert("limit", 2_i64);
+        lock.insert("slots", Vec::<Bson>::new());
+    }
+    coll.insert_one(lock).await.unwrap();
+    coll.insert_one(doc! { "_id": MongoBackend::fencing_epoch_id(name), "epoch": epoch })
+        .await
+        .unwrap();
+}
+
+/// Blocks every `findAndModify` of clients named `app` after the first two (a grant that took
+/// no token and the epoch it takes: the next is the stamp) for `ms` milliseconds.
+async fn block_stamps(t: &common::TestDb, app: &str, ms: i32) {
+    t.fail_point(
+        Bson::Document(doc! { "skip": 2 }),
+        doc! {
+            "failCommands": ["findAndModify"],
+            "appName": app,
+            "blockConnection": true,
+            "blockTimeMS": ms,
+        },
+    )
+    .await;
+}
+
+/// A semaphore slot granted without a token is stamped from a fresh epoch; meanwhile other
+/// slots' grants and stamps may carry the document's token past that epoch's range (2²⁰ grants
+/// within one slot lease, simulated here by writing their outcome). The stamp must then take
+/// another epoch: stamping with the stale one would move `epoch` backwards and issue a token
+/// above every epoch taken from the counter, which a later lifetime of the name could issue
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_stamp_never_moves_the_epoch_backwards() {
+    let t = test_database().await;
+    if common::skip_without_fail_points(&t) {
+        return;
+    }
+    let coll_name = unique("locks");
+    let coll = t.db.collection::<Document>(&coll_name);
+    let name = unique("sem");
+    epoch_used_up(&coll, &name, 5, true).await;
+    let app = unique("stamper");
+    let provider = LockProvider::builder(
+        MongoBackend::builder(&t.database_as(&app).await)
+            .collection(coll_name.clone())
+            .build()
+            .unwrap(),
+    )
+    .expiry(Duration::from_secs(60))
+    .build()
+    .unwrap();
+    block_stamps(&t, &app, 2000).await;
+    let sem = provider.semaphore(name.clone(), 2).unwrap();
+    let acquiring = tokio::spawn(async move { sem.acquire().await });
+    // Our slot took epoch 6 and waits for its stamp; meanwhile another slot takes epoch 7 and
+    // 2²⁰ grants use it up.
+    let counter = doc! { "_id": MongoBackend::fencing_epoch_id(&name) };
+    let took = poll::eventually(Duration::from_secs(20), || async {
+        let c = coll.find_one(counter.clone()).await.unwrap().unwrap();
+        c.get_i64("epoch").ok() == Some(6) || c.get_i32("epoch").ok() == Some(6)
+    })
+    .await;
+    assert!(took, "the slot did not take epoch 6");
+    coll.update_one(counter.clone(), doc! { "$set": { "epoch": 7_i64 } })
+        .await
+        .unwrap();
+    coll.update_one(
+        doc! { "_id": name.as_str() },
+        doc! { "$set": { "fencingToken": 7 * EPOCH_TOKENS, "epoch": 7_i64 } },
+    )
+    .await
+    .unwrap();
+    let guard = acquiring.await.unwrap().expect("the slot was granted");
+    t.fail_point_off().await;
+    let d = coll
+        .find_one(doc! { "_id": name.as_str() })
+        .await
+        .unwrap()
+        .unwrap();
+    let epoch = d
+        .get_i64("epoch")
+        .unwrap_or_else(|_| panic!("no epoch: {d}"));
+    let token = guard.fencing_token() as i64;
+    eprintln!("stamped token {token}, epoch {epoch}: {d}");
+    assert!(
+        epoch >= 7,
+        "the stamp moved the epoch backwards from 7 to {epoch} (token {token}): {d}"
+    );
+    assert!(
+        (epoch - 1) * EPOCH_TOKENS < token && token <= epoch * EPOCH_TOKENS,
+        "token {token} lies outside the range of its epoch {epoch}: {d}"
+    );
+    assert!(token > 7 * EPOCH_TOKENS, "token {token} does not grow: {d}");
+    let c = coll.find_one(counter).await.unwrap().unwrap();
+    assert!(
+        c.get_i64("epoch").unwrap() >= epoch,
+        "the recorded epoch {epoch} was never taken from the counter: {c}"
+    );
+    guard.release().await.unwrap();
+}
+
+/// While a grant waits for its token to be stamped (its epoch was used up), `inspect`, `list`
+/// and the election's view show the new lease without a token — never the previous holder's
+/// token next to the new holder — and nobody as leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_waiting_for_its_token_shows_no_token() {
+    let t = test_database().await;
+    if common::skip_without_fail_points(&t) {
+        return;
+    }
+    let coll_name = unique("locks");
+    let coll = t.db.collection::<Document>(&coll_name);
+    let name = unique("stamping");
+    epoch_used_up(&coll, &name, 5, false).await;
+    let app = unique("stamper");
+    let provider = LockProvider::builder(
+        MongoBackend::builder(&t.database_as(&app).await)
+            .collection(coll_name.clone())
+            .build()
+            .unwrap(),
+    )
+    .expiry(Duration::from_secs(60))
+    .build()
+    .unwrap();
+    let observer = LockProvider::builder(
+        MongoBackend::builder(&t.db)
+            .collection(coll_name.clone())
+            .build()
+            .unwrap(),
+    )
+    .build()
+    .unwrap();
+    block_stamps(&t, &app, 3000).await;
+    let lock = provider.lock(name.clone()).unwrap();
+    let acquiring = tokio::spawn(async move { lock.acquire().await });
+    // The grant is written (a lease id, no epoch) and the stamp is blocked.
+    let in_flight = poll::eventually(Duration::from_secs(20), || async {
+        let d = coll
+            .find_one(doc! { "_id": name.as_str() })
+            .await
+            .unwrap()
+            .unwrap();
+        d.get_str("leaseId").is_ok() && d.get("epoch") == Some(&Bson::Null)
+    })
+    .await;
+    assert!(in_flight, "the grant was not written");
+    let info = observer.inspect(&name).await.unwrap().unwrap();
+    let listed = observer.list().await.unwrap();
+    let guard = acquiring.await.unwrap().expect("granted");
+    t.fail_point_off().await;
+    eprintln!(
+        "during the stamp: {info:?}; then token {}",
+        guard.fencing_token()
+    );
+    assert!(info.held, "{info:?}");
+    assert_eq!(
+        info.fencing_token, None,
+        "inspect during the stamp shows the previous token next to the new holder: {info:?}"
+    );
+    let listed = listed.iter().find(|i| i.name == name).expect("listed");
+    assert_eq!(listed.fencing_token, None, "{listed:?}");
+    assert_eq!(
+        mongolock::LeaderInfo::from_lock_info(&info),
+        None,
+        "a leader with the previous term"
+    );
+    let after = observer.inspect(&name).await.unwrap().unwrap();
+    assert_eq!(
+        after.fencing_token,
+        Some(guard.fencing_token()),
+        "{after:?}"
+    );
+    assert!(guard.fencing_token() as i64 > 5 * EPOCH_TOKENS);
+    guard.release().await.unwrap();
 }

@@ -32,7 +32,7 @@ use super::wakeups::{Change, Hub, Status};
 use crate::backend::LeaseMode;
 use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseHolder, LeaseId,
-    LockBackend, LockInfo,
+    LockBackend, LockInfo, RELEASED_KEPT_FOR, RELEASED_KEPT_MAX,
 };
 use crate::error::{Error, Result};
 use crate::holder::HolderInfo;
@@ -63,9 +63,11 @@ struct Entry {
     acquired_at: SystemTime,
     expires_at: SystemTime,
     holder: Option<HolderInfo>,
-    /// The last [`RELEASED_KEPT`] lease ids released by their own holders: a repeated release
-    /// of one of them reports success (as the MongoDB backend does for a retried release).
-    released: VecDeque<LeaseId>,
+    /// The lease ids released by their own holders, with the time of their release, oldest
+    /// first: those of the last [`RELEASED_KEPT_FOR`], at most [`RELEASED_KEPT_MAX`]. A
+    /// repeated release of one of them reports success (as every backend does for a retried
+    /// release).
+    released: VecDeque<(LeaseId, SystemTime)>,
     /// A semaphore's holders (empty while the name is used as a lock). Only unexpired ones
     /// count; expired ones are discarded at the next acquisition.
     slots: Vec<Slot>,
@@ -95,12 +97,26 @@ impl Entry {
             || self.slots.iter().any(|s| s.lease_id == *lease_id)
     }
 
-    /// Forgets a lease id ended by its holder (a repeated release then reports success).
-    fn remember_released(&mut self, lease_id: &LeaseId) {
-        if self.released.len() == RELEASED_KEPT {
+    /// Remembers a lease id ended by its holder at `now` (a repeated release then reports
+    /// success), forgetting those older than [`RELEASED_KEPT_FOR`] and the oldest beyond
+    /// [`RELEASED_KEPT_MAX`].
+    fn remember_released(&mut self, lease_id: &LeaseId, now: SystemTime) {
+        while self
+            .released
+            .front()
+            .is_some_and(|(_, at)| *at + RELEASED_KEPT_FOR <= now)
+        {
             self.released.pop_front();
         }
-        self.released.push_back(lease_id.clone());
+        if self.released.len() >= RELEASED_KEPT_MAX {
+            self.released.pop_front();
+        }
+        self.released.push_back((lease_id.clone(), now));
+    }
+
+    /// Whether `lease_id` is among the remembered released ids.
+    fn was_released(&self, lease_id: &LeaseId) -> bool {
+        self.released.iter().any(|(id, _)| id == lease_id)
     }
 
     /// One slot attempt (see the module docs), after expired slots were discarded.
@@ -149,9 +165,6 @@ impl Entry {
         Ok(Attempt::Acquired(lease))
     }
 }
-
-/// How many released lease ids an entry keeps.
-const RELEASED_KEPT: usize = 8;
 
 impl Default for MemoryBackend {
     fn default() -> Self {
@@ -217,7 +230,7 @@ impl MemoryBackend {
                 name: name.to_owned(),
                 held: true,
                 lease_id: Some(last.lease_id.clone()),
-                fencing_token: e.fencing_token,
+                fencing_token: Some(last.fencing_token),
                 holder: e.holder.clone(),
                 acquired_at: Some(last.acquired_at),
                 expires_at: Some(last.expires_at),
@@ -228,7 +241,7 @@ impl MemoryBackend {
             name: name.to_owned(),
             held: e.lease_id.is_some() && e.expires_at > now,
             lease_id: e.lease_id.clone(),
-            fencing_token: e.fencing_token,
+            fencing_token: Some(e.fencing_token),
             holder: e.holder.clone(),
             acquired_at: Some(e.acquired_at),
             expires_at: Some(e.expires_at),
@@ -325,15 +338,15 @@ impl LockBackend for MemoryBackend {
                 Some(e) if e.lease_id.as_ref() == Some(lease_id) => {
                     e.lease_id = None;
                     e.expires_at = e.expires_at.min(now);
-                    e.remember_released(lease_id);
+                    e.remember_released(lease_id, now);
                     true
                 }
                 Some(e) if e.slots.iter().any(|s| s.lease_id == *lease_id) => {
                     e.slots.retain(|s| s.lease_id != *lease_id);
-                    e.remember_released(lease_id);
+                    e.remember_released(lease_id, now);
                     true
                 }
-                Some(e) if e.released.contains(lease_id) => return Ok(true),
+                Some(e) if e.was_released(lease_id) => return Ok(true),
                 _ => false,
             }
         };

@@ -7,7 +7,7 @@ use mongodb::bson::{doc, Bson, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use super::state::{
-    self, holder_doc, ttl_millis, ACQUIRED_AT, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
+    self, holder_doc, ttl_millis, ACQUIRED_AT, EXPIRES_AT, HOLDER, LEASE_ID, RELEASED, TOKEN,
 };
 use super::{classify, Inner};
 use crate::backend::{Lease, LeaseId};
@@ -43,7 +43,9 @@ pub(super) enum Attempted {
 }
 
 /// The new lock sub-document, as an aggregation expression evaluated by the server: the token is
-/// the previous one plus one (1 for a document never locked), the dates are server time.
+/// the previous one plus one (1 for a document never locked), the dates are server time, and
+/// the ids released by their holders are kept (absent when there are none): a release retried
+/// after a lost reply must still find its id after the next holder's grant (`control.rs`).
 fn new_lock(field: &str, lease_id: &LeaseId, ttl: Duration, inner: &Inner) -> Document {
     doc! {
         LEASE_ID: { "$literal": lease_id.as_str() },
@@ -51,6 +53,7 @@ fn new_lock(field: &str, lease_id: &LeaseId, ttl: Duration, inner: &Inner) -> Do
         ACQUIRED_AT: "$$NOW",
         EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(ttl)] },
         HOLDER: { "$literal": holder_doc(&inner.holder) },
+        RELEASED: { "$ifNull": [format!("${field}.{RELEASED}"), "$$REMOVE"] },
     }
 }
 

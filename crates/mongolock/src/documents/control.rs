@@ -68,7 +68,12 @@ impl LeaseControl for DocumentLease {
     }
 
     /// The idempotent release of `release_update`: ends the lease while it is ours, and
-    /// reports success again when a retry finds our lease id among the released ones.
+    /// reports success again when a retry finds our lease id among the released ones
+    /// (`<field>.released`, kept by time across later grants of the document, which carry the
+    /// list into their new lock sub-document: at least
+    /// [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR), at most the
+    /// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX) most recent ids). Beyond that a retry
+    /// reports the lease lost (the safe direction).
     async fn release(&self) -> Result<bool> {
         release(&self.inner, Some(&self.id), &self.lease_id).await
     }

@@ -87,8 +87,12 @@
 //!
 //! ```text
 //! { _id: 42, <your fields>..., _lock: { leaseId, fencingToken, acquiredAt, expiresAt,
-//!                                       holder: { host, pid, app } } }
+//!                                       holder: { host, pid, app },
+//!                                       released: [{ id, at }], lastReleased } }
 //! ```
+//!
+//! (`released` lists the lease ids their holders released recently, so that a release retried
+//! after a lost reply reports success; grants keep it.)
 //!
 //! Locking, extending and releasing write only this sub-document (update-pipeline `$set` of the
 //! field itself, or of `_lock.<subfield>` paths): every other field of your document stays

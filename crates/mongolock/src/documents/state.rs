@@ -8,7 +8,7 @@ use crate::backend::{Lease, LeaseId, LockInfo};
 use crate::backends::mongo::document::{self as codec, LockSite};
 pub(super) use crate::backends::mongo::document::{
     date, holder_doc, lease_id, ttl_millis, ACQUIRED_AT, EXPIRES_AT, HOLDER, LEASE_ID, OBSERVED_AT,
-    TOKEN,
+    RELEASED, TOKEN,
 };
 use crate::error::{Error, Result};
 

@@ -19,7 +19,10 @@ use crate::holder::HolderInfo;
 pub struct LeaderInfo {
     /// The role name.
     pub role: String,
-    /// The leader's term (the fencing token of its lease).
+    /// The leader's term: the fencing token of its lease, always the leader's own. A candidate
+    /// whose lease was granted but whose token is still being issued (MongoDB, a few
+    /// milliseconds) is not reported as leader until it has its term: it has not won yet (its
+    /// campaign returns only with the token).
     pub term: u64,
     /// The lease id of the leader's lease.
     pub lease_id: Option<LeaseId>,
@@ -34,14 +37,15 @@ pub struct LeaderInfo {
 }
 
 impl LeaderInfo {
-    /// The leader described by a lock's state; `None` when nobody holds an unexpired lease.
+    /// The leader described by a lock's state; `None` when nobody holds an unexpired lease, or
+    /// when the lease has no token yet (see [`term`](Self::term)).
     pub fn from_lock_info(info: &LockInfo) -> Option<LeaderInfo> {
         if !info.held {
             return None;
         }
         Some(LeaderInfo {
             role: info.name.clone(),
-            term: info.fencing_token,
+            term: info.fencing_token?,
             lease_id: info.lease_id.clone(),
             holder: info.holder.clone(),
             since: info.acquired_at,

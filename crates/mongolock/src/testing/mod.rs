@@ -492,7 +492,7 @@ pub async fn fencing_tokens_grow(backend: Arc<dyn LockBackend>) {
         "tokens must strictly grow: {tokens:?}"
     );
     let info = backend.inspect(&name).await.unwrap().unwrap();
-    assert_eq!(info.fencing_token, *tokens.last().unwrap());
+    assert_eq!(info.fencing_token, tokens.last().copied());
 }
 
 /// A zero timeout makes exactly one attempt, in every API form.
@@ -703,7 +703,7 @@ pub async fn auto_extension_keeps_others_out(backend: Arc<dyn LockBackend>) {
     let info = backend.inspect(&name).await.unwrap().unwrap();
     assert!(info.held);
     assert_eq!(info.lease_id.as_ref(), Some(g.lease_id()));
-    assert_eq!(info.fencing_token, g.fencing_token());
+    assert_eq!(info.fencing_token, Some(g.fencing_token()));
     g.release().await.unwrap();
 }
 
@@ -814,7 +814,7 @@ pub async fn inspect_and_list_show_the_holder(backend: Arc<dyn LockBackend>) {
     assert_eq!(info.name, name);
     assert!(info.held);
     assert_eq!(info.lease_id.as_ref(), Some(g.lease_id()));
-    assert_eq!(info.fencing_token, g.fencing_token());
+    assert_eq!(info.fencing_token, Some(g.fencing_token()));
     let holder = info.holder.clone().expect("holder metadata");
     assert_eq!(holder.pid, std::process::id());
     assert_eq!(holder.app_name.as_deref(), Some("mongolock-contract"));
@@ -847,7 +847,7 @@ pub async fn inspect_and_list_show_the_holder(backend: Arc<dyn LockBackend>) {
     let info = p.inspect(&name).await.unwrap().unwrap();
     assert!(!info.held);
     assert_eq!(info.lease_id, None);
-    assert_eq!(info.fencing_token, token);
+    assert_eq!(info.fencing_token, Some(token));
 }
 
 /// force_release ends a live lease; the holder's guard learns of it at its next extension.

@@ -228,16 +228,17 @@ pub(super) async fn try_acquire(
         }
     };
     if document::lease_id(&doc) != Some(req.lease_id.as_str()) {
-        // Held until its expiry; or reserved for another process's turn, which will take it
-        // for about a lease (and if that process does not, the release's fallback wakes one
-        // acquirer per process: `queue.rs`).
-        let next_holder_expiry = doc
+        // Held until its expiry; or reserved for another process's turn until the
+        // reservation lapses (`queue.rs`): retry then. An acquirer that waited before the
+        // release is also woken by its fallback; one that started during the reservation
+        // heard no release, so this retry is what serves it when the designated process died
+        // (if that process took the lock meanwhile, the retry is busy and waits for its lease).
+        let reserved_until = doc
             .get_document(RESERVED)
             .ok()
-            .and_then(|r| document::date(r, "until"))
-            .map(|until| until + req.ttl);
+            .and_then(|r| document::date(r, "until"));
         return Ok(Attempt::Busy {
-            holder_expires_at: document::date(&doc, EXPIRES_AT).max(next_holder_expiry),
+            holder_expires_at: document::date(&doc, EXPIRES_AT).max(reserved_until),
         });
     }
     if matches!(doc.get(EPOCH), Some(Bson::Int64(_) | Bson::Int32(_))) {

@@ -23,13 +23,14 @@ pub(crate) const EPOCH: &str = "epoch";
 pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
 pub(crate) const EXPIRES_AT: &str = "expiresAt";
 pub(crate) const HOLDER: &str = "holder";
-/// The lease ids of the last [`RELEASED_KEPT`] leases that their own holders released.
+/// The lease ids that their own holders released, as `{id, at: <server time>}`, oldest first:
+/// those of the last [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) (at most
+/// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX); see [`released_after`]). Entries written
+/// before ids were kept by time are plain strings; they are kept (within the cap) and found.
 pub(crate) const RELEASED: &str = "released";
 /// The lease id of the last release (a scalar, so that a change stream's `$match` can tell
 /// whose release an event reports; see `watch.rs`).
 pub(crate) const LAST_RELEASED: &str = "lastReleased";
-/// How many released lease ids a lock keeps (see [`release_update`]).
-pub(crate) const RELEASED_KEPT: i32 = 8;
 /// Added by inspection reads: the server time of the read. Never stored.
 pub(crate) const OBSERVED_AT: &str = "__mongolockObservedAt";
 
@@ -83,9 +84,12 @@ pub(crate) fn ttl_millis(ttl: Duration) -> i64 {
 /// (expiry and takeover, force-release), or this is a retry of a release whose first try was
 /// applied but whose reply was lost. [`released_before`] tells them apart: only the holder's
 /// own release ever writes its id into `released`, so a retry finds it there and reports
-/// success, while a lease that someone else ended never appears. A retry reports a spurious
-/// loss only if more than [`RELEASED_KEPT`] other leases were released in between (or the
-/// document was removed by TTL cleanup): the safe direction.
+/// success, while a lease that someone else ended never appears. The ids are kept by time
+/// ([`released_after`]), and grants keep the list (document locks too, whose grant rewrites
+/// the lock sub-document), so a retry reports a spurious loss only when it comes more than
+/// [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) after the release, or after more than
+/// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX) other releases of the lock in that time (or
+/// after the document was removed by TTL cleanup): the safe direction.
 ///
 /// With `queue` (named locks, whose `prefix` is empty: `Some(reserve)`), the release also pops
 /// the first waiting process of the lock's queue into `next`, and with `reserve` reserves the
@@ -105,13 +109,7 @@ pub(crate) fn release_update(
     let set = doc! {
         lease_path.as_str(): Bson::Null,
         expires_path.as_str(): { "$min": [format!("${expires_path}"), "$$NOW"] },
-        released_path.as_str(): { "$slice": [
-            { "$concatArrays": [
-                { "$ifNull": [format!("${released_path}"), []] },
-                [ours.clone()],
-            ] },
-            -RELEASED_KEPT,
-        ] },
+        released_path.as_str(): released_after(&released_path, lease_id),
         last_released_path.as_str(): ours,
     };
     match queue {
@@ -128,10 +126,39 @@ pub(crate) fn release_update(
     }
 }
 
+/// Aggregation expression: the released ids at `path` (a field path without `$`) after the
+/// release of `lease_id`: the entries of the last
+/// [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) by server time (and the untimed entries of
+/// older versions), then `{id: lease_id, at: $$NOW}`, the last
+/// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX) of them. Shared by exclusive releases,
+/// document locks and semaphore slots.
+pub(crate) fn released_after(path: &str, lease_id: &str) -> Document {
+    let kept_for = i64::try_from(crate::RELEASED_KEPT_FOR.as_millis()).unwrap_or(i64::MAX);
+    let kept_max = i64::try_from(crate::RELEASED_KEPT_MAX).unwrap_or(i64::MAX);
+    doc! { "$slice": [
+        { "$concatArrays": [
+            { "$filter": {
+                "input": { "$ifNull": [format!("${path}"), []] },
+                "cond": { "$or": [
+                    { "$eq": [{ "$type": "$$this" }, "string"] },
+                    { "$gt": ["$$this.at", { "$subtract": ["$$NOW", kept_for] }] },
+                ] },
+            } },
+            [{ "id": { "$literal": lease_id }, "at": "$$NOW" }],
+        ] },
+        -kept_max,
+    ] }
+}
+
 /// The filter (to add to the document's `_id`, if known) that finds a lock whose holder
 /// released `lease_id` itself: the check after a [`release_update`] that matched nothing.
 pub(crate) fn released_before(prefix: &str, lease_id: &str) -> Document {
-    doc! { format!("{prefix}{RELEASED}"): lease_id }
+    let path = format!("{prefix}{RELEASED}");
+    doc! { "$or": [
+        { format!("{path}.id"): lease_id },
+        // An entry of an older version (a plain string).
+        { path: lease_id },
+    ] }
 }
 
 pub(crate) fn holder_doc(h: &HolderInfo) -> Document {
@@ -219,10 +246,17 @@ pub(crate) fn lock_state(
         d.get("limit"),
         Some(Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))
     );
+    // A grant that waits for its token (named locks: `epoch: null` next to a lease id, `mod.rs`)
+    // still shows the previous lease's token: that one is not the new holder's.
+    let stamping = matches!(d.get(EPOCH), Some(Bson::Null)) && lease_id(d).is_some();
     Ok(LockInfo {
         held: (lease.is_some() || slot_mode) && expires_at.is_some_and(|e| e > observed_at),
         lease_id: lease,
-        fencing_token: token(d, site, &name)?.unwrap_or(0),
+        fencing_token: if stamping {
+            None
+        } else {
+            token(d, site, &name)?
+        },
         holder: holder(d),
         acquired_at: date(d, ACQUIRED_AT),
         expires_at,

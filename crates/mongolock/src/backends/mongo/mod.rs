@@ -6,7 +6,7 @@
 //! ```text
 //! { _id: <name>, leaseId: <string|null>, fencingToken: <int64>, epoch: <int64|null>,
 //!   acquiredAt: <date>, expiresAt: <date>, holder: { host, pid, app },
-//!   released: [<last 8 released lease ids>], lastReleased: <string>,
+//!   released: [{ id: <released lease id>, at: <date> }], lastReleased: <string>,
 //!   waiters: [{ m: <backend mark>, until: <date> }], next: <string>,
 //!   reserved: { m: <backend mark>, until: <date> } | null }
 //! ```
@@ -128,8 +128,9 @@
 //!
 //! # Release is idempotent for the holder
 //! A release whose reply was lost (and whose driver retry failed too) is retried by the core.
-//! Release therefore records the released lease id in `released` (the last 8) in the same
-//! write. The release matches the document only while the lease is ours (one command); when it
+//! Release therefore records the released lease id in `released` in the same write, where it
+//! stays for [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) (at most the
+//! [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX) most recent ids; grants keep the list). The release matches the document only while the lease is ours (one command); when it
 //! matches nothing, one read looks for the id in `released`: a retry finds it there and reports
 //! success, while a lease that someone else ended never appears there, so
 //! [`Error::LeaseLost`] means just that. The filter and pipeline are in

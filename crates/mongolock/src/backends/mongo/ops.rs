@@ -7,7 +7,7 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
-use super::document::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT};
+use super::document::{self, ttl_millis, EXPIRES_AT, LAST_RELEASED, LEASE_ID, OBSERVED_AT};
 use super::errors::classify;
 use super::queue;
 use super::slots::{self, LIMIT, SLOTS};
@@ -17,11 +17,20 @@ use crate::error::Result;
 /// The pipeline of a force-release: no lease id, expiry no later than now, the token stays, and
 /// the first waiting process is designated (and with `reserve`, the lock reserved for it:
 /// `queue.rs`).
+///
+/// `lastReleased` is set to the force-release's own unique string, which lies in no backend's
+/// lease-id range: left as it was, it would name the previous release's lease id, and on
+/// MongoDB 4.4 (pipeline updates reported as replace events carrying the whole document) the
+/// change stream of the backend that made that release would take the force-release for its
+/// own release and filter it out (`watch.rs`), so its waiters would sleep until the old
+/// expiry. It also lets a replace event's `next` be recognised as this force-release's
+/// designation (`Handoff::of`).
 fn end_lease(reserve: bool) -> Vec<Document> {
     let forced = format!("force-release-{}", LeaseId::random().as_str());
     let set = doc! {
         LEASE_ID: null,
         EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
+        LAST_RELEASED: { "$literal": forced.as_str() },
         // Every semaphore slot ends too (`slots.rs`).
         LIMIT: Bson::Null,
         SLOTS: [],

@@ -25,7 +25,12 @@
 //!   the queue, and processes are served in queue order. A grant clears the reservation. The
 //!   price: a designated process that died, or whose acquirers gave up, holds the lock up for
 //!   that long, single attempts (`try_acquire`, `exec --wait 0`) included. Every backend
-//!   honours a reservation, whoever wrote it.
+//!   honours a reservation, whoever wrote it. An attempt that finds the lock reserved for
+//!   another process reports it busy until the reservation's `until` (not until a lease after
+//!   it): an acquirer that started waiting during the reservation heard no release and has no
+//!   fallback armed, so it retries as the reservation lapses — at once served if the
+//!   designated process died, busy until that process's expiry (and woken by its release) if it
+//!   took the lock.
 //! * A process's change stream then wakes one of its acquirers only when `next` names its
 //!   backend (or names nobody). Other processes wake nobody at once, and one acquirer each
 //!   after [`HANDOFF_FALLBACK`] if nothing else happened to the name meanwhile: the designated

@@ -10,7 +10,10 @@
 //!   acquiredAt, expiresAt: <at least every unexpired slot's exp>, holder, released: [...] }
 //! ```
 //!
-//! Exclusive grants set `limit: null, slots: []` (exclusive mode); force-release does too.
+//! Exclusive grants set `limit: null` (exclusive mode) and leave `slots` as it was: those
+//! slots no longer count (every reader and writer of slots requires slot mode, and an
+//! exclusive grant requires every slot expired), and the next slot grant discards them.
+//! Force-release sets `limit: null, slots: []`.
 //! In slot mode `leaseId` is never null: a grant sets it to the new slot's lease id (the change
 //! stream reports a grant: observers learn of it, no acquirer is woken) and a release to
 //! `{released: <lease id>}`, which the stream reports as a change it cannot describe, so one
@@ -47,7 +50,12 @@
 //! A slot's token is taken exactly like an exclusive lease's: `fencingToken + 1` within the
 //! document's epoch, the epoch's first token when the upsert creates the document within the
 //! creation window, or else a stamp from a fresh epoch (`stamp`) — which needs our slot
-//! unexpired, so the argument of the [module docs](super) carries over: the invariant
+//! unexpired, and, unlike an exclusive lease's, also needs the fresh epoch's range to reach
+//! `fencingToken + 1`: other slots keep being granted (and stamped) while ours waits for its
+//! stamp, so the token may have left that epoch behind; the stamp then takes another epoch
+//! instead of moving `epoch` backwards. So every token lies in the range of the epoch
+//! recorded with it, taken from the counter, and the argument of the [module docs](super)
+//! carries over: the invariant
 //! "`expiresAt` ≥ the `exp` of every unexpired slot" (kept by grant, extend and release) means
 //! the TTL monitor deletes a document only after every slot's lease ended plus
 //! `cleanup_after`, as for an exclusive lease. Every grant and stamp writes the document's
@@ -62,7 +70,7 @@ use mongodb::Collection;
 use super::acquire::{self, NewLifetime, EPOCH_TOKENS};
 use super::document::{
     self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EPOCH, EXPIRES_AT, HOLDER, LEASE_ID,
-    RELEASED, RELEASED_KEPT, TOKEN,
+    RELEASED, TOKEN,
 };
 use super::errors::classify;
 use crate::backend::{AcquireRequest, Attempt, Lease, LeaseHolder, LeaseId};
@@ -335,59 +343,93 @@ async fn outcome(
     })
 }
 
-/// A slot granted without a token: take a new epoch, then stamp our (unexpired) slot and the
-/// document with `max(fencingToken + 1, (epoch - 1) · 2²⁰ + 1)`.
+/// How many fresh epochs a slot's stamp takes before it gives up (see [`stamp`]).
+const STAMP_TRIES: usize = 8;
+
+/// Aggregation expression: the token a stamp with `epoch` gives, or null when `epoch`'s range
+/// ends below the document's `fencingToken + 1` (the stamping rule of [`stamp`]).
+fn stamped_token(epoch: i64) -> Document {
+    let next = doc! { "$add": [{ "$ifNull": ["$fencingToken", 0_i64] }, 1_i64] };
+    doc! { "$cond": [
+        { "$lte": [next.clone(), epoch * EPOCH_TOKENS] },
+        { "$max": [next, (epoch - 1) * EPOCH_TOKENS + 1] },
+        Bson::Null,
+    ] }
+}
+
+/// A slot granted without a token: take a new epoch `e`, then stamp our (unexpired) slot and
+/// the document with `max(fencingToken + 1, (e - 1) · 2²⁰ + 1)` and `epoch: e` — only when
+/// `fencingToken + 1 <= e · 2²⁰`, i.e. the new token lies in `e`'s range. Otherwise the stamp
+/// writes nothing and we take another epoch.
+///
+/// Why the condition: other slots are granted and stamped while ours waits for its stamp, so
+/// the document's token may have passed the end of `e`'s range by then (2²⁰ grants within one
+/// slot lease, or a later epoch's stamp). Stamping with `e` anyway would move `epoch`
+/// backwards and, worse, issue a token above every epoch taken from the counter (`e · 2²⁰ +
+/// 1` when the token was exactly at the end of the range): a later lifetime of the name,
+/// whose first epoch is the next one, could then issue the same token again. With the
+/// condition, every token lies in the range of the epoch recorded with it, which was taken
+/// from the counter — what the cross-lifetime argument of the [module docs](super) needs.
+/// A fresh epoch taken after we saw the token too high starts above it (the counter is at
+/// least every epoch whose range holds a token), so one more try normally suffices.
 async fn stamp(coll: &Collection<Document>, req: &AcquireRequest) -> Result<Attempt> {
-    let NewLifetime { epoch, .. } = acquire::take_epoch(coll, &req.name, Duration::ZERO).await?;
     let mine = req.lease_id.as_str();
-    let token = doc! { "$max": [
-        { "$add": [{ "$ifNull": ["$fencingToken", 0_i64] }, 1_i64] },
-        (epoch - 1) * EPOCH_TOKENS + 1,
-    ] };
-    let stamped = coll
-        .find_one_and_update(
-            doc! {
-                "_id": req.name.as_str(),
-                "slots.id": mine,
-                "$expr": holds_unexpired(mine),
-            },
-            vec![
-                doc! { "$set": { NEW_TOKEN: token } },
-                doc! { "$set": {
-                    TOKEN: format!("${NEW_TOKEN}"),
-                    EPOCH: epoch,
-                    SLOTS: { "$map": {
-                        "input": "$slots",
-                        "as": "s",
-                        "in": { "$cond": [
-                            { "$eq": ["$$s.id", { "$literal": mine }] },
-                            { "$mergeObjects": ["$$s", { "token": format!("${NEW_TOKEN}") }] },
-                            "$$s",
+    for _ in 0..STAMP_TRIES {
+        let NewLifetime { epoch, .. } =
+            acquire::take_epoch(coll, &req.name, Duration::ZERO).await?;
+        let stamped = coll
+            .find_one_and_update(
+                doc! {
+                    "_id": req.name.as_str(),
+                    "slots.id": mine,
+                    "$expr": holds_unexpired(mine),
+                },
+                vec![
+                    doc! { "$set": { NEW_TOKEN: stamped_token(epoch) } },
+                    doc! { "$set": {
+                        TOKEN: { "$ifNull": [format!("${NEW_TOKEN}"), "$fencingToken"] },
+                        EPOCH: { "$cond": [
+                            { "$eq": [format!("${NEW_TOKEN}"), Bson::Null] },
+                            "$epoch",
+                            { "$literal": epoch },
                         ] },
+                        SLOTS: { "$map": {
+                            "input": "$slots",
+                            "as": "s",
+                            "in": { "$cond": [
+                                { "$eq": ["$$s.id", { "$literal": mine }] },
+                                { "$mergeObjects": [
+                                    "$$s",
+                                    { "token": format!("${NEW_TOKEN}") },
+                                ] },
+                                "$$s",
+                            ] },
+                        } },
                     } },
-                } },
-                doc! { "$unset": [NEW_TOKEN] },
-            ],
-        )
-        .return_document(ReturnDocument::After)
-        .projection(reply_fields())
-        .await
-        .map_err(|e| classify(e, "semaphore acquire (stamp fencing token)"))?;
-    let lease = match stamped.as_ref().and_then(|d| find_slot(d, mine)) {
-        Some(slot) => slot_lease(slot, &req.name)?,
-        // Our slot expired (or was force-released) before it was stamped: it never counted.
-        None => {
+                    doc! { "$unset": [NEW_TOKEN] },
+                ],
+            )
+            .return_document(ReturnDocument::After)
+            .projection(reply_fields())
+            .await
+            .map_err(|e| classify(e, "semaphore acquire (stamp fencing token)"))?;
+        let Some(slot) = stamped.as_ref().and_then(|d| find_slot(d, mine)) else {
+            // Our slot expired (or was force-released) before it was stamped: it never counted.
             return Ok(Attempt::Busy {
                 holder_expires_at: None,
-            })
+            });
+        };
+        if let Some(lease) = slot_lease(slot, &req.name)? {
+            return Ok(Attempt::Acquired(lease));
         }
-    };
-    lease.map(Attempt::Acquired).ok_or_else(|| {
-        Error::backend(
-            "the fencing token of a semaphore slot was not stamped",
-            "the server does not behave like MongoDB; check the deployment",
-        )
-    })
+        // The token passed the end of this epoch's range meanwhile: take a fresh epoch.
+    }
+    // Only when other processes take epochs of this counter faster than we can stamp.
+    Err(Error::unavailable(format!(
+        "the fencing token of a slot of semaphore {:?} could not be stamped: {STAMP_TRIES} \
+         fresh fencing epochs in a row were already behind its token; retry",
+        req.name
+    )))
 }
 
 /// Sets our unexpired slot's `exp` to server now + `ttl` (and `expiresAt` to at least that).
@@ -467,13 +509,7 @@ pub(super) async fn release(
                         latest_exp(Bson::String(format!("${OK}")), Bson::Null),
                         { "$min": ["$expiresAt", "$$NOW"] },
                     ] },
-                    RELEASED: { "$slice": [
-                        { "$concatArrays": [
-                            { "$ifNull": ["$released", []] },
-                            [{ "$literal": mine }],
-                        ] },
-                        -RELEASED_KEPT,
-                    ] },
+                    RELEASED: document::released_after(RELEASED, mine),
                 } },
                 doc! { "$unset": [OK] },
             ],

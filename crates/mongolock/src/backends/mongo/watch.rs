@@ -59,9 +59,12 @@
 //! * **Holders.** A takeover is always a grant to *another* lease id. Granted by another
 //!   backend, it carries another mark and passes the `$match`; granted by this backend (a
 //!   sibling took over after our lease expired), it is dispatched in-process with its token,
-//!   which is above ours, so the holder judges it a loss. Force-releases write no
-//!   `lastReleased` and pass. A holder no longer sees its own release — it is not listening
-//!   any more then (the guard stops its watchdog before releasing).
+//!   which is above ours, so the holder judges it a loss. A force-release sets `lastReleased`
+//!   to its own unique string (`force-release-<random>`, in no backend's range), so it passes
+//!   every backend's `$match` — also on MongoDB 4.4, whose replace events carry the whole
+//!   document: a stale `lastReleased` there would make the backend that made the previous
+//!   release filter the force-release out as its own. A holder no longer sees its own release
+//!   — it is not listening any more then (the guard stops its watchdog before releasing).
 //! * Documents locked in place ([`Target::Documents`]) keep the unfiltered pipeline; their
 //!   acquirers poll.
 //!

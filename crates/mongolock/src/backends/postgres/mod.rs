@@ -50,7 +50,7 @@
 //! name text PRIMARY KEY, lease_id text, fencing_token bigint NOT NULL,
 //! acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
 //! holder_host text, holder_pid bigint, holder_app text,
-//! released text[] NOT NULL DEFAULT '{}',      -- the last 8 released lease ids
+//! released text[] NOT NULL DEFAULT '{}',      -- '<id> <ms>' of recently released lease ids
 //! slot_limit integer, slots jsonb NOT NULL DEFAULT '[]',   -- semaphores (below)
 //! waiters jsonb NOT NULL DEFAULT '[]', handoff text        -- the handoff queue (`queue.rs`)
 //! ```
@@ -90,10 +90,12 @@
 //! * **Extend**: `UPDATE ... SET expires_at = clock_timestamp() + ttl WHERE name AND lease_id =
 //!   ours AND expires_at > clock_timestamp()`: an expired lease is never extended.
 //! * **Release**: `UPDATE ... SET lease_id = NULL, expires_at = least(expires_at,
-//!   clock_timestamp()), released = <last 8 released ids, ours appended> WHERE lease_id =
-//!   ours`, popping the first queued backend into `handoff` (returned with the reply); in the
-//!   same statement, an id already in `released` reports success (a retry after a lost reply).
-//!   A lease someone else ended never appears there, so `false` means just that.
+//!   clock_timestamp()), released = <the ids released in the last RELEASED_KEPT_FOR, ours
+//!   appended, at most RELEASED_KEPT_MAX> WHERE lease_id = ours`, popping the first queued
+//!   backend into `handoff` (returned with the reply); in the same statement, an id already in
+//!   `released` reports success (a retry after a lost reply, even after many other releases:
+//!   ids are kept by time, [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR)). A lease someone
+//!   else ended never appears there, so `false` means just that.
 //! * **Force-release**: clears an unexpired lease (popping the queue likewise); the token is
 //!   kept.
 //! * **Inspect / list**: one `SELECT` each; `held` is judged with one `clock_timestamp()`.

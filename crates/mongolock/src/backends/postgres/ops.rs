@@ -16,6 +16,36 @@ pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// SQL expression (in the release statement, on the row `l`, `$2` the released lease id): the
+/// `released` column after the release. Its entries are `<lease id> <server time in Unix
+/// milliseconds>`, oldest first; the release keeps those of the last
+/// [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) (and untimed entries written by older
+/// versions), appends its own, and keeps the last
+/// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX). Kept by time, not by count alone: on a hot
+/// lock many releases happen before a release whose reply was lost is retried.
+pub(crate) fn released_after() -> String {
+    let now_ms = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+    format!(
+        "(SELECT coalesce(array_agg(k.r ORDER BY k.o), '{{}}'::text[]) FROM (
+           SELECT u.r, u.o
+             FROM unnest(array_append(l.released, $2::text || ' ' || {now_ms}))
+                  WITH ORDINALITY AS u(r, o)
+            WHERE coalesce(substring(u.r FROM ' ([0-9]+)$')::bigint, {now_ms}) > {now_ms} - {kept_for}
+            ORDER BY u.o DESC LIMIT {kept_max}) k)",
+        kept_for = crate::RELEASED_KEPT_FOR.as_millis(),
+        kept_max = crate::RELEASED_KEPT_MAX,
+    )
+}
+
+/// SQL condition on a `released` array column `column` (see [`released_after`]): it holds the
+/// lease id `$2`.
+pub(crate) fn was_released(column: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM unnest({column}) AS r(id)
+                  WHERE r.id = $2::text OR left(r.id, length($2::text) + 1) = $2::text || ' ')"
+    )
+}
+
 /// PostgreSQL `text` cannot hold NUL characters: such a lock name is refused before it is
 /// sent, with a typed error.
 pub(crate) fn check_name(name: &str) -> Result<()> {
@@ -200,7 +230,7 @@ pub(crate) fn info(row: &Row) -> Result<LockInfo> {
         name: row.try_get("name").map_err(decode)?,
         held: row.try_get("held").map_err(decode)?,
         lease_id: lease_id.map(LeaseId::from_string),
-        fencing_token: token(row, "fencing_token")?,
+        fencing_token: Some(token(row, "fencing_token")?),
         holder: host.map(|host| HolderInfo {
             host,
             pid: pid.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),

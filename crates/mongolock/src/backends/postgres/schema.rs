@@ -283,7 +283,7 @@ impl Schema {
                           CASE WHEN l.slot_limit IS NULL THEN {popped} ELSE l.waiters END,
                           CASE WHEN l.slot_limit IS NULL THEN {designation} ELSE l.handoff END
                      FROM (SELECT {rest} AS rest) r, (SELECT {live} AS live) q),
-                 released = (array_append(released, $2::text))[greatest(cardinality(released) - 6, 1):]
+                 released = {released_after}
                WHERE name = $1
                  AND ((l.slot_limit IS NULL AND lease_id = $2)
                    OR (l.slot_limit IS NOT NULL AND EXISTS (
@@ -291,11 +291,13 @@ impl Schema {
                RETURNING l.fencing_token, CASE WHEN l.slot_limit IS NULL THEN l.handoff END AS handoff
              )
              SELECT EXISTS (SELECT 1 FROM ended)
-                 OR EXISTS (SELECT 1 FROM {t} WHERE name = $1 AND $2 = ANY (released)) AS released,
+                 OR EXISTS (SELECT 1 FROM {t} WHERE name = $1 AND {was_released}) AS released,
                     (SELECT handoff FROM ended) AS handoff,
                     (SELECT fencing_token FROM ended) AS fencing_token",
             popped = queue::popped("q.live"),
             designation = queue::designation("q.live", "$3::text", "$2::text"),
+            released_after = super::ops::released_after(),
+            was_released = super::ops::was_released("released"),
             live = queue::live("l", "clock_timestamp()"),
         );
         // An exclusive lease forced out hands off like a release (by nobody's mark).
