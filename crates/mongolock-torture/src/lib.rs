@@ -56,6 +56,7 @@ pub mod cli_check;
 pub mod config;
 pub mod faults;
 pub mod history;
+pub mod netns;
 pub mod options;
 pub mod postgres;
 pub mod recorder;
