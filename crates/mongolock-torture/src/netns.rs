@@ -133,6 +133,7 @@ pub struct Net {
     control_addr: String,
     port: u16,
     server: Mutex<Option<Child>>,
+    netem: bool,
 }
 
 impl Net {
@@ -157,6 +158,7 @@ impl Net {
             control_addr: String::new(),
             port: 0,
             server: Mutex::new(None),
+            netem: false,
         };
         let add_ns = |name: &str| -> Result<(), String> {
             sh("ip", &["netns", "add", name])?;
@@ -200,6 +202,19 @@ impl Net {
             sh("ip", &["-n", &server_ns, "link", "set", &w, "up"])?;
             sh("ip", &["-n", &ns, "addr", "add", &w_addr, "dev", "eth0"])?;
             sh("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
+        }
+        // Kernels without the netem qdisc (no sch_netem module, e.g. some containers): the
+        // degradation drops every packet at a `pfifo limit 0` qdisc instead (100% loss, no
+        // delay variant).
+        let probe = ["netns", "exec", &server_ns, "tc", "qdisc", "add", "dev", "w0", "root"];
+        net.netem = workers > 0 && sh("ip", &[&probe[..], &["netem", "delay", "1ms"]].concat()).is_ok();
+        if net.netem {
+            sh("ip", &["netns", "exec", &server_ns, "tc", "qdisc", "del", "dev", "w0", "root"])?;
+        } else {
+            eprintln!(
+                "torture: the kernel has no netem qdisc (sch_netem); netem degrades links with \
+                 `pfifo limit 0` (100% loss) instead"
+            );
         }
         let stderr = std::fs::File::create(dir.join("mongo-testserver.stderr"))
             .map_err(|e| format!("cannot create the server's log: {e}"))?;
@@ -285,6 +300,13 @@ impl Net {
         let ns = self.server_ns.as_str();
         match how {
             Cut::Down => sh("ip", &["-n", ns, "link", "set", &w, "down"]),
+            Cut::Loss | Cut::Delay(_) if !self.netem => sh(
+                "ip",
+                &[
+                    "netns", "exec", ns, "tc", "qdisc", "add", "dev", &w, "root", "pfifo",
+                    "limit", "0",
+                ],
+            ),
             Cut::Loss => sh(
                 "ip",
                 &[
