@@ -49,7 +49,7 @@ for f in "$D".desc.*; do
   downer=$(cat "$f" 2>/dev/null)
   dpid=${downer#* }
   if [ -n "$dpid" ] && [ "${downer% *}" != "$MONGOLOCK_FENCING_TOKEN" ] && alive "$dpid"; then
-    echo "overlap: a setsid descendant (pid $dpid) of the command with token ${downer% *} was still running when the command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started, at $(date +%s.%N)" >> "$LOG"
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token ${downer% *} (pid $dpid) was still running, at $(date +%s.%N)" >> "$LOG"
   elif [ -n "$dpid" ] && ! alive "$dpid"; then
     rm -f "$f"
   fi
@@ -204,10 +204,19 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     let overlaps: Vec<String> = std::fs::read_to_string(&log)
         .map(|s| s.lines().map(str::to_owned).collect())
         .unwrap_or_default();
+    // The old command's pid is the last "(pid N" of a line; a setsid descendant's episode is
+    // attributed to `exec_setsid`.
     let mut owners: Vec<String> = overlaps
         .iter()
-        .filter_map(|l: &String| l.split("(pid ").nth(1))
-        .filter_map(|r| r.split(')').next())
+        .filter_map(|l: &String| l.rsplit("(pid ").next())
+        .filter_map(|r| r.split([')', ',']).next())
+        .map(str::to_owned)
+        .collect();
+    let setsid_owners: Vec<String> = overlaps
+        .iter()
+        .filter(|l| l.contains("setsid descendant"))
+        .filter_map(|l| l.rsplit("(pid ").next())
+        .filter_map(|r| r.split([')', ',']).next())
         .map(str::to_owned)
         .collect();
     owners.sort();
@@ -215,10 +224,11 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     let hit = lock(&counters.1).clone();
     let mut episodes = BTreeMap::new();
     for o in owners {
-        let kind = hit
-            .iter()
-            .find(|(p, _)| *p == o)
-            .map_or("none", |(_, k)| *k);
+        let kind = if setsid_owners.contains(&o) {
+            "exec_setsid"
+        } else {
+            hit.iter().find(|(p, _)| *p == o).map_or("none", |(_, k)| *k)
+        };
         *episodes.entry(kind.to_owned()).or_default() += 1;
     }
     let lines = |suffix: &str| {
@@ -280,7 +290,7 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
         counters.0[5].fetch_add(1, Ordering::Relaxed);
     }
     let fault: f64 = rng.random();
-    if plan.group_stops && (0.4..0.6).contains(&fault) {
+    if plan.group_stops && (0.4..0.65).contains(&fault) {
         // Job control (Ctrl-Z, `kill -STOP -<pgid>`): the whole group of mongolock, longer
         // than the lease, then continued.
         let after = Duration::from_millis(rng.random_range(0..1500));
@@ -289,14 +299,20 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
             _ = tokio::time::sleep(after) => {}
         }
         let Some(pid) = child.id() else { return };
-        let running = !descendants(pid).is_empty();
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        lock(&counters.1).extend(
-            children
-                .split_whitespace()
-                .map(|c| (c.to_owned(), "exec_group_stop")),
-        );
+        // Stop while the command runs (mongolock may still be waiting for the lock).
+        let mut below = descendants(pid);
+        for _ in 0..150 {
+            if !below.is_empty() {
+                break;
+            }
+            tokio::select! {
+                _ = child.wait() => return,
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+            below = descendants(pid);
+        }
+        let running = !below.is_empty();
+        lock(&counters.1).extend(below.iter().map(|c| (c.to_string(), "exec_group_stop")));
         // SAFETY: kill(2) on the process group of our own child (its own group: process_group(0)).
         if unsafe { libc::kill(-(pid as i32), libc::SIGSTOP) } == 0 {
             counters.0[3].fetch_add(1, Ordering::Relaxed);
@@ -316,11 +332,10 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
             _ = tokio::time::sleep(after) => {}
         }
         let Some(pid) = child.id() else { return };
-        // Remember which command (mongolock's child) each fault hit, to attribute overlaps.
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        // Remember which command (mongolock's descendant) each fault hit, to attribute
+        // overlaps.
         let kind = if fault < 0.2 { "sigkill" } else { "sigstop" };
-        lock(&counters.1).extend(children.split_whitespace().map(|c| (c.to_owned(), kind)));
+        lock(&counters.1).extend(descendants(pid).iter().map(|c| (c.to_string(), kind)));
         if fault < 0.2 {
             // SAFETY: kill(2) on our own child.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
@@ -337,14 +352,26 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
     let _ = child.wait().await;
 }
 
+/// The children of `pid`, from `/proc` (every thread's: a child belongs to the thread that
+/// started it).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        out.extend(text.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+    }
+    out
+}
+
 /// Every descendant of `pid` (children, their children, ...), from `/proc`.
 fn descendants(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     let mut todo = vec![pid];
     while let Some(p) = todo.pop() {
-        let children =
-            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
-        for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+        for c in children(p) {
             out.push(c);
             todo.push(c);
         }

@@ -65,6 +65,17 @@ fn run_dir(args: &RunArgs, seed: u64) -> Result<PathBuf, AnyError> {
         }
     };
     std::fs::create_dir_all(&dir)?;
+    // Logs of an earlier run in a reused directory would be read as this run's (the logs are
+    // appended to): remove the files the harness writes there.
+    for entry in std::fs::read_dir(&dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if (name.starts_with("worker-") && (name.ends_with(".jsonl") || name.ends_with(".stderr")))
+            || name.starts_with("cli-overlaps.log")
+            || name.starts_with("cli-mutex")
+        {
+            let _ = std::fs::remove_file(entry.path()).or_else(|_| std::fs::remove_dir_all(entry.path()));
+        }
+    }
     Ok(dir)
 }
 
