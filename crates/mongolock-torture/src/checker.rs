@@ -339,8 +339,10 @@ impl Checker {
             let entry = self.last_token.entry(grant.name.clone()).or_insert(token);
             *entry = (*entry).max(token);
             if !grant.released {
-                self.unreleased_end
-                    .insert((grant.name.clone(), token), (grant.end_us, grant.lease.clone()));
+                self.unreleased_end.insert(
+                    (grant.name.clone(), token),
+                    (grant.end_us, grant.lease.clone()),
+                );
             }
         }
         self.last_grant.insert(grant.name.clone(), grant);

@@ -227,7 +227,9 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
         let kind = if setsid_owners.contains(&o) {
             "exec_setsid"
         } else {
-            hit.iter().find(|(p, _)| *p == o).map_or("none", |(_, k)| *k)
+            hit.iter()
+                .find(|(p, _)| *p == o)
+                .map_or("none", |(_, k)| *k)
         };
         *episodes.entry(kind.to_owned()).or_default() += 1;
     }
@@ -361,7 +363,10 @@ fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for t in tasks.flatten() {
         let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-        out.extend(text.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
     }
     out
 }

@@ -506,7 +506,9 @@ pub async fn inject(
                 let how = match kind {
                     FaultKind::Partition => Cut::Down,
                     _ if rng.random_bool(0.5) => Cut::Loss,
-                    _ => Cut::Delay(plan.lease.mul_f64(rng.random_range(1.5..3.0)).as_millis() as u64),
+                    _ => {
+                        Cut::Delay(plan.lease.mul_f64(rng.random_range(1.5..3.0)).as_millis() as u64)
+                    }
                 };
                 let (counts, cut_slots) = (counts.clone(), cut_slots.clone());
                 pauses.push(tokio::spawn(async move {
@@ -518,7 +520,9 @@ pub async fn inject(
                                 *c.fired.entry(kind).or_default() += 1;
                             }
                         }
-                        Err(e) => eprintln!("torture: {} of worker {slot} failed: {e}", kind.label()),
+                        Err(e) => {
+                            eprintln!("torture: {} of worker {slot} failed: {e}", kind.label())
+                        }
                     }
                     lock(&cut_slots).remove(&slot);
                 }));

@@ -70,9 +70,8 @@ fn sh(program: &str, args: &[&str]) -> Result<(), String> {
 }
 
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p).any(|d| d.join(program).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
 }
 
 /// Why partitions cannot run here (`None`: they can): not root, or `ip` / `tc` missing.
@@ -83,7 +82,9 @@ pub fn unavailable() -> Option<String> {
     }
     for p in ["ip", "tc"] {
         if !on_path(p) {
-            return Some(format!("`{p}` is not installed (Debian: apt-get install iproute2)"));
+            return Some(format!(
+                "`{p}` is not installed (Debian: apt-get install iproute2)"
+            ));
         }
     }
     None
@@ -175,11 +176,13 @@ impl Net {
         sh(
             "ip",
             &[
-                "link", "add", &root_if, "type", "veth", "peer", "name", "ctl", "netns",
-                &server_ns,
+                "link", "add", &root_if, "type", "veth", "peer", "name", "ctl", "netns", &server_ns,
             ],
         )?;
-        sh("ip", &["addr", "add", &format!("{root_addr}/30"), "dev", &root_if])?;
+        sh(
+            "ip",
+            &["addr", "add", &format!("{root_addr}/30"), "dev", &root_if],
+        )?;
         sh("ip", &["link", "set", &root_if, "up"])?;
         let ctl = format!("{}/30", net.control_addr);
         sh("ip", &["-n", &server_ns, "addr", "add", &ctl, "dev", "ctl"])?;
@@ -206,10 +209,18 @@ impl Net {
         // Kernels without the netem qdisc (no sch_netem module, e.g. some containers): the
         // degradation drops every packet at a `pfifo limit 0` qdisc instead (100% loss, no
         // delay variant).
-        let probe = ["netns", "exec", &server_ns, "tc", "qdisc", "add", "dev", "w0", "root"];
-        net.netem = workers > 0 && sh("ip", &[&probe[..], &["netem", "delay", "1ms"]].concat()).is_ok();
+        let probe = [
+            "netns", "exec", &server_ns, "tc", "qdisc", "add", "dev", "w0", "root",
+        ];
+        net.netem =
+            workers > 0 && sh("ip", &[&probe[..], &["netem", "delay", "1ms"]].concat()).is_ok();
         if net.netem {
-            sh("ip", &["netns", "exec", &server_ns, "tc", "qdisc", "del", "dev", "w0", "root"])?;
+            sh(
+                "ip",
+                &[
+                    "netns", "exec", &server_ns, "tc", "qdisc", "del", "dev", "w0", "root",
+                ],
+            )?;
         } else {
             eprintln!(
                 "torture: the kernel has no netem qdisc (sch_netem); netem degrades links with \
@@ -267,7 +278,10 @@ impl Net {
 
     /// The URI of the server from worker slot `i`'s namespace.
     pub fn worker_uri(&self, i: usize) -> String {
-        format!("mongodb://10.232.{i}.1:{}/?directConnection=true", self.port)
+        format!(
+            "mongodb://10.232.{i}.1:{}/?directConnection=true",
+            self.port
+        )
     }
 
     /// The namespace of worker slot `i`.
@@ -303,8 +317,8 @@ impl Net {
             Cut::Loss | Cut::Delay(_) if !self.netem => sh(
                 "ip",
                 &[
-                    "netns", "exec", ns, "tc", "qdisc", "add", "dev", &w, "root", "pfifo",
-                    "limit", "0",
+                    "netns", "exec", ns, "tc", "qdisc", "add", "dev", &w, "root", "pfifo", "limit",
+                    "0",
                 ],
             ),
             Cut::Loss => sh(
@@ -349,7 +363,12 @@ impl Net {
 
     /// Hurts slot `i`'s link for `hold`, then heals it; returns whether it took effect (the
     /// worker's namespace retransmitted during the cut), or an error when `ip`/`tc` failed.
-    pub async fn cut_for(self: &std::sync::Arc<Self>, i: usize, how: Cut, hold: Duration) -> Result<bool, String> {
+    pub async fn cut_for(
+        self: &std::sync::Arc<Self>,
+        i: usize,
+        how: Cut,
+        hold: Duration,
+    ) -> Result<bool, String> {
         let net = self.clone();
         let before = tokio::task::spawn_blocking(move || {
             let before = net.retransmits(i);

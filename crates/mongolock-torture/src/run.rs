@@ -73,7 +73,8 @@ fn run_dir(args: &RunArgs, seed: u64) -> Result<PathBuf, AnyError> {
             || name.starts_with("cli-overlaps.log")
             || name.starts_with("cli-mutex")
         {
-            let _ = std::fs::remove_file(entry.path()).or_else(|_| std::fs::remove_dir_all(entry.path()));
+            let _ = std::fs::remove_file(entry.path())
+                .or_else(|_| std::fs::remove_dir_all(entry.path()));
         }
     }
     Ok(dir)
@@ -181,7 +182,10 @@ pub async fn run(args: RunArgs) -> Result<i32, AnyError> {
                 .filter(|k| {
                     let ok = store.fail_points() || !k.needs_fail_points(backend);
                     if !ok {
-                        skipped.insert(*k, "fail points need the embedded server or --failpoints".into());
+                        skipped.insert(
+                            *k,
+                            "fail points need the embedded server or --failpoints".into(),
+                        );
                     }
                     ok && !skipped.contains_key(k)
                 })
@@ -254,7 +258,11 @@ async fn run_processes(
     let cleanup_every = (args.ttl_monitor.as_millis() as u64).max(1);
     let netns: Vec<String> = net
         .as_ref()
-        .map(|n| (0..args.workers).filter_map(|i| n.worker_ns(i).map(str::to_owned)).collect())
+        .map(|n| {
+            (0..args.workers)
+                .filter_map(|i| n.worker_ns(i).map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default();
     let worker_uris: Vec<String> = net
         .as_ref()
@@ -266,7 +274,10 @@ async fn run_processes(
         args.workers,
         netns,
         Arc::new(move |id, inc, log| WorkerConfig {
-            uri: worker_uris.get(id).cloned().unwrap_or_else(|| base.uri.clone()),
+            uri: worker_uris
+                .get(id)
+                .cloned()
+                .unwrap_or_else(|| base.uri.clone()),
             worker: format!("w{id}.{inc}"),
             seed: base.seed ^ ((id as u64) << 32) ^ (inc << 48) ^ 0x9e37_79b9,
             polling: id % 2 == 1,
@@ -358,7 +369,10 @@ async fn run_processes(
 
     let recorded = store.finish().await?;
     let mut c = recorded.checker;
-    if args.uri.as_deref().is_some_and(|u| !u.is_empty() && net.is_none())
+    if args
+        .uri
+        .as_deref()
+        .is_some_and(|u| !u.is_empty() && net.is_none())
         || args.postgres_url.as_deref().is_some_and(|u| !u.is_empty())
     {
         // Another host's clock: rule (9) compares the workers' clock with the server's.
@@ -388,8 +402,12 @@ async fn run_processes(
     };
     let mut faults = lock(&counts).clone();
     if let Some(r) = &cli_report {
-        faults.injected.insert(FaultKind::ExecGroupStop, r.group_stops.0);
-        faults.fired.insert(FaultKind::ExecGroupStop, r.group_stops.1);
+        faults
+            .injected
+            .insert(FaultKind::ExecGroupStop, r.group_stops.0);
+        faults
+            .fired
+            .insert(FaultKind::ExecGroupStop, r.group_stops.1);
         faults.injected.insert(FaultKind::ExecSetsid, r.setsid.0);
         faults.fired.insert(FaultKind::ExecSetsid, r.setsid.1);
     }

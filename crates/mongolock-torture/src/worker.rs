@@ -20,8 +20,8 @@ use tokio::sync::watch;
 
 use crate::checker::Grant;
 use crate::config::{
-    pick_cold, pick_hot, pick_sem, WorkerConfig, ELECTION_ROLE, EXT_APP_NAME, JOBS_COLLECTION, JOBS_LOCK_FIELD,
-    LOCK_COLLECTION, SEM_LIMIT, WORKER_APP_NAME, WORKER_CONFIG_ENV,
+    pick_cold, pick_hot, pick_sem, WorkerConfig, ELECTION_ROLE, EXT_APP_NAME, JOBS_COLLECTION,
+    JOBS_LOCK_FIELD, LOCK_COLLECTION, SEM_LIMIT, WORKER_APP_NAME, WORKER_CONFIG_ENV,
 };
 use crate::options::Backend;
 use crate::postgres::PgResource;
@@ -661,7 +661,10 @@ async fn short_extensions(env: Arc<Env>, seed: u64) {
             via: "short_extension".into(),
             t: now_us(),
         });
-        if !env.fenced(&name, token, &lease_id, || guard.is_lost()).await {
+        if !env
+            .fenced(&name, token, &lease_id, || guard.is_lost())
+            .await
+        {
             drop(guard);
             end(&env, &name, token, EndHow::Dropped);
             continue;
@@ -705,7 +708,8 @@ async fn short_extensions(env: Arc<Env>, seed: u64) {
         }
         // After the shortened expiry (sent + block + 0.3 lease), before the original one.
         tokio::time::sleep_until(sent + lease.mul_f64(rng.random_range(0.6..0.8))).await;
-        env.fenced(&name, token, &lease_id, || guard.is_lost()).await;
+        env.fenced(&name, token, &lease_id, || guard.is_lost())
+            .await;
         match guard.release().await {
             Ok(()) => end(&env, &name, token, EndHow::Released),
             Err(_) => end(&env, &name, token, EndHow::ReleaseFailed),
@@ -814,13 +818,9 @@ fn postgres_env(
             .map_err(|e| e.to_string())?;
     let sink = Sink::Postgres(Arc::new(PgResource::new(resource_config, &cfg.db)));
     let ext = if cfg.short_extensions {
-        let config =
-            crate::postgres::config(&cfg.uri, &format!("torture-extend {}", cfg.worker))
-                .map_err(|e| e.to_string())?;
-        let table = format!(
-            "\"{}\".\"{LOCK_COLLECTION}\"",
-            cfg.db.replace('"', "\"\"")
-        );
+        let config = crate::postgres::config(&cfg.uri, &format!("torture-extend {}", cfg.worker))
+            .map_err(|e| e.to_string())?;
+        let table = format!("\"{}\".\"{LOCK_COLLECTION}\"", cfg.db.replace('"', "\"\""));
         Some(Ext::Postgres { config, table })
     } else {
         None
