@@ -77,7 +77,7 @@ pub enum Ext {
     /// its own (`config`) holds the lock row of `table` `FOR UPDATE` while the extension is
     /// sent, so that the extension waits for the row and its reply comes late.
     Postgres {
-        config: tokio_postgres::Config,
+        config: Box<tokio_postgres::Config>,
         table: String,
     },
 }
@@ -821,7 +821,10 @@ fn postgres_env(
         let config = crate::postgres::config(&cfg.uri, &format!("torture-extend {}", cfg.worker))
             .map_err(|e| e.to_string())?;
         let table = format!("\"{}\".\"{LOCK_COLLECTION}\"", cfg.db.replace('"', "\"\""));
-        Some(Ext::Postgres { config, table })
+        Some(Ext::Postgres {
+            config: Box::new(config),
+            table,
+        })
     } else {
         None
     };
