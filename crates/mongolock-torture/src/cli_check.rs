@@ -292,18 +292,14 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
         counters.0[5].fetch_add(1, Ordering::Relaxed);
     }
     let fault: f64 = rng.random();
-    if plan.group_stops && (0.4..0.65).contains(&fault) {
+    if plan.group_stops && (0.4..0.75).contains(&fault) {
         // Job control (Ctrl-Z, `kill -STOP -<pgid>`): the whole group of mongolock, longer
-        // than the lease, then continued.
-        let after = Duration::from_millis(rng.random_range(0..1500));
-        tokio::select! {
-            _ = child.wait() => return,
-            _ = tokio::time::sleep(after) => {}
-        }
+        // than the lease, then continued; once the command runs (mongolock may first wait for
+        // the lock, or give up), at a random point of it.
         let Some(pid) = child.id() else { return };
-        // Stop while the command runs (mongolock may still be waiting for the lock).
-        let mut below = descendants(pid);
+        let mut below = Vec::new();
         for _ in 0..150 {
+            below = descendants(pid);
             if !below.is_empty() {
                 break;
             }
@@ -311,9 +307,15 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
                 _ = child.wait() => return,
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
-            below = descendants(pid);
         }
-        let running = !below.is_empty();
+        let after = Duration::from_millis(rng.random_range(0..500));
+        tokio::select! {
+            _ = child.wait() => return,
+            _ = tokio::time::sleep(after) => {}
+        }
+        let now = descendants(pid);
+        let running = !now.is_empty();
+        below.extend(now);
         lock(&counters.1).extend(below.iter().map(|c| (c.to_string(), "exec_group_stop")));
         // SAFETY: kill(2) on the process group of our own child (its own group: process_group(0)).
         if unsafe { libc::kill(-(pid as i32), libc::SIGSTOP) } == 0 {
