@@ -25,6 +25,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -38,9 +39,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
-/// Deletes every namespace this process created and has not deleted yet (Ctrl-C, panic).
-/// Processes still running in them keep running until they exit, cut off from the network.
+/// The pid of the server started in the server's namespace (0: none), for [`cleanup_all`].
+static SERVER_PID: AtomicU32 = AtomicU32::new(0);
+
+/// Kills the server (Ctrl-C, panic: no destructor runs) and deletes every namespace this
+/// process created and has not deleted yet. Workers exit on their own when the orchestrator's
+/// end of their stdin closes.
 pub fn cleanup_all() {
+    let pid = SERVER_PID.swap(0, Ordering::SeqCst);
+    if pid != 0 {
+        // SAFETY: kill(2) on the pid of the server this process started and has not reaped
+        // (it is reaped only in `Drop for Net`, which clears SERVER_PID first).
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
     let names = std::mem::take(&mut *lock(&CREATED));
     for n in names {
         let _ = Command::new("ip")
@@ -240,6 +251,7 @@ impl Net {
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", testserver.display()))?;
         let stdout = child.stdout.take();
+        SERVER_PID.store(child.id(), Ordering::SeqCst);
         *lock(&net.server) = Some(child);
         let mut line = String::new();
         if let Some(out) = stdout {
@@ -390,6 +402,7 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
+        SERVER_PID.store(0, Ordering::SeqCst);
         if let Some(mut c) = lock(&self.server).take() {
             let _ = c.kill();
             let _ = c.wait();
