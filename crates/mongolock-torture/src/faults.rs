@@ -1,8 +1,11 @@
 //! Random faults, each counted: `failCommand` fail points aimed at the workers' `appName`
 //! (MongoDB; bounded with `times`, their firings read back from `configureFailPoint`'s
 //! `count`), `pg_terminate_backend` of a worker's listening or pooled connection (PostgreSQL),
-//! SIGKILL of workers (restarted by the supervisor) and SIGSTOP/SIGCONT pauses longer than the
-//! lease. [`FaultKind::of_backend`] lists the kinds that apply to a backend.
+//! SIGKILL of workers (restarted by the supervisor), SIGSTOP/SIGCONT pauses longer than the
+//! lease, the operator's 0-second TTL index (MongoDB) and cut or degraded links
+//! ([`crate::netns`]). The workers drive the short extensions (MongoDB: the injector's fail
+//! point slows them) and the CLI check the `exec_*` kinds. [`FaultKind::of_backend`] lists the
+//! kinds that apply to a backend.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
