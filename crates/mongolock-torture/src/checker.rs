@@ -135,6 +135,9 @@ pub enum WorkerEvent {
         name: String,
         token: u64,
         write_id: String,
+        /// Local wall-clock time (µs) right before the worker called `is_lost()` and got
+        /// `false` (`None` in logs of older versions).
+        checked_us: Option<i64>,
     },
 }
 
@@ -149,6 +152,10 @@ pub enum ViolationKind {
     StaleWriteAccepted,
     /// A worker sent a fenced write under a lease after it had seen that lease lost.
     WriteAfterLost,
+    /// A worker's guard said a lease was held (`is_lost()` false) after the server time at
+    /// which the lease ended without a release (its last recorded `expiresAt`): the worker
+    /// trusted a lease the server no longer gave it.
+    WriteAfterExpiry,
     /// The resource accepted a write that no worker logged (the log is written before sending).
     UnloggedWrite,
     /// A lease was still held after the run ended and every lease had had time to expire.
@@ -163,11 +170,12 @@ pub enum ViolationKind {
 
 impl ViolationKind {
     /// Every kind, in report order.
-    pub const ALL: [ViolationKind; 9] = [
+    pub const ALL: [ViolationKind; 10] = [
         ViolationKind::Overlap,
         ViolationKind::TokenNotIncreasing,
         ViolationKind::StaleWriteAccepted,
         ViolationKind::WriteAfterLost,
+        ViolationKind::WriteAfterExpiry,
         ViolationKind::UnloggedWrite,
         ViolationKind::HeldAfterEnd,
         ViolationKind::CliOverlap,
@@ -182,6 +190,7 @@ impl ViolationKind {
             ViolationKind::TokenNotIncreasing => "token_not_increasing",
             ViolationKind::StaleWriteAccepted => "stale_write_accepted",
             ViolationKind::WriteAfterLost => "write_after_lost",
+            ViolationKind::WriteAfterExpiry => "write_after_expiry",
             ViolationKind::UnloggedWrite => "unlogged_write",
             ViolationKind::HeldAfterEnd => "held_after_end",
             ViolationKind::CliOverlap => "cli_overlap",
@@ -233,12 +242,31 @@ pub struct Checker {
     strict_release_order: bool,
     sems: HashMap<String, SemState>,
     slot_counts: SlotCounts,
+    /// Per (name, token) of a grant that ended without a release: its end (µs) and lease.
+    unreleased_end: HashMap<(String, u64), (i64, String)>,
+    /// How far (µs) a worker's clock may be ahead of the server's for rule (9); `None`: the
+    /// rule is off (a server on another host, whose clock is not the workers').
+    expiry_tolerance_us: Option<i64>,
 }
+
+/// Default of [`Checker::expiry_tolerance`]: MongoDB dates have millisecond precision (an
+/// `expiresAt` is up to 1 ms earlier than the instant it was computed from), plus 1 ms.
+pub const EXPIRY_TOLERANCE_US: i64 = 2_000;
 
 impl Checker {
     /// An empty checker.
     pub fn new() -> Self {
-        Self::default()
+        Checker {
+            expiry_tolerance_us: Some(EXPIRY_TOLERANCE_US),
+            ..Self::default()
+        }
+    }
+
+    /// Sets how far (µs) the workers' clock may be ahead of the server's for rule (9) (a
+    /// write trusted after its lease's server expiry); `None` turns the rule off (a server on
+    /// another host).
+    pub fn expiry_tolerance(&mut self, tolerance_us: Option<i64>) {
+        self.expiry_tolerance_us = tolerance_us;
     }
 
     /// An empty checker for a backend whose release and grant times are taken after the row
@@ -247,7 +275,7 @@ impl Checker {
     pub fn strict_release_order() -> Self {
         Checker {
             strict_release_order: true,
-            ..Self::default()
+            ..Self::new()
         }
     }
 
@@ -310,6 +338,12 @@ impl Checker {
             }
             let entry = self.last_token.entry(grant.name.clone()).or_insert(token);
             *entry = (*entry).max(token);
+            if !grant.released {
+                self.unreleased_end.insert(
+                    (grant.name.clone(), token),
+                    (grant.end_us, grant.lease.clone()),
+                );
+            }
         }
         self.last_grant.insert(grant.name.clone(), grant);
     }
@@ -465,8 +499,12 @@ impl Checker {
             .insert(write.name.clone(), (write.token, write));
     }
 
-    /// One worker's log, in the order it was written. Checks (4): no fenced write intended
-    /// under a lease after the worker saw that lease lost.
+    /// One worker's log, in the order it was written, after every grant was recorded. Checks
+    /// (4): no fenced write intended under a lease after the worker saw that lease lost; and
+    /// (9): no fenced write intended under a lease that ended without a release (ran out, was
+    /// taken over or deleted) after its end in server time: the guard's local deadline is
+    /// never later than the server's `expiresAt` (same host, same clock), so `is_lost()`
+    /// checked after it must say true.
     pub fn worker_log(&mut self, worker: &str, events: impl IntoIterator<Item = WorkerEvent>) {
         let mut lost: HashSet<(String, u64)> = HashSet::new();
         for event in events {
@@ -478,7 +516,31 @@ impl Checker {
                     name,
                     token,
                     write_id,
+                    checked_us,
                 } => {
+                    if let (Some(checked), Some(tolerance)) = (checked_us, self.expiry_tolerance_us)
+                    {
+                        if let Some((end, lease)) = self.unreleased_end.get(&(name.clone(), token))
+                        {
+                            if checked > end + tolerance {
+                                let accepted = if self.accepted_ids.contains_key(&write_id) {
+                                    "accepted by the resource"
+                                } else {
+                                    "not accepted"
+                                };
+                                let evidence = format!(
+                                    "worker {worker}: fenced write {write_id} on {name:?} with \
+                                     token {token} (lease {lease}): is_lost() said false at {}, \
+                                     {} µs after the lease ended at the server ({}, not \
+                                     released) ({accepted})",
+                                    fmt_time(checked),
+                                    checked - end,
+                                    fmt_time(*end)
+                                );
+                                self.violate(ViolationKind::WriteAfterExpiry, evidence);
+                            }
+                        }
+                    }
                     if lost.contains(&(name.clone(), token)) {
                         let accepted = if self.accepted_ids.contains_key(&write_id) {
                             "accepted by the resource"
@@ -605,6 +667,7 @@ mod tests {
                 name: "a".into(),
                 token: 1,
                 write_id: id.into(),
+                checked_us: Some(5),
             }),
         );
         c.check_writes_logged();
@@ -678,11 +741,68 @@ mod tests {
                     name: "a".into(),
                     token: 3,
                     write_id: "x1".into(),
+                    checked_us: None,
                 },
             ],
         );
         assert_eq!(c.counts().get(&ViolationKind::WriteAfterLost), Some(&1));
         assert!(c.first()[0].evidence.contains("accepted by the resource"));
+    }
+
+    fn intent(name: &str, token: u64, id: &str, checked_us: i64) -> WorkerEvent {
+        WorkerEvent::Intent {
+            name: name.into(),
+            token,
+            write_id: id.into(),
+            checked_us: Some(checked_us),
+        }
+    }
+
+    /// The shortened extension whose reply never arrived (issue 21, item 1): the server
+    /// ended lease l1 at 1 s (its last `expiresAt`, not released) and another holder took the
+    /// name; the first worker's guard still said held at 1.2 s.
+    #[test]
+    fn detects_a_write_trusted_after_the_lease_ended_at_the_server() {
+        let mut c = Checker::new();
+        let mut ran_out = grant("a", "l1", 1, 0, 1_000_000);
+        ran_out.released = false;
+        c.grant(ran_out);
+        c.grant(grant("a", "l2", 2, 1_000_000, 1_500_000));
+        c.worker_log(
+            "w0",
+            [
+                intent("a", 1, "x1", 900_000),
+                intent("a", 1, "x2", 1_200_000),
+                // The later lease, and a write just within the tolerance: no violation.
+                intent("a", 2, "x3", 1_400_000),
+                intent("a", 1, "x4", 1_000_000 + EXPIRY_TOLERANCE_US),
+            ],
+        );
+        assert_eq!(c.total(), 1, "{:?}", c.first());
+        assert_eq!(c.counts().get(&ViolationKind::WriteAfterExpiry), Some(&1));
+        let evidence = &c.first()[0].evidence;
+        assert!(
+            evidence.contains("x2") && evidence.contains("200000 µs after"),
+            "{evidence}"
+        );
+    }
+
+    /// A released lease ends at its release, which the worker orders after its writes; a
+    /// grant stamped before that release (a stamp inversion) is no reason to blame them, and
+    /// with the rule off (a server on another host) nothing is checked.
+    #[test]
+    fn writes_under_released_leases_or_with_the_rule_off_are_not_checked_against_expiry() {
+        let mut c = Checker::new();
+        c.grant(grant("a", "l1", 1, 0, 1_000));
+        c.worker_log("w0", [intent("a", 1, "x1", 50_000)]);
+        assert_eq!(c.total(), 0, "{:?}", c.first());
+        let mut c = Checker::new();
+        c.expiry_tolerance(None);
+        let mut ran_out = grant("a", "l1", 1, 0, 1_000);
+        ran_out.released = false;
+        c.grant(ran_out);
+        c.worker_log("w0", [intent("a", 1, "x1", 50_000)]);
+        assert_eq!(c.total(), 0, "{:?}", c.first());
     }
 
     #[test]

@@ -43,6 +43,25 @@ if ! mv -T "$T" "$D" 2>/dev/null; then
   mv -T "$T" "$D" 2>/dev/null || { echo "overlap: token $MONGOLOCK_FENCING_TOKEN lost a race for $D" >> "$LOG"; rm -rf "$T"; exit 99; }
 fi
 M=1
+# Descendants of earlier commands that are still running (exec_setsid) overlap this one.
+for f in "$D".desc.*; do
+  [ -f "$f" ] || continue
+  downer=$(cat "$f" 2>/dev/null)
+  dpid=${downer#* }
+  if [ -n "$dpid" ] && [ "${downer% *}" != "$MONGOLOCK_FENCING_TOKEN" ] && alive "$dpid"; then
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token ${downer% *} (pid $dpid) was still running, at $(date +%s.%N)" >> "$LOG"
+  elif [ -n "$dpid" ] && ! alive "$dpid"; then
+    rm -f "$f"
+  fi
+done
+if [ "$SETSID" = 1 ]; then
+  # A descendant in a session of its own that keeps working on the shared directory for a
+  # second longer than this command.
+  setsid sh -c 'echo "$MONGOLOCK_FENCING_TOKEN $$" > "$D.desc.$$"; echo "$$" >> "$LOG.setsid"
+    end=$(( $(date +%s%N) / 1000000 + RMS + 1000 ))
+    while [ $(( $(date +%s%N) / 1000000 )) -lt $end ]; do touch "$D.desc.$$"; sleep 0.1; done
+    rm -f "$D.desc.$$"' </dev/null >/dev/null 2>&1 &
+fi
 sleep "$R" &
 wait $!
 rm -rf "$D"
@@ -52,6 +71,15 @@ rm -rf "$D"
 /// program (`target/<profile>/mongolock`, built by `cargo build --workspace` / `cargo test
 /// --workspace`).
 pub fn find_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+    find_program(explicit, "mongolock", "mongolock-cli")
+}
+
+/// Finds program `name` (built by package `package`): `explicit`, else next to this program.
+pub fn find_program(
+    explicit: Option<PathBuf>,
+    name: &str,
+    package: &str,
+) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
         return if p.is_file() {
             Ok(p)
@@ -62,10 +90,10 @@ pub fn find_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut candidates = Vec::new();
     if let Some(dir) = exe.parent() {
-        candidates.push(dir.join("mongolock"));
+        candidates.push(dir.join(name));
         if let Some(up) = dir.parent() {
             // Test binaries live in target/<profile>/deps.
-            candidates.push(up.join("mongolock"));
+            candidates.push(up.join(name));
         }
     }
     candidates
@@ -74,8 +102,8 @@ pub fn find_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
         .cloned()
         .ok_or_else(|| {
             format!(
-                "no mongolock binary at {} (build it with `cargo build -p mongolock-cli`, or pass \
-                 --mongolock-bin / MONGOLOCK_BIN)",
+                "no {name} binary at {} (build it with `cargo build -p {package}`, or pass its \
+                 path: --mongolock-bin / MONGOLOCK_BIN, --testserver-bin / MONGO_TESTSERVER_BIN)",
                 candidates
                     .iter()
                     .map(|p| p.display().to_string())
@@ -100,6 +128,10 @@ pub struct CliPlan {
     pub loops: usize,
     /// SIGKILL / SIGSTOP mongolock processes.
     pub faults: bool,
+    /// Stop whole `mongolock exec` process groups (`exec_group_stop`).
+    pub group_stops: bool,
+    /// Commands start `setsid` descendants (`exec_setsid`).
+    pub setsid: bool,
     /// Run directory.
     pub dir: PathBuf,
     /// Seed.
@@ -122,10 +154,16 @@ pub struct CliReport {
     pub episodes: BTreeMap<String, u64>,
     /// Directories found left behind by a dead command (not overlaps).
     pub stale: u64,
+    /// Process groups of `mongolock exec` stopped (`exec_group_stop`), and of those, the ones
+    /// stopped while their command was running.
+    pub group_stops: (u64, u64),
+    /// Commands asked to start a `setsid` descendant, and descendants that started.
+    pub setsid: (u64, u64),
 }
 
-/// Commands run, mongolock processes killed, stopped; and (command pid, fault) pairs.
-type Counters = ([AtomicU64; 3], Mutex<Vec<(String, &'static str)>>);
+/// Commands run, mongolock processes killed, stopped, process groups stopped (with the
+/// command running), setsid commands; and (command pid, fault) pairs.
+type Counters = ([AtomicU64; 7], Mutex<Vec<(String, &'static str)>>);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
@@ -166,10 +204,19 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     let overlaps: Vec<String> = std::fs::read_to_string(&log)
         .map(|s| s.lines().map(str::to_owned).collect())
         .unwrap_or_default();
+    // The old command's pid is the last "(pid N" of a line; a setsid descendant's episode is
+    // attributed to `exec_setsid`.
     let mut owners: Vec<String> = overlaps
         .iter()
-        .filter_map(|l: &String| l.split("(pid ").nth(1))
-        .filter_map(|r| r.split(')').next())
+        .filter_map(|l: &String| l.rsplit("(pid ").next())
+        .filter_map(|r| r.split([')', ',']).next())
+        .map(str::to_owned)
+        .collect();
+    let setsid_owners: Vec<String> = overlaps
+        .iter()
+        .filter(|l| l.contains("setsid descendant"))
+        .filter_map(|l| l.rsplit("(pid ").next())
+        .filter_map(|r| r.split([')', ',']).next())
         .map(str::to_owned)
         .collect();
     owners.sort();
@@ -177,16 +224,25 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     let hit = lock(&counters.1).clone();
     let mut episodes = BTreeMap::new();
     for o in owners {
-        let kind = hit
-            .iter()
-            .find(|(p, _)| *p == o)
-            .map_or("none", |(_, k)| *k);
+        let kind = if setsid_owners.contains(&o) {
+            "exec_setsid"
+        } else {
+            hit.iter()
+                .find(|(p, _)| *p == o)
+                .map_or("none", |(_, k)| *k)
+        };
         *episodes.entry(kind.to_owned()).or_default() += 1;
     }
-    let stale = std::fs::read_to_string(plan.dir.join("cli-overlaps.log.stale"))
-        .map(|s| s.lines().count() as u64)
-        .unwrap_or(0);
+    let lines = |suffix: &str| {
+        std::fs::read_to_string(plan.dir.join(format!("cli-overlaps.log{suffix}")))
+            .map(|s| s.lines().count() as u64)
+            .unwrap_or(0)
+    };
+    let stale = lines(".stale");
+    let at = |i: usize| counters.0[i].load(Ordering::Relaxed);
     CliReport {
+        group_stops: (at(3), at(4)),
+        setsid: (at(5), lines(".setsid")),
         episodes,
         stale,
         runs: counters.0[0].load(Ordering::Relaxed),
@@ -197,7 +253,9 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
 }
 
 async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, counters: &Counters) {
-    let sleep = format!("{:.3}", rng.random_range(0.05..2.5_f64));
+    let secs = rng.random_range(0.05..2.5_f64);
+    let sleep = format!("{secs:.3}");
+    let setsid = plan.setsid && rng.random_bool(0.3);
     let child = Command::new(&plan.bin)
         .args([
             "--uri",
@@ -212,6 +270,10 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
         .env("D", shared)
         .env("LOG", log)
         .env("R", sleep)
+        .env("RMS", ((secs * 1000.0) as u64).to_string())
+        .env("SETSID", if setsid { "1" } else { "0" })
+        // A job of its own, as a shell starts one: `exec_group_stop` stops this group.
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -226,19 +288,58 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
         }
     };
     counters.0[0].fetch_add(1, Ordering::Relaxed);
+    if setsid {
+        counters.0[5].fetch_add(1, Ordering::Relaxed);
+    }
     let fault: f64 = rng.random();
-    if plan.faults && fault < 0.4 {
+    if plan.group_stops && (0.4..0.75).contains(&fault) {
+        // Job control (Ctrl-Z, `kill -STOP -<pgid>`): the whole group of mongolock, longer
+        // than the lease, then continued; once the command runs (mongolock may first wait for
+        // the lock, or give up), at a random point of it.
+        let Some(pid) = child.id() else { return };
+        let mut below = Vec::new();
+        for _ in 0..150 {
+            below = descendants(pid);
+            if !below.is_empty() {
+                break;
+            }
+            tokio::select! {
+                _ = child.wait() => return,
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+        let after = Duration::from_millis(rng.random_range(0..500));
+        tokio::select! {
+            _ = child.wait() => return,
+            _ = tokio::time::sleep(after) => {}
+        }
+        let now = descendants(pid);
+        let running = !now.is_empty();
+        below.extend(now);
+        lock(&counters.1).extend(below.iter().map(|c| (c.to_string(), "exec_group_stop")));
+        // SAFETY: kill(2) on the process group of our own child (its own group: process_group(0)).
+        if unsafe { libc::kill(-(pid as i32), libc::SIGSTOP) } == 0 {
+            counters.0[3].fetch_add(1, Ordering::Relaxed);
+            // Taking effect: mongolock's supervisor or command was running (so a command could
+            // outlive the lease while mongolock is stopped).
+            if running {
+                counters.0[4].fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::time::sleep(CLI_TTL.mul_f64(rng.random_range(1.5..3.0))).await;
+            // SAFETY: as above.
+            unsafe { libc::kill(-(pid as i32), libc::SIGCONT) };
+        }
+    } else if plan.faults && fault < 0.4 {
         let after = Duration::from_millis(rng.random_range(0..1500));
         tokio::select! {
             _ = child.wait() => return,
             _ = tokio::time::sleep(after) => {}
         }
         let Some(pid) = child.id() else { return };
-        // Remember which command (mongolock's child) each fault hit, to attribute overlaps.
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        // Remember which command (mongolock's descendant) each fault hit, to attribute
+        // overlaps.
         let kind = if fault < 0.2 { "sigkill" } else { "sigstop" };
-        lock(&counters.1).extend(children.split_whitespace().map(|c| (c.to_owned(), kind)));
+        lock(&counters.1).extend(descendants(pid).iter().map(|c| (c.to_string(), kind)));
         if fault < 0.2 {
             // SAFETY: kill(2) on our own child.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
@@ -253,4 +354,34 @@ async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, co
         }
     }
     let _ = child.wait().await;
+}
+
+/// The children of `pid`, from `/proc` (every thread's: a child belongs to the thread that
+/// started it).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+    }
+    out
+}
+
+/// Every descendant of `pid` (children, their children, ...), from `/proc`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        for c in children(p) {
+            out.push(c);
+            todo.push(c);
+        }
+    }
+    out
 }

@@ -17,6 +17,10 @@ pub const WORKER_CONFIG_ENV: &str = "MONGOLOCK_TORTURE_WORKER";
 /// among them).
 pub const WORKER_APP_NAME: &str = "torture-worker";
 
+/// Application name of the MongoDB client that makes the short extensions
+/// (`short_extension`): the injector's `blockConnection` fail point is aimed at it alone.
+pub const EXT_APP_NAME: &str = "torture-extend";
+
 /// Lock collection of the named locks and elections.
 pub const LOCK_COLLECTION: &str = "locks";
 /// Collection of the documents locked in place (document locks).
@@ -57,6 +61,10 @@ pub struct WorkerConfig {
     pub polling: bool,
     /// Whether futures are dropped at random points.
     pub drop_futures: bool,
+    /// Whether a loop makes shortened extensions whose futures are dropped while the server
+    /// is slowed (`short_extension`).
+    #[serde(default)]
+    pub short_extensions: bool,
     /// The worker's log file.
     pub log: PathBuf,
 }

@@ -1,10 +1,14 @@
 //! Random faults, each counted: `failCommand` fail points aimed at the workers' `appName`
 //! (MongoDB; bounded with `times`, their firings read back from `configureFailPoint`'s
 //! `count`), `pg_terminate_backend` of a worker's listening or pooled connection (PostgreSQL),
-//! SIGKILL of workers (restarted by the supervisor) and SIGSTOP/SIGCONT pauses longer than the
-//! lease. [`FaultKind::of_backend`] lists the kinds that apply to a backend.
+//! SIGKILL of workers (restarted by the supervisor), SIGSTOP/SIGCONT pauses longer than the
+//! lease, the operator's 0-second TTL index (MongoDB) and cut or degraded links
+//! ([`crate::netns`]). The workers drive the short extensions (MongoDB: the injector's fail
+//! point slows them) and the CLI check the `exec_*` kinds. [`FaultKind::of_backend`] lists the
+//! kinds that apply to a backend.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,8 +18,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 
-use crate::config::WORKER_APP_NAME;
+use crate::config::{EXT_APP_NAME, LOCK_COLLECTION, WORKER_APP_NAME};
+use crate::netns::{Cut, Net};
 use crate::options::Backend;
+use crate::recorder::Progress;
 use crate::supervisor::Supervisor;
 
 /// A kind of injected fault.
@@ -41,11 +47,33 @@ pub enum FaultKind {
     TerminateListener,
     /// One of a worker's pooled connections is ended with `pg_terminate_backend` (PostgreSQL).
     TerminateConnection,
+    /// An extension with a TTL shorter than what is left, whose future is dropped while the
+    /// server is slowed (MongoDB: a `blockConnection` fail point for the extending client's
+    /// `appName`; PostgreSQL: the lock row held `FOR UPDATE` by another connection), then the
+    /// guard is used as usual (`is_lost()` before the fenced write). Driven by the workers
+    /// (`worker.rs`); MongoDB's fail point is configured by the injector.
+    ShortExtension,
+    /// An operator replaces the library's TTL index on the lock collection with
+    /// `{expiresAt: 1}`, `expireAfterSeconds: 0`, and later restores it (MongoDB).
+    TtlIndexZero,
+    /// Job control stops the whole process group of `mongolock exec` (mongolock, its
+    /// supervisor and, if it shares the group, the command) for longer than the lease, then
+    /// continues it (`--cli-faults`).
+    ExecGroupStop,
+    /// The command under `mongolock exec` starts a descendant that calls `setsid` and keeps
+    /// working on the shared directory, possibly past its parent (`--cli-faults`).
+    ExecSetsid,
+    /// A worker's network link to the server is cut (`ip link set down`) for longer than the
+    /// lease, then restored (the server in a network namespace of its own; as root).
+    Partition,
+    /// A worker's link is degraded with `tc netem` (100% loss, or a delay beyond the lease) for
+    /// longer than the lease, then restored (as `partition`).
+    Netem,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::TransientError,
         FaultKind::DuplicateKey,
         FaultKind::WriteConflict,
@@ -56,18 +84,45 @@ impl FaultKind {
         FaultKind::Sigstop,
         FaultKind::TerminateListener,
         FaultKind::TerminateConnection,
+        FaultKind::ShortExtension,
+        FaultKind::TtlIndexZero,
+        FaultKind::ExecGroupStop,
+        FaultKind::ExecSetsid,
+        FaultKind::Partition,
+        FaultKind::Netem,
     ];
 
     /// The kinds that apply to `backend` (MongoDB: fail points and signals; PostgreSQL:
     /// signals and terminated connections; memory: none, its only fault is dropped futures).
     pub fn of_backend(backend: Backend) -> &'static [FaultKind] {
         match backend {
-            Backend::Mongo => &FaultKind::ALL[..8],
+            Backend::Mongo => &[
+                FaultKind::TransientError,
+                FaultKind::DuplicateKey,
+                FaultKind::WriteConflict,
+                FaultKind::Shutdown,
+                FaultKind::CloseConnection,
+                FaultKind::BlockConnection,
+                FaultKind::Sigkill,
+                FaultKind::Sigstop,
+                FaultKind::ShortExtension,
+                FaultKind::TtlIndexZero,
+                FaultKind::ExecGroupStop,
+                FaultKind::ExecSetsid,
+                FaultKind::Partition,
+                FaultKind::Netem,
+            ],
+            // No partitions: the PostgreSQL server comes from
+            // `mongolock::testing::postgres_server`, which listens on the loopback interface of
+            // the root network namespace only (see README, Reliability).
             Backend::Postgres => &[
                 FaultKind::Sigkill,
                 FaultKind::Sigstop,
                 FaultKind::TerminateListener,
                 FaultKind::TerminateConnection,
+                FaultKind::ShortExtension,
+                FaultKind::ExecGroupStop,
+                FaultKind::ExecSetsid,
             ],
             Backend::Memory => &[],
         }
@@ -122,6 +177,12 @@ impl FaultKind {
             FaultKind::Sigstop => "sigstop",
             FaultKind::TerminateListener => "terminate_listener",
             FaultKind::TerminateConnection => "terminate_connection",
+            FaultKind::ShortExtension => "short_extension",
+            FaultKind::TtlIndexZero => "ttl_index_zero",
+            FaultKind::ExecGroupStop => "exec_group_stop",
+            FaultKind::ExecSetsid => "exec_setsid",
+            FaultKind::Partition => "partition",
+            FaultKind::Netem => "netem",
         }
     }
 
@@ -130,9 +191,21 @@ impl FaultKind {
         FaultKind::ALL.into_iter().find(|k| k.label() == s)
     }
 
-    /// Whether the kind is a MongoDB fail point.
-    pub fn is_fail_point(self) -> bool {
+    /// Whether the kind needs MongoDB fail points on `backend` (the embedded server, or
+    /// `--failpoints`).
+    pub fn needs_fail_points(self, backend: Backend) -> bool {
         FaultKind::ALL[..6].contains(&self)
+            || (self == FaultKind::ShortExtension && backend == Backend::Mongo)
+    }
+
+    /// Whether the kind is injected by the CLI check (`mongolock exec`, `--cli-faults`).
+    pub fn is_cli(self) -> bool {
+        matches!(self, FaultKind::ExecGroupStop | FaultKind::ExecSetsid)
+    }
+
+    /// Whether the kind needs the network namespaces ([`crate::netns`]).
+    pub fn is_network(self) -> bool {
+        matches!(self, FaultKind::Partition | FaultKind::Netem)
     }
 }
 
@@ -146,8 +219,13 @@ fn labels(kinds: &[FaultKind]) -> String {
 
 /// Where faults other than signals are injected.
 pub enum FaultTarget {
-    /// The `admin` database of the MongoDB deployment (fail points).
-    Mongo(Database),
+    /// MongoDB: the `admin` database (fail points), the run's database (its lock collection's
+    /// TTL index) and the recorder's progress (TTL deletions seen).
+    Mongo {
+        admin: Database,
+        db: Database,
+        progress: Arc<Progress>,
+    },
     /// A control connection to the PostgreSQL server (`pg_terminate_backend`).
     Postgres(tokio_postgres::Client),
 }
@@ -170,8 +248,90 @@ pub struct FaultPlan {
     pub interval: Duration,
     /// Lease duration (pauses and blocks last longer).
     pub lease: Duration,
+    /// The library's TTL delay (`ttl_index_zero` restores an index with it).
+    pub cleanup_after_secs: u64,
     /// Seed.
     pub seed: u64,
+}
+
+/// Name of the library's TTL index on `expiresAt` (`mongolock`'s `TTL_INDEX_NAME`), which
+/// `ttl_index_zero` restores.
+pub const LIBRARY_TTL_INDEX: &str = "mongolock_expiresAt_ttl";
+
+/// Name of the operator's 0-second TTL index that `ttl_index_zero` puts in its place.
+pub const OPERATOR_TTL_INDEX: &str = "operator_expiresAt_0";
+
+/// Replaces every index on `{expiresAt: 1}` of the lock collection with an operator's
+/// 0-second TTL index (`zero`) or with the library's own (`cleanup_after_secs`).
+pub async fn set_ttl_index(
+    db: &Database,
+    zero: bool,
+    cleanup_after_secs: u64,
+) -> mongodb::error::Result<()> {
+    use futures_util::TryStreamExt;
+    use mongodb::options::IndexOptions;
+    use mongodb::IndexModel;
+    let coll = db.collection::<Document>(LOCK_COLLECTION);
+    let indexes: Vec<IndexModel> = coll.list_indexes().await?.try_collect().await?;
+    for ix in indexes {
+        if ix.keys == doc! { "expiresAt": 1 } || ix.keys == doc! { "expiresAt": 1_i64 } {
+            if let Some(name) = ix.options.and_then(|o| o.name) {
+                coll.drop_index(name).await?;
+            }
+        }
+    }
+    let (name, secs) = if zero {
+        (OPERATOR_TTL_INDEX, 0)
+    } else {
+        (LIBRARY_TTL_INDEX, cleanup_after_secs)
+    };
+    let model = IndexModel::builder()
+        .keys(doc! { "expiresAt": 1 })
+        .options(
+            IndexOptions::builder()
+                .name(name.to_owned())
+                .expire_after(Duration::from_secs(secs))
+                .build(),
+        )
+        .build();
+    coll.create_index(model).await.map(|_| ())
+}
+
+/// `ttl_index_zero`'s state: while the 0-second index is in place, the TTL deletions seen when
+/// it was put there (it took effect if the recorder saw a deletion while it was).
+struct TtlSwap {
+    db: Database,
+    progress: Arc<Progress>,
+    zero_since: Option<u64>,
+}
+
+impl TtlSwap {
+    async fn toggle(&mut self, plan: &FaultPlan, counts: &Mutex<FaultCounts>) {
+        let zero = self.zero_since.is_none();
+        match set_ttl_index(&self.db, zero, plan.cleanup_after_secs).await {
+            Ok(()) if zero => {
+                self.zero_since = Some(self.progress.deletes.load(Ordering::Relaxed));
+                *lock(counts)
+                    .injected
+                    .entry(FaultKind::TtlIndexZero)
+                    .or_default() += 1;
+            }
+            Ok(()) => self.account(counts),
+            Err(e) => eprintln!("torture: cannot replace the TTL index: {e}"),
+        }
+    }
+
+    /// Counts the 0-second index as effective if a deletion was seen while it was in place.
+    fn account(&mut self, counts: &Mutex<FaultCounts>) {
+        if let Some(since) = self.zero_since.take() {
+            if self.progress.deletes.load(Ordering::Relaxed) > since {
+                *lock(counts)
+                    .fired
+                    .entry(FaultKind::TtlIndexZero)
+                    .or_default() += 1;
+            }
+        }
+    }
 }
 
 /// Runs `configureFailPoint`; returns the fail point's `count` (how often it fired since the
@@ -208,7 +368,9 @@ struct FailPoints {
 impl FailPoints {
     /// Records what the previous configuration fired, given the fail point's `count` now.
     fn account(&mut self, count: u64, counts: &Mutex<FaultCounts>) {
-        if let Some(p) = self.previous {
+        // The short extensions' block takes effect when a worker drops the extension's future
+        // (counted from the workers' logs), not when the fail point fires.
+        if let Some(p) = self.previous.filter(|p| *p != FaultKind::ShortExtension) {
             *lock(counts).fired.entry(p).or_default() += count.saturating_sub(self.last_count);
         }
         self.last_count = count;
@@ -234,6 +396,18 @@ impl FailPoints {
         let mut data = doc! { "failCommands": chosen, "appName": WORKER_APP_NAME };
         let times = rng.random_range(1..=3_i64);
         match kind {
+            FaultKind::ShortExtension => {
+                // Slow the extending clients' next findAndModify commands (their extensions,
+                // sometimes their grants): long enough that the worker drops the extension's
+                // future, short enough that the extension still shortens the lease.
+                let ms = plan.lease.mul_f64(rng.random_range(0.1..0.25)).as_millis() as i64;
+                data = doc! {
+                    "failCommands": ["findAndModify"],
+                    "appName": EXT_APP_NAME,
+                    "blockConnection": true,
+                    "blockTimeMS": ms.max(20),
+                };
+            }
             FaultKind::TransientError => {
                 let codes = [6, 89, 189, 10107, 11600];
                 data.insert("errorCode", codes[rng.random_range(0..codes.len())]);
@@ -281,22 +455,33 @@ pub async fn inject(
     plan: FaultPlan,
     target: FaultTarget,
     supervisor: Arc<Supervisor>,
+    net: Option<Arc<Net>>,
     counts: Arc<Mutex<FaultCounts>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut rng = StdRng::seed_from_u64(plan.seed);
     let mut pauses = Vec::new();
-    let (mut fail_points, pg) = match target {
-        FaultTarget::Mongo(admin) => {
+    let cut_slots: Arc<Mutex<HashSet<usize>>> = Arc::default();
+    let (mut fail_points, pg, mut ttl) = match target {
+        FaultTarget::Mongo {
+            admin,
+            db,
+            progress,
+        } => {
             let last_count = fail_point_off(&admin).await;
             let fp = FailPoints {
                 admin,
                 last_count,
                 previous: None,
             };
-            (Some(fp), None)
+            let ttl = TtlSwap {
+                db,
+                progress,
+                zero_since: None,
+            };
+            (Some(fp), None, Some(ttl))
         }
-        FaultTarget::Postgres(client) => (None, Some(client)),
+        FaultTarget::Postgres(client) => (None, Some(client), None),
     };
     if plan.kinds.is_empty() {
         return;
@@ -309,6 +494,42 @@ pub async fn inject(
         }
         let kind = plan.kinds[rng.random_range(0..plan.kinds.len())];
         match kind {
+            FaultKind::TtlIndexZero => {
+                if let Some(t) = ttl.as_mut() {
+                    t.toggle(&plan, &counts).await;
+                }
+            }
+            FaultKind::Partition | FaultKind::Netem => {
+                let Some(net) = net.clone() else { continue };
+                let slot = rng.random_range(0..net.slots().max(1));
+                if !lock(&cut_slots).insert(slot) {
+                    continue;
+                }
+                let hold = plan.lease.mul_f64(rng.random_range(1.5..3.0));
+                let how = match kind {
+                    FaultKind::Partition => Cut::Down,
+                    _ if rng.random_bool(0.5) => Cut::Loss,
+                    _ => {
+                        Cut::Delay(plan.lease.mul_f64(rng.random_range(1.5..3.0)).as_millis() as u64)
+                    }
+                };
+                let (counts, cut_slots) = (counts.clone(), cut_slots.clone());
+                pauses.push(tokio::spawn(async move {
+                    match net.cut_for(slot, how, hold).await {
+                        Ok(took) => {
+                            let mut c = lock(&counts);
+                            *c.injected.entry(kind).or_default() += 1;
+                            if took {
+                                *c.fired.entry(kind).or_default() += 1;
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("torture: {} of worker {slot} failed: {e}", kind.label())
+                        }
+                    }
+                    lock(&cut_slots).remove(&slot);
+                }));
+            }
             FaultKind::TerminateListener | FaultKind::TerminateConnection => {
                 let Some(client) = pg.as_ref() else { continue };
                 let listener = kind == FaultKind::TerminateListener;
@@ -355,5 +576,10 @@ pub async fn inject(
     if let Some(mut fp) = fail_points {
         let count = fail_point_off(&fp.admin).await;
         fp.account(count, &counts);
+    }
+    if let Some(mut t) = ttl {
+        if t.zero_since.is_some() {
+            t.toggle(&plan, &counts).await;
+        }
     }
 }

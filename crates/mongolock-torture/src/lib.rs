@@ -10,13 +10,16 @@
 //!
 //! * `mongo` (default): the embedded test server or `--uri`; the history comes from the lock,
 //!   jobs and resource collections' change streams; faults: `failCommand` fail points, SIGKILL,
-//!   SIGSTOP, dropped futures, and with `--cli-faults` SIGKILL / SIGSTOP of `mongolock exec`.
+//!   SIGSTOP, dropped futures, shortened extensions dropped while the server is slowed, an
+//!   operator's 0-second TTL index, network partitions ([`netns`], as root), and with
+//!   `--cli-faults` SIGKILL / SIGSTOP of `mongolock exec`, stops of its whole process group and
+//!   commands with `setsid` descendants.
 //! * `postgres`: a cluster the run starts (`initdb` / `pg_ctl` in a temporary directory, as the
 //!   `postgres` user when root: `mongolock::testing::postgres_server`, shared with the library's
 //!   tests) or `--postgres-url` / `POSTGRES_URL`, in a schema of the run's own. The history comes
 //!   from the harness's own triggers on the lock and resource tables (see [`postgres`]); faults:
 //!   SIGKILL, SIGSTOP, dropped futures, `pg_terminate_backend` of the workers' listening and
-//!   pooled connections, and the CLI faults (`mongolock --uri postgres://... exec`). Two workers
+//!   pooled connections, shortened extensions (the row held `FOR UPDATE`), and the CLI faults (`mongolock --uri postgres://... exec`). Two workers
 //!   run the idle-row cleanup every `--ttl-monitor` with `cleanup_after` `--cleanup-after-secs`,
 //!   so rows are deleted and re-created under load. Release and grant times are both taken after
 //!   the row lock, so the checker also counts a grant stamped before the preceding release as an
@@ -45,7 +48,7 @@
 //! * `options.rs`: command-line options; `run.rs`: the orchestrator; `store.rs`: the database
 //!   of a run (server, storage, recorder) per backend;
 //! * `supervisor.rs`: worker processes; `worker.rs`: what a worker does; `worklog.rs`: its log;
-//! * `faults.rs`: fault injection; `resource.rs`: the fenced resource (MongoDB, memory);
+//! * `faults.rs`: fault injection; `netns.rs`: the network namespaces of the partitions; `resource.rs`: the fenced resource (MongoDB, memory);
 //! * `recorder.rs` + `history.rs`: the independent history (MongoDB change streams; the grant
 //!   reconstruction is shared with PostgreSQL); `postgres.rs`: the PostgreSQL history triggers,
 //!   resource table and connection faults; `checker.rs`: the rules;
@@ -56,6 +59,7 @@ pub mod cli_check;
 pub mod config;
 pub mod faults;
 pub mod history;
+pub mod netns;
 pub mod options;
 pub mod postgres;
 pub mod recorder;

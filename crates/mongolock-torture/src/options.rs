@@ -101,9 +101,16 @@ pub struct RunArgs {
     pub fault_interval: Duration,
     /// Fault kinds to inject, comma-separated, `all` (every kind of the backend) or `none`.
     /// MongoDB: transient_error, duplicate_key, write_conflict, shutdown, close_connection,
-    /// block_connection (fail points), sigkill, sigstop. PostgreSQL: sigkill, sigstop,
-    /// terminate_listener, terminate_connection (`pg_terminate_backend` of a worker's listening
-    /// or pooled connection). Memory: none (futures are dropped unless --no-dropped-futures).
+    /// block_connection (fail points), sigkill, sigstop, short_extension (extensions to a
+    /// shorter TTL dropped while the server is slowed), ttl_index_zero (an operator's
+    /// 0-second TTL index replaces the library's), exec_group_stop and exec_setsid (with
+    /// --cli-faults: job-control stops of `mongolock exec`'s process group; commands with
+    /// `setsid` descendants), partition and netem (as root: links of workers in network
+    /// namespaces cut or degraded). PostgreSQL: sigkill, sigstop, terminate_listener,
+    /// terminate_connection (`pg_terminate_backend` of a worker's listening or pooled
+    /// connection), short_extension (the lock row held `FOR UPDATE`), exec_group_stop,
+    /// exec_setsid. Memory: none (futures are dropped unless --no-dropped-futures). Kinds that
+    /// cannot run here are listed in the summary's `skipped` with the reason.
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Do not drop acquire / release futures at random points.
@@ -131,6 +138,10 @@ pub struct RunArgs {
     /// The `mongolock` binary (default: next to this program).
     #[arg(long, env = "MONGOLOCK_BIN")]
     pub mongolock_bin: Option<PathBuf>,
+    /// The `mongo-testserver` binary, run in a network namespace for `partition` / `netem`
+    /// (default: next to this program).
+    #[arg(long, env = "MONGO_TESTSERVER_BIN")]
+    pub testserver_bin: Option<PathBuf>,
     /// Directory for the workers' logs (default: a fresh directory under the system temp dir).
     #[arg(long)]
     pub run_dir: Option<PathBuf>,

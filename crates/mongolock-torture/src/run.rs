@@ -15,6 +15,7 @@ use crate::checker::Checker;
 use crate::cli_check::{self, CliPlan};
 use crate::config::WorkerConfig;
 use crate::faults::{self, FaultCounts, FaultKind, FaultPlan};
+use crate::netns::{self, Net};
 use crate::options::{Backend, RunArgs};
 use crate::resource::MemoryResource;
 use crate::store::Store;
@@ -64,6 +65,18 @@ fn run_dir(args: &RunArgs, seed: u64) -> Result<PathBuf, AnyError> {
         }
     };
     std::fs::create_dir_all(&dir)?;
+    // Logs of an earlier run in a reused directory would be read as this run's (the logs are
+    // appended to): remove the files the harness writes there.
+    for entry in std::fs::read_dir(&dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if (name.starts_with("worker-") && (name.ends_with(".jsonl") || name.ends_with(".stderr")))
+            || name.starts_with("cli-overlaps.log")
+            || name.starts_with("cli-mutex")
+        {
+            let _ = std::fs::remove_file(entry.path())
+                .or_else(|_| std::fs::remove_dir_all(entry.path()));
+        }
+    }
     Ok(dir)
 }
 
@@ -101,19 +114,86 @@ fn report(summary: &Summary, args: &RunArgs, dir: &std::path::Path) -> Result<i3
     Ok(if summary.violations_total > 0 { 1 } else { 0 })
 }
 
+/// Kinds selected but not injected, with the reason.
+type Skipped = std::collections::BTreeMap<FaultKind, String>;
+
+/// Starts the network of `partition` / `netem` ([`crate::netns`]) when they are selected and
+/// can run; otherwise records why not. Deletes the namespaces on Ctrl-C and on a panic.
+fn start_net(
+    args: &RunArgs,
+    kinds: &[FaultKind],
+    dir: &std::path::Path,
+    skipped: &mut Skipped,
+) -> Option<Arc<Net>> {
+    if !kinds.iter().any(|k| k.is_network()) {
+        return None;
+    }
+    let why = if args.uri.as_deref().is_some_and(|u| !u.is_empty()) {
+        Err("the server is given with --uri (partitions need the run's own server)".to_owned())
+    } else if let Some(why) = netns::unavailable() {
+        Err(why)
+    } else {
+        netns::find_testserver(args.testserver_bin.clone()).and_then(|bin| {
+            let secs = args.ttl_monitor.as_secs().max(1);
+            Net::setup(args.workers, &bin, secs, dir)
+        })
+    };
+    match why {
+        Ok(net) => {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                netns::cleanup_all();
+                previous(info);
+            }));
+            tokio::spawn(async {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    netns::cleanup_all();
+                    eprintln!("torture: interrupted; network namespaces deleted");
+                    std::process::exit(130);
+                }
+            });
+            Some(Arc::new(net))
+        }
+        Err(why) => {
+            eprintln!("torture: partition and netem skipped: {why}");
+            for k in kinds.iter().filter(|k| k.is_network()) {
+                skipped.insert(*k, why.clone());
+            }
+            netns::cleanup_all();
+            None
+        }
+    }
+}
+
 /// Runs the torture test; returns the process exit status.
 pub async fn run(args: RunArgs) -> Result<i32, AnyError> {
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
     let kinds = FaultKind::parse_list(&args.faults, args.backend)?;
     match args.backend {
         Backend::Mongo | Backend::Postgres => {
-            let store = Store::start(&args, seed).await?;
+            let dir = run_dir(&args, seed)?;
+            let mut skipped = Skipped::new();
+            let net = start_net(&args, &kinds, &dir, &mut skipped);
+            let store = Store::start(&args, seed, net.as_ref().map(|n| n.control_uri())).await?;
             // Fail points need the embedded server or --failpoints; signals always work.
+            let backend = store.backend();
             let kinds = kinds
                 .into_iter()
-                .filter(|k| store.fail_points() || !k.is_fail_point())
+                .filter(|k| {
+                    let ok = store.fail_points() || !k.needs_fail_points(backend);
+                    if !ok {
+                        skipped.insert(
+                            *k,
+                            "fail points need the embedded server or --failpoints".into(),
+                        );
+                    }
+                    ok && !skipped.contains_key(k)
+                })
                 .collect();
-            run_processes(args, seed, kinds, store).await
+            let status = run_processes(args, seed, kinds, skipped, store, net.clone(), dir).await;
+            drop(net);
+            netns::cleanup_all();
+            status
         }
         Backend::Memory => run_memory(args, seed).await,
     }
@@ -124,10 +204,37 @@ async fn run_processes(
     args: RunArgs,
     seed: u64,
     kinds: Vec<FaultKind>,
+    mut skipped: Skipped,
     mut store: Store,
+    net: Option<Arc<Net>>,
+    dir: PathBuf,
 ) -> Result<i32, AnyError> {
     let backend = store.backend();
-    let dir = run_dir(&args, seed)?;
+    let cli_bin = if args.no_cli {
+        Err("disabled with --no-cli".to_owned())
+    } else {
+        cli_check::find_binary(args.mongolock_bin.clone())
+    };
+    for k in kinds.iter().filter(|k| k.is_cli()) {
+        match &cli_bin {
+            Err(why) => {
+                skipped.insert(*k, format!("CLI check skipped: {why}"));
+            }
+            Ok(_) if !args.cli_faults => {
+                skipped.insert(*k, "needs --cli-faults".into());
+            }
+            Ok(_) => {}
+        }
+    }
+    let has = |k: FaultKind| kinds.contains(&k) && !skipped.contains_key(&k);
+    // The injector's kinds: not the CLI's, and on PostgreSQL not the short extensions (the
+    // workers slow the server themselves).
+    let injected: Vec<FaultKind> = kinds
+        .iter()
+        .copied()
+        .filter(|k| !k.is_cli() && !skipped.contains_key(k))
+        .filter(|k| !(*k == FaultKind::ShortExtension && backend == Backend::Postgres))
+        .collect();
     let started = Instant::now();
     let exe = std::env::current_exe()?;
     let base = WorkerConfig {
@@ -145,14 +252,32 @@ async fn run_processes(
         cleanup_every_ms: None,
         polling: false,
         drop_futures: !args.no_dropped_futures,
+        short_extensions: has(FaultKind::ShortExtension),
         log: PathBuf::new(),
     };
     let cleanup_every = (args.ttl_monitor.as_millis() as u64).max(1);
+    let netns: Vec<String> = net
+        .as_ref()
+        .map(|n| {
+            (0..args.workers)
+                .filter_map(|i| n.worker_ns(i).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let worker_uris: Vec<String> = net
+        .as_ref()
+        .map(|n| (0..args.workers).map(|i| n.worker_uri(i)).collect())
+        .unwrap_or_default();
     let supervisor = Arc::new(Supervisor::start(
         exe,
         &dir,
         args.workers,
+        netns,
         Arc::new(move |id, inc, log| WorkerConfig {
+            uri: worker_uris
+                .get(id)
+                .cloned()
+                .unwrap_or_else(|| base.uri.clone()),
             worker: format!("w{id}.{inc}"),
             seed: base.seed ^ ((id as u64) << 32) ^ (inc << 48) ^ 0x9e37_79b9,
             polling: id % 2 == 1,
@@ -167,20 +292,20 @@ async fn run_processes(
     let counts = Arc::new(Mutex::new(FaultCounts::default()));
     let injector = tokio::spawn(faults::inject(
         FaultPlan {
-            kinds,
+            kinds: injected,
             interval: args.fault_interval,
             lease: args.lease,
+            cleanup_after_secs: args.cleanup_after_secs,
             seed: seed ^ 0xfa17,
         },
         store.fault_target().await?,
         supervisor.clone(),
+        net.clone(),
         counts.clone(),
         stop_rx.clone(),
     ));
-    let cli = if args.no_cli {
-        Err("disabled with --no-cli".to_owned())
-    } else {
-        cli_check::find_binary(args.mongolock_bin.clone()).map(|bin| {
+    let cli = {
+        cli_bin.map(|bin| {
             tokio::spawn(cli_check::run(
                 CliPlan {
                     bin,
@@ -189,6 +314,8 @@ async fn run_processes(
                     collection: store.cli_collection(),
                     loops: args.cli_loops,
                     faults: args.cli_faults,
+                    group_stops: has(FaultKind::ExecGroupStop),
+                    setsid: has(FaultKind::ExecSetsid),
                     dir: dir.clone(),
                     seed: seed ^ 0xc11,
                 },
@@ -242,6 +369,15 @@ async fn run_processes(
 
     let recorded = store.finish().await?;
     let mut c = recorded.checker;
+    if args
+        .uri
+        .as_deref()
+        .is_some_and(|u| !u.is_empty() && net.is_none())
+        || args.postgres_url.as_deref().is_some_and(|u| !u.is_empty())
+    {
+        // Another host's clock: rule (9) compares the workers' clock with the server's.
+        c.expiry_tolerance(None);
+    }
     for (name, lease, expires) in &held {
         c.held_after_end(name, lease, *expires);
     }
@@ -264,7 +400,27 @@ async fn run_processes(
         (None, Some(why)) => format!("skipped: {why}"),
         (None, None) => "skipped".into(),
     };
-    let faults = lock(&counts).clone();
+    let mut faults = lock(&counts).clone();
+    if let Some(r) = &cli_report {
+        faults
+            .injected
+            .insert(FaultKind::ExecGroupStop, r.group_stops.0);
+        faults
+            .fired
+            .insert(FaultKind::ExecGroupStop, r.group_stops.1);
+        faults.injected.insert(FaultKind::ExecSetsid, r.setsid.0);
+        faults.fired.insert(FaultKind::ExecSetsid, r.setsid.1);
+    }
+    if has(FaultKind::ShortExtension) {
+        if backend == Backend::Postgres {
+            faults
+                .injected
+                .insert(FaultKind::ShortExtension, totals.short_ext_slowed);
+        }
+        faults
+            .fired
+            .insert(FaultKind::ShortExtension, totals.short_ext_dropped);
+    }
     let mut summary = Summary::new(
         backend,
         seed,
@@ -279,6 +435,10 @@ async fn run_processes(
     summary.restarts = supervisor.restarts();
     summary.recorder_resumes = recorded.resumes;
     summary.cli = cli_text;
+    summary.faults_skipped = skipped
+        .into_iter()
+        .map(|(k, why)| (k.label().to_owned(), why))
+        .collect();
     let mut status = report(&summary, &args, &dir)?;
     if summary.recorder_resumes.1 > 0 {
         eprintln!("torture: the recorder's history is incomplete; the run proves nothing");
@@ -314,6 +474,7 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             cleanup_every_ms: None,
             polling: false,
             drop_futures: !args.no_dropped_futures,
+            short_extensions: false,
             log: dir.join(format!("worker-{id}-0.jsonl")),
         };
         let auto = LockProvider::builder(backend.clone())

@@ -57,9 +57,17 @@ pub enum Store {
 
 impl Store {
     /// Starts the server (or connects), prepares the run's storage and starts recording.
-    pub async fn start(args: &RunArgs, seed: u64) -> Result<Store, AnyError> {
+    /// `server_uri`: a MongoDB server the run started itself elsewhere (in a network
+    /// namespace, [`crate::netns`]): fail points are used as with the embedded server.
+    pub async fn start(
+        args: &RunArgs,
+        seed: u64,
+        server_uri: Option<String>,
+    ) -> Result<Store, AnyError> {
         match args.backend {
-            Backend::Mongo => Ok(Store::Mongo(MongoStore::start(args, seed).await?)),
+            Backend::Mongo => Ok(Store::Mongo(
+                MongoStore::start(args, seed, server_uri).await?,
+            )),
             Backend::Postgres => Ok(Store::Postgres(PgStore::start(args, seed).await?)),
             Backend::Memory => Err("the memory backend runs without a store".into()),
         }
@@ -108,7 +116,11 @@ impl Store {
     /// Where the fault injector injects faults (PostgreSQL: a connection of its own).
     pub async fn fault_target(&self) -> Result<FaultTarget, AnyError> {
         match self {
-            Store::Mongo(m) => Ok(FaultTarget::Mongo(m.control.database("admin"))),
+            Store::Mongo(m) => Ok(FaultTarget::Mongo {
+                admin: m.control.database("admin"),
+                db: m.db.clone(),
+                progress: m.progress.clone(),
+            }),
             Store::Postgres(p) => {
                 let config = postgres::config(&p.url, "torture-faults")?;
                 Ok(FaultTarget::Postgres(postgres::connect(&config).await?))
@@ -196,9 +208,15 @@ pub struct MongoStore {
 }
 
 impl MongoStore {
-    async fn start(args: &RunArgs, seed: u64) -> Result<MongoStore, AnyError> {
-        let (server, uri) = match &args.uri {
-            Some(u) if !u.is_empty() => (None, u.clone()),
+    async fn start(
+        args: &RunArgs,
+        seed: u64,
+        server_uri: Option<String>,
+    ) -> Result<MongoStore, AnyError> {
+        let ours = server_uri.is_some();
+        let (server, uri) = match (&args.uri, server_uri) {
+            (_, Some(u)) => (None, u),
+            (Some(u), None) if !u.is_empty() => (None, u.clone()),
             _ => {
                 let server = mongo_testserver::TestServer::builder()
                     .ttl_monitor_interval(args.ttl_monitor)
@@ -207,7 +225,7 @@ impl MongoStore {
                 (Some(server), uri)
             }
         };
-        let fail_points = server.is_some() || args.failpoints;
+        let fail_points = server.is_some() || ours || args.failpoints;
         let control = client(&uri, "torture-control").await?;
         let db_name = format!("torture_{seed:x}");
         let db = control.database(&db_name);

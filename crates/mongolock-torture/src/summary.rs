@@ -43,8 +43,14 @@ pub struct Summary {
     /// Faults injected by kind (fail points configured, signals sent, connections terminated,
     /// futures dropped); the kinds of the backend only.
     pub faults: BTreeMap<String, u64>,
-    /// Commands hit by fail points, by kind (other kinds: as injected).
+    /// Faults that took effect, by kind: commands hit by fail points, signals delivered,
+    /// extension futures dropped before the reply, deletions under a 0-second TTL index,
+    /// stopped `exec` groups whose command was running, `setsid` descendants started,
+    /// partitions during which the worker retransmitted.
     pub faults_fired: BTreeMap<String, u64>,
+    /// Kinds selected but not injected in this run, with the reason (not root, no `ip`,
+    /// no `--cli-faults`, ...).
+    pub faults_skipped: BTreeMap<String, String>,
     /// Semaphore slots recorded (MongoDB: from the lock collection's change stream; zero on
     /// other backends, which run no semaphore operations).
     pub slots: SlotCounts,
@@ -113,6 +119,7 @@ impl Summary {
             restarts: 0,
             faults: fault_map,
             faults_fired: fired,
+            faults_skipped: BTreeMap::new(),
             slots: checker.slot_counts(),
             violations,
             violations_total: checker.total(),
@@ -140,7 +147,7 @@ impl Summary {
         format!(
             "torture: backend={} seed={} workers={} acquisitions={} (workers logged {}) \
              writes accepted={} refused={} failed={} lost_seen={} ran_out={} ttl_deletes={} \
-             restarts={} slots granted={} released={} expired={} max_live={} stamp_inversions={}(max {}µs) recorder_resumes={}(failed {}) faults[{}] fired[{}] cli[{}] violations={} [{}] duration={:.1}s \
+             restarts={} slots granted={} released={} expired={} max_live={} stamp_inversions={}(max {}µs) recorder_resumes={}(failed {}) faults[{}] fired[{}] skipped[{}] cli[{}] violations={} [{}] duration={:.1}s \
              rate={:.0}/s",
             self.backend,
             self.seed,
@@ -164,6 +171,11 @@ impl Summary {
             self.recorder_resumes.1,
             join(&self.faults),
             join(&self.faults_fired),
+            self.faults_skipped
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect::<Vec<_>>()
+                .join("; "),
             self.cli,
             self.violations_total,
             join(&self.violations),

@@ -32,8 +32,16 @@ pub struct Supervisor {
 pub type ConfigFor = Arc<dyn Fn(usize, u64, PathBuf) -> WorkerConfig + Send + Sync>;
 
 impl Supervisor {
-    /// Starts `workers` worker processes of `exe`, logging into `dir`.
-    pub fn start(exe: PathBuf, dir: &Path, workers: usize, config_for: ConfigFor) -> Self {
+    /// Starts `workers` worker processes of `exe`, logging into `dir`; worker slot `i` runs in
+    /// network namespace `netns[i]` when given (`ip netns exec`, which execs the worker: the
+    /// pid is the worker's).
+    pub fn start(
+        exe: PathBuf,
+        dir: &Path,
+        workers: usize,
+        netns: Vec<String>,
+        config_for: ConfigFor,
+    ) -> Self {
         let pids = Arc::new(Mutex::new(vec![None; workers]));
         let restarts = Arc::new(AtomicU64::new(0));
         let mut slots = Vec::new();
@@ -42,6 +50,7 @@ impl Supervisor {
             slots.push(tx);
             tokio::spawn(slot(
                 id,
+                netns.get(id).cloned(),
                 exe.clone(),
                 dir.to_path_buf(),
                 config_for.clone(),
@@ -104,6 +113,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn spawn(
+    netns: Option<&str>,
     exe: &Path,
     dir: &Path,
     cfg: &WorkerConfig,
@@ -112,7 +122,15 @@ fn spawn(
 ) -> std::io::Result<Child> {
     let json = serde_json::to_string(cfg).map_err(std::io::Error::other)?;
     let stderr = std::fs::File::create(dir.join(format!("worker-{id}-{inc}.stderr")))?;
-    Command::new(exe)
+    let mut command = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    command
         .arg("worker")
         .env(WORKER_CONFIG_ENV, json)
         .stdin(Stdio::piped())
@@ -123,8 +141,10 @@ fn spawn(
 }
 
 /// One worker slot: (re)starts its process until told to stop.
+#[allow(clippy::too_many_arguments)]
 async fn slot(
     id: usize,
+    netns: Option<String>,
     exe: PathBuf,
     dir: PathBuf,
     config_for: ConfigFor,
@@ -136,7 +156,7 @@ async fn slot(
     loop {
         let log = dir.join(format!("worker-{id}-{inc}.jsonl"));
         let cfg = config_for(id, inc, log);
-        let mut child = match spawn(&exe, &dir, &cfg, id, inc) {
+        let mut child = match spawn(netns.as_deref(), &exe, &dir, &cfg, id, inc) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("torture: cannot start worker {id}: {e}");

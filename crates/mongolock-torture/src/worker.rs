@@ -20,8 +20,8 @@ use tokio::sync::watch;
 
 use crate::checker::Grant;
 use crate::config::{
-    pick_cold, pick_hot, pick_sem, WorkerConfig, ELECTION_ROLE, JOBS_COLLECTION, JOBS_LOCK_FIELD,
-    LOCK_COLLECTION, SEM_LIMIT, WORKER_APP_NAME, WORKER_CONFIG_ENV,
+    pick_cold, pick_hot, pick_sem, WorkerConfig, ELECTION_ROLE, EXT_APP_NAME, JOBS_COLLECTION,
+    JOBS_LOCK_FIELD, LOCK_COLLECTION, SEM_LIMIT, WORKER_APP_NAME, WORKER_CONFIG_ENV,
 };
 use crate::options::Backend;
 use crate::postgres::PgResource;
@@ -64,6 +64,22 @@ pub struct Env {
     seq: AtomicU64,
     /// Becomes true when the worker must stop.
     pub stop: watch::Receiver<bool>,
+    /// The short extensions' means (`short_extension`), if this worker makes them.
+    pub ext: Option<Ext>,
+}
+
+/// How a worker makes short extensions while the server is slowed (`short_extension`).
+pub enum Ext {
+    /// MongoDB: a provider (not extended automatically) whose client's `appName` is
+    /// [`EXT_APP_NAME`]: the injector's `blockConnection` fail point slows its commands.
+    Mongo(LockProvider),
+    /// PostgreSQL: the worker's provider that is not extended automatically; a connection of
+    /// its own (`config`) holds the lock row of `table` `FOR UPDATE` while the extension is
+    /// sent, so that the extension waits for the row and its reply comes late.
+    Postgres {
+        config: Box<tokio_postgres::Config>,
+        table: String,
+    },
 }
 
 fn lease_of(cfg: &WorkerConfig) -> Duration {
@@ -99,6 +115,7 @@ impl Env {
             log,
             seq: AtomicU64::new(0),
             stop,
+            ext: None,
         })
     }
 
@@ -154,6 +171,9 @@ impl Env {
         lease: &str,
         is_lost: impl Fn() -> bool,
     ) -> bool {
+        // Taken before the check: if `is_lost()` says false, the lease was trusted at this
+        // instant (the checker compares it with the lease's end at the server).
+        let checked = now_us();
         if is_lost() {
             self.log.write(&LogLine::Lost {
                 name: name.to_owned(),
@@ -174,6 +194,7 @@ impl Env {
             lease: lease.to_owned(),
             wid: wid.clone(),
             t: now_us(),
+            checked: Some(checked),
         });
         let write = FencedWrite {
             name: name.to_owned(),
@@ -592,9 +613,120 @@ pub async fn run_loops(env: Arc<Env>) {
     }
     let leader_seed = env.cfg.seed.wrapping_add(1_000_000);
     tasks.push(tokio::spawn(lead(env.clone(), leader_seed)));
+    if env.ext.is_some() {
+        let seed = env.cfg.seed.wrapping_add(2_000_000);
+        tasks.push(tokio::spawn(short_extensions(env.clone(), seed)));
+    }
     for t in tasks {
         if let Err(e) = t.await {
             env.error("task", e);
+        }
+    }
+}
+
+/// The `short_extension` loop: takes a hot name, makes a fenced write, then sends an
+/// extension to a TTL shorter than what is left while the server is slowed and drops its
+/// future after a short time (MongoDB, where the injector's fail point is on only now and
+/// then: up to 20 extensions in a row until one is dropped); waits until after the shortened expiry (but before the
+/// original one) and makes another fenced write, checking `is_lost()` first as every holder
+/// does. A guard that did not lower its deadline before sending the extension trusts a lease
+/// the server has already ended: the checker's rule (9) reports the write (and, if another
+/// worker took the name meanwhile, fencing refuses it).
+async fn short_extensions(env: Arc<Env>, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let lease = lease_of(&env.cfg);
+    let mut pg: Option<tokio_postgres::Client> = None;
+    while !env.stopped() {
+        tokio::time::sleep(lease.mul_f64(rng.random_range(0.1..0.5))).await;
+        if env.stopped() {
+            break;
+        }
+        let provider = match &env.ext {
+            Some(Ext::Mongo(p)) => p,
+            Some(Ext::Postgres { .. }) => &env.manual,
+            None => return,
+        };
+        let Ok(lock) = provider.lock(pick_hot(&mut rng, &env.cfg)) else {
+            continue;
+        };
+        let wait = Duration::from_millis(rng.random_range(0..300));
+        let Some(guard) = bounded(&env, &mut rng, lock.acquire_timeout(wait)).await else {
+            continue;
+        };
+        let (name, token) = (guard.name().to_owned(), guard.fencing_token());
+        let lease_id = guard.lease_id().as_str().to_owned();
+        env.log.write(&LogLine::Grant {
+            name: name.clone(),
+            token,
+            lease: lease_id.clone(),
+            via: "short_extension".into(),
+            t: now_us(),
+        });
+        if !env
+            .fenced(&name, token, &lease_id, || guard.is_lost())
+            .await
+        {
+            drop(guard);
+            end(&env, &name, token, EndHow::Dropped);
+            continue;
+        }
+        // PostgreSQL: hold the row so that the extension waits for it.
+        let mut row_tx = false;
+        if let Some(Ext::Postgres { config, table }) = &env.ext {
+            if pg.is_none() {
+                pg = crate::postgres::connect(config).await.ok();
+            }
+            if let Some(client) = &pg {
+                let sql = format!("SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE");
+                row_tx = client.batch_execute("BEGIN").await.is_ok()
+                    && client.query(&sql, &[&name]).await.is_ok();
+                if !row_tx {
+                    pg = None;
+                }
+            }
+        }
+        let short = lease.mul_f64(0.3);
+        let give_up = lease.mul_f64(0.03).max(Duration::from_millis(2));
+        // MongoDB: the fail point is on now and then; try for a while (each extension that
+        // answers in time moves the lease to now + `short`, and the guard knows it).
+        let tries = if row_tx { 1 } else { 20 };
+        let mut sent = tokio::time::Instant::now();
+        let mut dropped = false;
+        for i in 0..tries {
+            if i > 0 {
+                tokio::time::sleep(give_up).await;
+            }
+            sent = tokio::time::Instant::now();
+            dropped = tokio::time::timeout(give_up, guard.extend(short))
+                .await
+                .is_err();
+            if dropped || guard.is_lost() {
+                break;
+            }
+        }
+        env.log.write(&LogLine::ShortExtension {
+            name: name.clone(),
+            token,
+            ttl_ms: short.as_millis() as u64,
+            dropped,
+            slowed: row_tx,
+            t: now_us(),
+        });
+        if row_tx {
+            tokio::time::sleep(lease.mul_f64(rng.random_range(0.1..0.25))).await;
+            if let Some(client) = &pg {
+                if client.batch_execute("COMMIT").await.is_err() {
+                    pg = None;
+                }
+            }
+        }
+        // After the shortened expiry (sent + block + 0.3 lease), before the original one.
+        tokio::time::sleep_until(sent + lease.mul_f64(rng.random_range(0.6..0.8))).await;
+        env.fenced(&name, token, &lease_id, || guard.is_lost())
+            .await;
+        match guard.release().await {
+            Ok(()) => end(&env, &name, token, EndHow::Released),
+            Err(_) => end(&env, &name, token, EndHow::ReleaseFailed),
         }
     }
 }
@@ -629,6 +761,7 @@ async fn mongo_env(
         LockProvider,
         Option<DocumentLocks<Document>>,
         Sink,
+        Option<Ext>,
     ),
     String,
 > {
@@ -637,7 +770,7 @@ async fn mongo_env(
         .map_err(|e| e.to_string())?;
     options.app_name = Some(WORKER_APP_NAME.to_owned());
     options.server_selection_timeout = Some(Duration::from_secs(5));
-    let client = mongodb::Client::with_options(options).map_err(|e| e.to_string())?;
+    let client = mongodb::Client::with_options(options.clone()).map_err(|e| e.to_string())?;
     let db = client.database(&cfg.db);
     // Every other worker polls instead of following the change stream: both wake-up paths are
     // exercised, and the server has fewer streams to feed.
@@ -648,6 +781,20 @@ async fn mongo_env(
         .build()
         .map_err(|e| e.to_string())?;
     let (auto, manual) = providers(backend, cfg)?;
+    let ext = if cfg.short_extensions {
+        let mut options = options.clone();
+        options.app_name = Some(EXT_APP_NAME.to_owned());
+        let client = mongodb::Client::with_options(options).map_err(|e| e.to_string())?;
+        let backend = mongolock::MongoBackend::builder(&client.database(&cfg.db))
+            .collection(LOCK_COLLECTION)
+            .cleanup_after(Duration::from_secs(cfg.cleanup_after_secs))
+            .change_streams(false)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Some(Ext::Mongo(providers(backend, cfg)?.1))
+    } else {
+        None
+    };
     let docs = DocumentLocks::builder(&db.collection::<Document>(JOBS_COLLECTION))
         .field(JOBS_LOCK_FIELD)
         .expiry(lease_of(cfg))
@@ -659,13 +806,16 @@ async fn mongo_env(
         manual,
         Some(docs),
         Sink::Mongo(db.collection(RESOURCE_COLLECTION)),
+        ext,
     ))
 }
 
 /// A PostgreSQL worker's providers (on the run's schema; connections named after
 /// [`WORKER_APP_NAME`] so that the fault injector can find them) and resource. Every other
 /// worker polls instead of listening; some run the idle-row cleanup.
-fn postgres_env(cfg: &WorkerConfig) -> Result<(LockProvider, LockProvider, Sink), String> {
+fn postgres_env(
+    cfg: &WorkerConfig,
+) -> Result<(LockProvider, LockProvider, Sink, Option<Ext>), String> {
     let config = crate::postgres::config(&cfg.uri, &format!("{WORKER_APP_NAME} {}", cfg.worker))
         .map_err(|e| e.to_string())?;
     let backend = PostgresBackend::builder_with_config(config)
@@ -681,7 +831,18 @@ fn postgres_env(cfg: &WorkerConfig) -> Result<(LockProvider, LockProvider, Sink)
         crate::postgres::config(&cfg.uri, &format!("torture-resource {}", cfg.worker))
             .map_err(|e| e.to_string())?;
     let sink = Sink::Postgres(Arc::new(PgResource::new(resource_config, &cfg.db)));
-    Ok((auto, manual, sink))
+    let ext = if cfg.short_extensions {
+        let config = crate::postgres::config(&cfg.uri, &format!("torture-extend {}", cfg.worker))
+            .map_err(|e| e.to_string())?;
+        let table = format!("\"{}\".\"{LOCK_COLLECTION}\"", cfg.db.replace('"', "\"\""));
+        Some(Ext::Postgres {
+            config: Box::new(config),
+            table,
+        })
+    } else {
+        None
+    };
+    Ok((auto, manual, sink, ext))
 }
 
 /// `mongolock-torture worker`: one worker process. Reads its configuration from the
@@ -692,18 +853,20 @@ pub async fn worker_main() -> Result<(), String> {
     let raw =
         std::env::var(WORKER_CONFIG_ENV).map_err(|_| format!("{WORKER_CONFIG_ENV} is not set"))?;
     let cfg: WorkerConfig = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
-    let (auto, manual, docs, sink) = match cfg.backend {
+    let (auto, manual, docs, sink, ext) = match cfg.backend {
         Backend::Mongo => mongo_env(&cfg).await?,
         Backend::Postgres => {
-            let (auto, manual, sink) = postgres_env(&cfg)?;
-            (auto, manual, None, sink)
+            let (auto, manual, sink, ext) = postgres_env(&cfg)?;
+            (auto, manual, None, sink, ext)
         }
         Backend::Memory => {
             return Err("the memory backend runs no worker process".into());
         }
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let env = Arc::new(Env::new(cfg, auto, manual, docs, sink, stop_rx)?);
+    let mut env = Env::new(cfg, auto, manual, docs, sink, stop_rx)?;
+    env.ext = ext;
+    let env = Arc::new(env);
     let loops = tokio::spawn(run_loops(env.clone()));
 
     let mut lines = BufReader::new(tokio::io::stdin()).lines();

@@ -51,6 +51,22 @@ pub enum LogLine {
         lease: String,
         wid: String,
         t: i64,
+        /// Local wall-clock time (µs) taken right *before* `is_lost()` was called: the lease
+        /// was trusted at that instant.
+        #[serde(default)]
+        checked: Option<i64>,
+    },
+    /// A shortened extension (`short_extension`): `extend(ttl_ms)` under a timeout while the
+    /// server was slowed; `dropped`: the future was dropped before the reply.
+    ShortExtension {
+        name: String,
+        token: u64,
+        ttl_ms: u64,
+        dropped: bool,
+        /// Whether this worker slowed the server itself (PostgreSQL: the row held
+        /// `FOR UPDATE`); on MongoDB the injector's fail point may or may not have been on.
+        slowed: bool,
+        t: i64,
     },
     /// The fenced write's outcome: `ok` = accepted, `Some(false)` = refused, `None` = error.
     Result {
@@ -144,6 +160,12 @@ pub struct LogTotals {
     pub ran_out: u64,
     /// Lines that could not be parsed (a line cut by SIGKILL).
     pub bad_lines: u64,
+    /// Shortened extensions sent under a timeout (`short_extension`).
+    pub short_ext_sent: u64,
+    /// Of those, sent while this worker slowed the server itself (PostgreSQL).
+    pub short_ext_slowed: u64,
+    /// Of those, the ones whose future was dropped before the reply.
+    pub short_ext_dropped: u64,
 }
 
 impl LogTotals {
@@ -159,6 +181,9 @@ impl LogTotals {
         self.errors += o.errors;
         self.ran_out += o.ran_out;
         self.bad_lines += o.bad_lines;
+        self.short_ext_sent += o.short_ext_sent;
+        self.short_ext_slowed += o.short_ext_slowed;
+        self.short_ext_dropped += o.short_ext_dropped;
     }
 }
 
@@ -176,12 +201,24 @@ pub fn read_log(path: &Path) -> std::io::Result<(Vec<WorkerEvent>, LogTotals)> {
         match parsed {
             LogLine::Grant { .. } => totals.grants += 1,
             LogLine::Intent {
-                name, token, wid, ..
+                name,
+                token,
+                wid,
+                checked,
+                ..
             } => events.push(WorkerEvent::Intent {
                 name,
                 token,
                 write_id: wid,
+                checked_us: checked,
             }),
+            LogLine::ShortExtension {
+                dropped, slowed, ..
+            } => {
+                totals.short_ext_sent += 1;
+                totals.short_ext_slowed += u64::from(slowed);
+                totals.short_ext_dropped += u64::from(dropped);
+            }
             LogLine::Result { ok, .. } => match ok {
                 Some(true) => totals.accepted += 1,
                 Some(false) => totals.refused += 1,
