@@ -205,6 +205,8 @@ pub struct MongoBackend {
     /// The semaphore slots this backend (and its clones) granted and has not released: their
     /// extend, release and loss checks take the slot path (`slots.rs`).
     slot_leases: Arc<Mutex<HashSet<LeaseId>>>,
+    /// Whether the collection is ours, and what its TTL indexes allow (`index.rs`).
+    checks: Arc<index::Checks>,
 }
 
 /// Builds a [`MongoBackend`]; see [`MongoBackend::builder`].
@@ -299,6 +301,7 @@ impl MongoBackendBuilder {
             create_ttl_index: self.create_ttl_index,
             fair_handoff: self.fair_handoff,
             slot_leases: Arc::default(),
+            checks: Arc::default(),
         })
     }
 }
@@ -380,10 +383,12 @@ impl MongoBackend {
     }
 
     /// Creates the TTL index now, reporting any error (normally this happens in the background
-    /// on first use).
+    /// on first use), after checking, like every first write, that the collection is empty or
+    /// holds only mongolock's documents.
     ///
     /// # Errors
-    /// [`Error::Backend`] when the server refuses (an index on
+    /// [`Error::ForeignCollection`] when the collection holds documents mongolock did not write
+    /// (nothing is created); [`Error::Backend`] when the server refuses (an index on
     /// `expiresAt` with other options exists, or the user may not create indexes);
     /// [`Error::Unavailable`] on network errors.
     ///
@@ -391,6 +396,7 @@ impl MongoBackend {
     /// Cancel-safe: dropping the future may leave the index being built by the server, which
     /// is harmless (the call is idempotent).
     pub async fn ensure_indexes(&self) -> Result<()> {
+        self.checks.ensure_ours(&self.reads).await?;
         index::create_ttl_index(&self.coll, self.cleanup_after).await
     }
 
@@ -451,11 +457,24 @@ impl MongoBackend {
 #[async_trait]
 impl LockBackend for MongoBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        // Nothing is written to a collection that is not ours (checked once).
+        self.checks.ensure_ours(&self.reads).await?;
         if self.create_ttl_index {
             index::ensure_in_background(&self.coll, self.cleanup_after);
         }
         if let LeaseMode::Slot { limit } = req.mode {
-            let attempt = slots::try_acquire(&self.coll, req, limit, self.cleanup_after).await?;
+            // The slot path decides on the first-acquisition shortcut by `cleanup_after`: the
+            // configured one when the TTL indexes allow the shortcut, else zero (no window:
+            // the stamp path). Verified before the attempt (cached: `index.rs`).
+            let cleanup_after = match self
+                .checks
+                .creation_window(&self.reads, self.cleanup_after)
+                .await
+            {
+                Some(_) => self.cleanup_after,
+                None => Duration::ZERO,
+            };
+            let attempt = slots::try_acquire(&self.coll, req, limit, cleanup_after).await?;
             if matches!(attempt, Attempt::Acquired(_)) {
                 self.slot_leases().insert(req.lease_id.clone());
             }
@@ -468,7 +487,15 @@ impl LockBackend for MongoBackend {
             acquirers,
             self.watch.is_live_for(&req.name),
         );
-        let attempt = acquire::try_acquire(&self.coll, req, self.cleanup_after, queueing).await?;
+        let attempt = acquire::try_acquire(
+            &self.coll,
+            &self.reads,
+            &self.checks,
+            req,
+            self.cleanup_after,
+            queueing,
+        )
+        .await?;
         if let Attempt::Acquired(lease) = &attempt {
             self.watch
                 .granted(&req.name, &req.lease_id, lease.fencing_token);
@@ -530,6 +557,7 @@ impl LockBackend for MongoBackend {
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
+        self.checks.ensure_ours(&self.reads).await?;
         ops::force_release(&self.coll, name, self.fair_handoff).await
     }
 
