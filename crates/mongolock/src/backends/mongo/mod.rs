@@ -33,24 +33,36 @@
 //!
 //! # Fencing tokens: epochs of 2²⁰ tokens
 //! Tokens are issued in **epochs**: epoch `e` owns the tokens `(e - 1) · 2²⁰ + 1 ..= e · 2²⁰`.
-//! A document records the epoch of its current token. A grant takes `fencingToken + 1` when
-//! that is still in the document's epoch; otherwise (a new document, or the epoch used up) the
-//! grant is made with `epoch: null`, and the acquirer takes a new epoch `e` from the name's
+//! A document's `epoch`, when set, is the epoch its next grant may draw from: a grant takes
+//! `fencingToken + 1` when that is still in `epoch`'s range (`fencingToken < epoch · 2²⁰`).
+//! `fencingToken`, once set, holds the last token issued for the document; `epoch` is null while
+//! a grant waits for its token to be stamped (the document then still shows the previous
+//! holder's token, or none when it is new). Otherwise (a new document, or the epoch used up) the grant is made with
+//! `epoch: null`, and the acquirer takes a new epoch `e` from the name's
 //! counter (`findAndModify`, pipeline `epoch + 1`, upsert; a counter starts at 1) and stamps its
 //! lease, if still its own and unexpired, with `fencingToken = max(fencingToken + 1, (e - 1) ·
 //! 2²⁰ + 1)` and `epoch = e`. Release never deletes the document (it sets `leaseId: null` and
 //! `expiresAt` to server now, keeping the token); only the TTL monitor deletes documents, after
-//! `expiresAt + cleanup_after`.
+//! `expiresAt` plus a TTL index's `expireAfterSeconds` (ours: `cleanup_after`).
 //!
 //! **First acquisition** of a name (no document): the attempt above matches nothing (it does not
-//! upsert). The acquirer then takes an epoch `e` first, learning the server time `t_e` of the
-//! increment, and upserts with the same pipeline, which gives a document *it creates* the token
-//! `(e - 1) · 2²⁰ + 1` and epoch `e` only if the server's `$$NOW < t_e + W`, where `W =
-//! min(cleanup_after / 2, 60 s)` (no such window when `cleanup_after` is under 2 s). So a first
-//! acquisition is 2 writes (3 commands: the first findAndModify matched nothing), and no
-//! document is written by every first acquisition (the counters are spread over 4096
-//! documents). When the window has passed, or another process created the document meanwhile,
-//! the upsert acts like any grant (and a grant without a token is stamped as above).
+//! upsert). If the collection's TTL indexes were verified (see below), the acquirer then takes
+//! an epoch `e` first, learning the server time `t_e` of the increment, and upserts with the
+//! same pipeline, which gives a document *it creates* the token `(e - 1) · 2²⁰ + 1` and epoch
+//! `e` only if the server's `$$NOW < t_e + W`, where `W = min(cleanup_after / 2, 60 s)`
+//! (`cleanup_after` in whole seconds; no such window when it is under 2 s). So a first
+//! acquisition is 2 writes (3 commands: the first findAndModify matched nothing, plus a
+//! `listIndexes` at most every 10 s), and no document is written by every first acquisition
+//! (the counters are spread over 4096 documents). When the window has passed, or another
+//! process created the document meanwhile, the upsert acts like any grant (and a grant without
+//! a token is stamped as above). When the TTL indexes were not verified, the upsert is made
+//! without a window: the document is created with `epoch: null` and stamped (the stamp path).
+//!
+//! **The verification** (`index.rs`): the window is used only when `listIndexes`, at most
+//! `TTL_CHECK_EVERY` (10 s) before the epoch is taken, showed that every TTL index of the
+//! collection (any index with `expireAfterSeconds`, on any field) is `{expiresAt: ±1}` alone
+//! with `expireAfterSeconds >= 2W` — or that there is none. A failed or unauthorised
+//! `listIndexes`, or any other TTL index, means the stamp path.
 //!
 //! **Why tokens only grow.** Within one lifetime of a document (creation to deletion): a grant
 //! in its epoch's range issues `token + 1`; a stamp issues at least `token + 1`. So tokens grow
@@ -63,14 +75,27 @@
 //!   after every epoch `L'` took. A counter only grows, so each is below `e`.
 //! * `L` was created with `e` (the first-acquisition path): suppose `L'` used an epoch `e' > e`.
 //!   It was taken after `e`, at `t' > t_e`, by a lease of `L'` that expires after `t'` (a stamp
-//!   needs an unexpired lease; a creation follows its epoch and its lease ends after it). The
-//!   TTL monitor deleted `L'` at or after that lease's end plus `cleanup_after`, so after `t_e +
-//!   cleanup_after`, and `L` was created after that — but its creation required `$$NOW < t_e +
-//!   W` with `W <= cleanup_after / 2`. Contradiction, as long as the clocks of the servers that
-//!   evaluated these times (primaries across failovers, mongos) differ by less than
-//!   `cleanup_after / 2` (30 minutes by default), and the TTL index deletes after `cleanup_after`
-//!   (every process using the collection must configure the same `cleanup_after`; a different
-//!   one makes its `createIndexes` fail with a logged warning and leaves the index as it was).
+//!   needs an unexpired lease; a creation follows its epoch and its lease ends after it). `L'`
+//!   was deleted between `t'` and `L`'s creation, so within `W` after `t_e`. Only TTL indexes
+//!   delete lock documents, and a TTL index deletes a document no sooner than its
+//!   `expireAfterSeconds` after the date of its field. **Assumption:** every TTL index that
+//!   exists while `L'` is deleted was verified, i.e. is on `expiresAt` alone with
+//!   `expireAfterSeconds >= 2W`. Then `L'` was deleted at or after its last lease's end plus
+//!   `2W`, so after `t' + 2W > t_e + 2W`, and `L` was created after that — but its creation
+//!   required `$$NOW < t_e + W`. Contradiction, as long as the clocks of the servers that
+//!   evaluated these times (primaries across failovers, mongos) differ by less than `W` (a
+//!   minute by default; half of `cleanup_after` when that is shorter).
+//!
+//!   **The residual window.** The verification `L`'s acquirer relied on was made at `v`, at
+//!   most `TTL_CHECK_EVERY` before it took `e` (so `v > t_e - 10 s`), and found no offending
+//!   TTL index; the deletion of `L'` happened after `t_e`. So the assumption can fail only if
+//!   an offending TTL index (a shorter `expireAfterSeconds`, or a TTL index on another field
+//!   such as `acquiredAt`) is created in the `TTL_CHECK_EVERY + W` (70 s by default) before
+//!   `L`'s creation, *and* the TTL monitor deletes the document of a later lifetime of the
+//!   same counter in the `W` between `t_e` and that creation. Every later verification (every
+//!   10 s) sees the index and sends first acquisitions down the stamp path, which needs no
+//!   assumption about deletions. Deleting lock documents by hand is outside the model (as is
+//!   dropping the collection, below).
 //!
 //! **Bounds.** Tokens stay at or below 2⁵³ (exact in JSON and JavaScript): an epoch beyond
 //! 2³³ is refused with [`Error::FencingTokensExhausted`](crate::Error) before anything is
@@ -104,11 +129,19 @@
 //! `limit` holders; tokens from the same epochs, so they grow across slots and across the
 //! name's use as a lock).
 //!
-//! # TTL index
-//! An index `{expiresAt: 1}` with `expireAfterSeconds = cleanup_after` (default 1 hour) is created
-//! once per collection per process, in the background, on the first acquisition. Failures are
-//! logged with `tracing` and never fatal: correctness never depends on the index.
-//! [`MongoBackend::ensure_indexes`] creates it explicitly and reports errors.
+//! # The collection, and the TTL index (`index.rs`)
+//! A backend writes only to a collection that is empty or holds only mongolock's documents
+//! (lock documents and epoch counters): before its first write or index creation it checks,
+//! once, with one `find` for a document that is not ours; otherwise every writing operation
+//! fails with [`Error::ForeignCollection`] and nothing is written.
+//!
+//! An index `{expiresAt: 1}` with `expireAfterSeconds = cleanup_after` (default 1 hour) is
+//! created once per collection per process, in the background, on the first acquisition.
+//! Failures are logged with `tracing` and never fatal: correctness never depends on the index
+//! existing; fencing depends only on no TTL index deleting lock documents too soon, which is
+//! verified as above. Processes with different `cleanup_after` may share a collection: a first
+//! acquisition whose verification finds the existing index too short for its window stamps.
+//! [`MongoBackend::ensure_indexes`] creates the index explicitly and reports errors.
 //!
 //! # Change-stream wake-ups (`watch.rs`)
 //! One change stream per backend (shared by its clones) wakes one waiting acquirer per name and
