@@ -130,7 +130,9 @@ pub enum Error {
     /// collection that is empty or holds nothing but its own lock documents and fencing-epoch
     /// counters, and alters only a table it created: nothing was written (no lock fields, no
     /// counters, no index, no column). Not transient: choose another collection or table.
-    #[error("refusing to keep locks in {namespace}: {found}; mongolock wrote nothing there. {fix}")]
+    #[error(
+        "refusing to keep locks in {namespace}: {found}; mongolock wrote nothing there. {fix}"
+    )]
     ForeignCollection {
         /// The collection's namespace (`database.collection`) or the table (`schema.table`).
         namespace: String,

@@ -22,7 +22,13 @@ use mongolock::{Election, Error, LockProvider, MongoBackend};
 
 /// Every document of `coll`, sorted by `_id` as extended JSON.
 async fn all_docs(coll: &Collection<Document>) -> Vec<Document> {
-    let mut docs: Vec<Document> = coll.find(doc! {}).await.unwrap().try_collect().await.unwrap();
+    let mut docs: Vec<Document> = coll
+        .find(doc! {})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
     docs.sort_by_key(|d| d.get("_id").map(ToString::to_string));
     docs
 }
@@ -51,7 +57,10 @@ fn assert_foreign<T: std::fmt::Debug>(what: &str, r: mongolock::Result<T>, ns: &
             namespace, found, ..
         }) => {
             assert_eq!(namespace, ns, "{what}");
-            assert!(found.contains("not a mongolock lock document"), "{what}: {found}");
+            assert!(
+                found.contains("not a mongolock lock document"),
+                "{what}: {found}"
+            );
         }
         other => panic!("{what}: expected ForeignCollection for {ns}, got {other:?}"),
     }
@@ -150,7 +159,15 @@ async fn a_collection_of_locks_is_accepted_by_a_new_backend() {
     // A second backend (another process) checks the collection afresh.
     let second = make();
     common::take_once(&second, "b").await;
-    second.lock("a").unwrap().acquire().await.unwrap().release().await.unwrap();
+    second
+        .lock("a")
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     g.release().await.unwrap();
 }
 
@@ -235,7 +252,13 @@ async fn first_acquisition_uses_the_shortcut(t: &TestDb, ttl: &[(&str, u64)]) ->
     let db = client.database(t.db.name());
     let coll_name = unique("locks");
     for (i, (field, secs)) in ttl.iter().enumerate() {
-        create_ttl(&t.db.collection::<Document>(&coll_name), field, *secs, &format!("op_{i}")).await;
+        create_ttl(
+            &t.db.collection::<Document>(&coll_name),
+            field,
+            *secs,
+            &format!("op_{i}"),
+        )
+        .await;
     }
     let backend = MongoBackend::builder(&db)
         .collection(coll_name.clone())
@@ -274,7 +297,10 @@ async fn first_acquisition_uses_the_shortcut(t: &TestDb, ttl: &[(&str, u64)]) ->
 #[tokio::test]
 async fn first_acquisitions_take_the_shortcut_only_after_verifying_the_ttl_indexes() {
     let t = test_database().await;
-    assert!(first_acquisition_uses_the_shortcut(&t, &[]).await, "no TTL index");
+    assert!(
+        first_acquisition_uses_the_shortcut(&t, &[]).await,
+        "no TTL index"
+    );
     assert!(
         first_acquisition_uses_the_shortcut(&t, &[("expiresAt", 3600)]).await,
         "the library's own index"
@@ -307,21 +333,19 @@ async fn first_acquisitions_take_the_shortcut_only_after_verifying_the_ttl_index
 /// the stamp path, and whatever the interleaving the later grant has the larger token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stalled_first_acquisition_never_issues_a_smaller_token() {
-    let t = test_database_with(
-        TestServer::builder().ttl_monitor_interval(Duration::from_millis(100)),
-    )
-    .await;
+    let t =
+        test_database_with(TestServer::builder().ttl_monitor_interval(Duration::from_millis(100)))
+            .await;
     if common::skip_without_fail_points(&t) {
         return;
     }
     if t.server.is_none() {
         // Real mongod: its TTL monitor runs every 60 s unless told otherwise.
-        if let Err(e) = t
-            .db
-            .client()
-            .database("admin")
-            .run_command(doc! { "setParameter": 1, "ttlMonitorSleepSecs": 1 })
-            .await
+        if let Err(e) =
+            t.db.client()
+                .database("admin")
+                .run_command(doc! { "setParameter": 1, "ttlMonitorSleepSecs": 1 })
+                .await
         {
             eprintln!("skipped: cannot shorten the TTL monitor's interval: {e}");
             return;

@@ -42,7 +42,10 @@ async fn snapshot(client: &tokio_postgres::Client, table: &str) -> Vec<String> {
         facts.push(format!("trigger {}", row.get::<_, String>(0)));
     }
     for row in client
-        .query(&format!("SELECT row_to_json(t)::text FROM \"{table}\" t ORDER BY 1"), &[])
+        .query(
+            &format!("SELECT row_to_json(t)::text FROM \"{table}\" t ORDER BY 1"),
+            &[],
+        )
         .await
         .unwrap()
     {
@@ -132,6 +135,10 @@ async fn a_lock_table_is_accepted_by_a_new_backend() {
         .unwrap();
     backend.migrate().await.unwrap();
     let g = second.lock("a").unwrap().acquire().await.unwrap();
-    assert!(g.fencing_token() > token, "{} after {token}", g.fencing_token());
+    assert!(
+        g.fencing_token() > token,
+        "{} after {token}",
+        g.fencing_token()
+    );
     g.release().await.unwrap();
 }
