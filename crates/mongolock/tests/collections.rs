@@ -429,3 +429,48 @@ async fn a_stalled_first_acquisition_never_issues_a_smaller_token() {
         "the later grant has a smaller fencing token: {grants:?} (grant order)"
     );
 }
+
+/// The verdict on the TTL indexes is kept for a bounded time (10 s): an offending index created
+/// after a verification sends first acquisitions down the stamp path once the verdict is
+/// renewed.
+#[tokio::test]
+async fn a_ttl_index_created_later_is_seen_by_the_next_verification() {
+    let t = test_database().await;
+    let (client, seen) = recording_client(&t.uri).await;
+    let db = client.database(t.db.name());
+    let coll_name = unique("locks");
+    let backend = MongoBackend::builder(&db)
+        .collection(coll_name.clone())
+        .create_ttl_index(false)
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    // Verified: no TTL index.
+    common::take_once(&provider, "one").await;
+    let epoch_first = |name: &str| {
+        let fams = find_and_modifies(&seen);
+        let epoch = Bson::Document(MongoBackend::fencing_epoch_id(name));
+        let at = |target: &Bson, upsert: bool| {
+            fams.iter()
+                .position(|(id, u)| id == target && *u == upsert)
+                .unwrap_or_else(|| panic!("{target} (upsert {upsert}) not in {fams:?}"))
+        };
+        at(&epoch, true) < at(&Bson::String(name.into()), true)
+    };
+    assert!(epoch_first("one"), "no TTL index: the shortcut");
+    // An operator adds a 0-second TTL index; once the verdict has expired, the next first
+    // acquisition sees it.
+    create_ttl(
+        &t.db.collection::<Document>(&coll_name),
+        "expiresAt",
+        0,
+        "operator_ttl",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    seen.lock().unwrap().clear();
+    let g = provider.lock("two").unwrap().acquire().await.unwrap();
+    assert!(!epoch_first("two"), "the 0-second index was not seen");
+    assert!(g.fencing_token() > 0);
+    g.release().await.unwrap();
+}

@@ -256,7 +256,10 @@ pub struct MongoBackendBuilder {
 }
 
 impl MongoBackendBuilder {
-    /// The lock collection (default `distributed.locks`).
+    /// The lock collection (default `distributed.locks`). It must be empty or hold only
+    /// mongolock's documents: the backend checks that once, before its first write, and
+    /// otherwise fails every writing operation with [`Error::ForeignCollection`], writing
+    /// nothing (see the [module docs](self)).
     pub fn collection(mut self, name: impl Into<String>) -> Self {
         self.collection = name.into();
         self
@@ -277,7 +280,10 @@ impl MongoBackendBuilder {
         self
     }
 
-    /// Whether to create the TTL index in the background on first use (default true).
+    /// Whether to create the TTL index in the background on first use (default true). Either
+    /// way, first acquisitions create their document with a token only while the collection's
+    /// TTL indexes are verified not to delete lock documents too soon (see the [module
+    /// docs](self)).
     pub fn create_ttl_index(mut self, enabled: bool) -> Self {
         self.create_ttl_index = enabled;
         self
