@@ -65,6 +65,8 @@ Exit statuses:
   75     exec --wait ran out while the lock was held elsewhere; the command was not run
          (--conflict-exit-code chooses another status)
   76     the lock was lost while the command ran; the command was stopped
+  77     --collection holds data that is not mongolock's (an application's); nothing
+         was written there: choose another collection or table
   78     exec --limit/--shared: the name is held with another slot limit; not run
   126    the command could not be executed;  127  the command was not found
   128+N  the command died from signal N, or mongolock was interrupted while waiting

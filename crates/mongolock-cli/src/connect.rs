@@ -93,6 +93,7 @@ impl Connection {
             mongolock::Error::InvalidName { .. } | mongolock::Error::InvalidOptions { .. } => {
                 crate::exit::USAGE
             }
+            mongolock::Error::ForeignCollection { .. } => crate::exit::FOREIGN_COLLECTION,
             _ => crate::exit::FAILURE,
         };
         CliError::with_code(

@@ -9,6 +9,7 @@
 //! | 3       | `inspect`: no lock with that name exists                                         |
 //! | 75      | `exec --wait`: the wait ran out while someone else held the lock; CMD not run    |
 //! | 76      | `exec`/`elect`: the lock was lost while CMD ran (CMD was stopped)                |
+//! | 77      | the lock collection (table) holds data that is not mongolock's; nothing written  |
 //! | 78      | `exec --limit`/`--shared`: NAME is held with another slot limit (another        |
 //! |         | `--limit`, or readers vs. a semaphore); CMD not run                              |
 //! | 126     | CMD exists but could not be executed (permissions)                               |
@@ -17,7 +18,8 @@
 //! |         | waiting for the lock (130 = SIGINT, 143 = SIGTERM)                               |
 //!
 //! 75 is `EX_TEMPFAIL` from `sysexits.h` ("try again later"); 76 is chosen next to it; 78 is
-//! `EX_CONFIG` (the processes sharing a name disagree on its configuration). A command
+//! `EX_CONFIG` (the processes sharing a name disagree on its configuration); 77 is `EX_NOPERM`
+//! (mongolock refuses to write to a collection or table that is not its own). A command
 //! that itself exits 75 or 76 cannot be told apart from these; scripts that need to can check
 //! for the message on stderr.
 
@@ -36,6 +38,9 @@ pub const NOT_FOUND: i32 = 3;
 pub const WAIT_TIMED_OUT: i32 = 75;
 /// The lock was lost while the command ran; the command was stopped.
 pub const LOCK_LOST: i32 = 76;
+/// The lock collection (MongoDB) or table (PostgreSQL) holds data mongolock did not write
+/// (an application's documents or table); mongolock wrote nothing there.
+pub const FOREIGN_COLLECTION: i32 = 77;
 /// `exec --limit N` / `--shared`: the name's current holders use another slot limit; the
 /// command was not run.
 pub const LIMIT_MISMATCH: i32 = 78;

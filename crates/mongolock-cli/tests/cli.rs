@@ -482,3 +482,62 @@ async fn an_invalid_lock_name_is_a_usage_error() {
         );
     }
 }
+
+/// `--collection` naming an application's collection: mongolock refuses it with status 77 and
+/// a message naming the collection and the fix, and writes nothing there (no lock fields in
+/// the document of the lock's name, no epoch counters, no TTL index).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_application_collection_is_refused_with_status_77_and_left_untouched() {
+    use futures_util::TryStreamExt;
+    use mongodb::bson::{doc, DateTime, Document};
+    let env = Env::new("foreign").await;
+    let client = mongodb::Client::with_uri_str(&env.uri).await.unwrap();
+    let users = client.database(&env.db).collection::<Document>("users");
+    let old = DateTime::from_millis(1_000_000_000_000);
+    users
+        .insert_many(vec![
+            doc! { "_id": "x", "name": "alice", "expiresAt": old },
+            doc! { "_id": "y", "name": "bob", "expiresAt": old },
+        ])
+        .await
+        .unwrap();
+    let snapshot = || async {
+        let docs: Vec<Document> = users
+            .find(doc! {})
+            .sort(doc! { "_id": 1 })
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let indexes = users.list_index_names().await.unwrap();
+        (docs, indexes)
+    };
+    let before = snapshot().await;
+    let out = env
+        .run(&[
+            "--collection",
+            "users",
+            "exec",
+            "x",
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/ran\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(77), "{}", describe(&out));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{}.users", env.db)) && stderr.contains("distributed.locks"),
+        "{}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists(), "the command ran");
+    let out = env
+        .run(&["--collection", "users", "release", "--force", "x"])
+        .await;
+    assert_eq!(out.status.code(), Some(77), "{}", describe(&out));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(snapshot().await, before, "the collection was changed");
+}

@@ -125,6 +125,23 @@ pub enum Error {
         held: u32,
     },
 
+    /// The lock collection (MongoDB) or lock table (PostgreSQL) holds data that mongolock did
+    /// not write, such as an application's documents or table. mongolock writes only to a
+    /// collection that is empty or holds nothing but its own lock documents and fencing-epoch
+    /// counters, and alters only a table it created: nothing was written (no lock fields, no
+    /// counters, no index, no column). Not transient: choose another collection or table.
+    #[error(
+        "refusing to keep locks in {namespace}: {found}; mongolock wrote nothing there. {fix}"
+    )]
+    ForeignCollection {
+        /// The collection's namespace (`database.collection`) or the table (`schema.table`).
+        namespace: String,
+        /// What was found there that is not mongolock's.
+        found: String,
+        /// What to do instead.
+        fix: String,
+    },
+
     /// A lock operation was started outside a Tokio runtime.
     #[error(
         "mongolock needs a Tokio runtime (it spawns the acquire attempt and the renewal task); \

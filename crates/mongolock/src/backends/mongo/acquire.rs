@@ -14,6 +14,7 @@ use super::document::{
     self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EPOCH, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
 };
 use super::errors::{self, classify, DUPLICATE_KEY};
+use super::index::Checks;
 use super::queue::{self, Queueing, RESERVED, WAITERS};
 use super::slots::LIMIT;
 use crate::backend::{AcquireRequest, Attempt};
@@ -34,11 +35,14 @@ const MAX_EPOCH: i64 = (1 << 53) / EPOCH_TOKENS;
 pub(super) const MAX_TOKEN: u64 = 1 << 53;
 
 /// Longest time allowed between taking an epoch and creating a document with it (see the
-/// module docs, "first acquisition"): half of `cleanup_after`, at most a minute. `None` when
-/// `cleanup_after` is under 2 s: the first acquisition then creates the document first and
-/// stamps it after.
+/// module docs, "first acquisition"): half of `cleanup_after` in whole seconds (the TTL index's
+/// `expireAfterSeconds`), at most a minute. `None` when `cleanup_after` is under 2 s: the first
+/// acquisition then creates the document first and stamps it after. The window is used only
+/// when the collection's TTL indexes were verified to delete no sooner than twice it
+/// (`index.rs`).
 pub(super) fn creation_window(cleanup_after: Duration) -> Option<Duration> {
-    (cleanup_after >= Duration::from_secs(2)).then(|| (cleanup_after / 2).min(MAX_WINDOW))
+    let whole = Duration::from_secs(cleanup_after.as_secs());
+    (whole >= Duration::from_secs(2)).then(|| (whole / 2).min(MAX_WINDOW))
 }
 
 const MAX_WINDOW: Duration = Duration::from_secs(60);
@@ -200,9 +204,12 @@ fn reply_fields() -> Document {
     doc! { LEASE_ID: 1, TOKEN: 1, EPOCH: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1, "reserved.until": 1 }
 }
 
-/// One acquisition attempt.
+/// One acquisition attempt. `checks` tells (through `reads`) whether a first acquisition may
+/// create its document with a token (`index.rs`).
 pub(super) async fn try_acquire(
     coll: &Collection<Document>,
+    reads: &Collection<Document>,
+    checks: &Checks,
     req: &AcquireRequest,
     cleanup_after: Duration,
     queueing: Queueing<'_>,
@@ -215,7 +222,9 @@ pub(super) async fn try_acquire(
     let doc = match existing {
         Some(doc) => doc,
         None => {
-            let new_lifetime = match creation_window(cleanup_after) {
+            // The shortcut only when no TTL index may delete lock documents too soon;
+            // otherwise the document is created without a token and stamped.
+            let new_lifetime = match checks.creation_window(reads, cleanup_after).await {
                 Some(window) => Some(take_epoch(coll, &req.name, window).await?),
                 None => None,
             };
@@ -476,6 +485,12 @@ mod tests {
         assert_eq!(
             creation_window(Duration::from_secs(3600)),
             Some(Duration::from_secs(60))
+        );
+        // Whole seconds, as the TTL index's expireAfterSeconds: twice the window never
+        // exceeds the library's own index's delay.
+        assert_eq!(
+            creation_window(Duration::from_millis(3900)),
+            Some(Duration::from_millis(1500))
         );
     }
 }

@@ -33,24 +33,36 @@
 //!
 //! # Fencing tokens: epochs of 2²⁰ tokens
 //! Tokens are issued in **epochs**: epoch `e` owns the tokens `(e - 1) · 2²⁰ + 1 ..= e · 2²⁰`.
-//! A document records the epoch of its current token. A grant takes `fencingToken + 1` when
-//! that is still in the document's epoch; otherwise (a new document, or the epoch used up) the
-//! grant is made with `epoch: null`, and the acquirer takes a new epoch `e` from the name's
+//! A document's `epoch`, when set, is the epoch its next grant may draw from: a grant takes
+//! `fencingToken + 1` when that is still in `epoch`'s range (`fencingToken < epoch · 2²⁰`).
+//! `fencingToken`, once set, holds the last token issued for the document; `epoch` is null while
+//! a grant waits for its token to be stamped (the document then still shows the previous
+//! holder's token, or none when it is new). Otherwise (a new document, or the epoch used up) the grant is made with
+//! `epoch: null`, and the acquirer takes a new epoch `e` from the name's
 //! counter (`findAndModify`, pipeline `epoch + 1`, upsert; a counter starts at 1) and stamps its
 //! lease, if still its own and unexpired, with `fencingToken = max(fencingToken + 1, (e - 1) ·
 //! 2²⁰ + 1)` and `epoch = e`. Release never deletes the document (it sets `leaseId: null` and
 //! `expiresAt` to server now, keeping the token); only the TTL monitor deletes documents, after
-//! `expiresAt + cleanup_after`.
+//! `expiresAt` plus a TTL index's `expireAfterSeconds` (ours: `cleanup_after`).
 //!
 //! **First acquisition** of a name (no document): the attempt above matches nothing (it does not
-//! upsert). The acquirer then takes an epoch `e` first, learning the server time `t_e` of the
-//! increment, and upserts with the same pipeline, which gives a document *it creates* the token
-//! `(e - 1) · 2²⁰ + 1` and epoch `e` only if the server's `$$NOW < t_e + W`, where `W =
-//! min(cleanup_after / 2, 60 s)` (no such window when `cleanup_after` is under 2 s). So a first
-//! acquisition is 2 writes (3 commands: the first findAndModify matched nothing), and no
-//! document is written by every first acquisition (the counters are spread over 4096
-//! documents). When the window has passed, or another process created the document meanwhile,
-//! the upsert acts like any grant (and a grant without a token is stamped as above).
+//! upsert). If the collection's TTL indexes were verified (see below), the acquirer then takes
+//! an epoch `e` first, learning the server time `t_e` of the increment, and upserts with the
+//! same pipeline, which gives a document *it creates* the token `(e - 1) · 2²⁰ + 1` and epoch
+//! `e` only if the server's `$$NOW < t_e + W`, where `W = min(cleanup_after / 2, 60 s)`
+//! (`cleanup_after` in whole seconds; no such window when it is under 2 s). So a first
+//! acquisition is 2 writes (3 commands: the first findAndModify matched nothing, plus a
+//! `listIndexes` at most every 10 s), and no document is written by every first acquisition
+//! (the counters are spread over 4096 documents). When the window has passed, or another
+//! process created the document meanwhile, the upsert acts like any grant (and a grant without
+//! a token is stamped as above). When the TTL indexes were not verified, the upsert is made
+//! without a window: the document is created with `epoch: null` and stamped (the stamp path).
+//!
+//! **The verification** (`index.rs`): the window is used only when `listIndexes`, at most
+//! `TTL_CHECK_EVERY` (10 s) before the epoch is taken, showed that every TTL index of the
+//! collection (any index with `expireAfterSeconds`, on any field) is `{expiresAt: ±1}` alone
+//! with `expireAfterSeconds >= 2W` — or that there is none. A failed or unauthorised
+//! `listIndexes`, or any other TTL index, means the stamp path.
 //!
 //! **Why tokens only grow.** Within one lifetime of a document (creation to deletion): a grant
 //! in its epoch's range issues `token + 1`; a stamp issues at least `token + 1`. So tokens grow
@@ -63,14 +75,27 @@
 //!   after every epoch `L'` took. A counter only grows, so each is below `e`.
 //! * `L` was created with `e` (the first-acquisition path): suppose `L'` used an epoch `e' > e`.
 //!   It was taken after `e`, at `t' > t_e`, by a lease of `L'` that expires after `t'` (a stamp
-//!   needs an unexpired lease; a creation follows its epoch and its lease ends after it). The
-//!   TTL monitor deleted `L'` at or after that lease's end plus `cleanup_after`, so after `t_e +
-//!   cleanup_after`, and `L` was created after that — but its creation required `$$NOW < t_e +
-//!   W` with `W <= cleanup_after / 2`. Contradiction, as long as the clocks of the servers that
-//!   evaluated these times (primaries across failovers, mongos) differ by less than
-//!   `cleanup_after / 2` (30 minutes by default), and the TTL index deletes after `cleanup_after`
-//!   (every process using the collection must configure the same `cleanup_after`; a different
-//!   one makes its `createIndexes` fail with a logged warning and leaves the index as it was).
+//!   needs an unexpired lease; a creation follows its epoch and its lease ends after it). `L'`
+//!   was deleted between `t'` and `L`'s creation, so within `W` after `t_e`. Only TTL indexes
+//!   delete lock documents, and a TTL index deletes a document no sooner than its
+//!   `expireAfterSeconds` after the date of its field. **Assumption:** every TTL index that
+//!   exists while `L'` is deleted was verified, i.e. is on `expiresAt` alone with
+//!   `expireAfterSeconds >= 2W`. Then `L'` was deleted at or after its last lease's end plus
+//!   `2W`, so after `t' + 2W > t_e + 2W`, and `L` was created after that — but its creation
+//!   required `$$NOW < t_e + W`. Contradiction, as long as the clocks of the servers that
+//!   evaluated these times (primaries across failovers, mongos) differ by less than `W` (a
+//!   minute by default; half of `cleanup_after` when that is shorter).
+//!
+//!   **The residual window.** The verification `L`'s acquirer relied on was made at `v`, at
+//!   most `TTL_CHECK_EVERY` before it took `e` (so `v > t_e - 10 s`), and found no offending
+//!   TTL index; the deletion of `L'` happened after `t_e`. So the assumption can fail only if
+//!   an offending TTL index (a shorter `expireAfterSeconds`, or a TTL index on another field
+//!   such as `acquiredAt`) is created in the `TTL_CHECK_EVERY + W` (70 s by default) before
+//!   `L`'s creation, *and* the TTL monitor deletes the document of a later lifetime of the
+//!   same counter in the `W` between `t_e` and that creation. Every later verification (every
+//!   10 s) sees the index and sends first acquisitions down the stamp path, which needs no
+//!   assumption about deletions. Deleting lock documents by hand is outside the model (as is
+//!   dropping the collection, below).
 //!
 //! **Bounds.** Tokens stay at or below 2⁵³ (exact in JSON and JavaScript): an epoch beyond
 //! 2³³ is refused with [`Error::FencingTokensExhausted`](crate::Error) before anything is
@@ -104,11 +129,19 @@
 //! `limit` holders; tokens from the same epochs, so they grow across slots and across the
 //! name's use as a lock).
 //!
-//! # TTL index
-//! An index `{expiresAt: 1}` with `expireAfterSeconds = cleanup_after` (default 1 hour) is created
-//! once per collection per process, in the background, on the first acquisition. Failures are
-//! logged with `tracing` and never fatal: correctness never depends on the index.
-//! [`MongoBackend::ensure_indexes`] creates it explicitly and reports errors.
+//! # The collection, and the TTL index (`index.rs`)
+//! A backend writes only to a collection that is empty or holds only mongolock's documents
+//! (lock documents and epoch counters): before its first write or index creation it checks,
+//! once, with one `find` for a document that is not ours; otherwise every writing operation
+//! fails with [`Error::ForeignCollection`] and nothing is written.
+//!
+//! An index `{expiresAt: 1}` with `expireAfterSeconds = cleanup_after` (default 1 hour) is
+//! created once per collection per process, in the background, on the first acquisition.
+//! Failures are logged with `tracing` and never fatal: correctness never depends on the index
+//! existing; fencing depends only on no TTL index deleting lock documents too soon, which is
+//! verified as above. Processes with different `cleanup_after` may share a collection: a first
+//! acquisition whose verification finds the existing index too short for its window stamps.
+//! [`MongoBackend::ensure_indexes`] creates the index explicitly and reports errors.
 //!
 //! # Change-stream wake-ups (`watch.rs`)
 //! One change stream per backend (shared by its clones) wakes one waiting acquirer per name and
@@ -206,6 +239,8 @@ pub struct MongoBackend {
     /// The semaphore slots this backend (and its clones) granted and has not released: their
     /// extend, release and loss checks take the slot path (`slots.rs`).
     slot_leases: Arc<Mutex<HashSet<LeaseId>>>,
+    /// Whether the collection is ours, and what its TTL indexes allow (`index.rs`).
+    checks: Arc<index::Checks>,
 }
 
 /// Builds a [`MongoBackend`]; see [`MongoBackend::builder`].
@@ -222,7 +257,10 @@ pub struct MongoBackendBuilder {
 }
 
 impl MongoBackendBuilder {
-    /// The lock collection (default `distributed.locks`).
+    /// The lock collection (default `distributed.locks`). It must be empty or hold only
+    /// mongolock's documents: the backend checks that once, before its first write, and
+    /// otherwise fails every writing operation with [`Error::ForeignCollection`], writing
+    /// nothing (see the [module docs](self)).
     pub fn collection(mut self, name: impl Into<String>) -> Self {
         self.collection = name.into();
         self
@@ -243,7 +281,10 @@ impl MongoBackendBuilder {
         self
     }
 
-    /// Whether to create the TTL index in the background on first use (default true).
+    /// Whether to create the TTL index in the background on first use (default true). Either
+    /// way, first acquisitions create their document with a token only while the collection's
+    /// TTL indexes are verified not to delete lock documents too soon (see the [module
+    /// docs](self)).
     pub fn create_ttl_index(mut self, enabled: bool) -> Self {
         self.create_ttl_index = enabled;
         self
@@ -300,6 +341,7 @@ impl MongoBackendBuilder {
             create_ttl_index: self.create_ttl_index,
             fair_handoff: self.fair_handoff,
             slot_leases: Arc::default(),
+            checks: Arc::default(),
         })
     }
 }
@@ -381,10 +423,12 @@ impl MongoBackend {
     }
 
     /// Creates the TTL index now, reporting any error (normally this happens in the background
-    /// on first use).
+    /// on first use), after checking, like every first write, that the collection is empty or
+    /// holds only mongolock's documents.
     ///
     /// # Errors
-    /// [`Error::Backend`] when the server refuses (an index on
+    /// [`Error::ForeignCollection`] when the collection holds documents mongolock did not write
+    /// (nothing is created); [`Error::Backend`] when the server refuses (an index on
     /// `expiresAt` with other options exists, or the user may not create indexes);
     /// [`Error::Unavailable`] on network errors.
     ///
@@ -392,6 +436,7 @@ impl MongoBackend {
     /// Cancel-safe: dropping the future may leave the index being built by the server, which
     /// is harmless (the call is idempotent).
     pub async fn ensure_indexes(&self) -> Result<()> {
+        self.checks.ensure_ours(&self.reads).await?;
         index::create_ttl_index(&self.coll, self.cleanup_after).await
     }
 
@@ -452,11 +497,24 @@ impl MongoBackend {
 #[async_trait]
 impl LockBackend for MongoBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        // Nothing is written to a collection that is not ours (checked once).
+        self.checks.ensure_ours(&self.reads).await?;
         if self.create_ttl_index {
             index::ensure_in_background(&self.coll, self.cleanup_after);
         }
         if let LeaseMode::Slot { limit } = req.mode {
-            let attempt = slots::try_acquire(&self.coll, req, limit, self.cleanup_after).await?;
+            // The slot path decides on the first-acquisition shortcut by `cleanup_after`: the
+            // configured one when the TTL indexes allow the shortcut, else zero (no window:
+            // the stamp path). Verified before the attempt (cached: `index.rs`).
+            let cleanup_after = match self
+                .checks
+                .creation_window(&self.reads, self.cleanup_after)
+                .await
+            {
+                Some(_) => self.cleanup_after,
+                None => Duration::ZERO,
+            };
+            let attempt = slots::try_acquire(&self.coll, req, limit, cleanup_after).await?;
             if matches!(attempt, Attempt::Acquired(_)) {
                 self.slot_leases().insert(req.lease_id.clone());
             }
@@ -469,7 +527,15 @@ impl LockBackend for MongoBackend {
             acquirers,
             self.watch.is_live_for(&req.name),
         );
-        let attempt = acquire::try_acquire(&self.coll, req, self.cleanup_after, queueing).await?;
+        let attempt = acquire::try_acquire(
+            &self.coll,
+            &self.reads,
+            &self.checks,
+            req,
+            self.cleanup_after,
+            queueing,
+        )
+        .await?;
         if let Attempt::Acquired(lease) = &attempt {
             self.watch
                 .granted(&req.name, &req.lease_id, lease.fencing_token);
@@ -531,6 +597,7 @@ impl LockBackend for MongoBackend {
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
+        self.checks.ensure_ours(&self.reads).await?;
         ops::force_release(&self.coll, name, self.fair_handoff).await
     }
 

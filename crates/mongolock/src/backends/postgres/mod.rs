@@ -756,6 +756,11 @@ impl Inner {
             // Only what is missing is created: CREATE SCHEMA IF NOT EXISTS needs CREATE on the
             // database even when the schema exists, and DDL on a table in use takes locks.
             let row = tx.query_one(&self.schema.existing_query(), &[]).await?;
+            // A table of that name that is not ours is refused, never altered (the
+            // transaction rolls back, though nothing was written yet).
+            if !row.try_get::<_, bool>(Schema::OURS)? {
+                return Ok(false);
+            }
             for (exists, statement) in self.schema.ddl() {
                 if let Some(i) = exists {
                     if row.try_get::<_, bool>(i)? {
@@ -764,10 +769,14 @@ impl Inner {
                 }
                 tx.batch_execute(&statement).await?;
             }
-            tx.commit().await
+            tx.commit().await.map(|()| true)
         }
         .await;
-        result.map_err(|e| errors::map(&format!("create {}", self.schema.display), e))
+        match result {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.schema.foreign_table()),
+            Err(e) => Err(errors::map(&format!("create {}", self.schema.display), e)),
+        }
     }
 }
 

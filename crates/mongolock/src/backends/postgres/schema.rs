@@ -1,5 +1,11 @@
 //! Where the locks live (schema, table, sequence, notification channel), the SQL of every
 //! operation, and the migration that creates them.
+//!
+//! The migration creates only what is missing, and alters or indexes only a table that is
+//! mongolock's: before any DDL, in the same transaction, the table (if one of that name
+//! exists) must be an ordinary table with every column of the first version's lock table
+//! ([`CORE_COLUMNS`]). Another table of that name (an application's) is refused with
+//! [`Error::ForeignCollection`] and left exactly as it was.
 
 use super::queue;
 use crate::error::{Error, Result};
@@ -19,6 +25,20 @@ const NOTIFY: &str = "mongolock_notify";
 /// payload): a table whose trigger calls an older function (replaced by an older build's
 /// migration) is migrated again.
 const NOTIFY_VERSION: &str = "mongolock payload v2";
+
+/// The columns of the lock table since its first version: a table named like the lock table
+/// without all of them is not mongolock's, and is refused rather than altered.
+const CORE_COLUMNS: [&str; 9] = [
+    "name",
+    "lease_id",
+    "fencing_token",
+    "acquired_at",
+    "expires_at",
+    "holder_host",
+    "holder_pid",
+    "holder_app",
+    "released",
+];
 
 /// `ident` as a quoted SQL identifier.
 fn quote(ident: &str) -> String {
@@ -401,9 +421,15 @@ impl Schema {
     }
 
     /// One query reporting which objects exist: schema, sequence, table, index, trigger, the
-    /// semaphore columns, the queue columns (seven booleans, in that order).
+    /// semaphore columns, the queue columns (seven booleans, in that order); then whether the
+    /// table, if it exists, is mongolock's ([`OURS`](Self::OURS)).
     pub(crate) fn existing_query(&self) -> String {
         let s = &self.schema_q;
+        let core = CORE_COLUMNS
+            .iter()
+            .map(|c| literal(c))
+            .collect::<Vec<_>>()
+            .join(", ");
         format!(
             "SELECT to_regnamespace({}) IS NOT NULL, to_regclass({}) IS NOT NULL,
                     to_regclass({}) IS NOT NULL, to_regclass({}) IS NOT NULL,
@@ -412,7 +438,11 @@ impl Schema {
                     EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({})
                              AND attname = 'slots' AND NOT attisdropped),
                     (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass({})
-                      AND attname IN ('waiters', 'handoff') AND NOT attisdropped) = 2",
+                      AND attname IN ('waiters', 'handoff') AND NOT attisdropped) = 2,
+                    to_regclass({t}) IS NULL
+                      OR ((SELECT relkind FROM pg_class WHERE oid = to_regclass({t})) = 'r'
+                          AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass({t})
+                                AND attname IN ({core}) AND NOT attisdropped) = {n})",
             literal(s),
             literal(&self.sequence_q),
             literal(&self.table_q),
@@ -421,7 +451,31 @@ impl Schema {
             literal(NOTIFY),
             literal(&self.table_q),
             literal(&self.table_q),
+            t = literal(&self.table_q),
+            n = CORE_COLUMNS.len(),
         )
+    }
+
+    /// The index of the flag of [`existing_query`](Self::existing_query) that says the table is
+    /// absent or mongolock's: an ordinary table with every column of
+    /// [`CORE_COLUMNS`]. A table that is not is never altered (the migration refuses it with
+    /// [`Error::ForeignCollection`]).
+    pub(crate) const OURS: usize = 7;
+
+    /// The error for a lock table that is not mongolock's.
+    pub(crate) fn foreign_table(&self) -> Error {
+        Error::ForeignCollection {
+            namespace: self.display.clone(),
+            found: format!(
+                "the table exists but is not a mongolock lock table (it lacks some of the \
+                 columns {})",
+                CORE_COLUMNS.join(", ")
+            ),
+            fix: "Choose another table (the default is public.mongolock_locks; the CLI's \
+                  --collection [SCHEMA.]TABLE, PostgresBackend::builder(..).table(..)); \
+                  mongolock creates its table itself and never alters one it did not create"
+                .to_owned(),
+        }
     }
 
     /// The DDL statements, in order, each with the index of the flag of
