@@ -103,13 +103,18 @@ fn test_offset() -> Duration {
     #[cfg(not(feature = "testing"))]
     let ms: u64 = 0;
     if let Some(path) = FILE.get_or_init(|| std::env::var_os(BOOT_OFFSET_FILE_VAR)) {
-        let from_file = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-        return Duration::from_millis(ms.saturating_add(from_file));
+        return Duration::from_millis(ms.saturating_add(offset_in_file(path.as_ref())));
     }
     Duration::from_millis(ms)
+}
+
+/// The milliseconds written in `path` (surrounding whitespace ignored); 0 when the file is
+/// missing, empty or holds anything else.
+fn offset_in_file(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0)
 }
 
 /// The longest monotonic sleep [`sleep_until_deadline`] takes before re-reading the boot clock.
@@ -142,6 +147,27 @@ mod tests {
         let b = Stamp::now();
         assert!(b.boot >= a.boot + Duration::from_millis(19), "{a:?} {b:?}");
         assert!(b.mono >= a.mono + Duration::from_millis(19));
+    }
+
+    #[test]
+    fn the_offset_file_holds_milliseconds_or_counts_as_zero() {
+        let dir =
+            std::env::temp_dir().join(format!("mongolock-boot-offset-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("offset");
+        assert_eq!(offset_in_file(&file), 0, "missing file");
+        for (text, ms) in [
+            ("", 0),
+            ("1500", 1500),
+            ("  2500\n", 2500),
+            ("1.5", 0),
+            ("-3", 0),
+            ("abc", 0),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            assert_eq!(offset_in_file(&file), ms, "file holding {text:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

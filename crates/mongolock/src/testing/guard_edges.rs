@@ -11,10 +11,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{builder, eventually, provider, unique_name};
-use crate::{
-    AcquireRequest, Attempt, Error, LeaseId, LockBackend, LockInfo,
-    LockProvider,
-};
+use crate::{AcquireRequest, Attempt, Error, LeaseId, LockBackend, LockInfo, LockProvider};
 
 /// Moves the boot clock the library uses for lease deadlines (`CLOCK_BOOTTIME`) forward by
 /// `by` in this process, as a suspend of that length would: every lease whose boot-time
@@ -163,8 +160,8 @@ impl LockBackend for GrantsThenFails {
             Attempt::Acquired(lease) => {
                 self.grants.fetch_add(1, Ordering::SeqCst);
                 Err(Error::unavailable(format!(
-                "injected: the grant of {:?} (token {}) was applied but its reply was lost",
-                req.name, lease.fencing_token
+                    "injected: the grant of {:?} (token {}) was applied but its reply was lost",
+                    req.name, lease.fencing_token
                 )))
             }
             busy => Ok(busy),

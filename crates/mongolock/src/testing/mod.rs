@@ -39,9 +39,9 @@ use async_trait::async_trait;
 use rand::Rng;
 use tokio::time::Instant;
 
+mod guard_edges;
 #[cfg(all(feature = "postgres", unix))]
 pub mod postgres_server;
-mod guard_edges;
 mod rwlock;
 mod semaphore;
 pub use guard_edges::*;
