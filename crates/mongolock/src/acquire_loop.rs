@@ -19,8 +19,9 @@
 //! One lease id serves every attempt of one acquire call, so a retry after a lost reply takes
 //! over the grant instead of leaving it behind. When an attempt fails (an error, or no answer
 //! before a finite deadline), its outcome is unknown: the server may have granted the lease and
-//! only the reply was lost, or a later step of the attempt failed after the grant. If the call
-//! then ends without a lease — it returns an error, `None`, or its future is dropped — the lease
+//! only the reply was lost, or a later step of the attempt failed after the grant. An attempt
+//! still in flight when the call's future is dropped is such an attempt too. If the call then
+//! ends without a lease — it returns an error, `None`, or its future is dropped — the lease
 //! id is released in the background ([`Attempts::abandon`], bounded by the release timeout).
 //! Release matches only that lease id, so this can never end anyone else's lease.
 //!

@@ -578,6 +578,13 @@ impl LockGuard {
         self.shared.state().deadline
     }
 
+    /// The local deadline on the boot clock, on the scale of [`crate::__boot_time_now`] (for the
+    /// CLI's supervisor; not API-stable).
+    #[doc(hidden)]
+    pub fn __local_deadline_boot(&self) -> Duration {
+        self.shared.state().deadline_boot
+    }
+
     /// A signal that completes when the lease is lost (or the guard is released or dropped),
     /// at the lease's local deadline at the latest. Cloneable and cancel-safe; await it
     /// directly or use it in `tokio::select!`.
@@ -814,7 +821,9 @@ impl LostSignal {
     }
 
     /// Waits until the lease is lost, released or its guard dropped; at the local deadline at
-    /// the latest, whether or not the guard's watchdog ran.
+    /// the latest (following it when an extension moves it), whether or not the guard's
+    /// watchdog ran. After a suspend of the machine, within about 250 ms of running again once
+    /// the boot-time deadline has passed.
     ///
     /// # Errors
     /// None: it only completes.
