@@ -160,3 +160,112 @@ async fn run_until_cancels_the_leaders_work_promptly_after_a_suspend_past_the_le
     );
     runner.abort();
 }
+
+/// Set in the helper process of `the_offset_file_moves_the_boot_clock_of_another_process`.
+const CHILD_ENV: &str = "MONGOLOCK_SUSPEND_CHILD";
+
+/// Entry point of the helper process; a no-op in a normal test run. Holds a lease with a
+/// pending lost signal until the boot clock offset file (set by the parent) says a suspend
+/// longer than the lease happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_entry() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let provider = LockProvider::builder(MemoryBackend::new())
+        .expiry(LEASE)
+        .build()
+        .unwrap();
+    let guard = provider.lock("child").unwrap().acquire().await.unwrap();
+    let boot_before = mongolock::__boot_time_now();
+    println!("HELD");
+    let waited = Instant::now();
+    let fired = tokio::time::timeout(Duration::from_secs(60), guard.lost().into_future()).await;
+    println!(
+        "LOST fired={} is_lost={} waited_ms={} boot_advanced_ms={}",
+        fired.is_ok(),
+        guard.is_lost(),
+        waited.elapsed().as_millis(),
+        (mongolock::__boot_time_now().saturating_sub(boot_before)).as_millis()
+    );
+}
+
+/// `MONGOLOCK_TEST_BOOT_OFFSET_FILE`: another process's boot clock moves by the milliseconds
+/// written in the file (what the CLI's tests use), so its pending lost signal fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offset_file_moves_the_boot_clock_of_another_process() {
+    use tokio::io::AsyncBufReadExt;
+
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "mongolock-suspend-{}-{:x}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("boot-offset-ms");
+    // Missing at first: counts as 0.
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env("MONGOLOCK_TEST_BOOT_OFFSET_FILE", &file)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let held = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let done = line.ends_with("HELD");
+            seen.push(line);
+            if done {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(held, Ok(true)),
+        "the child never held its lock; output: {seen:?}"
+    );
+    // Let its lost signal start sleeping, then "suspend" it past its 60 s lease.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&file, SUSPEND.as_millis().to_string()).unwrap();
+    let written = Instant::now();
+    let lost = tokio::time::timeout(PROMPTLY, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            seen.push(line.clone());
+            if line.contains("LOST fired=") {
+                return Some(line);
+            }
+        }
+        None
+    })
+    .await;
+    let _ = child.kill().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    let line = match lost {
+        Ok(Some(line)) => line,
+        other => panic!(
+            "the child's lost signal did not fire within {PROMPTLY:?} of writing a {SUSPEND:?} \
+             offset ({other:?}); output: {seen:?}"
+        ),
+    };
+    assert!(
+        line.contains("fired=true") && line.contains("is_lost=true"),
+        "child: {line}"
+    );
+    eprintln!(
+        "child reported {line:?} {:?} after the offset was written",
+        written.elapsed()
+    );
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
