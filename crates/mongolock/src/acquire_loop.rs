@@ -19,10 +19,20 @@
 //! One lease id serves every attempt of one acquire call, so a retry after a lost reply takes
 //! over the grant instead of leaving it behind. When an attempt fails (an error, or no answer
 //! before a finite deadline), its outcome is unknown: the server may have granted the lease and
-//! only the reply was lost, or a later step of the attempt failed after the grant. If the call
-//! then ends without a lease — it returns an error, `None`, or its future is dropped — the lease
+//! only the reply was lost, or a later step of the attempt failed after the grant. An attempt
+//! still in flight when the call's future is dropped is such an attempt too. If the call then
+//! ends without a lease — it returns an error, `None`, or its future is dropped — the lease
 //! id is released in the background ([`Attempts::abandon`], bounded by the release timeout).
 //! Release matches only that lease id, so this can never end anyone else's lease.
+//!
+//! That release is sent only after every attempt of the call has finished ([`InFlight`]): an
+//! attempt the loop stopped waiting for (at a finite deadline, or when the call's future was
+//! dropped) goes on in a task of its own and may still reach the server after the call ended.
+//! A release sent before it would find nothing, and if that attempt then granted the lease and
+//! failed afterwards (an error after the write, a lost reply), nobody would release it: the name
+//! would stay held until the lease expired. Chained after the attempt, the release always comes
+//! later than the grant. (An attempt that never finishes keeps its clean-up waiting with it; a
+//! grant it made expires by itself.)
 //!
 //! # Waiting while the lock is busy
 //! Before each attempt the loop registers for the next change of the target
@@ -88,8 +98,10 @@ pub(crate) trait Attempts: Send + Sync {
     /// The granted value; dropping it releases the lease.
     type Granted: Send + 'static;
 
-    /// One attempt for `lease_id`, normally through [`spawn_attempt`].
-    async fn attempt(&self, lease_id: &LeaseId) -> Result<Step<Self::Granted>>;
+    /// One attempt for `lease_id`, through [`spawn_attempt`] with `in_flight` (so that the
+    /// clean-up of the call waits for it, see the module docs).
+    async fn attempt(&self, lease_id: &LeaseId, in_flight: InFlight)
+        -> Result<Step<Self::Granted>>;
 
     /// A fresh lease id for one acquire call.
     fn new_lease_id(&self) -> LeaseId {
@@ -107,9 +119,10 @@ pub(crate) trait Attempts: Send + Sync {
         tokio::time::sleep(max_wait).await;
     }
 
-    /// Starts releasing `lease_id` in the background, bounded by the release timeout: the
+    /// Starts, in the background, releasing `lease_id` once `after` has completed (every
+    /// attempt of the call has finished), the release bounded by the release timeout: the
     /// clean-up of an attempt whose outcome is unknown. Called at most once per acquire call.
-    fn abandon(&self, lease_id: LeaseId);
+    fn abandon(&self, lease_id: LeaseId, after: AttemptsDone);
 
     /// How to wait between busy attempts without notifications.
     fn wait_strategy(&self) -> &WaitStrategy;
@@ -123,15 +136,46 @@ pub(crate) trait Attempts: Send + Sync {
     }
 }
 
+/// The attempts of one acquire call that have not finished yet, wherever they run (the
+/// caller's task, or a task of their own after the caller stopped waiting). Each attempt holds
+/// one [`InFlight`] until it finishes or is dropped; [`AttemptsDone`] completes once none is
+/// left.
+pub(crate) struct InFlight(tokio::sync::mpsc::Sender<()>);
+
+/// Completes when every attempt of an acquire call has finished (see [`InFlight`]).
+pub(crate) struct AttemptsDone {
+    receiver: tokio::sync::mpsc::Receiver<()>,
+}
+
+impl AttemptsDone {
+    /// Waits until every [`InFlight`] of the call is dropped. Nothing is ever sent on the
+    /// channel: `recv` returns `None` once every sender is gone.
+    pub(crate) async fn wait(mut self) {
+        while self.receiver.recv().await.is_some() {}
+    }
+}
+
+/// The tracker of one acquire call: hands out an [`InFlight`] per attempt.
+fn in_flight_tracker() -> (InFlight, AttemptsDone) {
+    let (sender, receiver) = tokio::sync::mpsc::channel(1);
+    (InFlight(sender), AttemptsDone { receiver })
+}
+
 /// Runs `attempt` to completion and returns its result; if the caller drops the returned
 /// future half-way, the attempt completes in a task of its own and a granted value is dropped
 /// there, which releases its lease (see [`finish_on_drop`]). A panic in the attempt is returned
-/// as an error.
-pub(crate) async fn spawn_attempt<G, F>(attempt: F) -> Result<Step<G>>
+/// as an error. `in_flight` is dropped when the attempt has finished (or was dropped without
+/// running).
+pub(crate) async fn spawn_attempt<G, F>(in_flight: InFlight, attempt: F) -> Result<Step<G>>
 where
     G: Send + 'static,
     F: Future<Output = Result<Step<G>>> + Send + 'static,
 {
+    let attempt = async move {
+        let result = attempt.await;
+        drop(in_flight);
+        result
+    };
     // The attempt owns everything it uses ('static), so a panic cannot leave state of the
     // caller half-updated: asserting unwind safety is sound.
     match finish_on_drop(AssertUnwindSafe(attempt).catch_unwind()).await {
@@ -188,23 +232,43 @@ where
 }
 
 /// Releases an acquire call's lease id when the call ends without a lease after an attempt
-/// whose outcome it does not know — including when the call's future is dropped.
+/// whose outcome it does not know — including when the call's future is dropped — once every
+/// attempt of the call has finished.
 struct Cleanup<'a, A: Attempts + ?Sized> {
     attempts: &'a A,
     lease_id: &'a LeaseId,
     /// An attempt's outcome is unknown and no later attempt was granted.
     armed: bool,
+    /// The call's own handle on its attempts: cloned for each attempt, dropped with the call.
+    in_flight: Option<InFlight>,
+    /// Completes once every attempt of the call has finished.
+    done: Option<AttemptsDone>,
+}
+
+impl<A: Attempts + ?Sized> Cleanup<'_, A> {
+    /// The handle the next attempt holds while it runs.
+    fn in_flight(&self) -> InFlight {
+        match &self.in_flight {
+            Some(InFlight(sender)) => InFlight(sender.clone()),
+            // Only taken in `drop`.
+            None => in_flight_tracker().0,
+        }
+    }
 }
 
 impl<A: Attempts + ?Sized> Drop for Cleanup<'_, A> {
     fn drop(&mut self) {
+        // The call holds no attempt any more: `done` now waits only for detached ones.
+        drop(self.in_flight.take());
         if self.armed {
-            tracing::debug!(
-                target = %self.attempts.describe(),
-                lease_id = %self.lease_id,
-                "acquire ended after an attempt with an unknown outcome; releasing its lease id"
-            );
-            self.attempts.abandon(self.lease_id.clone());
+            if let Some(done) = self.done.take() {
+                tracing::debug!(
+                    target = %self.attempts.describe(),
+                    lease_id = %self.lease_id,
+                    "acquire ended after an attempt with an unknown outcome; releasing its lease id once its attempts have finished"
+                );
+                self.attempts.abandon(self.lease_id.clone(), done);
+            }
         }
     }
 }
@@ -247,10 +311,13 @@ async fn run_loop<A: Attempts + ?Sized>(
     let mut waits = attempts.wait_strategy().start();
     let mut error_waits = Backoff::for_errors();
     let lease_id = attempts.new_lease_id();
+    let (in_flight, done) = in_flight_tracker();
     let mut cleanup = Cleanup {
         attempts,
         lease_id: &lease_id,
         armed: false,
+        in_flight: Some(in_flight),
+        done: Some(done),
     };
     let mut tries: u64 = 0;
     // Whether the last wait was ended by a change notification (this waiter was the one woken
@@ -271,15 +338,21 @@ async fn run_loop<A: Attempts + ?Sized>(
             Timeout::After(_) => deadline.map(|d| d.max(Instant::now() + LAST_ATTEMPT_GRACE)),
             Timeout::Zero | Timeout::Forever => None,
         };
+        let in_flight = cleanup.in_flight();
+        // While the attempt is in flight its outcome is unknown: should the call's future be
+        // dropped now, the attempt goes on in a task of its own and the lease id is released
+        // after it (an attempt that grants hands a guard that releases itself on drop; one that
+        // grants and then fails leaves nothing behind this way either).
+        let unknown_before = std::mem::replace(&mut cleanup.armed, true);
         let result = match limit {
             Some(limit) => tokio::select! {
-                r = attempts.attempt(&lease_id) => r,
+                r = attempts.attempt(&lease_id, in_flight) => r,
                 _ = tokio::time::sleep_until(limit) => Err(Error::unavailable(format!(
                     "the backend did not answer an acquire attempt on {} before the timeout",
                     attempts.describe()
                 ))),
             },
-            None => attempts.attempt(&lease_id).await,
+            None => attempts.attempt(&lease_id, in_flight).await,
         };
         let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         match result {
@@ -293,8 +366,12 @@ async fn run_loop<A: Attempts + ?Sized>(
                 );
                 return Ok(Some(granted));
             }
-            Ok(Step::GiveUp(error)) => return error.map_or(Ok(None), Err),
+            Ok(Step::GiveUp(error)) => {
+                cleanup.armed = unknown_before;
+                return error.map_or(Ok(None), Err);
+            }
             Ok(Step::Busy { holder_expires_at }) => {
+                cleanup.armed = unknown_before;
                 probe.busy();
                 let delay = waits.next_delay();
                 if remaining.is_some_and(|r| r.is_zero()) {

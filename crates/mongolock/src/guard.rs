@@ -9,7 +9,21 @@
 //!
 //! The deadline is kept on the monotonic clock and, on Linux, on `CLOCK_BOOTTIME` too, which
 //! keeps counting while the machine is suspended (see `clock.rs`); it has passed when either
-//! clock says so.
+//! clock says so. Every wait that ends at the deadline (the lost signal, the watchdog, a manual
+//! extension's race against it) sleeps with `clock::sleep_until_deadline`, which re-reads the
+//! boot clock at least every 250 ms: after a suspend longer than the lease, the lost signal
+//! fires within about that bound of the process running again, not when the monotonic deadline
+//! is finally reached.
+//!
+//! # Extensions that shorten the lease
+//! An extension sets the expiry to server now + its TTL, which can be *earlier* than the
+//! current expiry (a shorter TTL than what is left). The server may apply it as soon as it is
+//! sent, whether or not its reply ever reaches the guard (a dropped `extend` future, a lost
+//! reply, an error after the write). So before an extension is sent, the local deadline is
+//! lowered to `min(current, sent_at + ttl - margin)` on both clocks, and it is raised again only
+//! when an extension's reply is applied (to that extension's own `sent_at + ttl - margin`).
+//! Whatever became of the request, the server's expiry is then never earlier than the guard's
+//! deadline.
 //!
 //! The deadline is enforced where it is read, not only by a background task:
 //! [`LockGuard::is_lost`], [`LostSignal::is_lost`] and every internal "still held?" check compare
@@ -176,6 +190,9 @@ struct Shared {
     extend_lock: tokio::sync::Mutex<()>,
     /// Wakes the watchdog when the deadline moved (manual extension).
     changed: Notify,
+    /// Ticks whenever the local deadline moves (an applied extension, or one lowered before an
+    /// extension is sent), so that every wait for it re-reads it.
+    deadline_moved: watch::Sender<()>,
     status: watch::Sender<Status>,
     /// The lease's span (`mongolock.lease`): entered by the watchdog and the release, dropped
     /// here when the lease is lost or ended, so it closes once those tasks are done.
@@ -221,6 +238,36 @@ impl Shared {
     fn deadline_passed(&self) -> bool {
         let st = self.state();
         Instant::now() >= st.deadline || clock::boot_now() >= st.deadline_boot
+    }
+
+    /// Completes once the local deadline has passed on either clock, following the deadline
+    /// when it moves meanwhile. On the boot clock it is noticed within
+    /// [`clock::BOOT_CHECK_SLICE`] of running again after a suspend (see `clock.rs`).
+    async fn deadline_passes(&self) {
+        // Subscribed before the deadline is read: a move after the read ends the sleep.
+        let mut moved = self.deadline_moved.subscribe();
+        loop {
+            let (mono, boot) = {
+                let st = self.state();
+                (st.deadline, st.deadline_boot)
+            };
+            tokio::select! {
+                () = clock::sleep_until_deadline(mono, boot) => {
+                    if self.deadline_passed() {
+                        return;
+                    }
+                }
+                // The sender lives in `self`: it cannot be gone, so this only ends on a move.
+                _ = moved.changed() => {}
+            }
+        }
+    }
+
+    /// Sets the local deadline and wakes every wait for it.
+    fn set_deadline(&self, st: &mut LeaseState, (mono, boot): (Instant, Duration)) {
+        st.deadline = mono;
+        st.deadline_boot = boot;
+        self.deadline_moved.send_modify(|_| {});
     }
 
     fn cadence_for(&self, ttl: Duration) -> Duration {
@@ -276,12 +323,33 @@ impl Shared {
     }
 
     /// One extension, serialised with the others. `Ok(false)` when the lease is gone.
+    ///
+    /// Before the request is sent, the local deadline is lowered to what this extension would
+    /// give (`sent_at + ttl - margin`, on both clocks) when that is earlier: from the moment
+    /// it is sent, the server may apply it — setting an expiry shorter than what was left —
+    /// whether or not its reply ever arrives (a dropped future, a lost reply, an error after the
+    /// write). The deadline is raised again only when a reply is applied.
     async fn extend_once(&self, ttl: Duration) -> Result<bool> {
         let _serial = self.extend_lock.lock().await;
         if !self.is_held() {
             return Ok(false);
         }
         let sent_at = Stamp::now();
+        let (mono, boot) = local_deadline(sent_at, ttl, self.policy.drift);
+        let lowered = {
+            let mut st = self.state();
+            let lowered = (st.deadline.min(mono), st.deadline_boot.min(boot));
+            if lowered != (st.deadline, st.deadline_boot) {
+                self.set_deadline(&mut st, lowered);
+                true
+            } else {
+                false
+            }
+        };
+        if lowered {
+            tracing::trace!(lock = %self.name, token = self.fencing_token, ?ttl, "local deadline lowered for a shorter extension");
+            self.changed.notify_one();
+        }
         match self.control.extend(ttl).await? {
             Some(expires_at) => {
                 if !self.is_held() {
@@ -290,8 +358,7 @@ impl Shared {
                 {
                     let mut st = self.state();
                     st.expires_at = expires_at;
-                    (st.deadline, st.deadline_boot) =
-                        local_deadline(sent_at, ttl, self.policy.drift);
+                    self.set_deadline(&mut st, (mono, boot));
                     st.ttl = ttl;
                     st.last_extend_sent = sent_at.mono;
                 }
@@ -315,10 +382,11 @@ async fn watchdog(shared: Arc<Shared>) {
         if !shared.is_held() {
             return;
         }
-        let (deadline, next_renewal, ttl) = {
+        let (deadline, deadline_boot, next_renewal, ttl) = {
             let st = shared.state();
             (
                 st.deadline,
+                st.deadline_boot,
                 st.last_extend_sent + shared.cadence_for(st.ttl),
                 st.ttl,
             )
@@ -334,7 +402,8 @@ async fn watchdog(shared: Arc<Shared>) {
         };
         if Instant::now() < wake {
             tokio::select! {
-                _ = tokio::time::sleep_until(wake) => {}
+                // Ends at `wake`, or soon after the boot-time deadline passed (a suspend).
+                () = clock::sleep_until_deadline(wake, deadline_boot) => {}
                 _ = shared.changed.notified() => {}
                 _ = shared.control.gone() => {
                     shared.mark_lost(STORE_GONE);
@@ -346,7 +415,7 @@ async fn watchdog(shared: Arc<Shared>) {
         // Time to renew; the deadline check at the top of the loop handles the rest.
         let result = tokio::select! {
             r = shared.extend_once(ttl) => r,
-            _ = tokio::time::sleep_until(deadline) => continue,
+            () = shared.deadline_passes() => continue,
         };
         match result {
             Ok(_) => errors = Backoff::for_errors(),
@@ -361,7 +430,7 @@ async fn watchdog(shared: Arc<Shared>) {
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = tokio::time::sleep_until(deadline) => {}
+                    () = shared.deadline_passes() => {}
                 }
             }
         }
@@ -458,6 +527,7 @@ impl LockGuard {
             }),
             extend_lock: tokio::sync::Mutex::new(()),
             changed: Notify::new(),
+            deadline_moved: watch::channel(()).0,
             status,
             span: Mutex::new(Some(span.clone())),
             metrics,
@@ -501,9 +571,18 @@ impl LockGuard {
     }
 
     /// The local monotonic instant until which the lease is trusted (see the module docs). The
-    /// lost signal fires at this instant at the latest, unless an extension moved it.
+    /// lost signal fires at this instant at the latest, unless an extension moved it (a
+    /// shorter extension lowers it as soon as it is sent). After a suspend, the boot-time copy
+    /// of the deadline ends the lease earlier.
     pub fn local_deadline(&self) -> Instant {
         self.shared.state().deadline
+    }
+
+    /// The local deadline on the boot clock, on the scale of [`crate::__boot_time_now`] (for the
+    /// CLI's supervisor; not API-stable).
+    #[doc(hidden)]
+    pub fn __local_deadline_boot(&self) -> Duration {
+        self.shared.state().deadline_boot
     }
 
     /// A signal that completes when the lease is lost (or the guard is released or dropped),
@@ -541,10 +620,17 @@ impl LockGuard {
     /// local deadline, after which the call returns `Ok(false)` with the lease lost.
     ///
     /// # Cancel safety
-    /// Cancel-safe in that the guard stays consistent: its deadline only moves when an
-    /// extension's reply has been applied. An extension dropped in flight may still have moved
-    /// the expiry at the server (later than the guard knows; the guard's deadline stays the
-    /// earlier, safe one), and the next extension (automatic, or a later call) resets it.
+    /// Cancel-safe in that the guard never trusts the lease longer than the server keeps it.
+    /// Before the request is sent, the guard's local deadline is lowered to what this extension
+    /// would give (`now + ttl` minus the drift margin) when that is earlier than the current
+    /// one, because the server may apply the extension even if this future is dropped or its
+    /// reply is lost: with a `ttl` shorter than the time left, the server's expiry then moves
+    /// *earlier*. The deadline is raised again only when an extension's reply is applied. So a
+    /// call dropped in flight (a `tokio::time::timeout`, a `select!`) leaves the guard trusting
+    /// the lease until `now + ttl` at most — after that [`is_lost`](Self::is_lost) is true and
+    /// [`lost`](Self::lost) fires — unless a later extension (automatic, or another call)
+    /// succeeds first. An extension with a longer `ttl` lowers nothing: if its reply is lost,
+    /// the server's expiry is later than the guard's deadline, which stays the safe one.
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         check_ttl("ttl", ttl)?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -555,15 +641,12 @@ impl LockGuard {
             if !self.shared.is_held() {
                 return Ok(false);
             }
-            let deadline = self.shared.state().deadline;
+            // Follows the deadline, which `extend_once` may lower before it sends.
             let result = tokio::select! {
                 r = self.shared.extend_once(ttl) => r,
-                _ = tokio::time::sleep_until(deadline) => {
-                    if self.shared.deadline_passed() {
-                        self.shared.mark_lost(EXTEND_TOO_LATE);
-                        return Ok(false);
-                    }
-                    continue;
+                () = self.shared.deadline_passes() => {
+                    self.shared.mark_lost(EXTEND_TOO_LATE);
+                    return Ok(false);
                 }
             };
             match result {
@@ -574,7 +657,7 @@ impl LockGuard {
                     let delay = errors.next_delay();
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = tokio::time::sleep_until(deadline) => {}
+                        () = self.shared.deadline_passes() => {}
                     }
                 }
                 Err(e) => return Err(e),
@@ -738,7 +821,9 @@ impl LostSignal {
     }
 
     /// Waits until the lease is lost, released or its guard dropped; at the local deadline at
-    /// the latest, whether or not the guard's watchdog ran.
+    /// the latest (following it when an extension moves it), whether or not the guard's
+    /// watchdog ran. After a suspend of the machine, within about 250 ms of running again once
+    /// the boot-time deadline has passed.
     ///
     /// # Errors
     /// None: it only completes.
@@ -749,7 +834,6 @@ impl LostSignal {
     pub async fn wait(&self) {
         let mut rx = self.shared.status.subscribe();
         while self.shared.is_held() {
-            let deadline = self.shared.state().deadline;
             tokio::select! {
                 changed = rx.changed() => {
                     // The sender lives in `shared`, which we hold: it cannot be gone.
@@ -757,8 +841,8 @@ impl LostSignal {
                         return;
                     }
                 }
-                // The deadline may have moved meanwhile; `is_held` checks the current one.
-                _ = tokio::time::sleep_until(deadline) => {}
+                // Follows the deadline as it moves; `is_held` then marks the lease lost.
+                () = self.shared.deadline_passes() => {}
             }
         }
     }

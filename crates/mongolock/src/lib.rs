@@ -221,6 +221,14 @@ pub use wait::WaitStrategy;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+/// Time on the boot clock the library uses for lease deadlines (`CLOCK_BOOTTIME` on Linux),
+/// with the test-only offset of `MONGOLOCK_TEST_BOOT_OFFSET_FILE` (and, with the `testing`
+/// feature, `testing::advance_boot_clock`) applied. For the CLI's supervisor; not API-stable.
+#[doc(hidden)]
+pub fn __boot_time_now() -> std::time::Duration {
+    clock::boot_now()
+}
+
 pub mod election;
 pub use election::{Election, ElectionEvent, LeaderContext, LeaderInfo, Leadership};
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tracing::Instrument;
 
-use crate::acquire_loop::{self, spawn_attempt, Attempts, Step};
+use crate::acquire_loop::{self, spawn_attempt, Attempts, AttemptsDone, InFlight, Step};
 use crate::backend::{
     AcquireRequest, Attempt, ChangeWaiter, LeaseId, LeaseMode, LockBackend, LockInfo,
 };
@@ -189,7 +189,7 @@ impl Lock {
 impl Attempts for Lock {
     type Granted = LockGuard;
 
-    async fn attempt(&self, lease_id: &LeaseId) -> Result<Step<LockGuard>> {
+    async fn attempt(&self, lease_id: &LeaseId, in_flight: InFlight) -> Result<Step<LockGuard>> {
         let provider = self.provider.clone();
         let req = AcquireRequest {
             name: self.name.to_string(),
@@ -199,7 +199,7 @@ impl Attempts for Lock {
             mode: self.mode,
         };
         let name = self.name.clone();
-        spawn_attempt(async move {
+        spawn_attempt(in_flight, async move {
             // Taken before the request is sent: the lease cannot expire on the server before
             // `sent_at + ttl` (server and local clocks advance at about the same rate).
             let sent_at = Stamp::now();
@@ -233,13 +233,15 @@ impl Attempts for Lock {
             .await;
     }
 
-    fn abandon(&self, lease_id: LeaseId) {
+    fn abandon(&self, lease_id: LeaseId, after: AttemptsDone) {
         let backend: Arc<dyn LockBackend> = self.provider.backend.clone();
         let name = self.name.clone();
         let limit = self.provider.options.release_timeout;
         // Without a runtime (a future dropped during shutdown) the lease expires by itself.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
+                // Sent only after every attempt of the call has landed (acquire_loop.rs).
+                after.wait().await;
                 match tokio::time::timeout(limit, backend.release(&name, &lease_id)).await {
                     Ok(Ok(released)) => tracing::debug!(lock = %name, %lease_id, released, "released the lease id of an abandoned acquire"),
                     Ok(Err(e)) => tracing::warn!(lock = %name, %lease_id, error = %e, "could not release the lease id of an abandoned acquire; if it was granted, it expires by itself"),

@@ -23,7 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tracing::Instrument;
 
-use crate::acquire_loop::{self, Attempts, Step};
+use crate::acquire_loop::{self, Attempts, AttemptsDone, InFlight, Step};
 use crate::backend::{ChangeWaiter, LeaseId, LeaseMode};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
@@ -223,7 +223,7 @@ struct ReadAttempts<'a>(&'a RwLock);
 impl Attempts for ReadAttempts<'_> {
     type Granted = LockGuard;
 
-    async fn attempt(&self, lease_id: &LeaseId) -> Result<Step<LockGuard>> {
+    async fn attempt(&self, lease_id: &LeaseId, in_flight: InFlight) -> Result<Step<LockGuard>> {
         if let Some(intent) = self.0.intent.inspect().await? {
             if intent.held {
                 return Ok(Step::Busy {
@@ -231,7 +231,7 @@ impl Attempts for ReadAttempts<'_> {
                 });
             }
         }
-        self.0.readers.attempt(lease_id).await
+        self.0.readers.attempt(lease_id, in_flight).await
     }
 
     fn new_lease_id(&self) -> LeaseId {
@@ -249,8 +249,8 @@ impl Attempts for ReadAttempts<'_> {
         self.0.readers.wait_for_change(max_wait).await;
     }
 
-    fn abandon(&self, lease_id: LeaseId) {
-        self.0.readers.abandon(lease_id);
+    fn abandon(&self, lease_id: LeaseId, after: AttemptsDone) {
+        self.0.readers.abandon(lease_id, after);
     }
 
     fn wait_strategy(&self) -> &WaitStrategy {

@@ -21,6 +21,7 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::{ClientOptions, ReadConcern, ReadPreference, SelectionCriteria};
 use mongolock::{DriftMargin, Error, LockGuard, LockProvider, MongoBackend};
+use std::future::IntoFuture;
 use tokio::time::Instant;
 
 const CHILD_ENV: &str = "MONGOLOCK_EDGES_CHILD";
@@ -701,4 +702,86 @@ async fn a_document_release_retried_after_other_grants_is_not_a_loss() {
     result.unwrap_or_else(|e| {
         panic!("the retried release of document 1 (token {token}) after {turns:?} reported: {e}")
     });
+}
+
+/// Issue #21 item 1, as reproduced: a shortened extension whose reply never reaches the caller
+/// (`tokio::time::timeout` gives up while the server is slowed) is applied anyway; the server
+/// then frees the name after the *shorter* TTL. The first guard must say lost by then — from
+/// its own deadline, lowered when the extension was sent — not trust the lease until the end
+/// of the original 3 s.
+#[tokio::test]
+async fn a_shortened_extension_given_up_while_the_server_is_slow_ends_the_lease() {
+    let t = test_database().await;
+    if common::skip_without_fail_points(&t) {
+        return;
+    }
+    let app = unique("shortened");
+    let coll = unique("locks");
+    let backend = MongoBackend::builder(&t.database_as(&app).await)
+        .collection(coll.as_str())
+        .build()
+        .unwrap();
+    let first = LockProvider::builder(backend)
+        .expiry(Duration::from_secs(3))
+        .auto_extend(false)
+        .build()
+        .unwrap();
+    let second = provider_on(&t.db, &coll, Duration::from_secs(3));
+    let name = unique("shortened");
+    let guard = first.lock(name.clone()).unwrap().acquire().await.unwrap();
+    let token = guard.fencing_token();
+    let pending_lost = tokio::spawn(guard.lost().into_future());
+    // The next findAndModify of the first client waits 1 s at the server, then runs.
+    t.fail_point(
+        Bson::Document(doc! { "times": 1 }),
+        doc! {
+            "failCommands": ["findAndModify"],
+            "appName": app.as_str(),
+            "blockConnection": true,
+            "blockTimeMS": 1000,
+        },
+    )
+    .await;
+    let short = Duration::from_secs(1);
+    let called = Instant::now();
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), guard.extend(short)).await;
+    assert!(
+        gave_up.is_err(),
+        "extend({short:?}) returned {gave_up:?} through a 1 s block"
+    );
+    // The server applies it at about 1 s: the name is free at about 2 s, before the 3 s lease
+    // ends. Polled (a waiter would sleep until the expiry it was told, the 3 s one).
+    let lock = second.lock(name.clone()).unwrap();
+    let next: Mutex<Option<LockGuard>> = Mutex::new(None);
+    let taken = poll::eventually(Duration::from_secs(20), || async {
+        let got = lock.try_acquire().await.unwrap();
+        let taken = got.is_some();
+        *next.lock().unwrap() = got;
+        taken
+    })
+    .await;
+    let taken_after = called.elapsed();
+    assert!(taken, "{name} not free within 20 s");
+    let next = next.into_inner().unwrap().expect("taken");
+    t.fail_point_off().await;
+    assert!(
+        guard.is_lost(),
+        "{name}: the second client took the name (token {}) {taken_after:?} after the first \
+         (token {token}) sent an extension to {short:?}, yet the first guard says held",
+        next.fencing_token()
+    );
+    let reason = guard.lost_reason().expect("a loss reason");
+    assert!(
+        reason.contains("deadline"),
+        "{name}: the first guard learned of the loss other than by its own deadline: {reason:?} \
+         (taken over {taken_after:?} after the call)"
+    );
+    tokio::time::timeout(Duration::from_secs(10), pending_lost)
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the pending lost signal did not fire"))
+        .unwrap();
+    eprintln!(
+        "{name}: taken over {taken_after:?} after the shortened extension; first guard: {reason}"
+    );
+    next.release().await.unwrap();
 }

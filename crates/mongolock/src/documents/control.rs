@@ -132,12 +132,21 @@ async fn release(inner: &Inner, id: Option<&Bson>, lease_id: &LeaseId) -> Result
 /// Releases, in the background and within the release timeout, the lease id of a lock or
 /// claim call that ended after an attempt whose outcome it does not know (`id`: the document it
 /// tried to lock; `None` for a claim, which may have locked any matching document).
-pub(super) fn abandon(inner: Arc<Inner>, id: Option<Bson>, lease_id: LeaseId) {
+///
+/// The release is sent once `after` completes (every attempt of the call has finished), so
+/// that it never reaches the server before a detached attempt's grant.
+pub(super) fn abandon(
+    inner: Arc<Inner>,
+    id: Option<Bson>,
+    lease_id: LeaseId,
+    after: crate::acquire_loop::AttemptsDone,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         // No runtime (a future dropped during shutdown): a granted lease expires by itself.
         return;
     };
     runtime.spawn(async move {
+        after.wait().await;
         let limit = inner.options.release_timeout;
         let outcome = tokio::time::timeout(limit, release(&inner, id.as_ref(), &lease_id)).await;
         match outcome {

@@ -186,7 +186,7 @@ use mongodb::Collection;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use crate::acquire_loop::{self, spawn_attempt, Attempts, Step};
+use crate::acquire_loop::{self, spawn_attempt, Attempts, AttemptsDone, InFlight, Step};
 use crate::clock::Stamp;
 
 use crate::backend::{LeaseId, LockInfo};
@@ -444,12 +444,16 @@ struct DocumentAttempts<'a> {
 impl Attempts for DocumentAttempts<'_> {
     type Granted = Box<Acquired>;
 
-    async fn attempt(&self, lease_id: &LeaseId) -> Result<Step<Box<Acquired>>> {
+    async fn attempt(
+        &self,
+        lease_id: &LeaseId,
+        in_flight: InFlight,
+    ) -> Result<Step<Box<Acquired>>> {
         let inner = self.inner.clone();
         let target = self.target.clone();
         let lease_id = lease_id.clone();
         let ttl = self.ttl;
-        spawn_attempt(async move {
+        spawn_attempt(in_flight, async move {
             // Taken before the request is sent: the lease cannot expire on the server before
             // `sent_at + ttl`.
             let sent_at = Stamp::now();
@@ -494,14 +498,14 @@ impl Attempts for DocumentAttempts<'_> {
         .await
     }
 
-    fn abandon(&self, lease_id: LeaseId) {
+    fn abandon(&self, lease_id: LeaseId, after: AttemptsDone) {
         let id = match self.target {
             Target::Id(id) => Some(id.clone()),
             // A claim may have locked any matching document: release wherever this lease id
             // holds a lock.
             Target::Claim { .. } => None,
         };
-        control::abandon(self.inner.clone(), id, lease_id);
+        control::abandon(self.inner.clone(), id, lease_id, after);
     }
 
     fn wait_strategy(&self) -> &WaitStrategy {

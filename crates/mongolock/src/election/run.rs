@@ -87,7 +87,8 @@ impl Election {
     /// 3. The term ends in one of three ways; in each, `f`'s future is dropped **before**
     ///    leadership is given up, so its work never overlaps the next leader's through this loop:
     ///    * **leadership lost** (lease expired, could not be extended, taken over): `f`'s future
-    ///      is cancelled (dropped) at once, [`Lost`](super::ElectionEvent::Lost) is emitted, and
+    ///      is cancelled (dropped) at once — after a suspend of the machine longer than the
+    ///      lease, within about 250 ms of resuming (the lost signal follows the boot clock), [`Lost`](super::ElectionEvent::Lost) is emitted, and
     ///      the loop campaigns again;
     ///    * **`f` returned**: leadership is resigned
     ///      ([`Resigned`](super::ElectionEvent::Resigned)), the loop waits the [rejoin delay](Self::with_rejoin_delay) and campaigns again.

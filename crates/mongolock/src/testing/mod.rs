@@ -39,10 +39,12 @@ use async_trait::async_trait;
 use rand::Rng;
 use tokio::time::Instant;
 
+mod guard_edges;
 #[cfg(all(feature = "postgres", unix))]
 pub mod postgres_server;
 mod rwlock;
 mod semaphore;
+pub use guard_edges::*;
 pub use rwlock::*;
 pub use semaphore::*;
 
@@ -135,6 +137,8 @@ macro_rules! contract_suite {
             rwlock_tokens_are_shared_by_readers_and_writers,
             rwlock_a_waiting_writer_is_not_starved,
             dropped_rwlock_acquires_leave_nothing_held,
+            a_shortened_extension_without_a_reply_ends_the_lease,
+            an_abandoned_attempt_that_grants_later_is_released,
         );
         $crate::contract_suite!(@notifications $setup;
             force_release_is_signalled_to_the_holder_at_once,
