@@ -435,10 +435,14 @@ impl StopPolicy {
 
 /// `at` as absolute times on the supervisor's two clocks, `CLOCK_MONOTONIC` and
 /// `CLOCK_BOOTTIME`: each clock's reading plus the time left until `at` on the monotonic clock.
-/// Reading the clocks before `Instant::now()` can only make the result early, never late. The
-/// boot-time value is late by any suspend between the guard's request and this call, which the
-/// guard's own boot-time deadline (checked by `is_lost`) accounts for.
-fn deadline_at(at: Instant) -> Deadline {
+/// Reading the clocks before `Instant::now()` can only make the result early, never late.
+///
+/// That boot-time value would be late by a suspend between the guard's request and this call
+/// (the monotonic clock stopped meanwhile), so it is capped by the guard's own boot-time
+/// deadline less the same distance: `at` lies `d` before the guard's monotonic deadline, so it
+/// lies `d` before its boot-time deadline too. Both are the guard's deadlines for the same
+/// request; the cap can only make the result earlier.
+fn deadline_at(at: Instant, guard: &LockGuard) -> Deadline {
     let mono = monotonic_now_ns();
     let boot = boot_now_ns();
     let now = Instant::now();
@@ -449,9 +453,17 @@ fn deadline_at(at: Instant) -> Deadline {
             clock.saturating_sub(u64::try_from((now - at).as_nanos()).unwrap_or(u64::MAX))
         }
     };
+    let before_guard_deadline = guard.local_deadline().saturating_duration_since(at);
+    let guard_boot = u64::try_from(
+        guard
+            .__local_deadline_boot()
+            .saturating_sub(before_guard_deadline)
+            .as_nanos(),
+    )
+    .unwrap_or(u64::MAX);
     Deadline {
         mono_ns: shift(mono),
-        boot_ns: shift(boot),
+        boot_ns: shift(boot).min(guard_boot),
     }
 }
 
@@ -469,10 +481,10 @@ impl Control {
         }
     }
 
-    async fn deadlines(&mut self, term: Instant, kill: Instant) {
+    async fn deadlines(&mut self, term: Instant, kill: Instant, guard: &LockGuard) {
         self.send(ToSupervisor::Deadlines {
-            term: deadline_at(term),
-            kill: deadline_at(kill),
+            term: deadline_at(term, guard),
+            kill: deadline_at(kill, guard),
         })
         .await;
     }
@@ -579,7 +591,7 @@ pub async fn spawn(
         sent_deadline: guard.local_deadline(),
     };
     let (term, kill) = policy.renewing(spawned.sent_deadline);
-    spawned.control.deadlines(term, kill).await;
+    spawned.control.deadlines(term, kill, guard).await;
     match spawned.control.next().await {
         Some(FromSupervisor::Started(pid)) => {
             tracing::debug!(pid, group = !terminal, "command started");
@@ -677,7 +689,7 @@ pub async fn supervise(
             let deadline = guard.local_deadline();
             if deadline != sent_deadline {
                 let (term, kill) = policy.renewing(deadline);
-                control.deadlines(term, kill).await;
+                control.deadlines(term, kill, guard).await;
                 sent_deadline = deadline;
                 kill_at = kill;
                 Event::new("renewed").lease(guard).emit();
@@ -753,7 +765,7 @@ pub async fn supervise(
                     .unwrap_or_else(|| "the lease could not be renewed in time".to_string());
                 let now = Instant::now();
                 let kill = (now + policy.grace).min(policy.kill_at(guard.local_deadline())).max(now);
-                control.deadlines(now, kill).await;
+                control.deadlines(now, kill, guard).await;
                 kill_at = kill;
                 let (action, how) = if kill == now {
                     ("SIGKILL", "SIGKILL now".to_owned())

@@ -68,7 +68,8 @@
 //! are capped at [`BOOT_CHECK_TICK`]: after a resume the boot-time deadline is noticed within
 //! that long, and CMD is SIGKILLed — not SIGTERMed with a grace — when the SIGKILL deadline has
 //! passed. The boot-time deadline mongolock sends is its monotonic remaining time added to the
-//! boot-time clock read when it sends it. For tests, `MONGOLOCK_TEST_BOOT_OFFSET_FILE` names a
+//! boot-time clock read when it sends it, capped by the guard's own boot-time deadline (so a
+//! suspend between a renewal and the message cannot make it late). For tests, `MONGOLOCK_TEST_BOOT_OFFSET_FILE` names a
 //! file whose number of milliseconds is added to every boot-time reading.
 //!
 //! # The process tree
@@ -125,9 +126,6 @@ const PASSED_ON: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SI
 /// deadlines while its job is stopped (see the module docs); CMD gets the defaults back.
 const JOB_STOPS: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
 
-/// The environment variable naming the test-only boot-clock offset file (see the module docs).
-pub const TEST_BOOT_OFFSET_FILE: &str = "MONGOLOCK_TEST_BOOT_OFFSET_FILE";
-
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -146,23 +144,12 @@ pub fn monotonic_now_ns() -> u64 {
 }
 
 /// Now on `CLOCK_BOOTTIME` (Linux; elsewhere the monotonic clock), in nanoseconds, plus the
-/// test offset: when [`TEST_BOOT_OFFSET_FILE`] is set, the number of milliseconds written in
-/// that file (read again on every call; missing, empty or unparseable is 0).
+/// test offset: when `MONGOLOCK_TEST_BOOT_OFFSET_FILE` is set, the number of milliseconds
+/// written in that file (read again on every call; missing, empty or unparseable is 0).
 pub fn boot_now_ns() -> u64 {
-    #[cfg(target_os = "linux")]
-    let now = clock_ns(libc::CLOCK_BOOTTIME);
-    #[cfg(not(target_os = "linux"))]
-    let now = monotonic_now_ns();
-    let offset_ms = std::env::var_os(TEST_BOOT_OFFSET_FILE)
-        .and_then(|path| std::fs::read_to_string(path).ok())
-        .and_then(|text| text.trim().parse::<i64>().ok())
-        .unwrap_or(0);
-    let offset_ns = offset_ms.saturating_mul(1_000_000);
-    if offset_ns >= 0 {
-        now.saturating_add(offset_ns as u64)
-    } else {
-        now.saturating_sub(offset_ns.unsigned_abs())
-    }
+    // The library's reading, so that mongolock, the supervisor and the guard's deadlines share
+    // one boot clock (and one test offset).
+    u64::try_from(mongolock::__boot_time_now().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Absolute deadlines on both clocks (nanoseconds).

@@ -22,8 +22,16 @@
 //! reply, an error after the write). So before an extension is sent, the local deadline is
 //! lowered to `min(current, sent_at + ttl - margin)` on both clocks, and it is raised again only
 //! when an extension's reply is applied (to that extension's own `sent_at + ttl - margin`).
-//! Whatever became of the request, the server's expiry is then never earlier than the guard's
-//! deadline.
+//!
+//! A request whose outcome stays unknown (its future dropped, or an error without a reply) can
+//! still be applied *after* a later extension, on another connection: it then sets the expiry
+//! to `T + ttl_k` with `T` after the later one's `sent_at`. So from then on every extension is
+//! trusted for `min(ttl, ttl_k)` only, `ttl_k` the shortest TTL of the unanswered requests, and
+//! renewals come at that shorter cadence. An unanswered request with the usual TTL changes
+//! nothing; one with a shorter TTL makes the rest of the lease's renewals trusted that long.
+//! Whatever became of each request, the server's expiry is then never earlier than the guard's
+//! deadline: an extension `j` applied last gives `T_j + ttl_j >= sent_j + ttl_j`; an unanswered
+//! `k` applied after `j` gives `T_k + ttl_k > sent_j + ttl_k`.
 //!
 //! The deadline is enforced where it is read, not only by a background task:
 //! [`LockGuard::is_lost`], [`LostSignal::is_lost`] and every internal "still held?" check compare
@@ -176,6 +184,11 @@ struct LeaseState {
     deadline_boot: Duration,
     ttl: Duration,
     last_extend_sent: Instant,
+    /// The shortest TTL among extensions whose outcome is unknown (future dropped, or an error
+    /// without a reply): such a request may still be applied after a later one, so every
+    /// later extension is trusted for at most this long (see "Extensions that shorten the
+    /// lease" in the module docs).
+    unanswered_ttl: Option<Duration>,
 }
 
 struct Shared {
@@ -335,7 +348,10 @@ impl Shared {
             return Ok(false);
         }
         let sent_at = Stamp::now();
-        let (mono, boot) = local_deadline(sent_at, ttl, self.policy.drift);
+        // Trusted no longer than the shortest extension whose outcome is unknown: it may still
+        // be applied after this one.
+        let trusted_ttl = ttl.min(self.state().unanswered_ttl.unwrap_or(ttl));
+        let (mono, boot) = local_deadline(sent_at, trusted_ttl, self.policy.drift);
         let lowered = {
             let mut st = self.state();
             let lowered = (st.deadline.min(mono), st.deadline_boot.min(boot));
@@ -350,8 +366,16 @@ impl Shared {
             tracing::trace!(lock = %self.name, token = self.fencing_token, ?ttl, "local deadline lowered for a shorter extension");
             self.changed.notify_one();
         }
-        match self.control.extend(ttl).await? {
-            Some(expires_at) => {
+        // Until a reply is applied, this request's outcome is unknown: if this future is
+        // dropped or the call fails, the request may still land later.
+        let mut unanswered = Unanswered {
+            shared: self,
+            ttl: Some(ttl),
+        };
+        let reply = self.control.extend(ttl).await;
+        unanswered.ttl = None;
+        match reply {
+            Ok(Some(expires_at)) => {
                 if !self.is_held() {
                     return Ok(false);
                 }
@@ -366,10 +390,34 @@ impl Shared {
                 tracing::trace!(lock = %self.name, token = self.fencing_token, "lease extended");
                 Ok(true)
             }
-            None => {
+            Ok(None) => {
                 self.mark_lost(SERVER_GONE);
                 Ok(false)
             }
+            Err(e) => {
+                self.record_unanswered(ttl);
+                Err(e)
+            }
+        }
+    }
+
+    /// Remembers an extension whose outcome is unknown (see [`LeaseState::unanswered_ttl`]).
+    fn record_unanswered(&self, ttl: Duration) {
+        let mut st = self.state();
+        st.unanswered_ttl = Some(st.unanswered_ttl.map_or(ttl, |t| t.min(ttl)));
+    }
+}
+
+/// Records an extension as unanswered when its future is dropped before the reply arrived.
+struct Unanswered<'a> {
+    shared: &'a Shared,
+    ttl: Option<Duration>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(ttl) = self.ttl {
+            self.shared.record_unanswered(ttl);
         }
     }
 }
@@ -387,7 +435,8 @@ async fn watchdog(shared: Arc<Shared>) {
             (
                 st.deadline,
                 st.deadline_boot,
-                st.last_extend_sent + shared.cadence_for(st.ttl),
+                st.last_extend_sent
+                    + shared.cadence_for(st.ttl.min(st.unanswered_ttl.unwrap_or(st.ttl))),
                 st.ttl,
             )
         };
@@ -524,6 +573,7 @@ impl LockGuard {
                 deadline_boot,
                 ttl: grant.ttl,
                 last_extend_sent: grant.sent_at.mono,
+                unanswered_ttl: None,
             }),
             extend_lock: tokio::sync::Mutex::new(()),
             changed: Notify::new(),
@@ -629,8 +679,11 @@ impl LockGuard {
     /// call dropped in flight (a `tokio::time::timeout`, a `select!`) leaves the guard trusting
     /// the lease until `now + ttl` at most — after that [`is_lost`](Self::is_lost) is true and
     /// [`lost`](Self::lost) fires — unless a later extension (automatic, or another call)
-    /// succeeds first. An extension with a longer `ttl` lowers nothing: if its reply is lost,
-    /// the server's expiry is later than the guard's deadline, which stays the safe one.
+    /// succeeds first. Because a dropped request may still be applied after that later
+    /// extension, later extensions of this guard are then trusted for at most this call's
+    /// `ttl` (and renewed at that cadence). An extension with a longer `ttl` lowers nothing:
+    /// if its reply is lost, the server's expiry is later than the guard's deadline, which
+    /// stays the safe one.
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         check_ttl("ttl", ttl)?;
         if tokio::runtime::Handle::try_current().is_err() {

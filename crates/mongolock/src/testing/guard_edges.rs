@@ -141,6 +141,123 @@ pub async fn a_shortened_extension_without_a_reply_ends_the_lease(backend: Arc<d
     next.release().await.unwrap();
 }
 
+/// Delegates everything but change notifications (none), except that once `late` is set, the
+/// next extension request is held "in the network": its caller never gets a reply, and it is
+/// applied on the inner backend only when [`gate`](Self::gate) gets a permit — possibly after
+/// later extensions were applied.
+pub struct ExtendsLate {
+    /// The backend wrapped.
+    pub inner: Arc<dyn LockBackend>,
+    /// Whether the next extension is held back (reset when one is).
+    pub late: AtomicBool,
+    /// Releases the held-back extension to the inner backend.
+    pub gate: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait]
+impl LockBackend for ExtendsLate {
+    async fn try_acquire(&self, req: &AcquireRequest) -> crate::Result<Attempt> {
+        self.inner.try_acquire(req).await
+    }
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> crate::Result<Option<SystemTime>> {
+        if self.late.swap(false, Ordering::SeqCst) {
+            let (inner, gate) = (self.inner.clone(), self.gate.clone());
+            let (name, lease_id) = (name.to_owned(), lease_id.clone());
+            tokio::spawn(async move {
+                if let Ok(_permit) = gate.acquire().await {
+                    let _ = inner.extend(&name, &lease_id, ttl).await;
+                }
+            });
+            std::future::pending::<()>().await;
+        }
+        self.inner.extend(name, lease_id, ttl).await
+    }
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
+        self.inner.release(name, lease_id).await
+    }
+    fn new_lease_id(&self) -> LeaseId {
+        self.inner.new_lease_id()
+    }
+    async fn inspect(&self, name: &str) -> crate::Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+    async fn list(&self) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list().await
+    }
+    async fn force_release(&self, name: &str) -> crate::Result<bool> {
+        self.inner.force_release(name).await
+    }
+}
+
+/// A shortened extension that the caller gave up on stays in flight and is applied only after
+/// a later, longer extension succeeded (another connection overtook it). The server's expiry
+/// is then the short one; the guard must not trust the longer extension past it.
+pub async fn an_unanswered_short_extension_overtaken_by_a_longer_one_ends_the_lease(
+    backend: Arc<dyn LockBackend>,
+) {
+    let wrapper = Arc::new(ExtendsLate {
+        inner: backend.clone(),
+        late: AtomicBool::new(false),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+    });
+    let wrapped: Arc<dyn LockBackend> = wrapper.clone();
+    let first = builder(&wrapped)
+        .expiry(Duration::from_secs(60))
+        .auto_extend(false)
+        .build()
+        .expect("valid options");
+    let second = provider(&backend);
+    let name = unique_name("overtaken");
+    let guard = first
+        .lock(name.clone())
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name} not free"));
+    let token = guard.fencing_token();
+
+    wrapper.late.store(true, Ordering::SeqCst);
+    let short = Duration::from_secs(1);
+    let gave_up = tokio::time::timeout(Duration::from_millis(200), guard.extend(short)).await;
+    assert!(
+        gave_up.is_err(),
+        "{name}: extend({short:?}) returned {gave_up:?}"
+    );
+    // A later, longer extension is answered...
+    assert!(
+        guard.extend(Duration::from_secs(60)).await.unwrap(),
+        "{name}: the 60 s extension after the unanswered one failed"
+    );
+    // ...and then the unanswered short one lands: the server frees the name about 1 s later.
+    let landed = Instant::now();
+    wrapper.gate.add_permits(1);
+    let next = second
+        .lock(name.clone())
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name} not free 30 s after the {short:?} extension landed"));
+    assert!(
+        guard.is_lost(),
+        "{name}: another holder (token {}) took the name {:?} after the overtaken {short:?} \
+         extension landed, yet the first guard (token {token}) still says held (local deadline \
+         in {:?})",
+        next.fencing_token(),
+        landed.elapsed(),
+        guard
+            .local_deadline()
+            .saturating_duration_since(Instant::now())
+    );
+    next.release().await.unwrap();
+}
+
 /// Delegates everything, except that an acquire attempt is slow and, when it grants on the
 /// inner backend, reports an error instead (the write landed, the reply did not).
 pub struct GrantsThenFails {

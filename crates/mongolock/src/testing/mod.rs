@@ -138,6 +138,7 @@ macro_rules! contract_suite {
             rwlock_a_waiting_writer_is_not_starved,
             dropped_rwlock_acquires_leave_nothing_held,
             a_shortened_extension_without_a_reply_ends_the_lease,
+            an_unanswered_short_extension_overtaken_by_a_longer_one_ends_the_lease,
             an_abandoned_attempt_that_grants_later_is_released,
         );
         $crate::contract_suite!(@notifications $setup;
