@@ -69,8 +69,9 @@
 //! that long, and CMD is SIGKILLed — not SIGTERMed with a grace — when the SIGKILL deadline has
 //! passed. The boot-time deadline mongolock sends is its monotonic remaining time added to the
 //! boot-time clock read when it sends it, capped by the guard's own boot-time deadline (so a
-//! suspend between a renewal and the message cannot make it late). For tests, `MONGOLOCK_TEST_BOOT_OFFSET_FILE` names a
-//! file whose number of milliseconds is added to every boot-time reading.
+//! suspend between a renewal and the message cannot make it late). For tests,
+//! `MONGOLOCK_TEST_BOOT_OFFSET_FILE` names a file whose number of milliseconds is added to every
+//! boot-time reading.
 //!
 //! # The process tree
 //! On Linux the supervisor is a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant of CMD
@@ -631,8 +632,8 @@ fn kill_checked(p: &Proc) {
 }
 
 /// SIGKILLs every descendant except CMD (`cmd`, reaped by its `Child`; 0 once reaped) and
-/// reaps them, until none is left. Descendants whose parent dies are re-parented to us (we are a subreaper), so
-/// the walk finds them on the next round.
+/// reaps them, until none is left. Descendants whose parent dies are re-parented to us (we are
+/// a subreaper), so the walk finds them on the next round.
 #[cfg(target_os = "linux")]
 fn kill_tree(cmd: i32) {
     loop {
