@@ -221,27 +221,6 @@ impl LockProvider {
         lock.acquire_with(timeout.into()).await
     }
 
-    /// The former name of [`acquire_for`](Self::acquire_for), which can wait: elsewhere in
-    /// this crate (and in tokio) `try_` means exactly one attempt.
-    ///
-    /// # Errors
-    /// As [`acquire_for`](Self::acquire_for).
-    ///
-    /// # Cancel safety
-    /// As [`acquire_for`](Self::acquire_for).
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed to `acquire_for` (it waits up to `timeout`); `try_` means one attempt"
-    )]
-    pub async fn try_acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        timeout: impl Into<Timeout>,
-    ) -> Result<Option<LockGuard>> {
-        self.acquire_for(key, ttl, timeout).await
-    }
-
     /// Reads the state of `name`; `None` when the backend has no record of it.
     ///
     /// # Errors
