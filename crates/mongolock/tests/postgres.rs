@@ -683,7 +683,8 @@ async fn without_notifications_waiters_poll_and_extension_detects_loss() {
 
 /// The trigger function of the versions before the handoff queue (payload `<token> <lease id
 /// or -> <name>`), as their migration installs it.
-const OLD_TRIGGER_FUNCTION: &str = "CREATE OR REPLACE FUNCTION public.mongolock_notify()
+/// `{schema}` is replaced by the test's own schema.
+const OLD_TRIGGER_FUNCTION: &str = "CREATE OR REPLACE FUNCTION \"{schema}\".mongolock_notify()
   RETURNS trigger LANGUAGE plpgsql AS $fn$
   BEGIN
     IF TG_OP = 'DELETE' THEN
@@ -706,12 +707,15 @@ const OLD_TRIGGER_FUNCTION: &str = "CREATE OR REPLACE FUNCTION public.mongolock_
 /// tokens, and then serves semaphores and hands off across processes. The trigger function
 /// (shared by the schema's tables) of the new version works on the old table before it is
 /// migrated, and an old version's function (put back by an older build's migration) is
-/// replaced.
+/// replaced. The test has a schema of its own: putting the old function back in `public`
+/// would race with (and change the trigger of) every other test's table there.
 #[tokio::test]
 async fn tables_from_before_semaphores_are_migrated() {
     let Some(url) = url() else { return };
     let table = pg::unique_table("oldtable");
+    let schema = pg::unique_table("oldschema");
     let old = PostgresBackend::builder(&url)
+        .schema(&schema)
         .table(&table)
         .build()
         .unwrap();
@@ -724,7 +728,7 @@ async fn tables_from_before_semaphores_are_migrated() {
     // The table as the previous versions created it.
     admin
         .batch_execute(&format!(
-            "ALTER TABLE public.\"{table}\" DROP COLUMN slot_limit, DROP COLUMN slots,
+            "ALTER TABLE \"{schema}\".\"{table}\" DROP COLUMN slot_limit, DROP COLUMN slots,
                DROP COLUMN waiters, DROP COLUMN handoff"
         ))
         .await
@@ -733,17 +737,18 @@ async fn tables_from_before_semaphores_are_migrated() {
     // migrated first): writes still work and are published.
     admin
         .batch_execute(&format!(
-            "UPDATE public.\"{table}\" SET lease_id = 'someone' WHERE name = 'jobs';
-             UPDATE public.\"{table}\" SET lease_id = NULL WHERE name = 'jobs';"
+            "UPDATE \"{schema}\".\"{table}\" SET lease_id = 'someone' WHERE name = 'jobs';
+             UPDATE \"{schema}\".\"{table}\" SET lease_id = NULL WHERE name = 'jobs';"
         ))
         .await
         .expect("the new trigger function works on an old table");
     // An older build's migration puts its function back.
     admin
-        .batch_execute(OLD_TRIGGER_FUNCTION)
+        .batch_execute(&OLD_TRIGGER_FUNCTION.replace("{schema}", &schema))
         .await
         .expect("install the old trigger function");
     let new = PostgresBackend::builder(&url)
+        .schema(&schema)
         .table(&table)
         .build()
         .unwrap();
@@ -765,10 +770,10 @@ async fn tables_from_before_semaphores_are_migrated() {
             &format!(
                 "SELECT p.prosrc LIKE '%handoff%'
                         AND (SELECT count(*) FROM pg_attribute
-                              WHERE attrelid = 'public.\"{table}\"'::regclass
+                              WHERE attrelid = '\"{schema}\".\"{table}\"'::regclass
                                 AND attname IN ('slots', 'slot_limit', 'waiters', 'handoff')
                                 AND NOT attisdropped) = 4
-                   FROM pg_proc p WHERE p.oid = 'public.mongolock_notify()'::regprocedure"
+                   FROM pg_proc p WHERE p.oid = '\"{schema}\".mongolock_notify()'::regprocedure"
             ),
             &[],
         )
@@ -782,6 +787,7 @@ async fn tables_from_before_semaphores_are_migrated() {
     // Locks hand off across processes on the migrated table: a second backend queues and is
     // designated by the release.
     let other = PostgresBackend::builder(&url)
+        .schema(&schema)
         .table(&table)
         .build()
         .unwrap();
@@ -804,7 +810,7 @@ async fn tables_from_before_semaphores_are_migrated() {
         admin
             .query_one(
                 &format!(
-                    "SELECT jsonb_array_length(waiters) FROM public.\"{table}\" WHERE name = 'x'"
+                    "SELECT jsonb_array_length(waiters) FROM \"{schema}\".\"{table}\" WHERE name = 'x'"
                 ),
                 &[],
             )
