@@ -56,6 +56,8 @@ Environment:
   MONGODB_URI, MONGOLOCK_DB, MONGOLOCK_COLLECTION   --uri, --db, --collection
   MONGOLOCK_TTL, MONGOLOCK_WAIT, MONGOLOCK_GRACE    --ttl, --wait, --grace of exec/elect
   MONGOLOCK_LOG                                     a tracing filter for diagnostics
+  MONGOLOCK_QUIET                                   -q (1, true, yes: on; 0, false, no: off)
+  An empty variable counts as unset.
 
 Exit statuses:
   0      success; exec/elect pass through the command's own status (1-255)
@@ -68,7 +70,8 @@ Exit statuses:
   77     --collection holds data that is not mongolock's (an application's); nothing
          was written there: choose another collection or table
   78     exec --limit/--shared: the name is held with another slot limit; not run
-  126    the command could not be executed;  127  the command was not found
+  126    the command could not be executed
+  127    the command was not found
   128+N  the command died from signal N, or mongolock was interrupted while waiting
 "
         )
@@ -151,6 +154,20 @@ pub struct GlobalArgs {
     /// such as `mongolock=debug`) overrides it.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+
+    /// Print nothing on stderr but errors: no message for a busy lock (`exec --wait`) or a
+    /// normal run, no waiting status line, no warnings. Failures (cannot connect, lease lost,
+    /// database unreachable while waiting, usage) are still reported; the exit status is
+    /// unchanged. For cron: `exec -q --wait 0 --conflict-exit-code 0`.
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "MONGOLOCK_QUIET",
+        value_parser = clap::builder::FalseyValueParser::new(),
+        action = clap::ArgAction::SetTrue
+    )]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -620,8 +637,8 @@ pub struct EventArgs {
     pub json: bool,
 
     /// Report the --json events on file descriptor FD (opened by the caller, e.g. `3>file`)
-    /// instead; mongolock's messages stay on stderr. CMD does not inherit FD.
-    #[arg(long, value_name = "FD")]
+    /// instead; mongolock's messages stay on stderr. CMD does not inherit FD. Not with --json.
+    #[arg(long, value_name = "FD", conflicts_with = "json")]
     pub json_fd: Option<i32>,
 }
 

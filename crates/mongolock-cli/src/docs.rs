@@ -1,5 +1,5 @@
 //! `mongolock completions SHELL` and `mongolock man`: generated from the clap definitions in
-//! `cli.rs`, so they never drift from `--help`.
+//! `cli.rs`, so they never drift from `--help` (the pages' sections: `man_sections.rs`).
 
 use std::io::Write;
 
@@ -34,7 +34,7 @@ pub fn man(args: &ManArgs) -> Result<i32, CliError> {
                 dir.display()
             ))
         })?;
-        clap_mangen::generate_to(command, dir).map_err(|e| {
+        crate::man_sections::generate_to(&command, dir).map_err(|e| {
             CliError::failure(format!(
                 "cannot write the manual pages to {}: {e}",
                 dir.display()
@@ -67,9 +67,7 @@ pub fn man(args: &ManArgs) -> Result<i32, CliError> {
         }
     };
     let mut roff = Vec::new();
-    clap_mangen::Man::new(page)
-        .render(&mut roff)
-        .map_err(|e| CliError::failure(format!("cannot render the manual page: {e}")))?;
+    crate::man_sections::render(&page, &mut roff).map_err(|e| CliError::failure(format!("cannot render the manual page: {e}")))?;
     write_all(&roff)?;
     Ok(exit::SUCCESS)
 }

@@ -1,5 +1,6 @@
-//! Durations on the command line (`500ms`, `30s`, `2m`, `1h 30m`) and for people in output
-//! (`12.3s`, `2m 5s`).
+//! Durations on the command line (`500ms`, `30s`, `2m`, `1h 30m`, `1.5s`) and for people in
+//! output (`12.3s`, `2m5s`): every duration the CLI prints goes through [`human`] or
+//! [`display`], never `Debug` or `humantime::format_duration` (`3s333ms333us333ns`).
 
 use std::time::Duration;
 
@@ -27,6 +28,9 @@ fn parse(s: &str) -> Result<Duration, String> {
     if s == "0" {
         return Ok(Duration::ZERO);
     }
+    if let Some(d) = parse_decimal(s) {
+        return Ok(d);
+    }
     humantime::parse_duration(s).map_err(|e| {
         let hint = if s.chars().all(|c| c.is_ascii_digit()) {
             format!(" (add a unit: {s}s, {s}ms, {s}m)")
@@ -35,6 +39,38 @@ fn parse(s: &str) -> Result<Duration, String> {
         };
         format!("invalid duration {s:?}: {e}{hint}")
     })
+}
+
+/// A number with a fraction and one unit (`1.5s`, `0.5m`, `2.25h`), the form [`display`] prints
+/// for durations that are not whole seconds, so that a duration a message suggests can be typed
+/// back. `None` for anything else (left to `humantime`). Exact: integer arithmetic, no floats.
+fn parse_decimal(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+    let (number, unit) = s.split_at(split);
+    let (int, frac) = number.split_once('.')?;
+    if (int.is_empty() && frac.is_empty()) || frac.len() > 9 {
+        return None;
+    }
+    if !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let unit_ns: u128 = match unit.trim() {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" | "sec" | "secs" => 1_000_000_000,
+        "m" | "min" | "mins" => 60_000_000_000,
+        "h" | "hr" | "hrs" => 3_600_000_000_000,
+        "d" | "day" | "days" => 86_400_000_000_000,
+        _ => return None,
+    };
+    let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let frac_value: u128 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
+    let scale = 10u128.pow(u32::try_from(frac.len()).ok()?);
+    let nanos = int.checked_mul(unit_ns)? + frac_value * unit_ns / scale;
+    let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
+    // The remainder is below 10^9 and fits.
+    Some(Duration::new(secs, (nanos % 1_000_000_000) as u32))
 }
 
 /// A duration that may be zero (`--wait 0`).
@@ -96,7 +132,8 @@ pub fn parse_wait(s: &str) -> Result<Wait, String> {
     }
 }
 
-/// Formats a duration for people: `450ms`, `12.3s`, `2m 5s`, `1h 2m`, `3d 4h`.
+/// Formats a duration for people: `450ms`, `12.3s`, `2m5s`, `1h2m`, `3d4h` (truncated, so that
+/// "expires in 10.0s" never shows more than is left).
 pub fn human(d: Duration) -> String {
     let ms = d.as_millis();
     if ms < 1000 {
@@ -104,26 +141,65 @@ pub fn human(d: Duration) -> String {
     }
     let secs = d.as_secs();
     if secs < 60 {
-        // One decimal, truncated so that "expires in 10.0s" never shows more than is left.
         let tenths = ms / 100;
         return format!("{}.{}s", tenths / 10, tenths % 10);
     }
     let (d_, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
     if d_ > 0 {
-        format!("{d_}d {h}h")
+        units(&[(d_, "d"), (h, "h")])
     } else if h > 0 {
-        format!("{h}h {m}m")
+        units(&[(h, "h"), (m, "m")])
     } else {
-        format!("{m}m {s}s")
+        units(&[(m, "m"), (s, "s")])
     }
 }
 
-/// Formats a duration given on the command line back for messages (`30s`, `2m`, `500ms`).
+/// `2m5s`, `2m` (zero parts after the first are left out).
+fn units(parts: &[(u64, &str)]) -> String {
+    let mut out = String::new();
+    for (i, (n, unit)) in parts.iter().enumerate() {
+        if i == 0 || *n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    out
+}
+
+/// Formats a duration given on the command line (or derived from one) back for messages:
+/// exact when it is a whole number of milliseconds below a second or of seconds (`500ms`,
+/// `30s`, `2m`, `1h30m`), otherwise rounded down like [`human`] (`3.3s` for a third of 10s;
+/// `1m40s`). Everything it prints parses back (`3.3s` is accepted on the command line).
 pub fn display(d: Duration) -> String {
     if d.is_zero() {
         return "0s".to_owned();
     }
-    humantime::format_duration(d).to_string().replace(' ', "")
+    if d < Duration::from_millis(1) {
+        return format!("{}us", d.as_micros());
+    }
+    if d < Duration::from_secs(1) {
+        return format!("{}ms", d.as_millis());
+    }
+    if d.subsec_nanos() != 0 && d < Duration::from_secs(60) {
+        let tenths = d.as_millis() / 100;
+        let (whole, tenth) = (tenths / 10, tenths % 10);
+        return if tenth == 0 {
+            format!("{whole}s")
+        } else {
+            format!("{whole}.{tenth}s")
+        };
+    }
+    let secs = d.as_secs();
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs / 3600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+        (secs % 60, "s"),
+    ];
+    parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -159,11 +235,38 @@ mod tests {
         assert_eq!(human(Duration::from_millis(450)), "450ms");
         assert_eq!(human(Duration::from_millis(12_345)), "12.3s");
         assert_eq!(human(Duration::from_millis(9_999)), "9.9s");
-        assert_eq!(human(Duration::from_secs(125)), "2m 5s");
-        assert_eq!(human(Duration::from_secs(3720)), "1h 2m");
-        assert_eq!(human(Duration::from_secs(3 * 86_400 + 4 * 3600)), "3d 4h");
+        assert_eq!(human(Duration::from_secs(125)), "2m5s");
+        assert_eq!(human(Duration::from_secs(120)), "2m");
+        assert_eq!(human(Duration::from_secs(3720)), "1h2m");
+        assert_eq!(human(Duration::from_secs(3 * 86_400 + 4 * 3600)), "3d4h");
         assert_eq!(display(Duration::from_secs(30)), "30s");
-        assert_eq!(display(Duration::from_millis(1500)), "1s500ms");
+        assert_eq!(display(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(display(Duration::from_millis(150)), "150ms");
+        assert_eq!(display(Duration::from_secs(10) / 3), "3.3s");
+        assert_eq!(display(Duration::from_secs(90)), "1m30s");
+        assert_eq!(display(Duration::from_secs(3600)), "1h");
+        assert_eq!(display(Duration::from_millis(100_500)), "1m40s");
         assert_eq!(display(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn what_display_prints_parses_back() {
+        assert_eq!(parse_duration("3.3s"), Ok(Duration::from_millis(3300)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("0.5m"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration(".5s"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("1.2.3s").is_err());
+        assert!(parse_duration("1.5").is_err());
+        assert!(parse_duration("1.5x").is_err());
+        for d in [
+            Duration::from_secs(10) / 3,
+            Duration::from_millis(1500),
+            Duration::from_secs(5400),
+            Duration::from_millis(250),
+            Duration::from_secs(86_400 + 61),
+        ] {
+            let shown = display(d);
+            assert!(parse_duration(&shown).is_ok(), "{shown}");
+        }
     }
 }

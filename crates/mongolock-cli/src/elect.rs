@@ -19,6 +19,7 @@ use crate::exec::{
 };
 use crate::exit::{self, CliError};
 use crate::signals::{self, Signals};
+use crate::status_line;
 
 /// Pause before campaigning again after a loss, so that a flapping connection does not make
 /// the command restart in a tight loop.
@@ -65,11 +66,20 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
                 .name(name)
                 .field("leader", leader_json(leader.as_ref()))
                 .message(message)
+                .info()
                 .emit();
         }
         let started = tokio::time::Instant::now();
         // Leader changes are reported while campaigning (our own term as `acquired`).
         let mut leaders = election.watch_leader();
+        let waiting = status_line::start(
+            &provider,
+            status_line::Subject {
+                name: name.clone(),
+                doing: format!("campaigning for leadership of {name:?}"),
+                holder_is: "leader",
+            },
+        );
         let campaign = election.campaign();
         tokio::pin!(campaign);
         let leadership = loop {
@@ -102,6 +112,7 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
             }
         };
         drop(leaders);
+        drop(waiting);
         known = Some(leadership.term());
         terms += 1;
         Event::new("acquired")
@@ -117,6 +128,7 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
                 leadership.term(),
                 human(started.elapsed())
             ))
+            .info()
             .emit();
         let child = match spawn(&args.child.command, leadership.guard(), policy).await {
             Ok(child) => child,
@@ -195,6 +207,7 @@ async fn resign(
                 .message(format!(
                     "mongolock: the command exited; resigned leadership of {name:?}"
                 ))
+                .info()
                 .emit();
             Ok(exit::for_child(outcome.status))
         }
@@ -243,5 +256,6 @@ fn leader_changed(name: &str, leader: Option<&LeaderInfo>) {
         .name(name)
         .field("leader", leader_json(leader))
         .message(message)
+        .info()
         .emit();
 }

@@ -14,8 +14,8 @@
 //! or with CMD's output.
 //!
 //! # The events
-//! Every object has `"event"` (its kind) and `"time"` (this host's clock, RFC 3339 UTC, for
-//! ordering logs only). Events about a lease also have `"name"`, `"fencing_token"`,
+//! Every object has `"event"` (its kind), `"schema_version"` ([`SCHEMA_VERSION`]) and `"time"`
+//! (this host's clock, RFC 3339 UTC, for ordering logs only). Events about a lease also have `"name"`, `"fencing_token"`,
 //! `"lease_id"`, `"acquired_at"` and `"expires_at"` — the last two the *server's* times as
 //! reported by the database, RFC 3339 UTC with milliseconds — the field names of
 //! `list --json`. `exec`'s `mode` is `exclusive`, `slot` (`--limit`, with `limit`), `shared` or
@@ -24,7 +24,7 @@
 //! | event          | when                                                             | extra fields |
 //! |----------------|------------------------------------------------------------------|--------------|
 //! | `waiting`      | `exec` starts waiting for the lock                               | `wait`, `mode`, `limit` (`--limit`) |
-//! | `busy`         | `exec --wait` ran out; CMD not run                               | `held_by`, `exit_code`, `mode`, `limit` |
+//! | `busy`         | `exec --wait` ran out; CMD not run                               | `holder`, `held_by`, `exit_code`, `mode`, `limit` |
 //! | `campaigning`  | `elect` starts campaigning                                       | `leader` |
 //! | `leader`       | `elect`: another process became leader, or the role became free | `leader` (`null`: none) |
 //! | `acquired`     | the lock was acquired (`elect`: this process became leader)      | `waited_ms`, `mode` and `limit` (exec), `term` (elect) |
@@ -38,12 +38,32 @@
 //! | `released`     | the lock was released (`elect`: resigned)                        | |
 //! | `release-failed` | the release failed; the lease expires by itself                | |
 //! | `interrupted`  | a signal ended the wait or the campaign                          | `signal` |
+//! | `unreachable`  | waiting: the database has not answered for a while (every 30 s)  | `unreachable_ms`, `error` |
+//! | `reachable`    | waiting: the database answers again after `unreachable`          | `unreachable_ms` |
 //! | `error`        | mongolock failed                                                 | `exit_code` |
 //! | `exit`         | mongolock exits (always the last line)                           | `exit_code` |
+//!
+//! `busy`'s `holder` is the current (for `--limit`/`--shared`: the latest) holder as an object,
+//! `null` when it could not be read: `host`, `pid`, `app` (`null` when none), `fencing_token`,
+//! `lease_id`, `acquired_at`, `expires_at` (server times) and `expires_in_ms` (from the server's
+//! time of the read). `held_by` is the same as one string for people (kept from version 1).
+//!
+//! # Versions
+//! `schema_version` is 2. Version 1 (mongolock before it; no `schema_version` field) had the
+//! same events without `holder` in `busy`, `unreachable` and `reachable`. Versions only grow:
+//! a new version may add events and fields, and one that removes, renames or changes the meaning
+//! of a field gets a new number, so a consumer that checks `schema_version <= 2` reads every
+//! event it knows correctly.
+//!
+//! # --quiet
+//! `-q` (`MONGOLOCK_QUIET`) leaves out the messages of the informational events (`busy`,
+//! `campaigning`, `leader`, elect's `acquired` and `released`): JSON lines are written as
+//! always, and problems (`lost`, `error`, `unreachable`, ...) keep their messages.
 
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
@@ -70,6 +90,27 @@ struct Reporter {
 }
 
 static REPORTER: OnceLock<Reporter> = OnceLock::new();
+
+/// The version of the JSON events' schema (`"schema_version"`); see the module docs.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// `--quiet`: messages of informational events are not printed.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Leaves out the messages of informational events from now on (`--quiet`).
+pub fn set_quiet() {
+    QUIET.store(true, Ordering::Relaxed);
+}
+
+/// Whether `--quiet` is on.
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// Whether messages for people go to stderr (not replaced by `--json` there).
+pub fn messages_on_stderr() -> bool {
+    reporter().messages
+}
 
 fn reporter() -> &'static Reporter {
     REPORTER.get_or_init(|| Reporter {
@@ -139,6 +180,8 @@ fn open_fd(fd: i32) -> Result<File, CliError> {
 pub struct Event {
     fields: Map<String, Value>,
     message: Option<String>,
+    /// The message is only informational: `--quiet` leaves it out.
+    informational: bool,
 }
 
 impl Event {
@@ -146,10 +189,12 @@ impl Event {
     pub fn new(kind: &str) -> Self {
         let mut fields = Map::new();
         fields.insert("event".into(), kind.into());
+        fields.insert("schema_version".into(), SCHEMA_VERSION.into());
         fields.insert("time".into(), timestamp(SystemTime::now()).into());
         Event {
             fields,
             message: None,
+            informational: false,
         }
     }
 
@@ -188,11 +233,18 @@ impl Event {
         self
     }
 
+    /// Marks the message as informational (a normal run, a busy lock): `--quiet` leaves it out
+    /// on stderr; the JSON line still carries it.
+    pub fn info(mut self) -> Self {
+        self.informational = true;
+        self
+    }
+
     /// Writes the event: the message on stderr (when messages go there) and the JSON line.
     pub fn emit(mut self) {
         let reporter = reporter();
         if let Some(message) = &self.message {
-            if reporter.messages {
+            if reporter.messages && !(self.informational && quiet()) {
                 say!("{message}");
             }
             self.fields
@@ -249,6 +301,25 @@ pub fn leader_json(leader: Option<&LeaderInfo>) -> Value {
         "holder": l.holder.as_ref().map(|h| serde_json::to_value(h).unwrap_or(Value::Null)),
         "acquired_at": l.since.map(timestamp),
         "expires_at": l.expires_at.map(timestamp),
+    })
+}
+
+/// A holder as the JSON object of `busy`'s `"holder"` (see the module docs).
+pub fn holder_json(info: &mongolock::LockInfo) -> Value {
+    let holder = info.holder.as_ref();
+    let expires_in_ms = info.expires_at.map(|at| match at.duration_since(info.observed_at) {
+        Ok(ahead) => i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX),
+        Err(behind) => -i64::try_from(behind.duration().as_millis()).unwrap_or(i64::MAX),
+    });
+    json!({
+        "host": holder.map(|h| h.host.as_str()),
+        "pid": holder.map(|h| h.pid),
+        "app": holder.and_then(|h| h.app_name.as_deref()),
+        "fencing_token": info.fencing_token,
+        "lease_id": info.lease_id.as_ref().map(|id| id.as_str()),
+        "acquired_at": info.acquired_at.map(timestamp),
+        "expires_at": info.expires_at.map(timestamp),
+        "expires_in_ms": expires_in_ms,
     })
 }
 

@@ -22,6 +22,7 @@ use crate::duration::{display, human, Wait};
 use crate::events::{Event, Lease};
 use crate::exit::{self, CliError};
 use crate::signals::{self, Signals};
+use crate::status_line;
 use crate::supervisor::{
     boot_now_ns, monotonic_now_ns, Deadline, FromSupervisor, ToSupervisor, SUBCOMMAND,
 };
@@ -52,11 +53,22 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
     let lock = Acquirer::new(&provider, &args.name, mode)
         .map_err(|e| conn.error("cannot use this lock name", &e))?;
 
-    tracing::info!(lock = %args.name, mode = mode.as_str(), wait = ?args.wait, "waiting for the lock");
+    tracing::info!(lock = %args.name, mode = mode.as_str(), wait = %wait_display(args.wait), "waiting for the lock");
     with_mode(Event::new("waiting").name(&args.name), mode)
         .field("wait", wait_display(args.wait))
         .emit();
     let started = Instant::now();
+    // The status line while waiting (none for a single attempt).
+    let waiting = (args.wait != Wait::For(Duration::ZERO)).then(|| {
+        status_line::start(
+            &provider,
+            status_line::Subject {
+                name: args.name.clone(),
+                doing: format!("waiting for {what} {:?}", args.name),
+                holder_is: "held by",
+            },
+        )
+    });
     let acquired = tokio::select! {
         r = lock.acquire(args.wait.timeout()) => {
             r.map_err(|e| acquire_error(&conn, &args.name, mode, &e))?
@@ -74,16 +86,19 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
             return Ok(exit::for_signal(sig));
         }
     };
+    drop(waiting);
     let Some(guard) = acquired else {
         let waited = match args.wait {
             Wait::For(d) if d.is_zero() => "after one attempt".to_owned(),
             _ => format!("after waiting {}", human(started.elapsed())),
         };
-        let held_by = describe_holder(&provider, &args.name)
-            .await
-            .unwrap_or_else(|| "another holder".to_owned());
+        let (held_by, holder) = match busy_holder(&provider, &args.name).await {
+            Some((text, holder)) => (text, holder),
+            None => ("another holder".to_owned(), serde_json::Value::Null),
+        };
         let code = i32::from(args.conflict_exit_code);
         with_mode(Event::new("busy").name(&args.name), mode)
+            .field("holder", holder)
             .field("held_by", held_by.as_str())
             .field("exit_code", code)
             .message(format!(
@@ -91,6 +106,7 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
                 busy_text(mode, &args.name, &held_by),
                 wait_display(args.wait)
             ))
+            .info()
             .emit();
         return Ok(code);
     };
@@ -353,6 +369,15 @@ fn wait_display(wait: Wait) -> String {
 /// `host (pid 12) app "x" (fencing token 7, lease expires in 12.3s)` for the current holder
 /// of `name`; `None` when nobody holds it or it cannot be read.
 pub async fn describe_holder(provider: &LockProvider, name: &str) -> Option<String> {
+    busy_holder(provider, name).await.map(|(text, _)| text)
+}
+
+/// [`describe_holder`]'s text, and the holder as the JSON object of the `busy` event
+/// ([`crate::events::holder_json`]).
+async fn busy_holder(
+    provider: &LockProvider,
+    name: &str,
+) -> Option<(String, serde_json::Value)> {
     let info = provider.inspect(name).await.ok()??;
     if !info.held {
         return None;
@@ -367,10 +392,11 @@ pub async fn describe_holder(provider: &LockProvider, name: &str) -> Option<Stri
             .unwrap_or(Duration::ZERO);
         format!(", lease expires in {}", human(left))
     });
-    Some(format!(
+    let text = format!(
         "{holder} (fencing token {}{expires})",
         crate::inspect::token_text(info.fencing_token)
-    ))
+    );
+    Some((text, crate::events::holder_json(&info)))
 }
 
 pub fn describe_status(status: ExitStatus) -> String {

@@ -2,13 +2,13 @@
 //! `crates/mongolock-cli/README.md`; exit statuses are documented in [`exit`].
 
 /// Prints one line on stderr with a single write, so that it is not interleaved with what the
-/// supervised command (which shares stderr) prints at the same moment.
+/// supervised command (which shares stderr) prints at the same moment, nor with the waiting
+/// status line (see `status_line.rs`).
 macro_rules! say {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
         let mut line = format!($($arg)*);
         line.push('\n');
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        let _ = crate::status_line::write_stderr(line.as_bytes());
     }};
 }
 
@@ -19,27 +19,32 @@ mod demo;
 mod docs;
 mod duration;
 mod elect;
+mod env_vars;
 mod events;
 mod exec;
 mod exit;
 mod inspect;
 mod list;
+mod man_sections;
 mod release;
 mod signals;
+mod status_line;
 mod supervisor;
 mod uri;
 mod watch;
 
 use std::io::{IsTerminal, Write};
 
-use clap::{CommandFactory, Parser};
+use clap::CommandFactory;
 
 use crate::cli::{Cli, Command};
 
 fn main() {
     // Help and usage errors are printed by clap, which exits 0 or 2.
-    let cli = Cli::parse();
+    env_vars::forget_empty();
+    let (cli, matches) = env_vars::parse();
     if let Err(message) = cli.check() {
+        let message = env_vars::name_variables(message, &matches);
         // Reported with the subcommand's usage line, like clap's own errors.
         let mut command = Cli::command();
         let sub = cli.command.name();
@@ -66,7 +71,10 @@ fn main() {
         }
         quiet = events::json_on_stderr(e);
     }
-    init_tracing(cli.global.verbose, quiet);
+    if cli.global.quiet {
+        events::set_quiet();
+    }
+    init_tracing(cli.global.verbose, quiet, cli.global.quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -134,12 +142,16 @@ async fn run(cli: Cli) -> Result<i32, exit::CliError> {
     }
 }
 
-/// Diagnostics on stderr: warnings by default (none when `quiet`; `-v` info, `-vv` debug);
-/// `MONGOLOCK_LOG` takes a full tracing filter.
-fn init_tracing(verbose: u8, quiet: bool) {
+/// Diagnostics on stderr: warnings by default (none when `off`, errors only with `--quiet`;
+/// `-v` info, `-vv` debug); `MONGOLOCK_LOG` takes a full tracing filter. The library's own
+/// warning about a lost lease or leadership is left out: mongolock reports the loss itself, once.
+fn init_tracing(verbose: u8, off: bool, quiet: bool) {
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::prelude::*;
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
-        0 if quiet => "off",
+        0 if off => "off",
+        0 if quiet => "error",
         0 => "warn",
         1 => "info",
         2 => "debug",
@@ -149,11 +161,24 @@ fn init_tracing(verbose: u8, quiet: bool) {
         .ok()
         .and_then(|f| EnvFilter::try_new(f).ok())
         .unwrap_or_else(|| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(|| status_line::Stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(verbose >= 2)
         .without_time()
-        .try_init();
+        .with_filter(filter_fn(|meta| !reported_as_message(meta)))
+        .with_filter(filter);
+    let _ = tracing_subscriber::registry().with(layer).try_init();
+}
+
+/// The library's warnings "lock lost" (the guard's, with the loss `reason`) and "leadership
+/// lost": `exec` and `elect` report every loss as their own message (and `lost` event).
+fn reported_as_message(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_event()
+        && *meta.level() == tracing::Level::WARN
+        && match meta.target() {
+            "mongolock::guard" => meta.fields().field("reason").is_some(),
+            "mongolock::election::leadership" => meta.fields().field("role").is_some(),
+            _ => false,
+        }
 }

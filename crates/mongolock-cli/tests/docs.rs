@@ -230,3 +230,54 @@ async fn main_help_lists_the_new_commands_and_the_environment() {
         assert!(text(&out.stdout).contains("Examples:"), "{command} --help");
     }
 }
+
+/// The main page has real EXAMPLES, ENVIRONMENT and EXIT STATUS sections (not the text after
+/// the options reflowed into one EXTRA paragraph): each example command on a line of its own,
+/// each variable and status an entry.
+#[tokio::test(flavor = "multi_thread")]
+async fn man_pages_have_examples_environment_and_exit_status_sections() {
+    let out = mongolock(&["man"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let roff = text(&out.stdout);
+    for section in [
+        ".SH \"EXAMPLES\"",
+        ".SH \"ENVIRONMENT\"",
+        ".SH \"EXIT STATUS\"",
+    ] {
+        assert!(roff.contains(section), "the page lacks {section}:\n{roff}");
+    }
+    assert!(!roff.contains("EXTRA"), "{roff}");
+    let dir = scratch("mansections");
+    let main = dir.join("main.1");
+    std::fs::write(&main, &out.stdout).expect("write the page");
+    if let Some(page) = render_man(&main).await {
+        let lines: Vec<&str> = page.lines().map(str::trim).collect();
+        for heading in ["EXAMPLES", "ENVIRONMENT", "EXIT STATUS"] {
+            assert!(lines.contains(&heading), "no {heading} heading:\n{page}");
+        }
+        // Commands are not filled into the text around them.
+        for command in [
+            "mongolock exec --wait 0 nightly-report -- ./report.sh",
+            "mongolock elect scheduler -- ./scheduler",
+            "mongolock list",
+        ] {
+            assert!(lines.contains(&command), "{command:?} is not a line of its own:\n{page}");
+        }
+        assert!(
+            lines.contains(&"MONGOLOCK_TTL, MONGOLOCK_WAIT, MONGOLOCK_GRACE"),
+            "the variables are not an entry:\n{page}"
+        );
+        assert!(lines.contains(&"MONGOLOCK_QUIET"), "{page}");
+        for status in ["0", "1", "2", "75", "76", "126", "127", "128+N"] {
+            assert!(
+                lines.iter().any(|l| *l == status || l.starts_with(&format!("{status} "))),
+                "exit status {status} is not an entry:\n{page}"
+            );
+        }
+    }
+    // A command's page: its examples, and its exit status note.
+    let out = mongolock(&["man", "inspect"]).await;
+    let roff = text(&out.stdout);
+    assert!(roff.contains(".SH \"EXAMPLES\"") && roff.contains(".SH \"EXIT STATUS\""), "{roff}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,6 +3,8 @@
 //! the PostgreSQL tests (`postgres.rs`) both run, on any [`Cli`] environment.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod pty;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -58,6 +60,7 @@ pub fn command(uri: &str, location: &[&str], dir: &Path, args: &[&str]) -> Comma
         .env_remove("MONGOLOCK_TTL")
         .env_remove("MONGOLOCK_WAIT")
         .env_remove("MONGOLOCK_GRACE")
+        .env_remove("MONGOLOCK_QUIET")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
