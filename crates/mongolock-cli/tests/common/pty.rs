@@ -18,6 +18,13 @@ impl Pty {
     /// pseudo-terminal, with `D` and `MONGOLOCK` (the binary) in its environment.
     pub fn shell(dir: &Path, script: &str) -> (Pty, std::process::Child) {
         let (mut master, mut slave) = (-1, -1);
+        // A terminal wide enough for a status line with a host, pid and app name.
+        let size = libc::winsize {
+            ws_row: 50,
+            ws_col: 200,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
         // SAFETY: openpty writes two descriptors; the null pointers ask for defaults.
         let r = unsafe {
             libc::openpty(
@@ -25,7 +32,7 @@ impl Pty {
                 &mut slave,
                 std::ptr::null_mut(),
                 std::ptr::null(),
-                std::ptr::null(),
+                &size,
             )
         };
         assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
