@@ -20,6 +20,11 @@ const ERASE: &str = "\r\x1b[K";
 
 /// A holder of `name` with the application name `holder-app`, holding until `$D/stop`.
 async fn hold(env: &Env, name: &str) -> tokio::process::Child {
+    hold_as(env, name, "held", "stop").await
+}
+
+/// [`hold`] with its own files: `$D/<started>` (its token) and `$D/<stop>`.
+async fn hold_as(env: &Env, name: &str, started: &str, stop: &str) -> tokio::process::Child {
     let holder = env.spawn(&[
         "exec",
         "--app-name",
@@ -28,14 +33,18 @@ async fn hold(env: &Env, name: &str) -> tokio::process::Child {
         "--",
         "sh",
         "-c",
-        &hold_until("held", "stop"),
+        &hold_until(started, stop),
     ]);
-    wait_for("the holder", LONG, || env.path("held").exists()).await;
+    wait_for("the holder", LONG, || env.path(started).exists()).await;
     holder
 }
 
 async fn release(env: &Env, holder: tokio::process::Child) {
-    std::fs::write(env.path("stop"), "").expect("stop file");
+    release_as(env, holder, "stop").await;
+}
+
+async fn release_as(env: &Env, holder: tokio::process::Child, stop: &str) {
+    std::fs::write(env.path(stop), "").expect("stop file");
     let out = finish(holder, LONG).await;
     assert_eq!(out.status.code(), Some(0), "holder: {}", describe(&out));
 }
@@ -323,7 +332,9 @@ async fn a_terminal_shows_one_status_line_while_waiting() {
         "m() {{ \"$MONGOLOCK\" --uri '{}' --db '{}' \"$@\"; }}; \
          m exec --wait 3s job -- true; echo \"[first $?]\"; \
          m exec -q --wait 3s --conflict-exit-code 0 job -- true; echo \"[second $?]\"; \
-         m exec job -- echo RAN; echo \"[third $?]\"; sleep 1000",
+         m exec job -- echo RAN; echo \"[third $?]\"; \
+         while [ ! -f \"$D/go\" ]; do sleep 0.05; done; \
+         m elect job -- echo LED; echo \"[fourth $?]\"; sleep 1000",
         env.uri, env.db
     );
     let (pty, mut shell) = Pty::shell(&env.dir, &script);
@@ -341,12 +352,26 @@ async fn a_terminal_shows_one_status_line_while_waiting() {
     .await;
     release(&env, holder).await;
     wait_for("the third exec", LONG, || pty.output().contains("[third 0]")).await;
+    // elect campaigns while another holder has the role.
+    let holder = hold_as(&env, "job", "held2", "stop2").await;
+    let holder2_pid = holder.id().expect("holder pid");
+    std::fs::write(env.path("go"), "").expect("go file");
+    wait_for("elect's status line", LONG, || {
+        pty.output()
+            .split("[third 0]")
+            .nth(1)
+            .is_some_and(|fourth| fourth.contains("leader "))
+    })
+    .await;
+    release_as(&env, holder, "stop2").await;
+    wait_for("elect", LONG, || pty.output().contains("[fourth 0]")).await;
     let _ = shell.kill();
     let _ = shell.wait();
     let output = pty.output();
     println!("terminal output: {output:?}");
     let (first, rest) = output.split_once("[first 75]").expect("first exec: 75");
-    let (second, third) = rest.split_once("[second 0]").expect("second exec: 0");
+    let (second, rest) = rest.split_once("[second 0]").expect("second exec: 0");
+    let (third, fourth) = rest.split_once("[third 0]").expect("third exec: 0");
 
     let line = format!("(pid {holder_pid}) app \"holder-app\" (token {token}) for ");
     assert!(
@@ -377,6 +402,18 @@ async fn a_terminal_shows_one_status_line_while_waiting() {
     assert!(
         last_line < erased && erased < ran,
         "the status line is erased before the command runs: {third:?}"
+    );
+
+    assert!(
+        fourth.contains("mongolock: campaigning for leadership of \"job\": leader ")
+            && fourth.contains(&format!("(pid {holder2_pid}) app \"holder-app\"")),
+        "elect's status line names the leader (pid {holder2_pid}): {fourth:?}"
+    );
+    let led = fourth.find("LED").expect("elect ran the command");
+    let erased = fourth.rfind(ERASE).expect("erased");
+    assert!(
+        fourth[..led].rfind(": leader ").is_some_and(|l| l < erased) && erased < led,
+        "elect's status line is erased before the command runs: {fourth:?}"
     );
 }
 
