@@ -67,7 +67,8 @@ pub fn man(args: &ManArgs) -> Result<i32, CliError> {
         }
     };
     let mut roff = Vec::new();
-    crate::man_sections::render(&page, &mut roff).map_err(|e| CliError::failure(format!("cannot render the manual page: {e}")))?;
+    crate::man_sections::render(&page, &mut roff)
+        .map_err(|e| CliError::failure(format!("cannot render the manual page: {e}")))?;
     write_all(&roff)?;
     Ok(exit::SUCCESS)
 }

@@ -65,7 +65,11 @@ fn parse_decimal(s: &str) -> Option<Duration> {
         _ => return None,
     };
     let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let frac_value: u128 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
+    let frac_value: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
     let scale = 10u128.pow(u32::try_from(frac.len()).ok()?);
     let nanos = int.checked_mul(unit_ns)? + frac_value * unit_ns / scale;
     let secs = u64::try_from(nanos / 1_000_000_000).ok()?;

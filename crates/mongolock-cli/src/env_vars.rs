@@ -53,7 +53,9 @@ pub fn parse() -> (Cli, ArgMatches) {
     let matches = match command.try_get_matches_from_mut(&args) {
         Ok(m) => m,
         Err(e) => match from_variable(&e, &command, &args) {
-            Some(message) => subcommand_of(&args).error(ErrorKind::ValueValidation, message).exit(),
+            Some(message) => subcommand_of(&args)
+                .error(ErrorKind::ValueValidation, message)
+                .exit(),
             None => e.exit(),
         },
     };
@@ -65,7 +67,10 @@ pub fn parse() -> (Cli, ArgMatches) {
 
 /// For a bad value that came from a variable: `VAR=value: why`.
 fn from_variable(e: &clap::Error, command: &clap::Command, args: &[OsString]) -> Option<String> {
-    if !matches!(e.kind(), ErrorKind::ValueValidation | ErrorKind::InvalidValue) {
+    if !matches!(
+        e.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
         return None;
     }
     let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
@@ -75,22 +80,21 @@ fn from_variable(e: &clap::Error, command: &clap::Command, args: &[OsString]) ->
         return None;
     };
     let long = arg.strip_prefix("--")?.split([' ', '=']).next()?;
-    let on_command_line = args
-        .iter()
-        .skip(1)
-        .take_while(|a| *a != "--")
-        .any(|a| a.to_str().is_some_and(|a| a == format!("--{long}") || a.starts_with(&format!("--{long}="))));
+    let on_command_line = args.iter().skip(1).take_while(|a| *a != "--").any(|a| {
+        a.to_str()
+            .is_some_and(|a| a == format!("--{long}") || a.starts_with(&format!("--{long}=")))
+    });
     if on_command_line {
         return None;
     }
     let (_, var) = env_options(command)
         .into_iter()
         .find(|(l, var)| l == long && std::env::var(var).as_deref() == Ok(value.as_str()))?;
-    let why = std::error::Error::source(e).map_or_else(
-        || format!("invalid value for --{long}"),
-        |s| s.to_string(),
-    );
-    Some(format!("{var}={value}: {why} (from the environment; --{long} overrides it)"))
+    let why = std::error::Error::source(e)
+        .map_or_else(|| format!("invalid value for --{long}"), |s| s.to_string());
+    Some(format!(
+        "{var}={value}: {why} (from the environment; --{long} overrides it)"
+    ))
 }
 
 /// The subcommand named on the command line (for its usage line), or the main command.

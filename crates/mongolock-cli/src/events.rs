@@ -307,10 +307,12 @@ pub fn leader_json(leader: Option<&LeaderInfo>) -> Value {
 /// A holder as the JSON object of `busy`'s `"holder"` (see the module docs).
 pub fn holder_json(info: &mongolock::LockInfo) -> Value {
     let holder = info.holder.as_ref();
-    let expires_in_ms = info.expires_at.map(|at| match at.duration_since(info.observed_at) {
-        Ok(ahead) => i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX),
-        Err(behind) => -i64::try_from(behind.duration().as_millis()).unwrap_or(i64::MAX),
-    });
+    let expires_in_ms = info
+        .expires_at
+        .map(|at| match at.duration_since(info.observed_at) {
+            Ok(ahead) => i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX),
+            Err(behind) => -i64::try_from(behind.duration().as_millis()).unwrap_or(i64::MAX),
+        });
     json!({
         "host": holder.map(|h| h.host.as_str()),
         "pid": holder.map(|h| h.pid),

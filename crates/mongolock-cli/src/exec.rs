@@ -374,10 +374,7 @@ pub async fn describe_holder(provider: &LockProvider, name: &str) -> Option<Stri
 
 /// [`describe_holder`]'s text, and the holder as the JSON object of the `busy` event
 /// ([`crate::events::holder_json`]).
-async fn busy_holder(
-    provider: &LockProvider,
-    name: &str,
-) -> Option<(String, serde_json::Value)> {
+async fn busy_holder(provider: &LockProvider, name: &str) -> Option<(String, serde_json::Value)> {
     let info = provider.inspect(name).await.ok()??;
     if !info.held {
         return None;

@@ -220,9 +220,21 @@ mod tests {
         let s = sections(text);
         let headings: Vec<&str> = s.iter().map(|s| s.heading).collect();
         assert_eq!(headings, ["EXAMPLES", "ENVIRONMENT", "EXIT STATUS"]);
-        assert!(s[0].roff.contains(".PP\nRun it:\n.PP\n.RS 4\n.nf\nmongolock exec x \\-\\- true\n"));
-        assert!(s[1].roff.contains(".TP\n\\fBC\\fR\nthe c and more\n"), "{}", s[1].roff);
-        assert!(s[2].roff.contains(".TP\n\\fB75\\fR\nbusy\n"), "{}", s[2].roff);
-        assert!(s[2].roff.contains(".PP\nExits with status 3 when there is none.\n"));
+        assert!(s[0]
+            .roff
+            .contains(".PP\nRun it:\n.PP\n.RS 4\n.nf\nmongolock exec x \\-\\- true\n"));
+        assert!(
+            s[1].roff.contains(".TP\n\\fBC\\fR\nthe c and more\n"),
+            "{}",
+            s[1].roff
+        );
+        assert!(
+            s[2].roff.contains(".TP\n\\fB75\\fR\nbusy\n"),
+            "{}",
+            s[2].roff
+        );
+        assert!(s[2]
+            .roff
+            .contains(".PP\nExits with status 3 when there is none.\n"));
     }
 }

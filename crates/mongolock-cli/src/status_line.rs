@@ -191,7 +191,10 @@ async fn read(provider: &LockProvider, subject: &Subject, detail: bool) -> Resul
         .map_or_else(String::new, |d| format!(" for {}", human(d)));
     let expires = info
         .expires_at
-        .map(|at| at.duration_since(info.observed_at).unwrap_or(Duration::ZERO))
+        .map(|at| {
+            at.duration_since(info.observed_at)
+                .unwrap_or(Duration::ZERO)
+        })
         .map_or_else(String::new, |d| format!(", expires in {}", human(d)));
     let more = match others {
         0 => String::new(),
@@ -213,7 +216,8 @@ async fn watch(provider: LockProvider, subject: Subject, line: bool) {
     tokio::time::sleep(FIRST_READ.min(every)).await;
     loop {
         let asked = Instant::now();
-        let seen = match tokio::time::timeout(PROBE_TIMEOUT, read(&provider, &subject, line)).await {
+        let seen = match tokio::time::timeout(PROBE_TIMEOUT, read(&provider, &subject, line)).await
+        {
             Ok(seen) => seen,
             Err(_) => Err(format!("no answer within {}", human(PROBE_TIMEOUT))),
         };

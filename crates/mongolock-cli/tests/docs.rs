@@ -261,7 +261,10 @@ async fn man_pages_have_examples_environment_and_exit_status_sections() {
             "mongolock elect scheduler -- ./scheduler",
             "mongolock list",
         ] {
-            assert!(lines.contains(&command), "{command:?} is not a line of its own:\n{page}");
+            assert!(
+                lines.contains(&command),
+                "{command:?} is not a line of its own:\n{page}"
+            );
         }
         assert!(
             lines.contains(&"MONGOLOCK_TTL, MONGOLOCK_WAIT, MONGOLOCK_GRACE"),
@@ -270,7 +273,9 @@ async fn man_pages_have_examples_environment_and_exit_status_sections() {
         assert!(lines.contains(&"MONGOLOCK_QUIET"), "{page}");
         for status in ["0", "1", "2", "75", "76", "126", "127", "128+N"] {
             assert!(
-                lines.iter().any(|l| *l == status || l.starts_with(&format!("{status} "))),
+                lines
+                    .iter()
+                    .any(|l| *l == status || l.starts_with(&format!("{status} "))),
                 "exit status {status} is not an entry:\n{page}"
             );
         }
@@ -278,6 +283,9 @@ async fn man_pages_have_examples_environment_and_exit_status_sections() {
     // A command's page: its examples, and its exit status note.
     let out = mongolock(&["man", "inspect"]).await;
     let roff = text(&out.stdout);
-    assert!(roff.contains(".SH \"EXAMPLES\"") && roff.contains(".SH \"EXIT STATUS\""), "{roff}");
+    assert!(
+        roff.contains(".SH \"EXAMPLES\"") && roff.contains(".SH \"EXIT STATUS\""),
+        "{roff}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -68,13 +68,23 @@ async fn quiet_prints_nothing_for_a_busy_lock_or_a_normal_run() {
     quiet.env("MONGOLOCK_LOG", "off");
     let out = finish(quiet.spawn().expect("spawn"), LONG).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-    assert_eq!(text(&out.stderr), "", "-q printed on stderr: {}", describe(&out));
+    assert_eq!(
+        text(&out.stderr),
+        "",
+        "-q printed on stderr: {}",
+        describe(&out)
+    );
     // The same through the environment, and with a wait that runs out.
     let mut quiet = env.cmd(&["exec", "--wait", "1s", "job", "--", "true"]);
     quiet.env("MONGOLOCK_QUIET", "1");
     let out = finish(quiet.spawn().expect("spawn"), LONG).await;
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
-    assert_eq!(text(&out.stderr), "", "MONGOLOCK_QUIET=1: {}", describe(&out));
+    assert_eq!(
+        text(&out.stderr),
+        "",
+        "MONGOLOCK_QUIET=1: {}",
+        describe(&out)
+    );
     // Without -q the busy lock is reported (what -q leaves out).
     let out = env.run(&["exec", "--wait", "0", "job", "--", "true"]).await;
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
@@ -122,9 +132,12 @@ async fn quiet_still_reports_errors() {
         describe(&out)
     );
     // Usage errors too.
-    let child = command("mongodb://127.0.0.1:1", &[], &std::env::temp_dir(), &[
-        "exec", "-q", "--ttl", "soon", "job", "--", "true",
-    ])
+    let child = command(
+        "mongodb://127.0.0.1:1",
+        &[],
+        &std::env::temp_dir(),
+        &["exec", "-q", "--ttl", "soon", "job", "--", "true"],
+    )
     .spawn()
     .expect("spawn");
     let out = finish(child, LONG).await;
@@ -137,7 +150,9 @@ async fn quiet_still_reports_errors() {
 fn loss_lines(stderr: &str) -> Vec<&str> {
     stderr
         .lines()
-        .filter(|l| l.starts_with("mongolock: lost") || l.contains("WARN") || l.contains("lock lost"))
+        .filter(|l| {
+            l.starts_with("mongolock: lost") || l.contains("WARN") || l.contains("lock lost")
+        })
         .collect()
 }
 
@@ -166,7 +181,10 @@ async fn a_lost_lease_is_reported_once_also_with_quiet() {
             "{run}: the loss must be reported once, by mongolock's own message: {lines:#?}\n{}",
             describe(&out)
         );
-        assert!(lines[0].starts_with("mongolock: lost the lock \"job\""), "{run}: {stderr}");
+        assert!(
+            lines[0].starts_with("mongolock: lost the lock \"job\""),
+            "{run}: {stderr}"
+        );
     }
 }
 
@@ -186,12 +204,16 @@ async fn durations_in_messages_are_rounded_for_people() {
     assert!(!stderr.contains("333ms"), "{stderr}");
     // What the message suggests is accepted back.
     let out = env
-        .run(&["exec", "--ttl", "10s", "--grace", "3.3s", "job", "--", "true"])
+        .run(&[
+            "exec", "--ttl", "10s", "--grace", "3.3s", "job", "--", "true",
+        ])
         .await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     // The time waited, in the busy message.
     let holder = hold(&env, "job").await;
-    let out = env.run(&["exec", "--wait", "1500ms", "job", "--", "true"]).await;
+    let out = env
+        .run(&["exec", "--wait", "1500ms", "job", "--", "true"])
+        .await;
     release(&env, holder).await;
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
     let stderr = text(&out.stderr);
@@ -202,7 +224,9 @@ async fn durations_in_messages_are_rounded_for_people() {
 fn json_lines(stderr: &str) -> Vec<Value> {
     stderr
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}\n{stderr}")))
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}\n{stderr}"))
+        })
         .collect()
 }
 
@@ -229,14 +253,22 @@ async fn json_events_have_a_schema_version_and_busy_names_the_holder() {
     let holder = &busy["holder"];
     assert_eq!(holder["pid"], holder_pid, "{busy}");
     assert_eq!(holder["app"], "holder-app", "{busy}");
-    assert!(holder["host"].as_str().is_some_and(|h| !h.is_empty()), "{busy}");
+    assert!(
+        holder["host"].as_str().is_some_and(|h| !h.is_empty()),
+        "{busy}"
+    );
     assert_eq!(holder["fencing_token"], token, "{busy}");
     assert!(holder["lease_id"].as_str().is_some(), "{busy}");
     assert!(holder["expires_at"].as_str().is_some(), "{busy}");
-    assert!(holder["expires_in_ms"].as_i64().is_some_and(|ms| ms > 0), "{busy}");
+    assert!(
+        holder["expires_in_ms"].as_i64().is_some_and(|ms| ms > 0),
+        "{busy}"
+    );
     // The text form stays for version-1 consumers.
     assert!(
-        busy["held_by"].as_str().is_some_and(|h| h.contains("holder-app")),
+        busy["held_by"]
+            .as_str()
+            .is_some_and(|h| h.contains("holder-app")),
         "{busy}"
     );
 }
@@ -269,9 +301,15 @@ async fn an_error_in_an_environment_variable_names_the_variable() {
         "{stderr}"
     );
     // The same value on the command line is reported as the option's.
-    let out = env.run(&["exec", "--ttl", "abc", "job", "--", "true"]).await;
+    let out = env
+        .run(&["exec", "--ttl", "abc", "job", "--", "true"])
+        .await;
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
-    assert!(!text(&out.stderr).contains("MONGOLOCK_TTL"), "{}", describe(&out));
+    assert!(
+        !text(&out.stderr).contains("MONGOLOCK_TTL"),
+        "{}",
+        describe(&out)
+    );
     // A check across options names the variable that set one of them.
     let mut cmd = env.cmd(&["elect", "--ttl", "6s", "role", "--", "true"]);
     cmd.env("MONGOLOCK_GRACE", "5s");
@@ -351,7 +389,10 @@ async fn a_terminal_shows_one_status_line_while_waiting() {
     })
     .await;
     release(&env, holder).await;
-    wait_for("the third exec", LONG, || pty.output().contains("[third 0]")).await;
+    wait_for("the third exec", LONG, || {
+        pty.output().contains("[third 0]")
+    })
+    .await;
     // elect campaigns while another holder has the role.
     let holder = hold_as(&env, "job", "held2", "stop2").await;
     let holder2_pid = holder.id().expect("holder pid");
@@ -375,7 +416,8 @@ async fn a_terminal_shows_one_status_line_while_waiting() {
 
     let line = format!("(pid {holder_pid}) app \"holder-app\" (token {token}) for ");
     assert!(
-        first.contains("mongolock: waiting for the lock \"job\": held by ") && first.contains(&line),
+        first.contains("mongolock: waiting for the lock \"job\": held by ")
+            && first.contains(&line),
         "the status line names the holder: {first:?}"
     );
     assert!(first.contains(", expires in "), "{first:?}");
@@ -384,7 +426,10 @@ async fn a_terminal_shows_one_status_line_while_waiting() {
         "the line is redrawn in place: {first:?}"
     );
     // One line: no newline between the redraws, only the busy message ends a line.
-    let before_busy = first.split("lock \"job\" is held by").next().unwrap_or_default();
+    let before_busy = first
+        .split("lock \"job\" is held by")
+        .next()
+        .unwrap_or_default();
     assert!(
         !before_busy.trim_start_matches(['\r', '\n']).contains('\n'),
         "the status line took more than one line: {before_busy:?}"
@@ -422,13 +467,22 @@ async fn a_terminal_shows_one_status_line_while_waiting() {
 async fn without_a_terminal_no_status_line_is_written() {
     let env = Env::new("nostatusline").await;
     let holder = hold(&env, "job").await;
-    let out = env.run(&["exec", "--wait", "3s", "job", "--", "true"]).await;
+    let out = env
+        .run(&["exec", "--wait", "3s", "job", "--", "true"])
+        .await;
     release(&env, holder).await;
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
     let stderr = text(&out.stderr);
-    assert!(!stderr.contains('\r') && !stderr.contains('\x1b'), "{stderr:?}");
+    assert!(
+        !stderr.contains('\r') && !stderr.contains('\x1b'),
+        "{stderr:?}"
+    );
     assert!(!stderr.contains("waiting for"), "{stderr:?}");
-    assert_eq!(stderr.lines().count(), 1, "only the busy message: {stderr:?}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "only the busy message: {stderr:?}"
+    );
 }
 
 /// A waiter whose database stops answering (every command of its connection fails) says so
@@ -454,7 +508,9 @@ async fn a_waiter_reports_an_unreachable_database_periodically() {
             if n == 0 {
                 break;
             }
-            sink.lock().expect("stderr").push_str(&String::from_utf8_lossy(&buf[..n]));
+            sink.lock()
+                .expect("stderr")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
         }
     });
     // Let it start waiting, then cut it off.
@@ -507,11 +563,15 @@ async fn a_waiter_reports_an_unreachable_database_periodically() {
         .find(|l| l.contains("has not answered"))
         .expect("report");
     assert!(
-        report.starts_with("mongolock: still waiting for the lock \"job\": the database has not answered for ")
-            && report.contains("s (last error: "),
+        report.starts_with(
+            "mongolock: still waiting for the lock \"job\": the database has not answered for "
+        ) && report.contains("s (last error: "),
         "{report}"
     );
     // Rate-limited: at most one report per 30 s, not one per retry.
-    let reports = stderr.lines().filter(|l| l.contains("has not answered")).count();
+    let reports = stderr
+        .lines()
+        .filter(|l| l.contains("has not answered"))
+        .count();
     assert!(reports <= 3, "{reports} reports:\n{stderr}");
 }

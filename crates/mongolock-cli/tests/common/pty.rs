@@ -92,4 +92,3 @@ impl Pty {
         text(&self.output.lock().expect("output"))
     }
 }
-
