@@ -17,7 +17,8 @@
 //! 30.0s ..."), again every [`REPORT_EVERY`] while it lasts, and a `reachable` event once a read
 //! succeeds again; in a terminal the status line says so too. These reports are not
 //! informational: `--quiet` keeps them (a wait that cannot progress is a problem). Outside a
-//! terminal the lock is read every [`PROBE_EVERY`] only (every waiting process reads it).
+//! terminal the lock is read only every [`PROBE_EVERY`] (every waiting process reads it), and
+//! without the holders the status line would show.
 
 use std::io::{IsTerminal, Write};
 use std::os::fd::AsRawFd;
@@ -35,8 +36,10 @@ use crate::events::{self, Event};
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// When the first read is made (a lock that is free is acquired before).
 const FIRST_READ: Duration = Duration::from_millis(500);
-/// How often the lock is read outside a terminal (only to notice that the database is gone).
-const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// How often the lock is read outside a terminal, only to notice that the database is gone:
+/// rarely, so that hundreds of waiting processes add little load (a hundred add about 7 reads a
+/// second).
+const PROBE_EVERY: Duration = Duration::from_secs(15);
 /// The longest a read may take before it counts as unanswered.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the database must have been silent before it is reported unreachable.
@@ -279,7 +282,7 @@ fn reachable(subject: &Subject, after: Duration) {
         .name(&subject.name)
         .field("unreachable_ms", millis(after))
         .message(format!(
-            "mongolock: the database answers again after {} without; still {}",
+            "mongolock: the database answers again (it had not answered for {}); still {}",
             human(after),
             subject.doing
         ))
