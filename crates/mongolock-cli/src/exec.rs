@@ -287,7 +287,7 @@ pub async fn finish(
         Ok(()) => {
             let mut event = Event::new("released").lease_snapshot(&lease);
             if let (Some(d), Some(until)) = (min_hold, held_until) {
-                tracing::info!(lock = %name, min_hold = %display(d), "lock released with a minimum hold: the database keeps it held until its grant time plus the minimum hold");
+                tracing::info!(lock = %name, min_hold = %crate::duration::display(d), "lock released with a minimum hold: the database keeps it held until its grant time plus the minimum hold");
                 event = event
                     .field("min_hold", display(d))
                     .field("held_until", crate::list::timestamp(until));

@@ -7,7 +7,8 @@
 //! removed, so fencing tokens never restart.
 //!
 //! # Notifications
-//! Every grant, release and force-release of a name is delivered at once through the same
+//! Every grant, release and force-release of a name (and every lease kept on by a minimum hold,
+//! `release_after`, whose expiry moved) is delivered at once through the same
 //! per-name wake-ups the MongoDB and PostgreSQL backends use for their feeds
 //! (`backends/wakeups.rs`): one waiting acquirer per change, every observer, and
 //! [`lease_gone`](crate::LockBackend::lease_gone) for holders, which checks the state directly.

@@ -7,14 +7,22 @@
 //!
 //! ```text
 //! $match: (operationType in [insert, replace, delete, drop, dropDatabase, rename, invalidate]
-//!          or (operationType = update and updateDescription.updatedFields.leaseId exists))
+//!          or (operationType = update and updateDescription.updatedFields.leaseId exists)
+//!          or (operationType = update and updateDescription.updatedFields.lastReleased exists))
 //!         and not one of this backend's own grants or releases (see below)
 //! $project: operationType, ns, documentKey, updatedFields.{leaseId, fencingToken, next},
 //!           fullDocument.{leaseId, fencingToken, next}
 //! ```
 //!
 //! so it sees grants, releases, takeovers and deletions by others, but not extensions (they
-//! change only `expiresAt`) and no busy attempts (they write nothing). No `fullDocument: "updateLookup"`
+//! change only `expiresAt`) and no busy attempts (they write nothing). A lease its holder kept
+//! on with a minimum hold (`release_after`: the lease stays, `expiresAt` moves, `lastReleased`
+//! becomes its id) passes by its `lastReleased`: the event has no `leaseId`, so it is an
+//! unknown change that wakes one acquirer per process, which retries and learns the new
+//! expiry. This backend's own such write is filtered out like its releases (its `leaseId` is
+//! absent, which `$match` treats as null, and `lastReleased` is in its range) and dispatched
+//! in-process. On MongoDB 4.4 (replace events) a document whose `leaseId` equals its
+//! `lastReleased` is the same: an unknown change, news even though the lease is the same. No `fullDocument: "updateLookup"`
 //! is needed: an update event carries the new `leaseId` (and the new token on a grant) as of the
 //! event.
 //!
