@@ -32,9 +32,15 @@ async fn min_hold_is_documented_and_refused_with_limit_or_shared() {
         .await
         .expect("run");
     let man = text(&man.stdout);
-    assert!(man.contains("min\\-hold") && man.contains("MONGOLOCK_MIN_HOLD"), "{man}");
+    assert!(
+        man.contains("min\\-hold") && man.contains("MONGOLOCK_MIN_HOLD"),
+        "{man}"
+    );
     for (args, expect) in [
-        (&["--min-hold", "5s", "--limit", "2"][..], "cannot be used with"),
+        (
+            &["--min-hold", "5s", "--limit", "2"][..],
+            "cannot be used with",
+        ),
         (&["--min-hold", "5s", "--shared"], "cannot be used with"),
         (&["--min-hold", "soon"], "soon"),
         (&["--min-hold", "400d"], "above the maximum"),

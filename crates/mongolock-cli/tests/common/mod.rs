@@ -754,8 +754,21 @@ pub async fn min_hold_runs_a_job_once_per_interval(env: &impl Cli, name: &str) {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         replicas.push(env.spawn(&[
-            "exec", "--json", "--wait", "0", "--conflict-exit-code", "0", "--min-hold", "5s",
-            "--ttl", "30s", name, "--", "sh", "-c", job,
+            "exec",
+            "--json",
+            "--wait",
+            "0",
+            "--conflict-exit-code",
+            "0",
+            "--min-hold",
+            "5s",
+            "--ttl",
+            "30s",
+            name,
+            "--",
+            "sh",
+            "-c",
+            job,
         ]));
     }
     let mut acquired = Vec::new();
@@ -788,14 +801,28 @@ pub async fn min_hold_runs_a_job_once_per_interval(env: &impl Cli, name: &str) {
     // A fresh run waits (TTL 30 s, wait 15 s) and gets the name once the hold is over.
     let fresh = env
         .cmd(&[
-            "exec", "--json", "--wait", "15s", "--ttl", "30s", name, "--", "sh", "-c",
+            "exec",
+            "--json",
+            "--wait",
+            "15s",
+            "--ttl",
+            "30s",
+            name,
+            "--",
+            "sh",
+            "-c",
             "echo \"$MONGOLOCK_FENCING_TOKEN\" >> \"$D/runs\"; exit 3",
         ])
         .env("MONGOLOCK_MIN_HOLD", "5s")
         .spawn()
         .expect("spawn mongolock");
     let out = finish(fresh, LONG).await;
-    assert_eq!(out.status.code(), Some(3), "the job's status: {}", describe(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the job's status: {}",
+        describe(&out)
+    );
     let events = json_events(&out);
     let got = events
         .iter()
@@ -824,7 +851,17 @@ pub async fn min_hold_runs_a_job_once_per_interval(env: &impl Cli, name: &str) {
 
     // Its job failed (status 3), and the name is still held by its minimum hold.
     let out = env
-        .run(&["exec", "--json", "--wait", "0", "--conflict-exit-code", "0", name, "--", "true"])
+        .run(&[
+            "exec",
+            "--json",
+            "--wait",
+            "0",
+            "--conflict-exit-code",
+            "0",
+            name,
+            "--",
+            "true",
+        ])
         .await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     assert!(

@@ -85,8 +85,7 @@ impl LockBackend for CountsAttempts {
 /// gets the name soon after the hold ends, long before the TTL would have passed, with the
 /// next token, and its grant is no earlier than the end of the hold by server time.
 pub async fn min_hold_keeps_the_name_until_granted_plus_min_hold(backend: Arc<dyn LockBackend>) {
-    min_hold_frees_the_name_for_a_waiter_of_another_backend(backend.clone(), backend, false)
-        .await;
+    min_hold_frees_the_name_for_a_waiter_of_another_backend(backend.clone(), backend, false).await;
 }
 
 /// [`min_hold_keeps_the_name_until_granted_plus_min_hold`] with the holder on `backend` and
@@ -144,9 +143,16 @@ pub async fn min_hold_frees_the_name_for_a_waiter_of_another_backend(
     let hold_until = granted + MIN_HOLD;
 
     // Held meanwhile: by the same lease (id, token, holder), until the grant plus the hold.
-    let during = backend.inspect(&name).await.unwrap().expect("a lock record");
+    let during = backend
+        .inspect(&name)
+        .await
+        .unwrap()
+        .expect("a lock record");
     if during.observed_at < hold_until {
-        assert!(during.held, "{name} not held during its minimum hold: {during:?}");
+        assert!(
+            during.held,
+            "{name} not held during its minimum hold: {during:?}"
+        );
         assert_eq!(during.lease_id.as_ref(), Some(&lease_id), "{during:?}");
         assert_eq!(during.fencing_token, Some(token), "{during:?}");
         assert_eq!(during.holder, before.holder, "{during:?}");
@@ -164,7 +170,13 @@ pub async fn min_hold_frees_the_name_for_a_waiter_of_another_backend(
     // is judged by the server's clock: any grant must come at or after it).
     let third = long_provider(&backend);
     loop {
-        if let Some(g) = third.lock(name.clone()).unwrap().try_acquire().await.unwrap() {
+        if let Some(g) = third
+            .lock(name.clone())
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+        {
             assert!(
                 g.acquired_at() >= hold_until,
                 "{name} granted at {:?} (token {}) during the minimum hold, which ends at \
@@ -219,13 +231,19 @@ pub async fn min_hold_already_passed_is_a_plain_release(backend: Arc<dyn LockBac
         let token = g.fencing_token();
         tokio::time::sleep(sleep).await;
         g.release_after(hold).await.unwrap();
-        let info = backend.inspect(&name).await.unwrap().expect("a lock record");
-        assert!(!info.held, "{name} still held after a passed hold of {hold:?}: {info:?}");
-        let again = lock
-            .try_acquire()
+        let info = backend
+            .inspect(&name)
             .await
             .unwrap()
-            .unwrap_or_else(|| panic!("{name} not free at once after a passed hold of {hold:?}"));
+            .expect("a lock record");
+        assert!(
+            !info.held,
+            "{name} still held after a passed hold of {hold:?}: {info:?}"
+        );
+        let again =
+            lock.try_acquire().await.unwrap().unwrap_or_else(|| {
+                panic!("{name} not free at once after a passed hold of {hold:?}")
+            });
         assert!(again.fencing_token() > token);
         again.release().await.unwrap();
     }
@@ -281,8 +299,18 @@ pub async fn min_hold_is_idempotent_and_refuses_extension(backend: Arc<dyn LockB
     );
     let again = backend.inspect(&name).await.unwrap().unwrap();
     assert_eq!(
-        (again.held, &again.lease_id, again.fencing_token, again.expires_at),
-        (held.held, &held.lease_id, held.fencing_token, held.expires_at),
+        (
+            again.held,
+            &again.lease_id,
+            again.fencing_token,
+            again.expires_at
+        ),
+        (
+            held.held,
+            &held.lease_id,
+            held.fencing_token,
+            held.expires_at
+        ),
         "a retry changed the hold of {name}"
     );
     assert_eq!(held.fencing_token, Some(lease.fencing_token));
@@ -334,7 +362,10 @@ pub async fn min_hold_is_idempotent_and_refuses_extension(backend: Arc<dyn LockB
         backend.try_acquire(&req).await.unwrap(),
         Attempt::Acquired(_)
     ));
-    let err = backend.release_after(&slots, &slot, hold).await.unwrap_err();
+    let err = backend
+        .release_after(&slots, &slot, hold)
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, Error::MinHoldUnsupported { .. }),
         "a slot's release_after: {err}"

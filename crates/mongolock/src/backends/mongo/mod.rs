@@ -615,9 +615,7 @@ impl LockBackend for MongoBackend {
         // The stream leaves out this backend's own writes: its waiters are told here.
         match &ended {
             Ok(Some(ops::EndedAfter::HeldOn)) => self.watch.held_on(name),
-            Ok(Some(ops::EndedAfter::Released(handoff))) => {
-                self.watch.released_name(name, handoff)
-            }
+            Ok(Some(ops::EndedAfter::Released(handoff))) => self.watch.released_name(name, handoff),
             _ => self.watch.released_name(name, &queue::Handoff::Unknown),
         }
         Ok(ended?.is_some())

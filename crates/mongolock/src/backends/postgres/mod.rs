@@ -929,8 +929,7 @@ impl LockBackend for PostgresBackend {
                 return Err(crate::Error::MinHoldUnsupported {
                     name: name.to_owned(),
                     what: "semaphore slot",
-                    reason: "semaphore slots and read-write lock readers cannot be held on"
-                        .into(),
+                    reason: "semaphore slots and read-write lock readers cannot be held on".into(),
                 });
             }
         }
