@@ -221,8 +221,10 @@ Examples:
   # Use the fencing token:
   mongolock exec deploy -- sh -c 'deploy --fencing-token \"$MONGOLOCK_FENCING_TOKEN\"'
 
-  # Like `flock -E 0`: a busy lock is not an error for cron:
-  mongolock exec --wait 0 --conflict-exit-code 0 nightly-report -- ./report.sh
+  # Cron on every replica: one run per night however far apart the crons fire (the lock
+  # stays held 10 minutes from its grant, by the database's clock); a busy lock is not an
+  # error (like `flock -E 0`):
+  mongolock exec --wait 0 --conflict-exit-code 0 --min-hold 10m nightly-report -- ./report.sh
 
   # At most 3 exports at once, across all hosts (a semaphore with 3 slots):
   mongolock exec --limit 3 exports -- ./export.sh
@@ -478,6 +480,21 @@ pub struct ExecArgs {
     #[arg(long, value_name = "N", default_value_t = crate::exit::WAIT_TIMED_OUT as u8)]
     pub conflict_exit_code: u8,
 
+    /// Keep the lock at least DURATION after it was granted, by the database's clock: when CMD
+    /// exits (with any status), the lease ends no earlier than DURATION after its grant instead
+    /// of at once (the name is free right after, not after the TTL). With `--wait 0` on every
+    /// replica, a scheduled job then runs at most once per DURATION however far apart the
+    /// replicas' schedules fire. A lock lost before CMD exited has nothing left to hold
+    /// (status 76 as usual). Not with --limit or --shared.
+    #[arg(
+        long,
+        env = "MONGOLOCK_MIN_HOLD",
+        value_name = "DURATION",
+        value_parser = parse_min_hold,
+        conflicts_with_all = ["limit", "shared"]
+    )]
+    pub min_hold: Option<Duration>,
+
     /// How long before the lease's local deadline CMD gets SIGTERM when renewals are failing
     /// (SIGKILL follows at the deadline), and the time between SIGTERM and SIGKILL after the lock
     /// was lost. At most TTL/3; 0 means SIGKILL at once, no SIGTERM [default: 10s or TTL/3,
@@ -558,6 +575,17 @@ impl ExecArgs {
             (None, false, false) => ExecMode::Exclusive,
         }
     }
+}
+
+/// `--min-hold DURATION`: at most the library's maximum (one year).
+fn parse_min_hold(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > mongolock::MAX_EXPIRY {
+        return Err(format!(
+            "the minimum hold {s:?} is above the maximum of one year; choose a shorter one"
+        ));
+    }
+    Ok(d)
 }
 
 /// `--limit N`: a whole number of slots, at least 1.

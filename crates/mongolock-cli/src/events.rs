@@ -35,7 +35,7 @@
 //! | `signal`       | a signal to mongolock was passed on to CMD                       | `signal` |
 //! | `exited`       | CMD exited                                                       | `status`, `exit_code` or `signal` |
 //! | `stopped`      | the run ends because the lease was lost (`elect`: campaigns again) | `exit_code` (`exec`) |
-//! | `released`     | the lock was released (`elect`: resigned)                        | |
+//! | `released`     | the lock was released (`elect`: resigned)                        | `min_hold`, `held_until` (server time; `exec --min-hold`) |
 //! | `release-failed` | the release failed; the lease expires by itself                | |
 //! | `interrupted`  | a signal ended the wait or the campaign                          | `signal` |
 //! | `unreachable`  | waiting: the database has not answered for a while (every 30 s)  | `unreachable_ms`, `error` |

@@ -130,7 +130,7 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         }
     };
     let outcome = supervise(&guard, child, &mut signals, policy, what).await?;
-    finish(guard, outcome, &conn, what).await
+    finish(guard, outcome, &conn, what, args.min_hold).await
 }
 
 /// What `exec` acquires for its mode: the one acquisition step of every mode (the wait, the
@@ -258,11 +258,18 @@ pub struct Outcome {
 /// Releases the lock after the command ended and chooses the exit status: the command's own,
 /// or [`exit::LOCK_LOST`] when the lease was lost before the command finished (noticed while it
 /// ran, or only at release).
+///
+/// With `min_hold` (`--min-hold`), whatever the command's status, the lease ends no earlier
+/// than `min_hold` after its grant by the database's clock
+/// ([`LockGuard::release_after`]). A lease already lost has nothing left to hold: that is
+/// reported as a loss, as without it. (`--limit` and `--shared` are refused with it by the
+/// argument parser: only exclusive leases can be held on.)
 pub async fn finish(
     guard: LockGuard,
     outcome: Outcome,
     conn: &Connection,
     what: &str,
+    min_hold: Option<Duration>,
 ) -> Result<i32, CliError> {
     let lease = Lease::of(&guard);
     let name = lease.name.clone();
@@ -287,9 +294,21 @@ pub async fn finish(
         lost_after_exit(&lease, what, &status, reason);
         return Ok(exit::LOCK_LOST);
     }
-    match guard.release().await {
+    let held_until = min_hold.map(|d| guard.acquired_at() + d);
+    let released = match min_hold {
+        Some(d) => guard.release_after(d).await,
+        None => guard.release().await,
+    };
+    match released {
         Ok(()) => {
-            Event::new("released").lease_snapshot(&lease).emit();
+            let mut event = Event::new("released").lease_snapshot(&lease);
+            if let (Some(d), Some(until)) = (min_hold, held_until) {
+                tracing::info!(lock = %name, min_hold = %crate::duration::display(d), "lock released with a minimum hold: the database keeps it held until its grant time plus the minimum hold");
+                event = event
+                    .field("min_hold", display(d))
+                    .field("held_until", crate::list::timestamp(until));
+            }
+            event.emit();
             Ok(exit::for_child(outcome.status))
         }
         Err(mongolock::Error::LeaseLost { .. }) => {

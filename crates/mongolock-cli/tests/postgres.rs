@@ -61,6 +61,14 @@ async fn exec_processes_never_overlap_and_tokens_strictly_increase() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn three_replicas_with_min_hold_run_a_cron_job_once() {
+    let Some(env) = PgEnv::new("minhold") else {
+        return;
+    };
+    min_hold_runs_a_job_once_per_interval(&env, "nightly-report").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn exec_limit_2_runs_at_most_2_of_3_commands_at_once() {
     let Some(env) = PgEnv::new("limit") else {
         return;

@@ -45,6 +45,46 @@
 //! one holder (never more than a semaphore allows), but it is not a semaphore; the contract
 //! suite's semaphore cases fail for it.
 //!
+//! # Minimum hold: at most once per interval
+//! [`release_after`](LockBackend::release_after)`(name, lease_id, min_hold)` is a release that
+//! ends the caller's exclusive lease *no earlier than `min_hold` after it was granted*, in one
+//! atomic step judged by the backend's clock. With `hold_until = acquired_at + min_hold`
+//! (`acquired_at` the server time of the grant):
+//!
+//! * `hold_until <= now`, or the lease already expired: exactly a [`release`](LockBackend::release)
+//!   (the same write, the same handoff to waiters).
+//! * Otherwise the lease stays the caller's — same lease id, fencing token, holder and grant
+//!   time — with its expiry set to `hold_until` (later *or earlier* than the expiry it had),
+//!   and its id is recorded among the released ones. From then on it is *ended by its holder*:
+//!   [`extend`](LockBackend::extend) refuses it (a late extension still in flight cannot move
+//!   the end of the hold), a retried `release_after` reports success without changing it,
+//!   [`force_release`](LockBackend::force_release) still ends it (and so does a plain
+//!   `release` of the same lease id, which the core never sends after `release_after`). At
+//!   `hold_until` it expires like any lease: the name is free at once, with no write needed.
+//! * Waiters are told of the change (the same notification as a release: MongoDB's change
+//!   stream, PostgreSQL's `NOTIFY`, the memory backend's wake-ups), so that a waiter that went
+//!   to sleep until the old expiry retries, learns the new one, and sleeps until `hold_until`
+//!   only.
+//!
+//! **Why this gives "at most once per interval" whatever the clocks of the callers.** Two
+//! grants of the name are at least `min_hold` apart *by the server's clock*: a grant happens
+//! only once the previous lease is released or expired, and a lease ended with
+//! `release_after` stays unexpired until its grant time plus `min_hold`, both read from the
+//! same clock (the database's). The callers' clocks are never read. So replicas whose schedules
+//! fire at slightly different times run a job once per interval as long as each run ends its
+//! lease with a minimum hold at least the spread of their schedules.
+//!
+//! **The limit.** The hold is written when the holder ends its lease. A holder that crashes
+//! (or loses its lease) before that holds the name only until its lease expires (its TTL,
+//! counted from its last extension), which may be sooner than `min_hold`: the guarantee holds
+//! for work that ends — successfully or not — while its holder is alive, as a command run by
+//! `mongolock exec --min-hold` does.
+//!
+//! Covered: exclusive leases (locks, and read-write locks' writers) on the memory, MongoDB and
+//! PostgreSQL backends. Semaphore slots (and readers) are refused with
+//! [`Error::MinHoldUnsupported`](crate::Error::MinHoldUnsupported), as by the default of this
+//! method for backends that do not implement it: nothing is ever released early in silence.
+//!
 //! # Change notifications (an optional capability)
 //! The six atomic operations above are all a backend must implement. A backend that also
 //! learns of changes as they happen (MongoDB through one change stream per backend, PostgreSQL
@@ -379,6 +419,35 @@ pub trait LockBackend: Send + Sync + 'static {
     /// record of it any more (a retry later than that, or after more releases than that): a
     /// false loss, never a false success. Never affects another lease id.
     async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool>;
+
+    /// Ends the caller's exclusive lease no earlier than `min_hold` after it was granted, by
+    /// the backend's clock: the lease is kept (same id, token, holder) until `acquired_at +
+    /// min_hold`, or released at once when that has passed (see
+    /// [minimum hold](self#minimum-hold-at-most-once-per-interval)). Extensions of the lease
+    /// are refused from then on; force-release still ends it; waiters are notified.
+    ///
+    /// Idempotent for the owner, like [`release`](Self::release): `true` when this call ended
+    /// or arranged the end of the lease, and when a previous call (or a release) of the same
+    /// lease id already did (a retry after a lost reply); `false` only when someone else ended
+    /// or took the lease.
+    ///
+    /// The default refuses with [`Error::MinHoldUnsupported`](crate::Error::MinHoldUnsupported)
+    /// without touching the lease: a backend must implement it to offer minimum holds. The
+    /// memory, MongoDB and PostgreSQL backends implement it for exclusive leases, and refuse a
+    /// semaphore slot's lease id the same way.
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> Result<bool> {
+        let _ = (lease_id, min_hold);
+        Err(crate::error::Error::MinHoldUnsupported {
+            name: name.to_owned(),
+            what: "lock",
+            reason: "this lock backend does not implement LockBackend::release_after".into(),
+        })
+    }
 
     /// A fresh lease id for one acquire call. Must be unique; the default is
     /// [`LeaseId::random`]. A backend may mark its own leases (the MongoDB backend prefixes them

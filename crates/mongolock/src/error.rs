@@ -142,6 +142,26 @@ pub enum Error {
         fix: String,
     },
 
+    /// [`LockGuard::release_after`](crate::LockGuard::release_after) (a minimum hold) was
+    /// asked of a lease that cannot be held on by the server: a semaphore slot, a reader of a
+    /// read-write lock, a document lock, or a backend that does not implement
+    /// [`LockBackend::release_after`](crate::LockBackend::release_after). Nothing was sent for
+    /// the minimum hold; the guard was consumed and its lease released at once, as when a guard
+    /// is dropped.
+    #[error(
+        "a minimum hold is not supported for {what} {name:?}: {reason}; the lease was released \
+         at once instead. Use a minimum hold with an exclusive lock (Lock, or a read-write \
+         lock's writer)"
+    )]
+    MinHoldUnsupported {
+        /// The lock name.
+        name: String,
+        /// What the lease is ("semaphore slot", "document lock", "lock").
+        what: &'static str,
+        /// Why it cannot be held on.
+        reason: String,
+    },
+
     /// A lock operation was started outside a Tokio runtime.
     #[error(
         "mongolock needs a Tokio runtime (it spawns the acquire attempt and the renewal task); \

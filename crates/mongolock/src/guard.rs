@@ -62,6 +62,19 @@
 //! is given up; the lease then expires by itself. Backends make release idempotent for the
 //! owner (a retry after a lost reply reports success), so [`Error::LeaseLost`] means someone
 //! else really ended or took the lease.
+//!
+//! # Minimum hold
+//! [`LockGuard::release_after`] is the same release (the same task, timeout and retries: one
+//! mechanism) with a different request: the backend's atomic
+//! [`release_after`](LockBackend::release_after), which keeps the lease until its grant time
+//! plus the minimum hold *by the server's clock* and refuses every extension from then on.
+//! The guard is consumed as by a release: its watchdog stops first, so it sends no extension
+//! after the request; an extension already in flight is refused by the server (the lease's id
+//! is recorded as released), so it cannot move the end of the hold. Safety: two grants of a
+//! name are then at least the minimum hold apart by the server's clock, whatever the callers'
+//! clocks — for holders that end their lease this way; a holder that dies first holds the name
+//! only until its lease expires. See the
+//! [backend contract](crate::backend#minimum-hold-at-most-once-per-interval).
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -138,6 +151,17 @@ pub(crate) trait LeaseControl: Send + Sync + 'static {
     async fn extend(&self, ttl: Duration) -> Result<Option<SystemTime>>;
     /// Ends the lease; `false` when it no longer held the lock.
     async fn release(&self) -> Result<bool>;
+    /// Ends the lease no earlier than `min_hold` after its grant, by the store's clock (see
+    /// [`LockBackend::release_after`]); `false` when it no longer held the lock. The default
+    /// refuses without touching the lease (document locks).
+    async fn release_after(&self, name: &str, min_hold: Duration) -> Result<bool> {
+        let _ = min_hold;
+        Err(Error::MinHoldUnsupported {
+            name: name.to_owned(),
+            what: "document lock",
+            reason: "a lock embedded in a document cannot be held on after its release".into(),
+        })
+    }
     /// Completes when the store learns, unasked, that the lease is gone (taken over, released
     /// or removed by someone else). Pending forever when the store cannot tell.
     async fn gone(&self);
@@ -158,6 +182,12 @@ impl LeaseControl for NamedLease {
 
     async fn release(&self) -> Result<bool> {
         self.backend.release(&self.name, &self.lease_id).await
+    }
+
+    async fn release_after(&self, _name: &str, min_hold: Duration) -> Result<bool> {
+        self.backend
+            .release_after(&self.name, &self.lease_id, min_hold)
+            .await
     }
 
     async fn gone(&self) {
@@ -732,16 +762,83 @@ impl LockGuard {
     /// # Cancel safety
     /// Dropping this future half-way (a timeout, a `select!`) still ends the lease, within the
     /// release timeout: the rest of the release then runs in a task of its own.
-    pub async fn release(mut self) -> Result<()> {
+    pub async fn release(self) -> Result<()> {
+        self.end(Ending::Now).await
+    }
+
+    /// Ends the lease **no earlier than `min_hold` after it was granted**, by the server's
+    /// clock: the server keeps the lease until `max(now, granted + min_hold)` — same lease id,
+    /// same fencing token, same holder — and then the name is free at once (it does not wait
+    /// for the lease's TTL). When `granted + min_hold` has already passed at the server, this
+    /// is exactly [`release`](Self::release). Like `release`, it consumes the guard: automatic
+    /// extension stops at once, the [lost signal](Self::lost) completes as for a release, and
+    /// the server refuses any later extension of the lease. A force-release
+    /// ([`LockProvider::force_release`](crate::LockProvider::force_release)) still ends the
+    /// hold. Waiting acquirers are told of the new end of the lease and get the name as soon
+    /// as the hold is over.
+    ///
+    /// This is what makes a scheduled job run **at most once per interval across replicas,
+    /// whatever their clock skew**: every replica's schedule fires at about the same time,
+    /// the first one takes the lock, runs the job, and holds the name for `min_hold` from its
+    /// grant, so the others find it busy even when the job finished long before they asked.
+    /// The interval is measured on the server's clock only: two grants of the name are at
+    /// least `min_hold` apart by that clock. **The limit:** the hold is written when the guard
+    /// ends its lease; a holder that crashes (or loses its lease) before that holds the name
+    /// only until its lease expires (its TTL). So the guarantee holds for work that ends,
+    /// successfully or not, while its holder lives. See the
+    /// [backend contract](crate::backend#minimum-hold-at-most-once-per-interval).
+    ///
+    /// Supported for exclusive leases ([`Lock`](crate::Lock), and a
+    /// [`RwLock`](crate::RwLock)'s writer) on the memory, MongoDB and PostgreSQL backends.
+    ///
+    /// # Errors
+    /// * [`Error::MinHoldUnsupported`] for a semaphore slot, a read-write lock's reader, a
+    ///   document lock, or a backend without [`LockBackend::release_after`]: nothing was held
+    ///   on; the lease was released at once instead (as [`release`](Self::release) does, whose
+    ///   problems are then only logged).
+    /// * [`Error::InvalidOptions`] for a `min_hold` over a year (nothing is sent; the lease is
+    ///   released at once, as when a guard is dropped).
+    /// * [`Error::LeaseLost`] and transient errors as for [`release`](Self::release). The
+    ///   request is retried after transient errors within the release timeout, and a retry
+    ///   after a lost reply is recognised (it reports success and changes nothing).
+    ///
+    /// # Cancel safety
+    /// As [`release`](Self::release): dropping this future half-way still ends the lease
+    /// (with its minimum hold), within the release timeout, in a task of its own.
+    pub async fn release_after(self, min_hold: Duration) -> Result<()> {
+        if min_hold > crate::options::MAX_EXPIRY {
+            drop(self);
+            return Err(Error::invalid_option(
+                "min_hold",
+                format!(
+                    "a minimum hold of {min_hold:?} is over a year; use a shorter one (the \
+                     lease was released at once)"
+                ),
+            ));
+        }
+        self.end(Ending::NoEarlierThan(min_hold)).await
+    }
+
+    /// The release shared by [`release`](Self::release) and
+    /// [`release_after`](Self::release_after): one mechanism for both (retries, the release
+    /// timeout, finishing in a task of its own when dropped).
+    async fn end(mut self, ending: Ending) -> Result<()> {
         self.finished = true;
         self.watchdog.abort();
         let shared = self.shared.clone();
         let span = shared.span();
         let release = async move {
-            match bounded_release(&shared).await {
+            match bounded_release(&shared, ending).await {
                 Ok(true) => {
                     shared.mark_ended();
-                    tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released");
+                    match ending {
+                        Ending::Now => {
+                            tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released")
+                        }
+                        Ending::NoEarlierThan(min_hold) => {
+                            tracing::debug!(lock = %shared.name, token = shared.fencing_token, ?min_hold, "lock released with a minimum hold")
+                        }
+                    }
                     Ok(())
                 }
                 Ok(false) => {
@@ -749,6 +846,15 @@ impl LockGuard {
                     Err(Error::LeaseLost {
                         name: shared.name.to_string(),
                     })
+                }
+                Err(e @ Error::MinHoldUnsupported { .. }) => {
+                    // Refused without touching the lease: never leave it held with nobody
+                    // renewing or releasing it.
+                    if let Err(release_error) = bounded_release(&shared, Ending::Now).await {
+                        tracing::warn!(lock = %shared.name, error = %release_error, "could not release the lease after a refused minimum hold; it expires by itself");
+                    }
+                    shared.mark_ended();
+                    Err(e)
                 }
                 Err(e) => {
                     shared.mark_ended();
@@ -776,11 +882,20 @@ impl LockGuard {
     }
 }
 
+/// How a guard ends its lease.
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    /// [`LockGuard::release`] (and a dropped guard).
+    Now,
+    /// [`LockGuard::release_after`]: no earlier than this long after the grant.
+    NoEarlierThan(Duration),
+}
+
 /// Releases with retries of transient errors, bounded by the release timeout (and, for the
 /// retries, by the lease's local deadline). `Ok(false)`: someone else ended or took the lease.
-async fn bounded_release(shared: &Shared) -> Result<bool> {
+async fn bounded_release(shared: &Shared, ending: Ending) -> Result<bool> {
     let timeout = shared.policy.release_timeout;
-    match tokio::time::timeout(timeout, release_with_retries(shared)).await {
+    match tokio::time::timeout(timeout, release_with_retries(shared, ending)).await {
         Ok(result) => result,
         Err(_) => Err(Error::unavailable(format!(
             "the release of lock {:?} did not complete within {timeout:?} (the release \
@@ -790,10 +905,16 @@ async fn bounded_release(shared: &Shared) -> Result<bool> {
     }
 }
 
-async fn release_with_retries(shared: &Shared) -> Result<bool> {
+async fn release_with_retries(shared: &Shared, ending: Ending) -> Result<bool> {
     let mut errors = Backoff::for_errors();
     loop {
-        match shared.control.release().await {
+        let attempt = match ending {
+            Ending::Now => shared.control.release().await,
+            Ending::NoEarlierThan(min_hold) => {
+                shared.control.release_after(&shared.name, min_hold).await
+            }
+        };
+        match attempt {
             Err(e) if e.is_transient() => {
                 let deadline = shared.state().deadline;
                 let delay = errors.next_delay();
@@ -820,7 +941,7 @@ impl Drop for LockGuard {
         // Spawning onto a runtime that has shut down drops the task without running it: the
         // lease then expires by itself.
         let release = async move {
-            match bounded_release(&shared).await {
+            match bounded_release(&shared, Ending::Now).await {
                 Ok(true) => {
                     tracing::debug!(lock = %shared.name, token = shared.fencing_token, "lock released on drop")
                 }

@@ -61,6 +61,7 @@ pub fn command(uri: &str, location: &[&str], dir: &Path, args: &[&str]) -> Comma
         .env_remove("MONGOLOCK_WAIT")
         .env_remove("MONGOLOCK_GRACE")
         .env_remove("MONGOLOCK_QUIET")
+        .env_remove("MONGOLOCK_MIN_HOLD")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -721,4 +722,155 @@ pub async fn a_held_semaphore_shows_its_holders_and_refuses_other_limits(
         describe(&out)
     );
     assert!(!env.path("never").exists());
+}
+
+/// The JSON events of a `--json` run's stderr (other lines, the command's, skipped).
+pub fn json_events(out: &Output) -> Vec<Value> {
+    text(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("event").is_some())
+        .collect()
+}
+
+/// The server time of an RFC 3339 field of an event.
+pub fn event_time(event: &Value, field: &str) -> std::time::SystemTime {
+    let s = event[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {field} in {event}"));
+    humantime::parse_rfc3339(s).unwrap_or_else(|e| panic!("{field} {s:?} in {event}: {e}"))
+}
+
+/// The cron scenario of `exec --min-hold` (issue #22): three replicas whose schedules fire
+/// about 0.5 s apart run `exec --wait 0 --conflict-exit-code 0 --min-hold 5s NAME` with a job
+/// of 0.2 s that records its token: exactly one runs the job (the others find the name held
+/// and exit 0 without running it), although each run ends long before the next replica asks.
+/// Then a fresh run that waits (its lease's TTL is 30 s) gets the name promptly once the hold
+/// is over — at or after the first grant plus 5 s by the server's clock, long before the TTL —
+/// and its `MONGOLOCK_MIN_HOLD` (the environment variable) holds the name after its job
+/// failed with status 3, which `exec` returns.
+pub async fn min_hold_runs_a_job_once_per_interval(env: &impl Cli, name: &str) {
+    let job = "echo \"$MONGOLOCK_FENCING_TOKEN\" >> \"$D/runs\"; sleep 0.2";
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        replicas.push(env.spawn(&[
+            "exec",
+            "--json",
+            "--wait",
+            "0",
+            "--conflict-exit-code",
+            "0",
+            "--min-hold",
+            "5s",
+            "--ttl",
+            "30s",
+            name,
+            "--",
+            "sh",
+            "-c",
+            job,
+        ]));
+    }
+    let mut acquired = Vec::new();
+    let mut busy = 0;
+    let mut outputs = Vec::new();
+    for child in replicas {
+        let out = finish(child, LONG).await;
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let events = json_events(&out);
+        for e in &events {
+            match e["event"].as_str() {
+                Some("acquired") => acquired.push(e.clone()),
+                Some("busy") => busy += 1,
+                _ => {}
+            }
+        }
+        outputs.push(describe(&out));
+    }
+    let runs = read_lines(&env.path("runs"));
+    assert_eq!(
+        (runs.len(), acquired.len(), busy),
+        (1, 1, 2),
+        "three replicas 0.5 s apart with --min-hold 5s: exactly one must run the job; runs \
+         (tokens) {runs:?}, acquisitions {acquired:?}; outputs:\n{}",
+        outputs.join("\n---\n")
+    );
+    let first = event_time(&acquired[0], "acquired_at");
+    let hold_ends = first + Duration::from_secs(5);
+
+    // A fresh run waits (TTL 30 s, wait 15 s) and gets the name once the hold is over.
+    let fresh = env
+        .cmd(&[
+            "exec",
+            "--json",
+            "--wait",
+            "15s",
+            "--ttl",
+            "30s",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "echo \"$MONGOLOCK_FENCING_TOKEN\" >> \"$D/runs\"; exit 3",
+        ])
+        .env("MONGOLOCK_MIN_HOLD", "5s")
+        .spawn()
+        .expect("spawn mongolock");
+    let out = finish(fresh, LONG).await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the job's status: {}",
+        describe(&out)
+    );
+    let events = json_events(&out);
+    let got = events
+        .iter()
+        .find(|e| e["event"] == "acquired")
+        .unwrap_or_else(|| panic!("the fresh run never acquired {name}: {}", describe(&out)));
+    let second = event_time(got, "acquired_at");
+    assert!(
+        second >= hold_ends,
+        "the fresh run got {name} at {second:?}, before the hold of the first run ended \
+         ({hold_ends:?}): {}",
+        describe(&out)
+    );
+    assert!(
+        second < first + Duration::from_secs(20),
+        "the fresh run got {name} only at {second:?}, {:?} after the first grant ({first:?}); \
+         the hold was 5 s: {}",
+        second.duration_since(first).unwrap_or_default(),
+        describe(&out)
+    );
+    let released = events
+        .iter()
+        .find(|e| e["event"] == "released")
+        .unwrap_or_else(|| panic!("no released event: {}", describe(&out)));
+    assert_eq!(released["min_hold"], "5s", "{released}");
+    assert_eq!(read_lines(&env.path("runs")).len(), 2);
+
+    // Its job failed (status 3), and the name is still held by its minimum hold.
+    let out = env
+        .run(&[
+            "exec",
+            "--json",
+            "--wait",
+            "0",
+            "--conflict-exit-code",
+            "0",
+            name,
+            "--",
+            "true",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(
+        json_events(&out).iter().any(|e| e["event"] == "busy")
+            || event_time(released, "held_until") <= std::time::SystemTime::now(),
+        "{name} not held after a failed job with MONGOLOCK_MIN_HOLD=5s: {}",
+        describe(&out)
+    );
 }

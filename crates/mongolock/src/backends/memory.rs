@@ -7,7 +7,8 @@
 //! removed, so fencing tokens never restart.
 //!
 //! # Notifications
-//! Every grant, release and force-release of a name is delivered at once through the same
+//! Every grant, release and force-release of a name (and every lease kept on by a minimum hold,
+//! `release_after`, whose expiry moved) is delivered at once through the same
 //! per-name wake-ups the MongoDB and PostgreSQL backends use for their feeds
 //! (`backends/wakeups.rs`): one waiting acquirer per change, every observer, and
 //! [`lease_gone`](crate::LockBackend::lease_gone) for holders, which checks the state directly.
@@ -314,10 +315,17 @@ impl LockBackend for MemoryBackend {
         let mut entries = self.entries();
         let now = self.now();
         Ok(match entries.get_mut(name) {
-            Some(e) if e.lease_id.as_ref() == Some(lease_id) && e.expires_at > now => {
+            // A lease kept on by its holder's `release_after` (its id is among the released
+            // ones) is never extended.
+            Some(e)
+                if e.lease_id.as_ref() == Some(lease_id)
+                    && e.expires_at > now
+                    && !e.was_released(lease_id) =>
+            {
                 e.expires_at = later(now, ttl);
                 Some(e.expires_at)
             }
+            Some(e) if e.lease_id.as_ref() == Some(lease_id) => None,
             Some(e) => e
                 .slots
                 .iter_mut()
@@ -354,6 +362,51 @@ impl LockBackend for MemoryBackend {
             self.changed(name, None);
         }
         Ok(released)
+    }
+
+    /// Under the mutex: an unexpired exclusive lease of `lease_id` whose `acquired_at +
+    /// min_hold` is still ahead keeps its id, token and holder with that expiry and is
+    /// remembered as released (so `extend` refuses it and a retry reports success); anything
+    /// else of ours is [`release`](LockBackend::release)d. A slot is refused.
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> Result<bool> {
+        let held_on = {
+            let mut entries = self.entries();
+            let now = self.now();
+            match entries.get_mut(name) {
+                Some(e) if e.slots.iter().any(|s| s.lease_id == *lease_id) => {
+                    return Err(Error::MinHoldUnsupported {
+                        name: name.to_owned(),
+                        what: "semaphore slot",
+                        reason: "semaphore slots and read-write lock readers cannot be held on"
+                            .into(),
+                    });
+                }
+                Some(e) if e.lease_id.as_ref() == Some(lease_id) => {
+                    let until = later(e.acquired_at, min_hold);
+                    if e.expires_at > now && until > now {
+                        if !e.was_released(lease_id) {
+                            e.expires_at = until;
+                            e.remember_released(lease_id, now);
+                        }
+                        true
+                    } else {
+                        false
+                    }
+                }
+                _ => false,
+            }
+        };
+        if held_on {
+            // Waiters that sleep until the old expiry retry and learn the new one.
+            self.inner.hub.dispatch(name, Change::Unknown);
+            return Ok(true);
+        }
+        self.release(name, lease_id).await
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {

@@ -52,6 +52,14 @@ impl LockBackend for ExtendsWithoutReply {
     async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
         self.inner.release(name, lease_id).await
     }
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> crate::Result<bool> {
+        self.inner.release_after(name, lease_id, min_hold).await
+    }
     fn new_lease_id(&self) -> LeaseId {
         self.inner.new_lease_id()
     }
@@ -180,6 +188,14 @@ impl LockBackend for ExtendsLate {
     async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
         self.inner.release(name, lease_id).await
     }
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> crate::Result<bool> {
+        self.inner.release_after(name, lease_id, min_hold).await
+    }
     fn new_lease_id(&self) -> LeaseId {
         self.inner.new_lease_id()
     }
@@ -294,6 +310,14 @@ impl LockBackend for GrantsThenFails {
     }
     async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
         self.inner.release(name, lease_id).await
+    }
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> crate::Result<bool> {
+        self.inner.release_after(name, lease_id, min_hold).await
     }
     fn new_lease_id(&self) -> LeaseId {
         self.inner.new_lease_id()

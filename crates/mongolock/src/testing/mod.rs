@@ -40,11 +40,13 @@ use rand::Rng;
 use tokio::time::Instant;
 
 mod guard_edges;
+mod min_hold;
 #[cfg(all(feature = "postgres", unix))]
 pub mod postgres_server;
 mod rwlock;
 mod semaphore;
 pub use guard_edges::*;
+pub use min_hold::*;
 pub use rwlock::*;
 pub use semaphore::*;
 
@@ -140,6 +142,10 @@ macro_rules! contract_suite {
             a_shortened_extension_without_a_reply_ends_the_lease,
             an_unanswered_short_extension_overtaken_by_a_longer_one_ends_the_lease,
             an_abandoned_attempt_that_grants_later_is_released,
+            min_hold_keeps_the_name_until_granted_plus_min_hold,
+            min_hold_already_passed_is_a_plain_release,
+            force_release_ends_a_min_hold,
+            min_hold_is_idempotent_and_refuses_extension,
         );
         $crate::contract_suite!(@notifications $setup;
             force_release_is_signalled_to_the_holder_at_once,
@@ -265,6 +271,15 @@ impl LockBackend for Counting {
     async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.release(name, lease_id).await
+    }
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> crate::Result<bool> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.release_after(name, lease_id, min_hold).await
     }
     async fn inspect(&self, name: &str) -> crate::Result<Option<LockInfo>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
@@ -1053,6 +1068,14 @@ impl LockBackend for LosesReplies {
     async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
         self.inner.release(name, lease_id).await
     }
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> crate::Result<bool> {
+        self.inner.release_after(name, lease_id, min_hold).await
+    }
     async fn inspect(&self, name: &str) -> crate::Result<Option<LockInfo>> {
         self.inner.inspect(name).await
     }
@@ -1130,6 +1153,14 @@ impl LockBackend for CountingAll {
     }
     async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
         self.inner.release(name, lease_id).await
+    }
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> crate::Result<bool> {
+        self.inner.release_after(name, lease_id, min_hold).await
     }
     fn new_lease_id(&self) -> LeaseId {
         self.inner.new_lease_id()

@@ -116,6 +116,16 @@
 //! * Release: `findAndModify` `{_id, leaseId: ours}` → `leaseId: null`, `expiresAt:
 //!   min(expiresAt, $$NOW)`, the handoff to the first queued process (`queue.rs`), whose mark
 //!   the reply returns (projected to `next`).
+//! * Release with a minimum hold (`release_after`, see the
+//!   [backend contract](crate::backend#minimum-hold-at-most-once-per-interval)): the same
+//!   filter and one `$replaceWith` whose `$cond` decides by `$$NOW`: while the lease is
+//!   unexpired and `acquiredAt + min_hold` is ahead, the lease stays (same `leaseId`, token,
+//!   holder, `acquiredAt`) with `expiresAt = acquiredAt + min_hold`, its id appended to
+//!   `released` (once) and written to `lastReleased`; otherwise the plain release above.
+//!   Extend's filter has `released.id: {$ne: ours}`, so a lease kept on is never extended
+//!   (a late extension cannot move the end of the hold). The write changes `lastReleased`,
+//!   which other backends' change streams pass (`watch.rs`), so their waiters retry and learn
+//!   the new expiry; this backend's own waiters are told in-process.
 //!
 //! Dates are computed with `$add` on dates (not `$dateAdd`), so **MongoDB 4.4 or newer** works
 //! (pipeline updates and `$$NOW` appeared in 4.2, which has every feature used but is not
@@ -576,6 +586,39 @@ impl LockBackend for MongoBackend {
             // acquire releases its lease id without knowing what was granted).
             None => self.release_slot(name, lease_id).await,
         }
+    }
+
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> Result<bool> {
+        if self.is_slot(lease_id) {
+            return Err(crate::Error::MinHoldUnsupported {
+                name: name.to_owned(),
+                what: "semaphore slot",
+                reason: "semaphore slots and read-write lock readers cannot be held on".into(),
+            });
+        }
+        let ended = ops::release_after(
+            &self.coll,
+            &self.reads,
+            name,
+            lease_id,
+            min_hold,
+            self.fair_handoff,
+        )
+        .await;
+        // Ended or given up on: no more loss detection for it.
+        self.watch.released(lease_id);
+        // The stream leaves out this backend's own writes: its waiters are told here.
+        match &ended {
+            Ok(Some(ops::EndedAfter::HeldOn)) => self.watch.held_on(name),
+            Ok(Some(ops::EndedAfter::Released(handoff))) => self.watch.released_name(name, handoff),
+            _ => self.watch.released_name(name, &queue::Handoff::Unknown),
+        }
+        Ok(ended?.is_some())
     }
 
     /// Marked with this backend's prefix, so that its change stream leaves out its own grants

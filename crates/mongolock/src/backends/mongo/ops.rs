@@ -53,6 +53,8 @@ pub(super) async fn extend(
                 LEASE_ID: lease_id.as_str(),
                 // Not a semaphore's document, whose `leaseId` only marks its last write.
                 LIMIT: Bson::Null,
+                // Not a lease its holder ended with a minimum hold (`release_after`).
+                "released.id": { "$ne": lease_id.as_str() },
                 "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
             },
             vec![doc! { "$set": { EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(ttl)] } } }],
@@ -118,6 +120,93 @@ pub(super) async fn release(
         .await
         .map_err(|e| classify(e, "release (find)"))?;
     Ok(found.map(|_| queue::Handoff::Unknown))
+}
+
+/// What a `release_after` did.
+pub(super) enum EndedAfter {
+    /// The lease is kept on until its grant time plus the minimum hold.
+    HeldOn,
+    /// Released now (the minimum hold had passed, or the lease had expired), and whom the
+    /// release handed the lock to.
+    Released(queue::Handoff),
+    /// Already released or kept on by an earlier try (a retry after a lost reply).
+    Before,
+}
+
+/// The `release_after`'s `findAndModify`: filter, pipeline and reply projection. One
+/// `$replaceWith` decides, by `$$NOW`, between keeping the lease on (still unexpired, and its
+/// `acquiredAt + min_hold` ahead: `expiresAt` set to that, the id recorded in `released` and
+/// `lastReleased` — so that extensions are refused, a retry succeeds and change streams see
+/// the write) and the plain release of [`release_command`] (the same fields, the same
+/// handoff).
+pub(super) fn release_after_command(
+    name: &str,
+    lease_id: &LeaseId,
+    min_hold: Duration,
+    reserve: bool,
+) -> (Document, Vec<Document>, Document) {
+    let (filter, mut release, _) = release_command(name, lease_id, reserve);
+    // The plain release's `$replaceWith` expression (one stage).
+    let released = release
+        .pop()
+        .and_then(|mut stage| stage.remove("$replaceWith"))
+        .unwrap_or(Bson::String("$$ROOT".into()));
+    let id = lease_id.as_str();
+    let hold_until = doc! { "$add": ["$acquiredAt", ttl_millis(min_hold)] };
+    let holding = doc! { "$and": [
+        { "$gt": ["$expiresAt", "$$NOW"] },
+        { "$gt": [hold_until.clone(), "$$NOW"] },
+    ] };
+    // Kept on by an earlier try: the list is left as it is (no second entry).
+    let recorded = doc! { "$in": [{ "$literal": id }, { "$ifNull": ["$released.id", []] }] };
+    let held_on = doc! { "$mergeObjects": ["$$ROOT", {
+        EXPIRES_AT: hold_until,
+        document::RELEASED: { "$cond": [
+            recorded,
+            "$released",
+            document::released_after(document::RELEASED, id),
+        ] },
+        LAST_RELEASED: { "$literal": id },
+    }] };
+    let pipeline = vec![doc! { "$replaceWith": { "$cond": [holding, held_on, released] } }];
+    (filter, pipeline, doc! { LEASE_ID: 1, queue::NEXT: 1 })
+}
+
+/// Ends our lease no earlier than `min_hold` after its grant (see
+/// [`release_after_command`]). `Ok(None)`: it was not ours (any more), and no earlier try
+/// ended it.
+pub(super) async fn release_after(
+    coll: &Collection<Document>,
+    reads: &Collection<Document>,
+    name: &str,
+    lease_id: &LeaseId,
+    min_hold: Duration,
+    reserve: bool,
+) -> Result<Option<EndedAfter>> {
+    let (filter, pipeline, projection) = release_after_command(name, lease_id, min_hold, reserve);
+    let doc = coll
+        .find_one_and_update(filter, pipeline)
+        .return_document(ReturnDocument::After)
+        .projection(projection)
+        .await
+        .map_err(|e| classify(e, "release with a minimum hold (findAndModify)"))?;
+    if let Some(d) = doc {
+        if document::lease_id(&d) == Some(lease_id.as_str()) {
+            return Ok(Some(EndedAfter::HeldOn));
+        }
+        return Ok(Some(EndedAfter::Released(queue::Handoff::of(
+            d.get(queue::NEXT),
+            Some(lease_id.as_str()),
+        ))));
+    }
+    let mut before = document::released_before("", lease_id.as_str());
+    before.insert("_id", name);
+    let found = reads
+        .find_one(before)
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(|e| classify(e, "release with a minimum hold (find)"))?;
+    Ok(found.map(|_| EndedAfter::Before))
 }
 
 pub(super) async fn force_release(

@@ -7,14 +7,22 @@
 //!
 //! ```text
 //! $match: (operationType in [insert, replace, delete, drop, dropDatabase, rename, invalidate]
-//!          or (operationType = update and updateDescription.updatedFields.leaseId exists))
+//!          or (operationType = update and updateDescription.updatedFields.leaseId exists)
+//!          or (operationType = update and updateDescription.updatedFields.lastReleased exists))
 //!         and not one of this backend's own grants or releases (see below)
 //! $project: operationType, ns, documentKey, updatedFields.{leaseId, fencingToken, next},
 //!           fullDocument.{leaseId, fencingToken, next}
 //! ```
 //!
 //! so it sees grants, releases, takeovers and deletions by others, but not extensions (they
-//! change only `expiresAt`) and no busy attempts (they write nothing). No `fullDocument: "updateLookup"`
+//! change only `expiresAt`) and no busy attempts (they write nothing). A lease its holder kept
+//! on with a minimum hold (`release_after`: the lease stays, `expiresAt` moves, `lastReleased`
+//! becomes its id) passes by its `lastReleased`: the event has no `leaseId`, so it is an
+//! unknown change that wakes one acquirer per process, which retries and learns the new
+//! expiry. This backend's own such write is filtered out like its releases (its `leaseId` is
+//! absent, which `$match` treats as null, and `lastReleased` is in its range) and dispatched
+//! in-process. On MongoDB 4.4 (replace events) a document whose `leaseId` equals its
+//! `lastReleased` is the same: an unknown change, news even though the lease is the same. No `fullDocument: "updateLookup"`
 //! is needed: an update event carries the new `leaseId` (and the new token on a grant) as of the
 //! event.
 //!
@@ -356,6 +364,14 @@ impl Watcher {
             .deliver(name, change, handoff.wakes(&self.own));
     }
 
+    /// After this backend kept a lease of `name` on with a minimum hold (its expiry moved, the
+    /// lease stays): wakes one of this backend's acquirers of the name (it retries and learns
+    /// the new expiry), its observers, and its holders (which read their lock), since the
+    /// stream leaves out this backend's own writes.
+    pub(crate) fn held_on(&self, name: &str) {
+        self.notifier.hub().dispatch(name, Change::Unknown);
+    }
+
     /// The mark of this backend's lease ids (see [`new_mark`]).
     pub(crate) fn own_mark(&self) -> &str {
         &self.own
@@ -432,6 +448,9 @@ fn names_pipeline(own: &str, covered: &Covered) -> Vec<Document> {
                     "insert", "replace", "delete", "drop", "dropDatabase", "rename", "invalidate",
                 ] } },
                 { "operationType": "update", updated(LEASE_ID): { "$exists": true } },
+                // A lease kept on with a minimum hold (`ops::release_after_command`): its
+                // expiry moved, waiters must learn it.
+                { "operationType": "update", updated(LAST_RELEASED): { "$exists": true } },
             ],
             "$nor": [
                 { updated(LEASE_ID): ours() },
@@ -565,6 +584,17 @@ fn lease_change(fields: Option<&Document>) -> Change {
     Change::Lease { lease_id, token }
 }
 
+/// Whether a whole lock document shows a lease kept on by its holder with a minimum hold:
+/// its `leaseId` is also its `lastReleased`.
+fn kept_on(fields: Option<&Document>) -> bool {
+    fields.is_some_and(|f| {
+        matches!(
+            (f.get_str(LEASE_ID), f.get_str(LAST_RELEASED)),
+            (Ok(a), Ok(b)) if a == b
+        )
+    })
+}
+
 /// What one event means.
 #[derive(Debug, PartialEq, Eq)]
 enum Event<'a> {
@@ -614,6 +644,10 @@ fn interpret<'a>(ev: &'a Document, target: &Target) -> Event<'a> {
             };
             let change = match op {
                 "delete" => Change::Unknown,
+                // A whole document whose lease its holder kept on with a minimum hold (its
+                // id is also the last released one): its expiry moved, so it is news although
+                // the lease is the same (MongoDB 4.4 reports the write as a replace event).
+                "replace" if kept_on(fields) => Change::Unknown,
                 _ => lease_change(fields),
             };
             // An update event carries `next` only when this write changed it; a whole document

@@ -7,7 +7,10 @@
 //! the table's channel for every insert, every delete and every update that changes the lease
 //! id or the fencing token, with the payload `<token> <lease id or -> <name>`, or for a release
 //! that designates the next process `<token>/<designated mark>/<releasing mark> - <name>`
-//! (`queue.rs`). So grants, releases, takeovers, force-releases and cleanup are published;
+//! (`queue.rs`). A lease its holder keeps on with a minimum hold (`release_after`: neither lease
+//! id nor token changes) is published by the statement itself as `<token> - <name>`, which
+//! wakes one acquirer per process (it retries and learns the new expiry); no holder of the name
+//! remains to be misled by its "no lease". So grants, releases, takeovers, force-releases and cleanup are published;
 //! extensions (only `expires_at` changes) and busy attempts (no write, or only the queue) are
 //! not. PostgreSQL delivers a notification when its transaction commits, in commit order, to
 //! every session that listens on the channel: the change is visible to a read made after it

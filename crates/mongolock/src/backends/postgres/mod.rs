@@ -88,7 +88,8 @@
 //!   the update runs whatever the grant test says, rewrites only `waiters`, and returns the
 //!   holder's latest expiry.
 //! * **Extend**: `UPDATE ... SET expires_at = clock_timestamp() + ttl WHERE name AND lease_id =
-//!   ours AND expires_at > clock_timestamp()`: an expired lease is never extended.
+//!   ours AND expires_at > clock_timestamp()` (and not kept on by a minimum hold, below): an
+//!   expired lease is never extended.
 //! * **Release**: `UPDATE ... SET lease_id = NULL, expires_at = least(expires_at,
 //!   clock_timestamp()), released = <the ids released in the last RELEASED_KEPT_FOR, ours
 //!   appended, at most RELEASED_KEPT_MAX> WHERE lease_id = ours`, popping the first queued
@@ -96,6 +97,16 @@
 //!   `released` reports success (a retry after a lost reply, even after many other releases:
 //!   ids are kept by time, [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR)). A lease someone
 //!   else ended never appears there, so `false` means just that.
+//! * **Release with a minimum hold** (`release_after`, see the
+//!   [backend contract](crate::backend#minimum-hold-at-most-once-per-interval)): the release's
+//!   `UPDATE` whose `SET` decides with one `clock_timestamp()`: while the lease is unexpired and
+//!   `acquired_at + min_hold` is ahead, it keeps the lease (same `lease_id`, token, holder,
+//!   `acquired_at`), sets `expires_at = acquired_at + min_hold` and records the id in
+//!   `released` (once); otherwise it is the plain release. Extend's `WHERE` refuses a lease
+//!   whose id is in `released`, so a late extension cannot move the end of the hold. The
+//!   trigger publishes only lease id or token changes, so the statement publishes a kept lease
+//!   itself (`pg_notify`, `<token> - <name>`): waiters retry and learn the new expiry. A
+//!   semaphore slot's lease id is reported (`is_slot`) and refused.
 //! * **Force-release**: clears an unexpired lease (popping the queue likewise); the token is
 //!   kept.
 //! * **Inspect / list**: one `SELECT` each; `held` is judged with one `clock_timestamp()`.
@@ -891,6 +902,59 @@ impl LockBackend for PostgresBackend {
             self.inner.listener.hub().deliver(name, change, here);
         }
         released.map(|r| r.released)
+    }
+
+    async fn release_after(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        min_hold: Duration,
+    ) -> Result<bool> {
+        ops::check_name(name)?;
+        let reply = self
+            .query(
+                "release with a minimum hold",
+                &self.inner.schema.release_after,
+                &[
+                    &name,
+                    &lease_id.as_str(),
+                    &self.inner.mark,
+                    &ops::micros(min_hold),
+                ],
+            )
+            .await
+            .and_then(|rows| ops::released_after_reply(&rows));
+        if let Ok(r) = &reply {
+            if r.is_slot && !r.released.released {
+                return Err(crate::Error::MinHoldUnsupported {
+                    name: name.to_owned(),
+                    what: "semaphore slot",
+                    reason: "semaphore slots and read-write lock readers cannot be held on".into(),
+                });
+            }
+        }
+        // Ended (now or at the end of the hold), or given up on: no more loss detection.
+        self.inner.listener.released(lease_id);
+        // A plain release is delivered here, as by `release` (the listener ignores this
+        // backend's own releases); a lease kept on is published to every backend, this one
+        // included, by the statement's `pg_notify`.
+        let here = match &reply {
+            Ok(r) if r.held_on => None,
+            Ok(r) => r
+                .released
+                .handoff
+                .as_ref()
+                .map(|h| (h.wakes(&self.inner.mark), r.released.token)),
+            Err(_) => Some((true, None)),
+        };
+        if let Some((here, token)) = here {
+            let change = Change::Lease {
+                lease_id: None,
+                token,
+            };
+            self.inner.listener.hub().deliver(name, change, here);
+        }
+        reply.map(|r| r.released.released)
     }
 
     /// Marked with this backend's mark (`queue.rs`).

@@ -140,6 +140,29 @@ pub(crate) fn released(rows: &[Row]) -> Result<Released> {
     })
 }
 
+/// The reply of the release statement with a minimum hold (one row): the release's, whether
+/// the lease was kept on, and whether the lease id is a semaphore slot's.
+pub(crate) struct ReleasedAfter {
+    pub(crate) released: Released,
+    pub(crate) held_on: bool,
+    pub(crate) is_slot: bool,
+}
+
+/// Decodes the reply of the release statement with a minimum hold.
+pub(crate) fn released_after_reply(rows: &[Row]) -> Result<ReleasedAfter> {
+    let Some(row) = rows.first() else {
+        return Err(Error::backend(
+            "the release statement with a minimum hold returned no row",
+            "the server does not behave like PostgreSQL; check the deployment",
+        ));
+    };
+    Ok(ReleasedAfter {
+        released: released(rows)?,
+        held_on: row.try_get("held_on").map_err(decode)?,
+        is_slot: row.try_get("is_slot").map_err(decode)?,
+    })
+}
+
 /// The outcome of the acquire statement: at most one row, `acquired` first.
 pub(crate) fn attempt(rows: &[Row]) -> Result<Attempt> {
     let Some(row) = rows.first() else {

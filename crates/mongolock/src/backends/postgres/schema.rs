@@ -106,6 +106,8 @@ pub(crate) struct Schema {
     pub(crate) acquire_slot: String,
     pub(crate) extend: String,
     pub(crate) release: String,
+    /// The release with a minimum hold (`$4` = the minimum hold in microseconds).
+    pub(crate) release_after: String,
     pub(crate) force_release: String,
     pub(crate) inspect: String,
     /// Every current holder of `$1`: rows of [`ops::holder`](super::ops::holder).
@@ -274,14 +276,17 @@ impl Schema {
                                     FROM jsonb_array_elements(l.slots) s) END
                   FROM (SELECT clock_timestamp() AS now) c)
               WHERE name = $1
-                AND ((l.slot_limit IS NULL AND lease_id = $2 AND expires_at > clock_timestamp())
+                AND ((l.slot_limit IS NULL AND lease_id = $2 AND expires_at > clock_timestamp()
+                      AND NOT {kept_on})
                   OR (l.slot_limit IS NOT NULL AND EXISTS (
                         SELECT 1 FROM jsonb_array_elements(l.slots) s
                          WHERE s->>'id' = $2 AND (s->>'exp')::timestamptz > clock_timestamp())))
               RETURNING CASE WHEN l.slot_limit IS NULL THEN l.expires_at
                              ELSE (SELECT (s->>'exp')::timestamptz
                                      FROM jsonb_array_elements(l.slots) s
-                                    WHERE s->>'id' = $2 LIMIT 1) END AS expires_at"
+                                    WHERE s->>'id' = $2 LIMIT 1) END AS expires_at",
+            // A lease kept on by its holder with a minimum hold is never extended.
+            kept_on = super::ops::was_released("l.released"),
         );
         // The slots left after the caller's release: the others that have not expired.
         let rest =
@@ -319,6 +324,53 @@ impl Schema {
             released_after = super::ops::released_after(),
             was_released = super::ops::was_released("released"),
             live = queue::live("l", "clock_timestamp()"),
+        );
+        // A release with a minimum hold (see "Minimum hold" in the backend's module docs):
+        // one UPDATE decides, with one reading of the clock (`h`), between keeping the lease
+        // (unexpired, and `acquired_at + $4` ahead: the same lease id, token and holder, the
+        // expiry set to that, the id recorded as released once) and the plain release above.
+        // A kept lease is published with `pg_notify` (the trigger publishes only lease id or
+        // token changes) as `<token> - <name>`, so that every waiter retries and learns the new
+        // expiry. `is_slot`: the lease id is a semaphore slot's (refused by the caller).
+        let channel = format!("mongolock_{:016x}", fnv1a(&format!("{schema}.{table}")));
+        let release_after = format!(
+            "WITH ended AS (
+               UPDATE {t} AS l SET
+                 (lease_id, expires_at, waiters, handoff, released) = (
+                   SELECT CASE WHEN h.hold THEN l.lease_id ELSE NULL::text END,
+                          CASE WHEN h.hold THEN h.until ELSE least(l.expires_at, h.now) END,
+                          CASE WHEN h.hold THEN l.waiters ELSE {popped} END,
+                          CASE WHEN h.hold THEN l.handoff ELSE {designation} END,
+                          CASE WHEN h.hold AND {was_released_l} THEN l.released
+                               ELSE {released_after} END
+                     FROM (SELECT c.now, l.acquired_at + {min_hold} AS until,
+                                  l.expires_at > c.now AND l.acquired_at + {min_hold} > c.now
+                                    AS hold
+                             FROM (SELECT clock_timestamp() AS now) c) h,
+                          (SELECT {live} AS live) q)
+               WHERE name = $1 AND l.slot_limit IS NULL AND lease_id = $2
+               RETURNING l.name, l.lease_id IS NOT NULL AS held_on, l.fencing_token, l.handoff
+             )
+             SELECT EXISTS (SELECT 1 FROM ended)
+                 OR EXISTS (SELECT 1 FROM {t} WHERE name = $1 AND {was_released}) AS released,
+                    coalesce((SELECT held_on FROM ended), false) AS held_on,
+                    (SELECT CASE WHEN held_on THEN NULL ELSE handoff END FROM ended) AS handoff,
+                    (SELECT fencing_token FROM ended) AS fencing_token,
+                    (SELECT count(*) FROM (
+                       SELECT pg_notify({channel_lit}, fencing_token || ' - ' || name)
+                         FROM ended WHERE held_on) n) AS notified,
+                    EXISTS (SELECT 1 FROM {t}
+                             WHERE name = $1 AND slot_limit IS NOT NULL AND EXISTS (
+                                   SELECT 1 FROM jsonb_array_elements(slots) s
+                                    WHERE s->>'id' = $2)) AS is_slot",
+            popped = queue::popped("q.live"),
+            designation = queue::designation("q.live", "$3::text", "$2::text"),
+            released_after = super::ops::released_after(),
+            was_released = super::ops::was_released("released"),
+            was_released_l = super::ops::was_released("l.released"),
+            live = queue::live("l", "clock_timestamp()"),
+            min_hold = micros(4),
+            channel_lit = literal(&channel),
         );
         // An exclusive lease forced out hands off like a release (by nobody's mark).
         let force_release = format!(
@@ -379,12 +431,13 @@ impl Schema {
         );
         Schema {
             display: format!("{schema}.{table}"),
-            channel: format!("mongolock_{:016x}", fnv1a(&format!("{schema}.{table}"))),
+            channel,
             schema_q,
             acquire,
             acquire_slot,
             extend,
             release,
+            release_after,
             force_release,
             inspect,
             holders,
