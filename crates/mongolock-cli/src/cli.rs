@@ -158,7 +158,7 @@ pub struct GlobalArgs {
     /// Print nothing on stderr but errors: no message for a busy lock (`exec --wait`) or a
     /// normal run, no waiting status line, no warnings. Failures (cannot connect, lease lost,
     /// database unreachable while waiting, usage) are still reported; the exit status is
-    /// unchanged. For cron: `exec -q --wait 0 --conflict-exit-code 0`.
+    /// unchanged. For cron: `exec -q --wait 0 --conflict-exit-code 0 --min-hold 10m`.
     #[arg(
         short,
         long,
@@ -223,8 +223,8 @@ Examples:
 
   # Cron on every replica: one run per night however far apart the crons fire (the lock
   # stays held 10 minutes from its grant, by the database's clock); a busy lock is not an
-  # error (like `flock -E 0`):
-  mongolock exec --wait 0 --conflict-exit-code 0 --min-hold 10m nightly-report -- ./report.sh
+  # error (like `flock -E 0`) and -q mails nothing for it:
+  mongolock exec -q --wait 0 --conflict-exit-code 0 --min-hold 10m nightly-report -- ./report.sh
 
   # At most 3 exports at once, across all hosts (a semaphore with 3 slots):
   mongolock exec --limit 3 exports -- ./export.sh
