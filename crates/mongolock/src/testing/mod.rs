@@ -40,11 +40,13 @@ use rand::Rng;
 use tokio::time::Instant;
 
 mod guard_edges;
+mod operator;
 #[cfg(all(feature = "postgres", unix))]
 pub mod postgres_server;
 mod rwlock;
 mod semaphore;
 pub use guard_edges::*;
+pub use operator::*;
 pub use rwlock::*;
 pub use semaphore::*;
 
@@ -140,12 +142,16 @@ macro_rules! contract_suite {
             a_shortened_extension_without_a_reply_ends_the_lease,
             an_unanswered_short_extension_overtaken_by_a_longer_one_ends_the_lease,
             an_abandoned_attempt_that_grants_later_is_released,
+            force_release_token_ends_only_that_lease,
+            force_release_token_ends_one_semaphore_slot,
+            list_matching_filters_by_prefix_and_state,
         );
         $crate::contract_suite!(@notifications $setup;
             force_release_is_signalled_to_the_holder_at_once,
             a_release_wakes_a_waiter_at_once,
             handoffs_are_prompt_and_do_not_stampede,
             a_slot_release_wakes_a_waiter_at_once,
+            waiters_show_who_waits,
         );
     };
     (@cases $setup:path; $($case:ident),* $(,)?) => {
@@ -277,6 +283,18 @@ impl LockBackend for Counting {
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.force_release(name).await
+    }
+    async fn force_release_token(&self, name: &str, token: u64) -> crate::Result<bool> {
+        self.inner.force_release_token(name, token).await
+    }
+    async fn waiters(&self, name: &str) -> crate::Result<Vec<crate::QueuedWaiter>> {
+        self.inner.waiters(name).await
+    }
+    async fn slot_limit(&self, name: &str) -> crate::Result<Option<u32>> {
+        self.inner.slot_limit(name).await
+    }
+    async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list_matching(filter).await
     }
     async fn wait_for_change(&self, name: &str, max_wait: Duration) {
         self.inner.wait_for_change(name, max_wait).await
@@ -1062,6 +1080,18 @@ impl LockBackend for LosesReplies {
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.inner.force_release(name).await
     }
+    async fn force_release_token(&self, name: &str, token: u64) -> crate::Result<bool> {
+        self.inner.force_release_token(name, token).await
+    }
+    async fn waiters(&self, name: &str) -> crate::Result<Vec<crate::QueuedWaiter>> {
+        self.inner.waiters(name).await
+    }
+    async fn slot_limit(&self, name: &str) -> crate::Result<Option<u32>> {
+        self.inner.slot_limit(name).await
+    }
+    async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list_matching(filter).await
+    }
 }
 
 /// An acquire call that ends without a lease after an attempt whose reply was lost — by
@@ -1142,6 +1172,18 @@ impl LockBackend for CountingAll {
     }
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.inner.force_release(name).await
+    }
+    async fn force_release_token(&self, name: &str, token: u64) -> crate::Result<bool> {
+        self.inner.force_release_token(name, token).await
+    }
+    async fn waiters(&self, name: &str) -> crate::Result<Vec<crate::QueuedWaiter>> {
+        self.inner.waiters(name).await
+    }
+    async fn slot_limit(&self, name: &str) -> crate::Result<Option<u32>> {
+        self.inner.slot_limit(name).await
+    }
+    async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list_matching(filter).await
     }
     fn notifications(&self) -> Option<&dyn ChangeNotifications> {
         self.inner.notifications()
