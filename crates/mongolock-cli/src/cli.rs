@@ -285,7 +285,8 @@ Examples:
   mongolock inspect nightly-report --json | jq .holder.host
   mongolock inspect nightly-report --json | jq '.waiters[].holder.pid'
 
-Exits with status 3 when there is no lock with that name.")]
+Exits with status 3 when there is no lock with that name."
+    )]
     Inspect(InspectArgs),
 
     /// Forcibly end the lease on a lock (an operator action for stuck holders).

@@ -119,7 +119,11 @@ pub fn uri(global: &GlobalArgs) -> String {
     global
         .uri
         .clone()
-        .or_else(|| std::env::var(FALLBACK_URI_VAR).ok().filter(|u| !u.is_empty()))
+        .or_else(|| {
+            std::env::var(FALLBACK_URI_VAR)
+                .ok()
+                .filter(|u| !u.is_empty())
+        })
         .unwrap_or_else(|| DEFAULT_URI.to_owned())
 }
 

@@ -55,7 +55,12 @@ async fn the_uri_comes_from_mongolock_uri_then_mongodb_uri() {
     let out = env.run(&["--help"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let help = text(&out.stdout);
-    for word in ["MONGOLOCK_URI", "MONGODB_URI", "MongoDB or PostgreSQL", "79"] {
+    for word in [
+        "MONGOLOCK_URI",
+        "MONGODB_URI",
+        "MongoDB or PostgreSQL",
+        "79",
+    ] {
         assert!(help.contains(word), "--help lacks {word}:\n{help}");
     }
 }

@@ -85,7 +85,10 @@ pub async fn inspect_shows_the_processes_waiting(env: &impl Cli, name: &str) {
             .iter()
             .filter_map(|w| w["holder"]["pid"].as_u64())
             .collect();
-        if waiters.iter().all(|(pid, ..)| pids.contains(&u64::from(*pid))) {
+        if waiters
+            .iter()
+            .all(|(pid, ..)| pids.contains(&u64::from(*pid)))
+        {
             assert_eq!(info["fencing_token"].as_u64(), Some(token), "{info}");
             break queue;
         }
@@ -155,7 +158,11 @@ pub async fn inspect_shows_a_semaphore_and_a_token_ends_one_slot(env: &impl Cli,
     assert!(shown.contains(&format!("token {t1} ")), "{shown}");
     assert!(shown.contains(&format!("token {t2} ")), "{shown}");
 
-    let out = ok(env, &["release", "--force", "--token", &t1.to_string(), name]).await;
+    let out = ok(
+        env,
+        &["release", "--force", "--token", &t1.to_string(), name],
+    )
+    .await;
     assert!(
         text(&out.stdout).contains(&format!("fencing token {t1}")),
         "{}",
@@ -187,7 +194,9 @@ pub async fn inspect_shows_a_semaphore_and_a_token_ends_one_slot(env: &impl Cli,
 pub async fn release_force_token_ends_only_that_lease(env: &impl Cli, name: &str) {
     let (a, ta) = hold(env, name, &["--grace", "1s"], "a", "stop-a").await;
     let wrong = (ta + 1).to_string();
-    let out = env.run(&["release", "--force", "--token", &wrong, name]).await;
+    let out = env
+        .run(&["release", "--force", "--token", &wrong, name])
+        .await;
     assert_eq!(out.status.code(), Some(79), "{}", describe(&out));
     let err = text(&out.stderr);
     assert!(
@@ -200,7 +209,11 @@ pub async fn release_force_token_ends_only_that_lease(env: &impl Cli, name: &str
     assert_eq!(info["held"], true, "{info}");
     assert_eq!(info["fencing_token"].as_u64(), Some(ta), "{info}");
 
-    ok(env, &["release", "--force", "--token", &ta.to_string(), name]).await;
+    ok(
+        env,
+        &["release", "--force", "--token", &ta.to_string(), name],
+    )
+    .await;
     let out = finish(a, LONG).await;
     assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
 
@@ -216,13 +229,22 @@ pub async fn release_force_token_ends_only_that_lease(env: &impl Cli, name: &str
     assert_eq!(info["fencing_token"].as_u64(), Some(tb), "{info}");
     std::fs::write(env.path("stop-b"), "").expect("stop file");
     let out = finish(b, LONG).await;
-    assert_eq!(out.status.code(), Some(0), "the new holder ran to its end: {}", describe(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the new holder ran to its end: {}",
+        describe(&out)
+    );
     // Nothing holds the name: the token of the lease just released ends nothing either.
     let out = env
         .run(&["release", "--force", "--token", &tb.to_string(), name])
         .await;
     assert_eq!(out.status.code(), Some(79), "{}", describe(&out));
-    assert!(text(&out.stderr).contains("not held now"), "{}", describe(&out));
+    assert!(
+        text(&out.stderr).contains("not held now"),
+        "{}",
+        describe(&out)
+    );
 }
 
 /// `list` and `watch` with `--held` and `--prefix` (a prefix with regular-expression and
@@ -264,14 +286,27 @@ pub async fn list_and_watch_filter_by_state_and_prefix(env: &impl Cli) {
     let out = ok(env, &["list", "--held", "--prefix", "a.b*"]).await;
     let table = text(&out.stdout);
     assert_eq!(table.lines().count(), 2, "a header and one row: {table}");
-    assert!(table.lines().nth(1).is_some_and(|r| r.starts_with("a.b*1 ")), "{table}");
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|r| r.starts_with("a.b*1 ")),
+        "{table}"
+    );
 
-    let out = ok(env, &["watch", "--once", "--json", "--held", "--prefix", "a.b*"]).await;
+    let out = ok(
+        env,
+        &["watch", "--once", "--json", "--held", "--prefix", "a.b*"],
+    )
+    .await;
     let refresh = json(&out);
     assert_eq!(names(&refresh["locks"]), ["a.b*1"], "{refresh}");
     let out = ok(env, &["watch", "--once", "--prefix", "%"]).await;
     let shown = text(&out.stdout);
-    assert!(shown.contains("2 locks (with prefix \"%\"), 1 held"), "{shown}");
+    assert!(
+        shown.contains("2 locks (with prefix \"%\"), 1 held"),
+        "{shown}"
+    );
 
     std::fs::write(env.path("stop"), "").expect("stop file");
     for child in holders {
@@ -332,7 +367,10 @@ pub async fn the_uri_comes_from_mongolock_uri_then_mongodb_uri(
     }
     // A lower-precedence source pointing at the test's locks does not win over a higher one.
     for (vars, extra) in [
-        (vec![("MONGOLOCK_URI", nowhere), ("MONGODB_URI", uri)], vec![]),
+        (
+            vec![("MONGOLOCK_URI", nowhere), ("MONGODB_URI", uri)],
+            vec![],
+        ),
         (vec![("MONGOLOCK_URI", uri)], vec!["--uri", nowhere]),
     ] {
         let mut args = extra.clone();

@@ -471,8 +471,7 @@ impl LockBackend for MemoryBackend {
                     true
                 }
                 Some(e)
-                    if e
-                        .slots
+                    if e.slots
                         .iter()
                         .any(|s| s.fencing_token == token && s.expires_at > now) =>
                 {

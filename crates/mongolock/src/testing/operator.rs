@@ -45,7 +45,11 @@ pub async fn force_release_token_ends_only_that_lease(backend: Arc<dyn LockBacke
         !p.force_release_token(&name, t1).await.unwrap(),
         "{name}: token {t1} ended twice"
     );
-    let second = lock.try_acquire().await.unwrap().expect("free after the force-release");
+    let second = lock
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after the force-release");
     let t2 = second.fencing_token();
     assert!(t2 > t1, "{name}: token {t2} after {t1}");
     // The stale token (an operator who read `inspect` before the takeover) ends nothing.
@@ -58,7 +62,10 @@ pub async fn force_release_token_ends_only_that_lease(backend: Arc<dyn LockBacke
         info.held && info.fencing_token == Some(t2) && !second.is_lost(),
         "{name}: the new holder was touched: {info:?}"
     );
-    assert!(matches!(first.release().await, Err(Error::LeaseLost { .. })));
+    assert!(matches!(
+        first.release().await,
+        Err(Error::LeaseLost { .. })
+    ));
     second.release().await.unwrap();
     // A released lease is not ended again.
     assert!(!p.force_release_token(&name, t2).await.unwrap());
@@ -70,7 +77,11 @@ pub async fn force_release_token_ends_one_semaphore_slot(backend: Arc<dyn LockBa
     let name = unique_name("force-token-slot");
     let p = provider(&backend);
     let sem = p.semaphore(name.clone(), 3).unwrap();
-    assert_eq!(p.slot_limit(&name).await.unwrap(), None, "{name}: no slot yet");
+    assert_eq!(
+        p.slot_limit(&name).await.unwrap(),
+        None,
+        "{name}: no slot yet"
+    );
     let a = sem.acquire().await.unwrap();
     let b = sem.acquire().await.unwrap();
     let (ta, tb) = (a.fencing_token(), b.fencing_token());
@@ -94,9 +105,16 @@ pub async fn force_release_token_ends_one_semaphore_slot(backend: Arc<dyn LockBa
     let c = sem.try_acquire().await.unwrap().expect("a free slot");
     assert!(c.fencing_token() > tb);
     assert!(p.force_release_token(&name, tb).await.unwrap());
-    assert!(p.force_release_token(&name, c.fencing_token()).await.unwrap());
+    assert!(p
+        .force_release_token(&name, c.fencing_token())
+        .await
+        .unwrap());
     assert!(p.holders(&name).await.unwrap().is_empty(), "{name}");
-    assert_eq!(p.slot_limit(&name).await.unwrap(), None, "{name}: no slot left");
+    assert_eq!(
+        p.slot_limit(&name).await.unwrap(),
+        None,
+        "{name}: no slot left"
+    );
     assert!(!p.inspect(&name).await.unwrap().unwrap().held, "{name}");
 
     // A lock is not a semaphore; a read-write lock's readers have their limit.

@@ -231,8 +231,7 @@ pub(super) fn waiters(d: &Document, observed_at: SystemTime) -> Vec<QueuedWaiter
         .filter_map(|e| {
             let mark = e.get_str("m").ok()?;
             let until = document::date(e, "until")?;
-            (until > observed_at)
-                .then(|| QueuedWaiter::new(mark, document::holder(e), until))
+            (until > observed_at).then(|| QueuedWaiter::new(mark, document::holder(e), until))
         })
         .collect()
 }
