@@ -9,7 +9,7 @@ use crate::duration::{
     display, parse_command_ttl, parse_duration, parse_positive, parse_ttl, parse_wait, Wait,
 };
 
-/// Default connection string when neither `--uri` nor `MONGODB_URI` is given.
+/// Default connection string when none of `--uri`, `MONGOLOCK_URI` and `MONGODB_URI` is given.
 pub const DEFAULT_URI: &str = "mongodb://localhost:27017";
 /// Default database of the lock collection.
 pub const DEFAULT_DB: &str = "mongolock";
@@ -39,8 +39,12 @@ macro_rules! main_examples {
   mongolock list
   mongolock inspect nightly-report --json
 
-  # Remove a stuck lease:
-  mongolock release --force nightly-report
+  # Remove a stuck lease, only if it is still the one with fencing token 42:
+  mongolock release --force --token 42 nightly-report
+
+  # Who waits for a lock; only the held locks whose names start with reports:
+  mongolock inspect nightly-report
+  mongolock list --held --prefix reports:
 
   # Keep a live view of the locks open in a terminal:
   mongolock watch
@@ -53,7 +57,9 @@ macro_rules! main_examples {
   mongolock man | man -l -
 
 Environment:
-  MONGODB_URI, MONGOLOCK_DB, MONGOLOCK_COLLECTION   --uri, --db, --collection
+  MONGOLOCK_URI, MONGOLOCK_DB, MONGOLOCK_COLLECTION --uri, --db, --collection
+  MONGODB_URI                                       read when neither --uri nor
+                                                    MONGOLOCK_URI is given
   MONGOLOCK_TTL, MONGOLOCK_WAIT, MONGOLOCK_GRACE    --ttl, --wait, --grace of exec/elect
   MONGOLOCK_LOG                                     a tracing filter for diagnostics
   MONGOLOCK_QUIET                                   -q (1, true, yes: on; 0, false, no: off)
@@ -63,13 +69,15 @@ Exit statuses:
   0      success; exec/elect pass through the command's own status (1-255)
   1      mongolock failed (cannot connect, bad URI, authentication, server error)
   2      usage error
-  3      inspect: no such lock
+  3      inspect: no such lock; release --force: the lock was not held
   75     exec --wait ran out while the lock was held elsewhere; the command was not run
          (--conflict-exit-code chooses another status)
   76     the lock was lost while the command ran; the command was stopped
   77     --collection holds data that is not mongolock's (an application's); nothing
          was written there: choose another collection or table
   78     exec --limit/--shared: the name is held with another slot limit; not run
+  79     release --force --token N: no unexpired lease with token N holds the name
+         (it was released, expired or taken over); nothing was released
   126    the command could not be executed
   127    the command was not found
   128+N  the command died from signal N, or mongolock was interrupted while waiting
@@ -84,14 +92,14 @@ const MAIN_EXAMPLES: &str =
 #[cfg(not(feature = "demo"))]
 const MAIN_EXAMPLES: &str = main_examples!("");
 
-/// Distributed locks on MongoDB from the shell: run a command while holding a lock, run a
+/// Distributed locks on MongoDB or PostgreSQL from the shell: run a command while holding a lock, run a
 /// command only on the elected leader, list, inspect and force-release locks.
 #[derive(Debug, Parser)]
 #[command(
     name = "mongolock",
     version,
-    about = "Run commands under distributed MongoDB locks",
-    long_about = "Distributed locks on MongoDB from the shell, in the spirit of `flock`, `etcdctl lock` \
+    about = "Run commands under distributed locks on MongoDB or PostgreSQL",
+    long_about = "Distributed locks on MongoDB or PostgreSQL from the shell, in the spirit of `flock`, `etcdctl lock` \
                   and `consul lock`: run a command while holding a named lock (fencing token in \
                   the environment), run a command only while elected leader, list, inspect and \
                   force-release locks.\n\nLeases are timed by the server's clock and renewed in \
@@ -112,19 +120,20 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
-    /// Connection string; its scheme picks the database: mongodb:// or mongodb+srv:// for
-    /// MongoDB, postgres:// or postgresql:// for PostgreSQL. Its password is never printed. A
-    /// serverSelectionTimeoutMS (MongoDB) or connect_timeout (PostgreSQL) of 5 s applies unless
-    /// the URI sets one.
+    /// Connection string of the MongoDB or PostgreSQL server; its scheme picks the database:
+    /// mongodb:// or mongodb+srv:// for MongoDB, postgres:// or postgresql:// for PostgreSQL.
+    /// Its password is never printed. A serverSelectionTimeoutMS (MongoDB) or connect_timeout
+    /// (PostgreSQL) of 5 s applies unless the URI sets one. Precedence: --uri, then
+    /// MONGOLOCK_URI, then MONGODB_URI (kept for existing setups), then the default
+    /// [default: mongodb://localhost:27017].
     #[arg(
         long,
         global = true,
-        env = "MONGODB_URI",
+        env = "MONGOLOCK_URI",
         hide_env_values = true,
-        default_value = DEFAULT_URI,
         value_name = "URI"
     )]
-    pub uri: String,
+    pub uri: Option<String>,
 
     /// Database holding the lock collection (MongoDB; for PostgreSQL the database is the
     /// URI's).
@@ -274,33 +283,53 @@ Examples:
     #[command(after_help = "\
 Examples:
   mongolock list
+  mongolock list --held --prefix reports:
   mongolock --db app --collection locks list
   mongolock list --json | jq '.[] | select(.held) | .name'")]
     List(ListArgs),
 
-    /// Show one lock: holder, fencing token, lease, times.
-    #[command(after_help = "\
+    /// Show one lock: holder, fencing token, lease, times, who waits for it; a semaphore's
+    /// limit and every holder.
+    #[command(
+        long_about = "Show one lock: its state, holder, fencing token, lease id and times by \
+                      the server's clock. A semaphore (exec --limit) or read-write lock \
+                      (--shared) also shows its slot limit and every holder with its token. \
+                      Processes waiting for the lock (exec, elect, library acquirers with \
+                      change notifications) are listed in queue order with host, pid, \
+                      application name and until when their registration lasts (a waiter \
+                      renews it each time it finds the lock busy; a dead one drops out).",
+        after_help = "\
 Examples:
   mongolock inspect nightly-report
   mongolock inspect nightly-report --json | jq .holder.host
+  mongolock inspect nightly-report --json | jq '.waiters[].holder.pid'
 
-Exits with status 3 when there is no lock with that name.")]
+Exits with status 3 when there is no lock with that name."
+    )]
     Inspect(InspectArgs),
 
     /// Forcibly end the lease on a lock (an operator action for stuck holders).
     #[command(
-        override_usage = "mongolock [GLOBAL OPTIONS] release --force <NAME>",
+        override_usage = "mongolock [GLOBAL OPTIONS] release --force [--token N] <NAME>",
         long_about = "End whatever lease holds NAME, so that the next waiter can take it at once. \
                       The fencing token keeps growing: the next holder's token is larger than the \
                       removed holder's, so a resource that checks tokens refuses the old holder's \
                       late writes. The old holder learns of the loss at its next renewal (a \
                       `mongolock exec` holder then stops its command and exits 76).\n\n\
-                      --force is required: the old holder may still be running.",
+                      --force is required: the old holder may still be running.\n\n\
+                      With --token N the lease is ended only if it still has fencing token N \
+                      (read it with `inspect`): the check and the release are one conditional \
+                      write on the server, so a new holder that took the lock over in between \
+                      is never ended. For a semaphore or read-write lock, --token ends that one \
+                      slot and leaves the others.",
         after_help = "\
 Examples:
   mongolock release --force nightly-report
+  mongolock release --force --token 42 nightly-report
 
-Exits with status 3 when the lock was not held (nothing was released)."
+Exits with status 3 when the lock was not held (nothing was released), and with status 79
+when --token N was given and no unexpired lease with token N holds the lock (it was
+released, expired or taken over; nothing was released)."
     )]
     Release(ReleaseArgs),
 
@@ -704,6 +733,49 @@ pub struct ListArgs {
     /// Print a JSON array instead of a table.
     #[arg(long)]
     pub json: bool,
+
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// `--held` and `--prefix` of `list` and `watch`.
+#[derive(Debug, Clone, Args)]
+pub struct FilterArgs {
+    /// Only locks with an unexpired lease (by the server's clock).
+    #[arg(long)]
+    pub held: bool,
+
+    /// Only locks whose names start with P (plain text: no character is special). Selected by
+    /// the server.
+    #[arg(long, value_name = "P")]
+    pub prefix: Option<String>,
+}
+
+impl FilterArgs {
+    /// The library's filter.
+    pub fn filter(&self) -> mongolock::ListFilter {
+        let mut f = mongolock::ListFilter::new().held(self.held);
+        if let Some(p) = &self.prefix {
+            f = f.prefix(p.clone());
+        }
+        f
+    }
+
+    /// How the filter reads in messages: ` matching prefix "x", held only`, or empty.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(p) = self.prefix.as_deref().filter(|p| !p.is_empty()) {
+            parts.push(format!("with prefix {p:?}"));
+        }
+        if self.held {
+            parts.push("held".to_owned());
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", parts.join(", "))
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -722,6 +794,12 @@ pub struct ReleaseArgs {
     /// Required: confirms that the current holder's lease should be ended.
     #[arg(long, required = true)]
     pub force: bool,
+
+    /// End the lease only if it still has fencing token N (see `inspect`): one conditional
+    /// write on the server, so a holder that took over meanwhile is left alone (exit status
+    /// 79 then). For a semaphore or read-write lock, ends only the slot with that token.
+    #[arg(long, value_name = "N")]
+    pub token: Option<u64>,
 
     /// Lock name.
     #[arg(value_name = "NAME")]
@@ -747,6 +825,9 @@ pub struct WatchArgs {
     /// each lock as in `list --json`.
     #[arg(long)]
     pub json: bool,
+
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -857,7 +938,7 @@ mod tests {
         };
         assert_eq!(args.ttl, Duration::from_secs(5));
         assert_eq!(args.wait, Wait::Forever);
-        assert_eq!(cli.global.uri, "mongodb://h");
+        assert_eq!(cli.global.uri.as_deref(), Some("mongodb://h"));
     }
 
     #[test]

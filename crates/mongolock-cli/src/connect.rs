@@ -12,7 +12,7 @@ use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
 use mongolock::{LockProvider, MongoBackend, PostgresBackend};
 
-use crate::cli::{GlobalArgs, DEFAULT_COLLECTION};
+use crate::cli::{GlobalArgs, DEFAULT_COLLECTION, DEFAULT_URI};
 use crate::exit::{one_line, CliError};
 use crate::uri::{mask_password, redact};
 
@@ -105,7 +105,26 @@ impl Connection {
 
 /// Connects and pings. Every failure is one line naming the cause and the masked URI.
 pub async fn connect(global: &GlobalArgs) -> Result<Connection, CliError> {
-    connect_to(&global.uri, &global.db, &global.collection).await
+    connect_to(&uri(global), &global.db, &global.collection).await
+}
+
+/// The environment variable read when neither `--uri` nor `MONGOLOCK_URI` (the
+/// backend-neutral variable, read by clap) is given: the name earlier versions read, kept so
+/// that existing setups keep working.
+pub const FALLBACK_URI_VAR: &str = "MONGODB_URI";
+
+/// The connection string: `--uri`, else `MONGOLOCK_URI` (both through clap), else
+/// `MONGODB_URI` (an empty value counts as unset), else [`DEFAULT_URI`].
+pub fn uri(global: &GlobalArgs) -> String {
+    global
+        .uri
+        .clone()
+        .or_else(|| {
+            std::env::var(FALLBACK_URI_VAR)
+                .ok()
+                .filter(|u| !u.is_empty())
+        })
+        .unwrap_or_else(|| DEFAULT_URI.to_owned())
 }
 
 /// Whether `uri` names a PostgreSQL server.

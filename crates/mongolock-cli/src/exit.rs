@@ -6,12 +6,14 @@
 //! | 1–255   | `exec`/`elect`: the command's own exit status, passed through                    |
 //! | 1       | mongolock itself failed: cannot connect, bad URI, authentication, server error   |
 //! | 2       | usage error (bad option or argument; printed by the argument parser)             |
-//! | 3       | `inspect`: no lock with that name exists                                         |
+//! | 3       | `inspect`: no lock with that name exists; `release --force`: it was not held    |
 //! | 75      | `exec --wait`: the wait ran out while someone else held the lock; CMD not run    |
 //! | 76      | `exec`/`elect`: the lock was lost while CMD ran (CMD was stopped)                |
 //! | 77      | the lock collection (table) holds data that is not mongolock's; nothing written  |
 //! | 78      | `exec --limit`/`--shared`: NAME is held with another slot limit (another        |
 //! |         | `--limit`, or readers vs. a semaphore); CMD not run                              |
+//! | 79      | `release --force --token N`: no unexpired lease with token N holds the name      |
+//! |         | (released, expired or taken over since); nothing was released                    |
 //! | 126     | CMD exists but could not be executed (permissions)                               |
 //! | 127     | CMD not found                                                                    |
 //! | 128+N   | CMD was killed by signal N, or mongolock was interrupted by signal N while       |
@@ -19,7 +21,8 @@
 //!
 //! 75 is `EX_TEMPFAIL` from `sysexits.h` ("try again later"); 76 is chosen next to it; 78 is
 //! `EX_CONFIG` (the processes sharing a name disagree on its configuration); 77 is `EX_NOPERM`
-//! (mongolock refuses to write to a collection or table that is not its own). A command
+//! (mongolock refuses to write to a collection or table that is not its own); 79 follows them
+//! (the lease named by the token is not there any more: a script must not retry blindly). A command
 //! that itself exits 75 or 76 cannot be told apart from these; scripts that need to can check
 //! for the message on stderr.
 
@@ -44,6 +47,9 @@ pub const FOREIGN_COLLECTION: i32 = 77;
 /// `exec --limit N` / `--shared`: the name's current holders use another slot limit; the
 /// command was not run.
 pub const LIMIT_MISMATCH: i32 = 78;
+/// `release --force --token N`: no unexpired lease with fencing token N holds the name (it was
+/// released, expired or taken over); nothing was released.
+pub const TOKEN_MISMATCH: i32 = 79;
 /// The command could not be executed (permission denied, not an executable).
 pub const CANNOT_EXECUTE: i32 = 126;
 /// The command was not found.

@@ -1,7 +1,10 @@
-//! `mongolock inspect NAME [--json]`.
+//! `mongolock inspect NAME [--json]`: the lock, every holder of a semaphore or read-write
+//! lock with its limit, and the processes waiting for it (the handoff queue).
 
 use mongolock::backend::LeaseHolder;
-use mongolock::LockInfo;
+use mongolock::rwlock::READERS_LIMIT;
+use mongolock::{LockInfo, QueuedWaiter};
+use serde_json::{json, Value};
 
 use crate::cli::{GlobalArgs, InspectArgs};
 use crate::connect::connect;
@@ -33,12 +36,116 @@ pub async fn run(global: &GlobalArgs, args: InspectArgs) -> Result<i32, CliError
     } else {
         Vec::new()
     };
+    let limit = provider.slot_limit(&args.name).await.map_err(|e| {
+        conn.error(
+            &format!("cannot read the slot limit of {:?}", args.name),
+            &e,
+        )
+    })?;
+    let waiters = provider.waiters(&args.name).await.map_err(|e| {
+        conn.error(
+            &format!("cannot read the wait queue of {:?}", args.name),
+            &e,
+        )
+    })?;
+    let view = View {
+        info: &info,
+        holders: &holders,
+        limit,
+        waiters: &waiters,
+    };
     if args.json {
-        write_stdout(&format!("{}\n", pretty(&with_holders(&info, &holders))))?;
+        write_stdout(&format!("{}\n", pretty(&view.json())))?;
     } else {
-        write_stdout(&text(&info, &holders))?;
+        write_stdout(&view.text())?;
     }
     Ok(exit::SUCCESS)
+}
+
+/// What `inspect` shows of one name.
+struct View<'a> {
+    info: &'a LockInfo,
+    holders: &'a [LeaseHolder],
+    /// The slot limit while a semaphore or read-write lock's readers hold the name.
+    limit: Option<u32>,
+    waiters: &'a [QueuedWaiter],
+}
+
+impl View<'_> {
+    /// The JSON form: the lock as in `list --json` (with `holders`), plus `limit` (`null`
+    /// unless slots hold the name), `kind` (`lock`, `semaphore` or `rw_lock_readers`) and
+    /// `waiters` (queue order: `id`, `holder`, `until`, `until_in_ms`).
+    fn json(&self) -> Value {
+        let mut v = with_holders(self.info, self.holders);
+        if let Value::Object(map) = &mut v {
+            map.insert("kind".to_owned(), json!(self.kind()));
+            map.insert("limit".to_owned(), json!(self.limit));
+            map.insert(
+                "waiters".to_owned(),
+                Value::Array(
+                    self.waiters
+                        .iter()
+                        .map(|w| waiter_json(self.info, w))
+                        .collect(),
+                ),
+            );
+        }
+        v
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.limit {
+            None => "lock",
+            Some(READERS_LIMIT) => "rw_lock_readers",
+            Some(_) => "semaphore",
+        }
+    }
+
+    fn text(&self) -> String {
+        let mut out = text(self.info, self.holders, self.limit.is_some());
+        let width = "fencing token".len() + 1;
+        if let Some(limit) = self.limit {
+            let what = if limit == READERS_LIMIT {
+                "readers of a read-write lock (no limit)".to_owned()
+            } else {
+                format!("{limit} slots, {} held", self.holders.len())
+            };
+            out.push_str(&format!("{:<width$} {what}\n", "limit:"));
+        }
+        if !self.waiters.is_empty() {
+            out.push_str(&format!("{:<width$} {}\n", "waiting:", self.waiters.len()));
+            for w in self.waiters {
+                out.push_str(&format!("  {}\n", waiter_line(self.info, w)));
+            }
+        }
+        out
+    }
+}
+
+/// One waiter as JSON: the library's serialization of [`QueuedWaiter`] (`id`, `holder`,
+/// `until`) and `until_in_ms` (from the lock's `observed_at`).
+fn waiter_json(info: &LockInfo, w: &QueuedWaiter) -> Value {
+    let mut v = serde_json::to_value(w).unwrap_or_else(|_| json!({}));
+    if let Value::Object(map) = &mut v {
+        map.insert(
+            "until_in_ms".to_owned(),
+            json!(crate::list::ms_from_observed(info, w.until)),
+        );
+    }
+    v
+}
+
+/// One waiter for people: `host (pid 42) app "x"  registered until <time> (in 3.2s)`.
+fn waiter_line(info: &LockInfo, w: &QueuedWaiter) -> String {
+    let who = w.holder.as_ref().map_or_else(
+        || format!("process {} (no metadata: an earlier version)", w.id),
+        |h| h.to_string(),
+    );
+    format!(
+        "{who}  registered until {} ({})",
+        timestamp(w.until),
+        ago_text(info, w.until)
+    )
 }
 
 /// A lock's fencing token as shown: `-` when the lease has none yet (MongoDB: being issued).
@@ -47,8 +154,8 @@ pub(crate) fn token_text(token: Option<u64>) -> String {
 }
 
 /// The text form for people; several `holders` (a semaphore's slots, a read-write lock's
-/// readers) are listed one per line after the lock's own fields.
-fn text(info: &LockInfo, holders: &[LeaseHolder]) -> String {
+/// readers; every one when `slots`) are listed one per line after the lock's own fields.
+fn text(info: &LockInfo, holders: &[LeaseHolder], slots: bool) -> String {
     let mut rows: Vec<(&str, String)> = vec![
         ("name", crate::list::shown_name(&info.name)),
         ("state", state(info).to_owned()),
@@ -85,7 +192,7 @@ fn text(info: &LockInfo, holders: &[LeaseHolder]) -> String {
     for (key, value) in rows {
         out.push_str(&format!("{:<width$} {value}\n", format!("{key}:")));
     }
-    if holders.len() > 1 {
+    if holders.len() > 1 || (slots && !holders.is_empty()) {
         out.push_str(&format!("{:<width$} {}\n", "holders:", holders.len()));
         for h in holders {
             out.push_str(&format!("  {}\n", holder_line(info, h)));
@@ -117,7 +224,7 @@ mod tests {
             expires_at: Some(now + Duration::from_secs(26)),
             observed_at: now,
         };
-        let t = text(&info, &[]);
+        let t = text(&info, &[], false);
         assert!(t.contains("state:         held\n"), "{t}");
         assert!(t.contains("holder:        build-7 (pid 4242)\n"), "{t}");
         assert!(t.contains("fencing token: 17\n"), "{t}");
@@ -136,7 +243,7 @@ mod tests {
                 app_name: None,
             }),
         };
-        let t = text(&info, &[slot(16, 1, 20), slot(17, 4242, 26)]);
+        let t = text(&info, &[slot(16, 1, 20), slot(17, 4242, 26)], false);
         assert!(t.contains("holders:       2\n"), "{t}");
         assert!(
             t.contains("  token 16  build-7 (pid 1)  expires in 20.0s  lease l16\n"),

@@ -21,7 +21,7 @@ pub async fn run(global: &GlobalArgs, args: ListArgs) -> Result<i32, CliError> {
     let conn = connect(global).await?;
     let provider = conn.provider(None, None)?;
     let locks = provider
-        .list()
+        .list_matching(&args.filter.filter())
         .await
         .map_err(|e| conn.error(&format!("cannot list locks in {}", conn.namespace()), &e))?;
     let mut holders = Vec::with_capacity(locks.len());
@@ -44,7 +44,11 @@ pub async fn run(global: &GlobalArgs, args: ListArgs) -> Result<i32, CliError> {
         );
         write_stdout(&format!("{}\n", pretty(&array)))?;
     } else if locks.is_empty() {
-        write_stdout(&format!("no locks in {}\n", conn.namespace()))?;
+        write_stdout(&format!(
+            "no locks{} in {}\n",
+            args.filter.describe(),
+            conn.namespace()
+        ))?;
     } else {
         write_stdout(&table_with_holders(&locks, &holders))?;
     }
@@ -120,7 +124,7 @@ pub fn state(info: &LockInfo) -> &'static str {
 }
 
 /// Signed time from `observed_at` to `at` in milliseconds (negative: in the past).
-fn ms_from_observed(info: &LockInfo, at: SystemTime) -> i64 {
+pub(crate) fn ms_from_observed(info: &LockInfo, at: SystemTime) -> i64 {
     match at.duration_since(info.observed_at) {
         Ok(ahead) => i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX),
         Err(behind) => -i64::try_from(behind.duration().as_millis()).unwrap_or(i64::MAX),

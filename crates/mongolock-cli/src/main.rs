@@ -1,4 +1,4 @@
-//! `mongolock`: distributed MongoDB locks from the shell. See `mongolock --help` and
+//! `mongolock`: distributed MongoDB or PostgreSQL locks from the shell. See `mongolock --help` and
 //! `crates/mongolock-cli/README.md`; exit statuses are documented in [`exit`].
 
 /// Prints one line on stderr with a single write, so that it is not interleaved with what the

@@ -51,7 +51,7 @@ pub async fn run(global: &GlobalArgs, args: WatchArgs) -> Result<i32, CliError> 
     let limit = if args.once { Some(1) } else { args.count };
     let mut shown = 0u64;
     loop {
-        let locks = match provider.list().await {
+        let locks = match provider.list_matching(&args.filter.filter()).await {
             Ok(locks) => Some(locks),
             Err(e) => {
                 let err = conn.error(&format!("cannot list locks in {namespace}"), &e);
@@ -148,9 +148,10 @@ fn render(
         format!("every {}", crate::duration::display(args.interval))
     };
     let header = format!(
-        "mongolock watch: {namespace}: {} lock{}, {held} held; {} ({clock}); refresh {refresh}",
+        "mongolock watch: {namespace}: {} lock{}{}, {held} held; {} ({clock}); refresh {refresh}",
         locks.len(),
         if locks.len() == 1 { "" } else { "s" },
+        args.filter.describe(),
         humantime::format_rfc3339_seconds(at),
     );
     let body = if locks.is_empty() {
@@ -187,6 +188,10 @@ mod tests {
             once: false,
             count: None,
             json,
+            filter: crate::cli::FilterArgs {
+                held: false,
+                prefix: None,
+            },
         }
     }
 

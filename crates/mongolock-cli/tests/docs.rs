@@ -194,7 +194,10 @@ async fn release_usage_does_not_suggest_that_uri_is_required() {
         .find(|l| l.starts_with("Usage:"))
         .unwrap_or_else(|| panic!("no usage line:\n{help}"));
     assert!(!usage.contains("--uri"), "{usage}");
-    assert!(usage.contains("release --force <NAME>"), "{usage}");
+    assert!(
+        usage.contains("release --force [--token N] <NAME>"),
+        "{usage}"
+    );
     // The usage shown with an error says the same.
     let out = mongolock(&["release", "some-lock"]).await;
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));

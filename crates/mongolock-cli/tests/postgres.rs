@@ -290,3 +290,55 @@ async fn exec_json_events_carry_the_lease_and_server_times() {
     assert_eq!(events[3]["exit_code"], 3, "{context}");
     assert_eq!(events[5]["exit_code"], 3, "{context}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_shows_three_waiting_processes_with_host_pid_app_and_until() {
+    let Some(env) = PgEnv::new("waiters") else {
+        return;
+    };
+    common::operator::inspect_shows_the_processes_waiting(&env, "queued").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_shows_a_semaphore_limit_and_holders_and_a_token_ends_one_slot() {
+    let Some(env) = PgEnv::new("semlimit") else {
+        return;
+    };
+    common::operator::inspect_shows_a_semaphore_and_a_token_ends_one_slot(&env, "exports").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn release_force_token_ends_only_the_lease_with_that_token() {
+    let Some(env) = PgEnv::new("token") else {
+        return;
+    };
+    common::operator::release_force_token_ends_only_that_lease(&env, "nightly").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_and_watch_filter_by_held_and_a_literal_prefix() {
+    let Some(env) = PgEnv::new("filter") else {
+        return;
+    };
+    common::operator::list_and_watch_filter_by_state_and_prefix(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_uri_comes_from_mongolock_uri_then_mongodb_uri() {
+    let Some(env) = PgEnv::new("urivars") else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let nowhere = format!("postgres://app@127.0.0.1:{port}/db?connect_timeout=2");
+    let (url, table) = (env.url.clone(), env.table.clone());
+    common::operator::the_uri_comes_from_mongolock_uri_then_mongodb_uri(
+        &env,
+        &url,
+        &["--collection", &table],
+        &nowhere,
+    )
+    .await;
+}

@@ -482,6 +482,56 @@ pub trait LockBackend: Send + Sync + 'static {
     /// growing for the next holder. Returns whether a lease was ended.
     async fn force_release(&self, name: &str) -> Result<bool>;
 
+    /// Ends the unexpired lease of `name` whose fencing token is `token`, and nothing else (an
+    /// operator action that must not end a holder that took over meanwhile): the exclusive
+    /// lease when it has that token, or the one semaphore slot with that token (the other
+    /// slots stay). One conditional write, judged by server time: never a read followed by a
+    /// write. The fencing token keeps growing for the next holder. Returns whether a lease was
+    /// ended.
+    ///
+    /// The default returns [`Error::Backend`](crate::Error::Backend) (a backend cannot make it
+    /// atomic from the other operations); the memory, MongoDB and PostgreSQL backends implement
+    /// it.
+    async fn force_release_token(&self, name: &str, token: u64) -> Result<bool> {
+        let _ = (name, token);
+        Err(crate::Error::backend(
+            "this lock backend has no conditional force-release (force_release_token)",
+            "use force_release, or implement LockBackend::force_release_token as one \
+             conditional write",
+        ))
+    }
+
+    /// The wait queue of `name` by server time at the read: the processes (MongoDB,
+    /// PostgreSQL) or calls (memory) registered as waiting for it, in queue order, without the
+    /// entries whose registration has run out (see [`QueuedWaiter`](crate::QueuedWaiter)).
+    /// Acquirers join the queue only while they wait for a change of an exclusive lease with
+    /// live notifications; semaphore slot waiters are not queued.
+    ///
+    /// The default is empty (a backend without a queue).
+    async fn waiters(&self, name: &str) -> Result<Vec<crate::QueuedWaiter>> {
+        let _ = name;
+        Ok(Vec::new())
+    }
+
+    /// The slot limit of `name` while it is held as a semaphore (or by the readers of a
+    /// read-write lock, whose limit is [`READERS_LIMIT`](crate::rwlock::READERS_LIMIT)): `Some`
+    /// while at least one unexpired slot holds it, by server time; `None` otherwise.
+    ///
+    /// The default is `None`; the memory, MongoDB and PostgreSQL backends report it.
+    async fn slot_limit(&self, name: &str) -> Result<Option<u32>> {
+        let _ = name;
+        Ok(None)
+    }
+
+    /// The locks that pass `filter`, sorted by name. The default filters
+    /// [`list`](Self::list) in the client; MongoDB (an anchored `$regex` on `_id`) and
+    /// PostgreSQL (a comparison of the name's start) select the prefix on the server.
+    async fn list_matching(&self, filter: &crate::ListFilter) -> Result<Vec<LockInfo>> {
+        let mut all = self.list().await?;
+        all.retain(|i| filter.matches(i));
+        Ok(all)
+    }
+
     /// The backend's change notifications, when it has them (see the [module docs](self)).
     /// The default is `None`: waiters poll with the wait strategy and holders detect loss by
     /// extension and their local deadline.

@@ -186,6 +186,7 @@ mod guard;
 mod holder;
 mod lock;
 mod metrics;
+mod operator;
 mod options;
 mod provider;
 pub mod rwlock;
@@ -210,6 +211,7 @@ pub use error::{BoxError, Error, Result};
 pub use guard::{LockGuard, LostSignal};
 pub use holder::HolderInfo;
 pub use lock::{Lock, Timeout};
+pub use operator::{ListFilter, QueuedWaiter};
 pub use options::{
     DriftMargin, LockOptions, DEFAULT_EXPIRY, DEFAULT_RELEASE_TIMEOUT, MAX_EXPIRY, MAX_NAME_LEN,
 };

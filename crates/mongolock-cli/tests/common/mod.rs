@@ -17,6 +17,8 @@ use serde_json::Value;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
+pub mod operator;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_mongolock");
 pub const LONG: Duration = Duration::from_secs(60);
 
@@ -54,6 +56,7 @@ pub fn command(uri: &str, location: &[&str], dir: &Path, args: &[&str]) -> Comma
         .args(args)
         .env("D", dir)
         .env_remove("MONGODB_URI")
+        .env_remove("MONGOLOCK_URI")
         .env_remove("MONGOLOCK_DB")
         .env_remove("MONGOLOCK_COLLECTION")
         .env_remove("MONGOLOCK_LOG")

@@ -21,6 +21,14 @@
 //! request (`slot_attempt`) when the name has no unexpired exclusive lease and fewer slots than
 //! its limit. A grant increments the name's one token counter and stores the lease (or pushes
 //! the slot).
+//!
+//! # Wait queue
+//! The memory backend's equivalent of the MongoDB and PostgreSQL handoff queues, for
+//! [`waiters`](crate::LockBackend::waiters) only (wake-ups need no queue in one process): a
+//! busy exclusive attempt made while an acquirer of the name waits for a change (registered
+//! with the hub) records its lease id and holder until the holder's expiry plus
+//! [`REGISTRATION`], moving its entry's time when it is already queued; a grant removes the
+//! granted call's entry. One entry per waiting acquire call.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -74,6 +82,21 @@ struct Entry {
     slots: Vec<Slot>,
     /// The limit of the holders in `slots`.
     limit: u32,
+    /// The wait queue (see the module docs): waiting calls in order of first registration,
+    /// each until its registration runs out.
+    queue: Vec<Queued>,
+}
+
+/// How long a queue registration outlives the holder's expiry (as in the MongoDB and
+/// PostgreSQL queues, `backends/handoff.rs`).
+const REGISTRATION: Duration = Duration::from_secs(2);
+
+/// One entry of a name's wait queue.
+#[derive(Clone)]
+struct Queued {
+    lease_id: LeaseId,
+    holder: HolderInfo,
+    until: SystemTime,
 }
 
 /// One semaphore holder.
@@ -254,6 +277,9 @@ impl MemoryBackend {
 #[async_trait]
 impl LockBackend for MemoryBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        // An acquirer of the name waits for a change (its own registers before the attempt):
+        // a busy attempt joins the wait queue (module docs).
+        let waiting = self.inner.hub.acquirers(&req.name) >= 1;
         let attempt = {
             let mut entries = self.entries();
             let now = self.now();
@@ -266,8 +292,10 @@ impl LockBackend for MemoryBackend {
                 released: VecDeque::new(),
                 slots: Vec::new(),
                 limit: 0,
+                queue: Vec::new(),
             });
             entry.slots.retain(|s| s.expires_at > now);
+            entry.queue.retain(|q| q.until > now);
             match req.mode {
                 LeaseMode::Slot { limit } => {
                     let attempt = entry.slot_attempt(&req.name, req, limit, now)?;
@@ -283,10 +311,22 @@ impl LockBackend for MemoryBackend {
                     };
                     if !free || !entry.slots.is_empty() {
                         let slots_end = entry.slots.iter().map(|s| s.expires_at).max();
-                        return Ok(Attempt::Busy {
-                            holder_expires_at: Some(entry.expires_at).max(slots_end),
-                        });
+                        let holder_expires_at = Some(entry.expires_at).max(slots_end);
+                        if waiting {
+                            let until =
+                                later(holder_expires_at.unwrap_or(now).max(now), REGISTRATION);
+                            match entry.queue.iter_mut().find(|q| q.lease_id == req.lease_id) {
+                                Some(q) => q.until = until,
+                                None => entry.queue.push(Queued {
+                                    lease_id: req.lease_id.clone(),
+                                    holder: req.holder.clone(),
+                                    until,
+                                }),
+                            }
+                        }
+                        return Ok(Attempt::Busy { holder_expires_at });
                     }
+                    entry.queue.retain(|q| q.lease_id != req.lease_id);
                     entry.lease_id = Some(req.lease_id.clone());
                     entry.fencing_token += 1;
                     entry.acquired_at = now;
@@ -471,6 +511,56 @@ impl LockBackend for MemoryBackend {
             self.changed(name, None);
         }
         Ok(ended)
+    }
+
+    async fn force_release_token(&self, name: &str, token: u64) -> Result<bool> {
+        let ended = {
+            let mut entries = self.entries();
+            let now = self.now();
+            match entries.get_mut(name) {
+                Some(e) if e.exclusive_held(now) && e.fencing_token == token => {
+                    e.lease_id = None;
+                    e.expires_at = e.expires_at.min(now);
+                    true
+                }
+                Some(e)
+                    if e.slots
+                        .iter()
+                        .any(|s| s.fencing_token == token && s.expires_at > now) =>
+                {
+                    e.slots.retain(|s| s.fencing_token != token);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if ended {
+            self.changed(name, None);
+        }
+        Ok(ended)
+    }
+
+    async fn waiters(&self, name: &str) -> Result<Vec<crate::QueuedWaiter>> {
+        let entries = self.entries();
+        let now = self.now();
+        Ok(entries.get(name).map_or_else(Vec::new, |e| {
+            e.queue
+                .iter()
+                .filter(|q| q.until > now)
+                .map(|q| {
+                    crate::QueuedWaiter::new(q.lease_id.as_str(), Some(q.holder.clone()), q.until)
+                })
+                .collect()
+        }))
+    }
+
+    async fn slot_limit(&self, name: &str) -> Result<Option<u32>> {
+        let entries = self.entries();
+        let now = self.now();
+        Ok(entries
+            .get(name)
+            .filter(|e| e.slots.iter().any(|s| s.expires_at > now))
+            .map(|e| e.limit))
     }
 
     fn notifications(&self) -> Option<&dyn ChangeNotifications> {

@@ -72,6 +72,18 @@ impl LockBackend for ExtendsWithoutReply {
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.inner.force_release(name).await
     }
+    async fn force_release_token(&self, name: &str, token: u64) -> crate::Result<bool> {
+        self.inner.force_release_token(name, token).await
+    }
+    async fn waiters(&self, name: &str) -> crate::Result<Vec<crate::QueuedWaiter>> {
+        self.inner.waiters(name).await
+    }
+    async fn slot_limit(&self, name: &str) -> crate::Result<Option<u32>> {
+        self.inner.slot_limit(name).await
+    }
+    async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list_matching(filter).await
+    }
     // No notifications: the holder learns nothing from the store, so only its local deadline
     // can tell it the lease is gone.
 }
@@ -208,6 +220,18 @@ impl LockBackend for ExtendsLate {
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.inner.force_release(name).await
     }
+    async fn force_release_token(&self, name: &str, token: u64) -> crate::Result<bool> {
+        self.inner.force_release_token(name, token).await
+    }
+    async fn waiters(&self, name: &str) -> crate::Result<Vec<crate::QueuedWaiter>> {
+        self.inner.waiters(name).await
+    }
+    async fn slot_limit(&self, name: &str) -> crate::Result<Option<u32>> {
+        self.inner.slot_limit(name).await
+    }
+    async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list_matching(filter).await
+    }
 }
 
 /// A shortened extension that the caller gave up on stays in flight and is applied only after
@@ -330,6 +354,18 @@ impl LockBackend for GrantsThenFails {
     }
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.inner.force_release(name).await
+    }
+    async fn force_release_token(&self, name: &str, token: u64) -> crate::Result<bool> {
+        self.inner.force_release_token(name, token).await
+    }
+    async fn waiters(&self, name: &str) -> crate::Result<Vec<crate::QueuedWaiter>> {
+        self.inner.waiters(name).await
+    }
+    async fn slot_limit(&self, name: &str) -> crate::Result<Option<u32>> {
+        self.inner.slot_limit(name).await
+    }
+    async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list_matching(filter).await
     }
 }
 

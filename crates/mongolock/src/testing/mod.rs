@@ -41,12 +41,14 @@ use tokio::time::Instant;
 
 mod guard_edges;
 mod min_hold;
+mod operator;
 #[cfg(all(feature = "postgres", unix))]
 pub mod postgres_server;
 mod rwlock;
 mod semaphore;
 pub use guard_edges::*;
 pub use min_hold::*;
+pub use operator::*;
 pub use rwlock::*;
 pub use semaphore::*;
 
@@ -146,12 +148,16 @@ macro_rules! contract_suite {
             min_hold_already_passed_is_a_plain_release,
             force_release_ends_a_min_hold,
             min_hold_is_idempotent_and_refuses_extension,
+            force_release_token_ends_only_that_lease,
+            force_release_token_ends_one_semaphore_slot,
+            list_matching_filters_by_prefix_and_state,
         );
         $crate::contract_suite!(@notifications $setup;
             force_release_is_signalled_to_the_holder_at_once,
             a_release_wakes_a_waiter_at_once,
             handoffs_are_prompt_and_do_not_stampede,
             a_slot_release_wakes_a_waiter_at_once,
+            waiters_show_who_waits,
         );
     };
     (@cases $setup:path; $($case:ident),* $(,)?) => {
@@ -292,6 +298,18 @@ impl LockBackend for Counting {
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.force_release(name).await
+    }
+    async fn force_release_token(&self, name: &str, token: u64) -> crate::Result<bool> {
+        self.inner.force_release_token(name, token).await
+    }
+    async fn waiters(&self, name: &str) -> crate::Result<Vec<crate::QueuedWaiter>> {
+        self.inner.waiters(name).await
+    }
+    async fn slot_limit(&self, name: &str) -> crate::Result<Option<u32>> {
+        self.inner.slot_limit(name).await
+    }
+    async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list_matching(filter).await
     }
     async fn wait_for_change(&self, name: &str, max_wait: Duration) {
         self.inner.wait_for_change(name, max_wait).await
@@ -1085,6 +1103,18 @@ impl LockBackend for LosesReplies {
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.inner.force_release(name).await
     }
+    async fn force_release_token(&self, name: &str, token: u64) -> crate::Result<bool> {
+        self.inner.force_release_token(name, token).await
+    }
+    async fn waiters(&self, name: &str) -> crate::Result<Vec<crate::QueuedWaiter>> {
+        self.inner.waiters(name).await
+    }
+    async fn slot_limit(&self, name: &str) -> crate::Result<Option<u32>> {
+        self.inner.slot_limit(name).await
+    }
+    async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list_matching(filter).await
+    }
 }
 
 /// An acquire call that ends without a lease after an attempt whose reply was lost — by
@@ -1173,6 +1203,18 @@ impl LockBackend for CountingAll {
     }
     async fn force_release(&self, name: &str) -> crate::Result<bool> {
         self.inner.force_release(name).await
+    }
+    async fn force_release_token(&self, name: &str, token: u64) -> crate::Result<bool> {
+        self.inner.force_release_token(name, token).await
+    }
+    async fn waiters(&self, name: &str) -> crate::Result<Vec<crate::QueuedWaiter>> {
+        self.inner.waiters(name).await
+    }
+    async fn slot_limit(&self, name: &str) -> crate::Result<Option<u32>> {
+        self.inner.slot_limit(name).await
+    }
+    async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
+        self.inner.list_matching(filter).await
     }
     fn notifications(&self) -> Option<&dyn ChangeNotifications> {
         self.inner.notifications()

@@ -178,14 +178,19 @@ fn acquire_pipeline(
             HOLDER: { "$literal": holder_doc(&req.holder) },
             // Exclusive mode: the name's semaphore slots, if any, no longer count (`slots.rs`).
             LIMIT: Bson::Null,
-            WAITERS: queue::on_grant(queueing.mark, ttl_millis(req.ttl), queueing.requeue),
+            WAITERS: queue::on_grant(
+                queueing.mark,
+                &req.holder,
+                ttl_millis(req.ttl),
+                queueing.requeue,
+            ),
             RESERVED: queue::clear_reservation(),
         },
     } };
     let busy = if queueing.register {
         Bson::Document(doc! { "$mergeObjects": [
             "$$ROOT",
-            { WAITERS: queue::after_busy(queueing.mark) },
+            { WAITERS: queue::after_busy(queueing.mark, &req.holder) },
         ] })
     } else {
         Bson::String("$$ROOT".into())

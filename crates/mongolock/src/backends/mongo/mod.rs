@@ -192,6 +192,7 @@ mod acquire;
 pub(crate) mod document;
 pub(crate) mod errors;
 mod index;
+mod operator;
 mod ops;
 mod queue;
 mod slots;
@@ -642,6 +643,23 @@ impl LockBackend for MongoBackend {
     async fn force_release(&self, name: &str) -> Result<bool> {
         self.checks.ensure_ours(&self.reads).await?;
         ops::force_release(&self.coll, name, self.fair_handoff).await
+    }
+
+    async fn force_release_token(&self, name: &str, token: u64) -> Result<bool> {
+        self.checks.ensure_ours(&self.reads).await?;
+        operator::force_release_token(&self.coll, name, token, self.fair_handoff).await
+    }
+
+    async fn waiters(&self, name: &str) -> Result<Vec<crate::QueuedWaiter>> {
+        operator::waiters(&self.reads, name).await
+    }
+
+    async fn slot_limit(&self, name: &str) -> Result<Option<u32>> {
+        operator::slot_limit(&self.reads, name).await
+    }
+
+    async fn list_matching(&self, filter: &crate::ListFilter) -> Result<Vec<LockInfo>> {
+        operator::list_matching(&self.reads, filter).await
     }
 
     fn notifications(&self) -> Option<&dyn ChangeNotifications> {

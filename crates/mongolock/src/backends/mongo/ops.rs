@@ -25,7 +25,7 @@ use crate::error::Result;
 /// own release and filter it out (`watch.rs`), so its waiters would sleep until the old
 /// expiry. It also lets a replace event's `next` be recognised as this force-release's
 /// designation (`Handoff::of`).
-fn end_lease(reserve: bool) -> Vec<Document> {
+pub(super) fn end_lease(reserve: bool) -> Vec<Document> {
     let forced = format!("force-release-{}", LeaseId::random().as_str());
     let set = doc! {
         LEASE_ID: null,
@@ -229,7 +229,11 @@ pub(super) async fn force_release(
 }
 
 /// Reads lock documents matching `filter` together with the server time.
-async fn read(coll: &Collection<Document>, filter: Document, op: &str) -> Result<Vec<LockInfo>> {
+pub(super) async fn read(
+    coll: &Collection<Document>,
+    filter: Document,
+    op: &str,
+) -> Result<Vec<LockInfo>> {
     let cursor = coll
         .aggregate(vec![
             doc! { "$match": filter },

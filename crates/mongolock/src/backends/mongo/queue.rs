@@ -7,8 +7,10 @@
 //!
 //! * A busy attempt of an acquirer that is going to wait for a change (and whose backend's
 //!   stream is live) registers its **backend** in the document's queue, in the same write:
-//!   `waiters: [{m: <backend mark>, until: <date>}, ...]`, in order of first registration (a
-//!   later busy attempt only moves `until`). An entry lives until the holder's expiry plus
+//!   `waiters: [{m: <backend mark>, until: <date>, holder: {host, pid, app}}, ...]`, in order
+//!   of first registration (a later busy attempt moves `until` and rewrites `holder` with its
+//!   acquirer's metadata, which only operators read: `waiters`; entries written by earlier
+//!   versions have no `holder`). An entry lives until the holder's expiry plus
 //!   [`REGISTRATION`] (a waiter re-registers each time it wakes at the holder's expiry and finds
 //!   the lease extended), so a process that died leaves the queue by itself. At most
 //!   [`MAX_WAITERS`] entries; later processes are not queued (they are woken by the fallback).
@@ -42,11 +44,17 @@
 //! cannot break mutual exclusion or token order; a wrong or stale designation costs at most
 //! the fallback delay. (What the PostgreSQL queue shares with this one: `backends/handoff.rs`.)
 
+use std::time::SystemTime;
+
 use mongodb::bson::{doc, Bson, Document};
+
+use super::document::{self, holder_doc};
 
 pub(crate) use crate::backends::handoff::{Handoff, Queueing};
 use crate::backends::handoff::{MAX_WAITERS, REGISTRATION};
 use crate::backends::wakeups::HANDOFF_FALLBACK;
+use crate::holder::HolderInfo;
+use crate::QueuedWaiter;
 
 /// The queue of waiting backends.
 pub(super) const WAITERS: &str = "waiters";
@@ -71,12 +79,14 @@ fn marks(array: &str) -> Document {
     doc! { "$map": { "input": array, "in": "$$this.m" } }
 }
 
-/// The queue after a busy attempt that registers `mark`: its entry's `until` moved to the
-/// holder's expiry plus [`REGISTRATION`], or a new entry at the end (when there is room).
-pub(super) fn after_busy(mark: &str) -> Document {
+/// The queue after a busy attempt that registers `mark` for an acquirer described by
+/// `holder`: its entry's `until` moved to the holder's expiry plus [`REGISTRATION`] (and its
+/// `holder` rewritten), or a new entry at the end (when there is room).
+pub(super) fn after_busy(mark: &str, holder: &HolderInfo) -> Document {
     let entry = doc! {
         "m": { "$literal": mark },
         "until": { "$add": [{ "$max": ["$expiresAt", "$$NOW"] }, registration_ms()] },
+        "holder": { "$literal": holder_doc(holder) },
     };
     doc! { "$let": {
         "vars": { "live": live() },
@@ -97,7 +107,7 @@ pub(super) fn after_busy(mark: &str) -> Document {
 
 /// The queue after a grant to `mark` of a lease of `ttl_ms`: without its entry, and with it
 /// at the end when `requeue`.
-fn after_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Document {
+fn after_grant(mark: &str, holder: &HolderInfo, ttl_ms: i64, requeue: bool) -> Document {
     // The live entries (`live`) but `mark`'s, in one pass.
     let others = doc! { "$filter": {
         "input": { "$ifNull": ["$waiters", []] },
@@ -112,6 +122,7 @@ fn after_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Document {
     let entry = doc! {
         "m": { "$literal": mark },
         "until": { "$add": ["$$NOW", ttl_ms + registration_ms()] },
+        "holder": { "$literal": holder_doc(holder) },
     };
     doc! { "$slice": [{ "$concatArrays": [others, [entry]] }, MAX_WAITERS] }
 }
@@ -159,13 +170,13 @@ fn queued() -> Document {
 
 /// The `waiters` value of a grant's new lease fields: [`after_grant`] when the lock has a
 /// queue or the grant requeues, else nothing (`$$REMOVE`: an unqueued lock gets no field).
-pub(super) fn on_grant(mark: &str, ttl_ms: i64, requeue: bool) -> Bson {
+pub(super) fn on_grant(mark: &str, holder: &HolderInfo, ttl_ms: i64, requeue: bool) -> Bson {
     if requeue {
-        return Bson::Document(after_grant(mark, ttl_ms, true));
+        return Bson::Document(after_grant(mark, holder, ttl_ms, true));
     }
     Bson::Document(doc! { "$cond": [
         { "$isArray": "$waiters" },
-        after_grant(mark, ttl_ms, false),
+        after_grant(mark, holder, ttl_ms, false),
         "$$REMOVE",
     ] })
 }
@@ -204,4 +215,23 @@ impl Handoff {
             None => Handoff::Unknown,
         }
     }
+}
+
+/// The live entries of the queue of the lock document `d`, read at server time `observed_at`,
+/// in queue order (for operators: [`LockBackend::waiters`](crate::LockBackend::waiters)).
+/// Entries that are not documents with a mark and a date are skipped: they are never written
+/// by mongolock, and the queue only orders who tries first.
+pub(super) fn waiters(d: &Document, observed_at: SystemTime) -> Vec<QueuedWaiter> {
+    let Ok(entries) = d.get_array(WAITERS) else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(Bson::as_document)
+        .filter_map(|e| {
+            let mark = e.get_str("m").ok()?;
+            let until = document::date(e, "until")?;
+            (until > observed_at).then(|| QueuedWaiter::new(mark, document::holder(e), until))
+        })
+        .collect()
 }

@@ -546,3 +546,72 @@ pub(super) async fn still_holds(
         Err(_) => true,
     }
 }
+
+/// Ends the unexpired slot whose token is `token`, and no other (an operator's conditional
+/// force-release): one update whose filter requires slot mode and that slot unexpired by
+/// `$$NOW`. Like a release, it removes the slot (and expired ones), lowers `expiresAt` to the
+/// latest remaining slot's `exp` (or now), and sets `leaseId` to `{released: <unique string>}`
+/// so that the change stream of every backend reports it (the string is in no backend's
+/// lease-id range); unlike a release it records no released id, so the holder's own release
+/// reports the loss. Returns whether a slot was ended.
+pub(super) async fn force_release_token(
+    coll: &Collection<Document>,
+    name: &str,
+    token: u64,
+) -> Result<bool> {
+    let Ok(token) = i64::try_from(token) else {
+        return Ok(false);
+    };
+    let forced = format!("force-release-{}", LeaseId::random().as_str());
+    let it = doc! { "$and": [
+        { "$eq": ["$$s.token", token] },
+        { "$gt": ["$$s.exp", "$$NOW"] },
+    ] };
+    let rest = doc! { "$filter": {
+        "input": "$slots",
+        "as": "s",
+        "cond": { "$and": [
+            { "$ne": ["$$s.token", token] },
+            { "$gt": ["$$s.exp", "$$NOW"] },
+        ] },
+    } };
+    let r = coll
+        .update_one(
+            doc! { "_id": name, "$expr": { "$and": [
+                slot_mode(),
+                { "$anyElementTrue": [{ "$map": {
+                    "input": { "$ifNull": ["$slots", []] },
+                    "as": "s",
+                    "in": it,
+                } }] },
+            ] } },
+            vec![
+                doc! { "$set": { OK: rest } },
+                doc! { "$set": {
+                    SLOTS: format!("${OK}"),
+                    LEASE_ID: { "$literal": { "released": forced.as_str() } },
+                    EXPIRES_AT: { "$cond": [
+                        { "$gt": [{ "$size": format!("${OK}") }, 0_i64] },
+                        latest_exp(Bson::String(format!("${OK}")), Bson::Null),
+                        { "$min": ["$expiresAt", "$$NOW"] },
+                    ] },
+                } },
+                doc! { "$unset": [OK] },
+            ],
+        )
+        .await
+        .map_err(|e| classify(e, "semaphore force release (update)"))?;
+    Ok(r.matched_count == 1)
+}
+
+/// The limit of the lock document `d` read at server time `observed_at`: `Some` in slot mode
+/// while a slot is unexpired.
+pub(super) fn live_limit(d: &Document, observed_at: SystemTime) -> Option<u32> {
+    let limit = limit_of(d)?;
+    let live = d.get_array(SLOTS).ok()?.iter().any(|s| {
+        s.as_document()
+            .and_then(|s| document::date(s, "exp"))
+            .is_some_and(|exp| exp > observed_at)
+    });
+    live.then(|| u32::try_from(limit).ok()).flatten()
+}

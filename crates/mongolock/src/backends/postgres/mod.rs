@@ -220,6 +220,7 @@
 
 mod errors;
 mod listen;
+mod operator;
 mod ops;
 mod queue;
 mod schema;
@@ -989,6 +990,22 @@ impl LockBackend for PostgresBackend {
             .query("force release", &self.inner.schema.force_release, &[&name])
             .await?;
         Ok(!rows.is_empty())
+    }
+
+    async fn force_release_token(&self, name: &str, token: u64) -> Result<bool> {
+        self.end_token(name, token).await
+    }
+
+    async fn waiters(&self, name: &str) -> Result<Vec<crate::QueuedWaiter>> {
+        self.queued(name).await
+    }
+
+    async fn slot_limit(&self, name: &str) -> Result<Option<u32>> {
+        self.live_slot_limit(name).await
+    }
+
+    async fn list_matching(&self, filter: &crate::ListFilter) -> Result<Vec<LockInfo>> {
+        self.matching(filter).await
     }
 
     fn notifications(&self) -> Option<&dyn ChangeNotifications> {

@@ -9,8 +9,10 @@
 //!
 //! * **Registration.** A busy attempt of an acquirer that is going to wait for a change, while
 //!   the backend's listening connection is live, registers the backend's mark in the row's
-//!   `waiters` (`jsonb`, `[{"m": <mark>, "u": <until>}, ...]`, in order of first registration;
-//!   a later busy attempt only moves `u`), in the same statement as the attempt: the acquire
+//!   `waiters` (`jsonb`, `[{"m": <mark>, "u": <until>, "h": {"host", "pid", "app"}}, ...]`, in
+//!   order of first registration; a later busy attempt moves `u` and rewrites `h`, the
+//!   metadata of its acquirer, which only operators read (`waiters`; entries of earlier
+//!   versions have no `h`)), in the same statement as the attempt: the acquire
 //!   statement's `ON CONFLICT DO UPDATE` then writes the row, keeping every lease column as it
 //!   is when the attempt is busy. A backend already queued until the holder's expiry plus
 //!   [`REGISTRATION`] or later writes nothing (each write is a commit, with its WAL flush).
@@ -81,9 +83,10 @@ fn live_entries(row: &str, now: &str, other_than: Option<&str>) -> String {
     )
 }
 
-/// A queue entry for `mark` until `until`.
-fn entry(mark: &str, until: &str) -> String {
-    format!("jsonb_build_object('m', {mark}, 'u', {until})")
+/// A queue entry for `mark` until `until`, for a waiter described by `holder` (a `jsonb`
+/// object `{host, pid, app}`).
+fn entry(mark: &str, until: &str, holder: &str) -> String {
+    format!("jsonb_build_object('m', {mark}, 'u', {until}, 'h', {holder})")
 }
 
 /// The live entries of `row`'s queue by `now`, in order (a `jsonb` array).
@@ -96,10 +99,11 @@ pub(super) fn live(row: &str, now: &str) -> String {
 
 /// The queue after a busy attempt that registers `mark`: its entry's `u` moved to the
 /// holder's expiry plus [`REGISTRATION`], or a new entry at the end when there is room.
-pub(super) fn after_busy(row: &str, now: &str, mark: &str) -> String {
+pub(super) fn after_busy(row: &str, now: &str, mark: &str, holder: &str) -> String {
     let e = entry(
         mark,
         &format!("greatest({row}.expires_at, {now}) + {}", registration()),
+        holder,
     );
     format!(
         "(SELECT CASE
@@ -133,8 +137,9 @@ pub(super) fn after_grant(
     mark: &str,
     expires: &str,
     requeue: &str,
+    holder: &str,
 ) -> String {
-    let e = entry(mark, &format!("{expires} + {}", registration()));
+    let e = entry(mark, &format!("{expires} + {}", registration()), holder);
     format!(
         "(SELECT CASE
             WHEN {requeue} AND count(*) < {MAX_WAITERS} THEN
@@ -146,10 +151,10 @@ pub(super) fn after_grant(
 }
 
 /// The first queue of a new row: the granted backend's entry when `requeue`, else empty.
-pub(super) fn first(mark: &str, expires: &str, requeue: &str) -> String {
+pub(super) fn first(mark: &str, expires: &str, requeue: &str, holder: &str) -> String {
     format!(
         "CASE WHEN {requeue} THEN jsonb_build_array({}) ELSE '[]'::jsonb END",
-        entry(mark, &format!("{expires} + {}", registration()))
+        entry(mark, &format!("{expires} + {}", registration()), holder)
     )
 }
 

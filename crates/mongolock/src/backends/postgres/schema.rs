@@ -117,6 +117,11 @@ pub(crate) struct Schema {
     pub(crate) cleanup: String,
 }
 
+/// The acquirer's metadata (`$4` host, `$5` pid, `$6` app of the acquire statement) as the
+/// `jsonb` object a queue entry stores (`queue.rs`).
+const WAITER_HOLDER: &str =
+    "jsonb_build_object('host', $4::text, 'pid', $5::bigint, 'app', $6::text)";
+
 /// `$n` (microseconds, bigint) as an interval.
 fn micros(n: u8) -> String {
     format!("(${n}::bigint * interval '1 microsecond')")
@@ -174,7 +179,12 @@ impl Schema {
              SELECT false, fencing_token, acquired_at, expires_at FROM {t}
               WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
                 AND NOT EXISTS (SELECT 1 FROM granted)",
-            first = queue::first("$7::text", &format!("c.now + {ttl}"), "$9::boolean"),
+            first = queue::first(
+                "$7::text",
+                &format!("c.now + {ttl}"),
+                "$9::boolean",
+                WAITER_HOLDER
+            ),
             lease = keep("lease_id", "EXCLUDED.lease_id"),
             token = keep("fencing_token", &next),
             acquired = keep("acquired_at", "g.now"),
@@ -187,9 +197,10 @@ impl Schema {
                 "g.now",
                 "$7::text",
                 &format!("g.now + {ttl}"),
-                "$9::boolean"
+                "$9::boolean",
+                WAITER_HOLDER
             ),
-            after_busy = queue::after_busy("l", "g.now", "$7::text"),
+            after_busy = queue::after_busy("l", "g.now", "$7::text", WAITER_HOLDER),
             free_c = free("c.now"),
             free_now = free("clock_timestamp()"),
             queued = queue::is_queued("l", "$7::text"),
@@ -448,6 +459,16 @@ impl Schema {
             sequence_q,
             index_q,
         }
+    }
+
+    /// The lock table as a quoted SQL name (`"schema"."table"`).
+    pub(crate) fn table_sql(&self) -> &str {
+        &self.table_q
+    }
+
+    /// The sequence of the fencing tokens as an SQL string literal (for `nextval`).
+    pub(crate) fn sequence_literal(&self) -> String {
+        literal(&self.sequence_q)
     }
 
     /// Whether the migration already ran (the trigger exists and calls this version's function,
