@@ -22,6 +22,7 @@ mod elect;
 mod events;
 mod exec;
 mod exit;
+mod held;
 mod inspect;
 mod list;
 mod release;
@@ -38,7 +39,8 @@ use crate::cli::{Cli, Command};
 
 fn main() {
     // Help and usage errors are printed by clap, which exits 0 or 2.
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    cli.normalize();
     if let Err(message) = cli.check() {
         // Reported with the subcommand's usage line, like clap's own errors.
         let mut command = Cli::command();

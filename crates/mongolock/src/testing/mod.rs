@@ -40,11 +40,13 @@ use rand::Rng;
 use tokio::time::Instant;
 
 mod guard_edges;
+mod lockset;
 #[cfg(all(feature = "postgres", unix))]
 pub mod postgres_server;
 mod rwlock;
 mod semaphore;
 pub use guard_edges::*;
+pub use lockset::*;
 pub use rwlock::*;
 pub use semaphore::*;
 
@@ -140,6 +142,11 @@ macro_rules! contract_suite {
             a_shortened_extension_without_a_reply_ends_the_lease,
             an_unanswered_short_extension_overtaken_by_a_longer_one_ends_the_lease,
             an_abandoned_attempt_that_grants_later_is_released,
+            lock_sets_in_opposite_orders_never_deadlock,
+            a_timed_out_lock_set_leaves_nothing_held,
+            dropped_lock_set_acquires_leave_nothing_held,
+            a_lock_set_guard_reports_any_loss_and_releases_all,
+            a_lock_set_keeps_the_names_it_holds_while_waiting,
         );
         $crate::contract_suite!(@notifications $setup;
             force_release_is_signalled_to_the_holder_at_once,
