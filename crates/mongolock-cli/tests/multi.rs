@@ -60,7 +60,12 @@ async fn a_repeated_name_is_one_lock_and_the_form_without_dashes_still_works() {
     let env = Env::new("setdup").await;
     let out = env
         .run(&[
-            "exec", "job", "job", "--", "sh", "-c",
+            "exec",
+            "job",
+            "job",
+            "--",
+            "sh",
+            "-c",
             "echo \"$MONGOLOCK_NAME $MONGOLOCK_NAMES\" > \"$D/env\"",
         ])
         .await;

@@ -498,9 +498,9 @@ impl LockSetLostSignal {
 
     /// Which lease was lost and why (`lock "b": ...`), once one is.
     pub fn reason(&self) -> Option<String> {
-        self.signals.iter().find_map(|s| {
-            s.reason().map(|r| format!("lock {:?}: {r}", s.name()))
-        })
+        self.signals
+            .iter()
+            .find_map(|s| s.reason().map(|r| format!("lock {:?}: {r}", s.name())))
     }
 
     /// Waits until any lease of the set is lost, released or its guard dropped; at the earliest

@@ -807,7 +807,16 @@ pub async fn a_timed_out_exec_set_leaves_nothing_held(env: &impl Cli) {
     wait_for("the holder of b", LONG, || started.exists()).await;
     let out = env
         .run(&[
-            "exec", "--wait", "1s", "a", "b", "c", "--", "sh", "-c", "touch \"$D/ran\"",
+            "exec",
+            "--wait",
+            "1s",
+            "a",
+            "b",
+            "c",
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/ran\"",
         ])
         .await;
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
@@ -819,13 +828,24 @@ pub async fn a_timed_out_exec_set_leaves_nothing_held(env: &impl Cli) {
     );
     assert!(!env.path("ran").exists(), "the command ran");
     let a = inspect_json(env, "a").await;
-    assert_eq!(a["held"], false, "a is still held after the set gave up: {a}");
+    assert_eq!(
+        a["held"], false,
+        "a is still held after the set gave up: {a}"
+    );
     std::fs::write(env.path("stop"), "").expect("stop file");
     let out = finish(holder, LONG).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let out = env
         .run(&[
-            "exec", "--wait", "30s", "c", "a", "b", "--", "sh", "-c",
+            "exec",
+            "--wait",
+            "30s",
+            "c",
+            "a",
+            "b",
+            "--",
+            "sh",
+            "-c",
             "echo \"$MONGOLOCK_NAMES|$MONGOLOCK_FENCING_TOKENS\" > \"$D/env\"",
         ])
         .await;

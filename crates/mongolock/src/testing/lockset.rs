@@ -54,7 +54,8 @@ pub async fn lock_sets_in_opposite_orders_never_deadlock(backend: Arc<dyn LockBa
             .collect(),
     );
     let tokens: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
-    let progress: Arc<Vec<AtomicUsize>> = Arc::new((0..TASKS).map(|_| AtomicUsize::new(0)).collect());
+    let progress: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..TASKS).map(|_| AtomicUsize::new(0)).collect());
     let mut tasks = Vec::new();
     for task in 0..TASKS {
         let asked = orders[task % orders.len()].clone();
@@ -136,7 +137,10 @@ pub async fn lock_sets_in_opposite_orders_never_deadlock(backend: Arc<dyn LockBa
     let expected: usize = (0..TASKS)
         .map(|t| orders[t % orders.len()].len() * ROUNDS)
         .sum();
-    assert_eq!(total, expected, "every round of every task entered every name");
+    assert_eq!(
+        total, expected,
+        "every round of every task entered every name"
+    );
     assert!(
         held_names(&backend, &[a, b, c]).await.is_empty(),
         "a name is still held after every set was released"
@@ -158,7 +162,12 @@ pub async fn a_timed_out_lock_set_leaves_nothing_held(backend: Arc<dyn LockBacke
         .build()
         .unwrap();
     let other = provider(&backend);
-    let blocker = other.lock(names[2].clone()).unwrap().acquire().await.unwrap();
+    let blocker = other
+        .lock(names[2].clone())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     let set = p.lock_set(names.iter().rev().cloned()).unwrap();
     let started = Instant::now();
     let got = set
@@ -353,14 +362,22 @@ pub async fn a_lock_set_keeps_the_names_it_holds_while_waiting(backend: Arc<dyn 
     assert_eq!(set.names().collect::<Vec<_>>(), [a.as_str(), b.as_str()]);
     assert!(matches!(
         p.lock_set(Vec::<String>::new()),
-        Err(Error::InvalidOptions { option: "names", .. })
+        Err(Error::InvalidOptions {
+            option: "names",
+            ..
+        })
     ));
     assert!(matches!(
         p.lock_set([a.clone(), String::new()]),
         Err(Error::InvalidName { .. })
     ));
 
-    let blocker = provider(&backend).lock(b.clone()).unwrap().acquire().await.unwrap();
+    let blocker = provider(&backend)
+        .lock(b.clone())
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
     let waiter = {
         let set = set.clone();
         tokio::spawn(async move { set.acquire().await })
@@ -384,7 +401,10 @@ pub async fn a_lock_set_keeps_the_names_it_holds_while_waiting(backend: Arc<dyn 
         first.expires_at,
         later.expires_at
     );
-    assert!(!waiter.is_finished(), "the set was acquired while {b:?} was held");
+    assert!(
+        !waiter.is_finished(),
+        "the set was acquired while {b:?} was held"
+    );
     blocker.release().await.unwrap();
     let guard = tokio::time::timeout(Duration::from_secs(20), waiter)
         .await
