@@ -126,7 +126,7 @@ pub async fn lock_sets_in_opposite_orders_never_deadlock(backend: Arc<dyn LockBa
         let held = held_names(&backend, &[a.clone(), b.clone(), c.clone()]).await;
         panic!("lock sets did not finish within 180 s (deadlock?); held now: {held:?}; {stuck:#?}");
     }
-    let tokens = tokens.lock().unwrap();
+    let tokens = tokens.lock().unwrap().clone();
     for (name, seq) in tokens.iter() {
         assert!(
             seq.windows(2).all(|w| w[0] < w[1]),
