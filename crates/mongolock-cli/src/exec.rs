@@ -348,7 +348,7 @@ pub async fn finish(
     let subject = guard.subject(what);
     let status = describe_status(outcome.status);
     if outcome.lost {
-        drop(guard);
+        guard.release_after_loss().await;
         Event::new("stopped")
             .leases(&leases)
             .field("exit_code", exit::LOCK_LOST)
@@ -363,7 +363,7 @@ pub async fn finish(
     if guard.is_lost() {
         // Lost after the command's last check but before it exited: no release to attempt.
         let reason = guard.lost_reason();
-        drop(guard);
+        guard.release_after_loss().await;
         lost_after_exit_of(&leases, &subject, &status, reason);
         return Ok(exit::LOCK_LOST);
     }

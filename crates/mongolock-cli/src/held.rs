@@ -39,6 +39,10 @@ pub trait Held {
     fn leases(&self) -> Vec<Lease>;
     /// Ends every lease; `Error::LeaseLost` names a lease that was lost before.
     fn release(self) -> impl Future<Output = mongolock::Result<()>> + Send;
+    /// After a loss: ends the leases that are still held (of several names, the others), before
+    /// mongolock exits; failures are only logged (those leases expire by themselves). One lost
+    /// lease has nothing left to end.
+    fn release_after_loss(self) -> impl Future<Output = ()> + Send;
 }
 
 /// [`Held::lost`]: one lease's signal or a set's.
@@ -115,6 +119,11 @@ impl Held for LockGuard {
     fn release(self) -> impl Future<Output = mongolock::Result<()>> + Send {
         LockGuard::release(self)
     }
+
+    fn release_after_loss(self) -> impl Future<Output = ()> + Send {
+        drop(self);
+        std::future::ready(())
+    }
 }
 
 impl Held for LockSetGuard {
@@ -168,6 +177,16 @@ impl Held for LockSetGuard {
 
     fn release(self) -> impl Future<Output = mongolock::Result<()>> + Send {
         LockSetGuard::release(self)
+    }
+
+    fn release_after_loss(self) -> impl Future<Output = ()> + Send {
+        // Awaited, not dropped: a dropped guard releases in the background, which the exit of
+        // mongolock right after would cut short, leaving the other names held until their TTL.
+        async move {
+            if let Err(e) = LockSetGuard::release(self).await {
+                tracing::debug!(error = %e, "releasing the rest of the locks after a loss");
+            }
+        }
     }
 }
 
