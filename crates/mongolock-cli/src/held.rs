@@ -179,13 +179,11 @@ impl Held for LockSetGuard {
         LockSetGuard::release(self)
     }
 
-    fn release_after_loss(self) -> impl Future<Output = ()> + Send {
+    async fn release_after_loss(self) {
         // Awaited, not dropped: a dropped guard releases in the background, which the exit of
         // mongolock right after would cut short, leaving the other names held until their TTL.
-        async move {
-            if let Err(e) = LockSetGuard::release(self).await {
-                tracing::debug!(error = %e, "releasing the rest of the locks after a loss");
-            }
+        if let Err(e) = LockSetGuard::release(self).await {
+            tracing::debug!(error = %e, "releasing the rest of the locks after a loss");
         }
     }
 }
