@@ -32,6 +32,9 @@ macro_rules! main_examples {
   mongolock exec --limit 3 exports -- ./export.sh
   mongolock exec --shared config -- ./read-config.sh
 
+  # Two locks at once, all or nothing (never a deadlock):
+  mongolock exec db-a db-b -- ./sync.sh
+
   # Run a scheduler only on the elected leader:
   mongolock elect scheduler -- ./scheduler
 
@@ -183,7 +186,7 @@ pub struct GlobalArgs {
 pub enum Command {
     /// Run a command while holding a lock.
     #[command(
-        override_usage = "mongolock [GLOBAL OPTIONS] exec [OPTIONS] <NAME> -- <CMD> [ARGS]...",
+        override_usage = "mongolock [GLOBAL OPTIONS] exec [OPTIONS] <NAME> [NAME]... -- <CMD> [ARGS]...",
         long_about = "Acquire the lock NAME (waiting up to --wait, default forever), run CMD while \
                       holding it, renew the lease in the background, release it when CMD exits, \
                       and exit with CMD's status.\n\n\
@@ -215,7 +218,20 @@ pub enum Command {
                       writer. A plain `exec NAME` also excludes every reader and slot holder, but \
                       can wait indefinitely while readers keep overlapping; a waiting --write \
                       makes new readers wait, so it cannot be starved. Everything else (--wait, \
-                      --ttl, --grace, supervision, events) is the same in every mode.",
+                      --ttl, --grace, supervision, events) is the same in every mode.\n\n\
+                      Several names (`exec a b -- CMD`; `--` is then required) are held \
+                      together, all or nothing: they are taken one after the other in the \
+                      order of their names (byte order, duplicates dropped), whatever order \
+                      they were written in, so that commands asking for overlapping names \
+                      never deadlock. While mongolock waits for a name, it holds (and renews) \
+                      the names before it. If --wait runs out, the names taken are released and \
+                      the status is 75. CMD's environment then has MONGOLOCK_NAMES (the names \
+                      in that order, separated by spaces) and MONGOLOCK_FENCING_TOKENS (each \
+                      name's fencing token, in the same order) instead of MONGOLOCK_NAME and \
+                      MONGOLOCK_FENCING_TOKEN; with one name both forms are set. CMD is stopped \
+                      as above as soon as any of the leases is lost, and by the earliest lease's \
+                      deadline. Several names are exclusive locks only: --limit, --shared and \
+                      --write take one NAME (usage error, status 2).",
         after_help = "\
 Examples:
   # Wait as long as it takes, then run the job:
@@ -241,6 +257,9 @@ Examples:
   # Readers run side by side; a writer runs alone and new readers wait while it waits:
   mongolock exec --shared config -- ./read-config.sh
   mongolock exec --write config -- ./rewrite-config.sh
+
+  # Hold two locks together (any order on any host: never a deadlock):
+  mongolock exec account:1 account:2 -- sh -c 'transfer --tokens \"$MONGOLOCK_FENCING_TOKENS\"'
 
   # Defaults from the environment (options given on the command line win):
   MONGOLOCK_TTL=1m MONGOLOCK_WAIT=0 mongolock exec nightly-report -- ./report.sh
@@ -470,10 +489,19 @@ impl Command {
 }
 
 impl Cli {
+    /// Puts what clap parsed in its final form (see [`ExecArgs::normalize`]).
+    pub fn normalize(&mut self) {
+        if let Command::Exec(args) = &mut self.command {
+            args.normalize();
+        }
+    }
+
     /// Checks that go beyond single options; an error is a usage error (exit status 2).
     pub fn check(&self) -> Result<(), String> {
         match &self.command {
-            Command::Exec(a) => check_grace(a.grace, a.ttl).and(a.events.check()),
+            Command::Exec(a) => check_grace(a.grace, a.ttl)
+                .and(a.events.check())
+                .and(a.check_names()),
             Command::Elect(a) => check_grace(a.grace, a.ttl).and(a.events.check()),
             _ => Ok(()),
         }
@@ -514,7 +542,8 @@ pub struct ExecArgs {
     /// of at once (the name is free right after, not after the TTL). With `--wait 0` on every
     /// replica, a scheduled job then runs at most once per DURATION however far apart the
     /// replicas' schedules fire. A lock lost before CMD exited has nothing left to hold
-    /// (status 76 as usual). Not with --limit or --shared.
+    /// (status 76 as usual). With several names, each lock is kept that long after its own
+    /// grant. Not with --limit or --shared.
     #[arg(
         long,
         env = "MONGOLOCK_MIN_HOLD",
@@ -565,8 +594,29 @@ pub struct ExecArgs {
     #[arg(value_name = "NAME")]
     pub name: String,
 
+    /// More lock names, held together with the first: all or nothing, taken in the order of
+    /// their names so that commands asking for overlapping names never deadlock. Needs `--`
+    /// before CMD; exclusive locks only (no --limit, --shared, --write).
+    #[arg(value_name = "NAME", num_args = 1..)]
+    pub more_names: Vec<String>,
+
     #[command(flatten)]
-    pub child: ChildCommand,
+    pub child: ExecCommand,
+}
+
+/// The command `exec` runs: everything after `--`. (Without `--`, the words after the one NAME,
+/// as before several names were possible: see [`ExecArgs::normalize`].)
+#[derive(Debug, Args)]
+pub struct ExecCommand {
+    /// The command and its arguments (after `--`).
+    #[arg(
+        value_name = "CMD",
+        required_unless_present = "more_names",
+        num_args = 1..,
+        last = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
 }
 
 /// How `exec` holds NAME (`--limit`, `--shared`, `--write`; by default exclusively).
@@ -595,6 +645,57 @@ impl ExecMode {
 }
 
 impl ExecArgs {
+    /// `exec NAME CMD [ARGS]...` without `--` (the form from before several names): the words
+    /// after NAME are the command. Only a command given after `--` follows several names.
+    pub fn normalize(&mut self) {
+        if self.child.command.is_empty() {
+            self.child.command = std::mem::take(&mut self.more_names)
+                .into_iter()
+                .map(OsString::from)
+                .collect();
+        }
+    }
+
+    /// Every lock name, sorted and without duplicates: the order in which they are acquired.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::iter::once(self.name.clone())
+            .chain(self.more_names.iter().cloned())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    /// Checks for several names: exclusive locks only, and names that the space-separated
+    /// `MONGOLOCK_NAMES` can carry.
+    fn check_names(&self) -> Result<(), String> {
+        let names = self.names();
+        if names.len() < 2 {
+            return Ok(());
+        }
+        let flag = match self.mode() {
+            ExecMode::Exclusive => None,
+            ExecMode::Slots(_) => Some("--limit"),
+            ExecMode::Shared => Some("--shared"),
+            ExecMode::Write => Some("--write"),
+        };
+        if let Some(flag) = flag {
+            return Err(format!(
+                "{flag} takes one NAME, but {} were given ({}): several names are held as \
+                 exclusive locks only; drop {flag}, or run one `mongolock exec {flag}` per name",
+                names.len(),
+                names.join(", ")
+            ));
+        }
+        if let Some(bad) = names.iter().find(|n| n.chars().any(char::is_whitespace)) {
+            return Err(format!(
+                "lock name {bad:?} contains whitespace, which cannot be used with several names \
+                 (the command gets them in MONGOLOCK_NAMES, separated by spaces); rename the lock"
+            ));
+        }
+        Ok(())
+    }
+
     /// The mode the flags ask for (clap keeps them mutually exclusive).
     pub fn mode(&self) -> ExecMode {
         match (self.limit, self.shared, self.write) {
@@ -967,6 +1068,31 @@ mod tests {
             let err = mode(bad).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn exec_takes_several_names_before_double_dash() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["mongolock", "exec"];
+            all.extend_from_slice(args);
+            let mut cli = Cli::try_parse_from(all).unwrap();
+            cli.normalize();
+            match cli.command {
+                Command::Exec(a) => (a.names(), a.child.command.clone(), a.ttl),
+                _ => panic!("not exec"),
+            }
+        };
+        let (names, cmd, _) = parse(&["b", "a", "--", "sh", "-c", "x", "--", "y"]);
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(cmd, ["sh", "-c", "x", "--", "y"]);
+        let (names, cmd, ttl) = parse(&["c", "a", "c", "--ttl", "5s", "--", "true"]);
+        assert_eq!(names, ["a", "c"]);
+        assert_eq!(cmd, ["true"]);
+        assert_eq!(ttl, Duration::from_secs(5));
+        // Without `--`, as before: one NAME, then the command.
+        let (names, cmd, _) = parse(&["job", "ls", "dir"]);
+        assert_eq!(names, ["job"]);
+        assert_eq!(cmd, ["ls", "dir"]);
     }
 
     #[test]

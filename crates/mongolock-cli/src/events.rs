@@ -19,7 +19,9 @@
 //! `"lease_id"`, `"acquired_at"` and `"expires_at"` — the last two the *server's* times as
 //! reported by the database, RFC 3339 UTC with milliseconds — the field names of
 //! `list --json`. `exec`'s `mode` is `exclusive`, `slot` (`--limit`, with `limit`), `shared` or
-//! `write`. Kinds:
+//! `write`. With several names (`exec a b -- CMD`), events carry `names` and `fencing_tokens`
+//! (in the order the names are taken), `leases` (each lease's fields) and the earliest
+//! `expires_at` instead (see `held.rs`). Kinds:
 //!
 //! | event          | when                                                             | extra fields |
 //! |----------------|------------------------------------------------------------------|--------------|

@@ -21,6 +21,7 @@ use crate::connect::{connect, Connection};
 use crate::duration::{display, human, Wait};
 use crate::events::{Event, Lease};
 use crate::exit::{self, CliError};
+use crate::held::Held;
 use crate::signals::{self, Signals};
 use crate::status_line;
 use crate::supervisor::{
@@ -48,6 +49,10 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         Ok(connected) => connected,
         Err(status) => return Ok(status),
     };
+    let names = args.names();
+    if names.len() > 1 {
+        return run_set(args, names, signals, conn, provider).await;
+    }
     let mode = args.mode();
     let what = mode_what(mode);
     let lock = Acquirer::new(&provider, &args.name, mode)
@@ -121,6 +126,97 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         .field("waited_ms", waited_ms)
         .emit();
 
+    let policy = StopPolicy::new(args.ttl, cli::grace(args.grace, args.ttl));
+    let child = match spawn(&args.child.command, &guard, policy).await {
+        Ok(child) => child,
+        Err(e) => {
+            release_quietly(guard, &conn).await;
+            return Err(e);
+        }
+    };
+    let outcome = supervise(&guard, child, &mut signals, policy, what).await?;
+    finish(guard, outcome, &conn, what, args.min_hold).await
+}
+
+/// `exec NAME NAME... -- CMD`: the names held together as a [`LockSet`](mongolock::LockSet)
+/// (exclusive locks, taken in the order of their names), then CMD supervised as for one lock,
+/// stopped when any lease is lost or by the earliest lease's deadline.
+async fn run_set(
+    args: ExecArgs,
+    names: Vec<String>,
+    mut signals: Signals,
+    conn: Connection,
+    provider: LockProvider,
+) -> Result<i32, CliError> {
+    let what = "one of the locks";
+    let shown = names
+        .iter()
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let set = provider
+        .lock_set(names.iter().cloned())
+        .map_err(|e| conn.error("cannot use these lock names", &e))?;
+    tracing::info!(locks = %shown, wait = %wait_display(args.wait), "waiting for the locks");
+    Event::new("waiting")
+        .field("names", names.clone())
+        .field("mode", ExecMode::Exclusive.as_str())
+        .field("wait", wait_display(args.wait))
+        .emit();
+    let started = Instant::now();
+    let acquired = tokio::select! {
+        r = set.acquire_with(args.wait.timeout()) => {
+            r.map_err(|e| conn.error(&format!("cannot acquire the locks {shown}"), &e))?
+        }
+        sig = signals.recv() => {
+            Event::new("interrupted")
+                .field("names", names.clone())
+                .field("signal", signals::name(sig))
+                .message(format!(
+                    "mongolock: {} received while waiting for the locks {shown}; command not run",
+                    signals::name(sig),
+                ))
+                .emit();
+            return Ok(exit::for_signal(sig));
+        }
+    };
+    let Some(guard) = acquired else {
+        let waited = match args.wait {
+            Wait::For(d) if d.is_zero() => "after one attempt per name".to_owned(),
+            _ => format!("after waiting {}", human(started.elapsed())),
+        };
+        let mut busy = Vec::new();
+        for name in &names {
+            if let Some(holder) = describe_holder(&provider, name).await {
+                busy.push(format!("lock {name:?} is held by {holder}"));
+            }
+        }
+        let held_by = if busy.is_empty() {
+            "a lock is held by another holder".to_owned()
+        } else {
+            busy.join("; ")
+        };
+        let code = i32::from(args.conflict_exit_code);
+        Event::new("busy")
+            .field("names", names.clone())
+            .field("mode", ExecMode::Exclusive.as_str())
+            .field("held_by", held_by.as_str())
+            .field("exit_code", code)
+            .message(format!(
+                "mongolock: {held_by}; gave up {waited} (--wait {}) holding none of {shown}; \
+                 command not run",
+                wait_display(args.wait)
+            ))
+            .emit();
+        return Ok(code);
+    };
+    let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    tracing::info!(locks = %shown, waited_ms, "locks acquired; starting the command");
+    Event::new("acquired")
+        .held(&guard)
+        .field("mode", ExecMode::Exclusive.as_str())
+        .field("waited_ms", waited_ms)
+        .emit();
     let policy = StopPolicy::new(args.ttl, cli::grace(args.grace, args.ttl));
     let child = match spawn(&args.child.command, &guard, policy).await {
         Ok(child) => child,
@@ -265,23 +361,23 @@ pub struct Outcome {
 /// reported as a loss, as without it. (`--limit` and `--shared` are refused with it by the
 /// argument parser: only exclusive leases can be held on.)
 pub async fn finish(
-    guard: LockGuard,
+    guard: impl Held,
     outcome: Outcome,
     conn: &Connection,
     what: &str,
     min_hold: Option<Duration>,
 ) -> Result<i32, CliError> {
-    let lease = Lease::of(&guard);
-    let name = lease.name.clone();
+    let leases = guard.leases();
+    let subject = guard.subject(what);
     let status = describe_status(outcome.status);
     if outcome.lost {
-        drop(guard);
+        guard.release_after_loss().await;
         Event::new("stopped")
-            .lease_snapshot(&lease)
+            .leases(&leases)
             .field("exit_code", exit::LOCK_LOST)
             .message(format!(
-                "mongolock: the command was stopped ({status}) because {what} {name:?} was \
-                 lost; exiting with status {}",
+                "mongolock: the command was stopped ({status}) because {subject} was lost; \
+                 exiting with status {}",
                 exit::LOCK_LOST
             ))
             .emit();
@@ -290,20 +386,20 @@ pub async fn finish(
     if guard.is_lost() {
         // Lost after the command's last check but before it exited: no release to attempt.
         let reason = guard.lost_reason();
-        drop(guard);
-        lost_after_exit(&lease, what, &status, reason);
+        guard.release_after_loss().await;
+        lost_after_exit_of(&leases, &subject, &status, reason);
         return Ok(exit::LOCK_LOST);
     }
-    let held_until = min_hold.map(|d| guard.acquired_at() + d);
-    let released = match min_hold {
-        Some(d) => guard.release_after(d).await,
-        None => guard.release().await,
-    };
-    match released {
+    // Each lease is kept until its own grant time plus the hold: the last one ends then.
+    let held_until = min_hold.and_then(|d| leases.iter().map(|l| l.acquired_at + d).max());
+    match guard.release_with(min_hold).await {
         Ok(()) => {
-            let mut event = Event::new("released").lease_snapshot(&lease);
+            let mut event = Event::new("released").leases(&leases);
             if let (Some(d), Some(until)) = (min_hold, held_until) {
-                tracing::info!(lock = %name, min_hold = %crate::duration::display(d), "lock released with a minimum hold: the database keeps it held until its grant time plus the minimum hold");
+                tracing::info!(
+                    min_hold = %crate::duration::display(d),
+                    "{subject} released with a minimum hold: the database keeps it held until its grant time plus the minimum hold"
+                );
                 event = event
                     .field("min_hold", display(d))
                     .field("held_until", crate::list::timestamp(until));
@@ -311,17 +407,18 @@ pub async fn finish(
             event.emit();
             Ok(exit::for_child(outcome.status))
         }
-        Err(mongolock::Error::LeaseLost { .. }) => {
-            lost_after_exit(&lease, what, &status, None);
+        Err(e @ mongolock::Error::LeaseLost { .. }) => {
+            let reason = (leases.len() > 1).then(|| format!("found lost at release: {e}"));
+            lost_after_exit_of(&leases, &subject, &status, reason);
             Ok(exit::LOCK_LOST)
         }
         Err(e) => {
             // The lease expires by itself within --ttl.
             Event::new("release-failed")
-                .lease_snapshot(&lease)
+                .leases(&leases)
                 .message(format!(
                     "mongolock: warning: {}; it expires by itself at the end of its lease",
-                    conn.error(&format!("could not release {what} {name:?}"), &e)
+                    conn.error(&format!("could not release {subject}"), &e)
                 ))
                 .emit();
             Ok(exit::for_child(outcome.status))
@@ -331,22 +428,28 @@ pub async fn finish(
 
 /// Reports a lease found lost only after the command exited (`status` describes its exit).
 pub fn lost_after_exit(lease: &Lease, what: &str, status: &str, reason: Option<String>) {
+    let subject = format!("{what} {:?}", lease.name);
+    lost_after_exit_of(std::slice::from_ref(lease), &subject, status, reason);
+}
+
+/// Reports leases found lost only after the command exited; `subject` names them.
+fn lost_after_exit_of(leases: &[Lease], subject: &str, status: &str, reason: Option<String>) {
     Event::new("lost")
-        .lease_snapshot(lease)
+        .leases(leases)
         .field(
             "reason",
             reason.unwrap_or_else(|| "found lost at release".to_owned()),
         )
         .field("action", "none (the command had exited)")
         .field("exit_code", exit::LOCK_LOST)
-        .message(lost_before_finish(what, &lease.name, status))
+        .message(lost_before_finish(subject, status))
         .emit();
 }
 
-/// The message for a lease found lost only after the command exited.
-pub fn lost_before_finish(what: &str, name: &str, status: &str) -> String {
+/// The message for a lease found lost only after the command exited; `subject` names it.
+pub fn lost_before_finish(subject: &str, status: &str) -> String {
     format!(
-        "mongolock: {what} {name:?} was lost before the command finished ({status}): the lease \
+        "mongolock: {subject} was lost before the command finished ({status}): the lease \
          expired and was taken over or was force-released, or could not be renewed, so the \
          command's work may have overlapped another holder's; exiting with status {}",
         exit::LOCK_LOST
@@ -354,10 +457,10 @@ pub fn lost_before_finish(what: &str, name: &str, status: &str) -> String {
 }
 
 /// Releases after a failure to start the command; problems are only logged.
-pub async fn release_quietly(guard: LockGuard, conn: &Connection) {
-    let name = guard.name().to_owned();
-    if let Err(e) = guard.release().await {
-        tracing::warn!(lock = %name, error = %conn.error("release", &e), "could not release the lock");
+pub async fn release_quietly(guard: impl Held, conn: &Connection) {
+    let name = guard.subject("");
+    if let Err(e) = guard.release_with(None).await {
+        tracing::warn!(lock = %name.trim(), error = %conn.error("release", &e), "could not release the lock");
     }
 }
 
@@ -484,7 +587,7 @@ impl StopPolicy {
 /// deadline less the same distance: `at` lies `d` before the guard's monotonic deadline, so it
 /// lies `d` before its boot-time deadline too. Both are the guard's deadlines for the same
 /// request; the cap can only make the result earlier.
-fn deadline_at(at: Instant, guard: &LockGuard) -> Deadline {
+fn deadline_at(at: Instant, guard: &impl Held) -> Deadline {
     let mono = monotonic_now_ns();
     let boot = boot_now_ns();
     let now = Instant::now();
@@ -498,7 +601,7 @@ fn deadline_at(at: Instant, guard: &LockGuard) -> Deadline {
     let before_guard_deadline = guard.local_deadline().saturating_duration_since(at);
     let guard_boot = u64::try_from(
         guard
-            .__local_deadline_boot()
+            .local_deadline_boot()
             .saturating_sub(before_guard_deadline)
             .as_nanos(),
     )
@@ -523,7 +626,7 @@ impl Control {
         }
     }
 
-    async fn deadlines(&mut self, term: Instant, kill: Instant, guard: &LockGuard) {
+    async fn deadlines(&mut self, term: Instant, kill: Instant, guard: &impl Held) {
         self.send(ToSupervisor::Deadlines {
             term: deadline_at(term, guard),
             kill: deadline_at(kill, guard),
@@ -573,7 +676,7 @@ fn self_exe() -> std::io::Result<std::path::PathBuf> {
 /// lost, or too nearly gone for a SIGTERM deadline in the future ([`exit::LOCK_LOST`]).
 pub async fn spawn(
     command: &[OsString],
-    guard: &LockGuard,
+    guard: &impl Held,
     policy: StopPolicy,
 ) -> Result<Spawned, CliError> {
     let Some(program) = command.first() else {
@@ -602,11 +705,11 @@ pub async fn spawn(
     if !terminal {
         cmd.arg("--own-group");
     }
-    cmd.arg("--")
-        .args(command)
-        .env(ENV_NAME, guard.name())
-        .env(ENV_FENCING_TOKEN, guard.fencing_token().to_string())
-        .kill_on_drop(true);
+    let (vars, unset) = guard.env();
+    for var in unset {
+        cmd.env_remove(var);
+    }
+    cmd.arg("--").args(command).envs(vars).kill_on_drop(true);
     // SAFETY: runs in the forked child before exec; fcntl is async-signal-safe and `fd` is open
     // (`theirs` lives until after spawn returns).
     unsafe {
@@ -637,7 +740,7 @@ pub async fn spawn(
     match spawned.control.next().await {
         Some(FromSupervisor::Started(pid)) => {
             tracing::debug!(pid, group = !terminal, "command started");
-            Event::new("started").lease(guard).field("pid", pid).emit();
+            Event::new("started").held(guard).field("pid", pid).emit();
             Ok(spawned)
         }
         Some(FromSupervisor::SpawnFailed(errno)) => {
@@ -656,17 +759,15 @@ pub async fn spawn(
 
 /// The error for a lease lost (or with less than `--grace` of trusted time left) before the
 /// command could start.
-fn lost_before_start(guard: &LockGuard) -> CliError {
+fn lost_before_start(guard: &impl Held) -> CliError {
     let reason = guard
         .lost_reason()
         .unwrap_or_else(|| "its local deadline passed before the command could start".to_owned());
     CliError::with_code(
         exit::LOCK_LOST,
         format!(
-            "the lease on {:?} (fencing token {}) was lost before the command started: {reason}; \
-             command not run",
-            guard.name(),
-            guard.fencing_token()
+            "{} was lost before the command started: {reason}; command not run",
+            guard.subject("the lease on")
         ),
     )
 }
@@ -707,7 +808,7 @@ fn spawn_error(program: &OsString, errno: i32) -> CliError {
 /// Once the command was told to stop, the run counts as lost even if a renewal succeeds later.
 /// `what` names the lock in messages ("the lock", "leadership of").
 pub async fn supervise(
-    guard: &LockGuard,
+    guard: &impl Held,
     spawned: Spawned,
     signals: &mut Signals,
     policy: StopPolicy,
@@ -720,8 +821,7 @@ pub async fn supervise(
         mut sent_deadline,
     } = spawned;
     let lost = guard.lost();
-    let name = guard.name();
-    let token = guard.fencing_token();
+    let subject = guard.subject(what);
     // Whether the command was told to stop (the run then ends with LOCK_LOST).
     let mut stopping = false;
     let mut kill_at = policy.kill_at(sent_deadline);
@@ -734,7 +834,7 @@ pub async fn supervise(
                 control.deadlines(term, kill, guard).await;
                 sent_deadline = deadline;
                 kill_at = kill;
-                Event::new("renewed").lease(guard).emit();
+                Event::new("renewed").held(guard).emit();
             }
         }
         let backup_at = kill_at + policy.margin;
@@ -750,11 +850,11 @@ pub async fn supervise(
                 Some(FromSupervisor::SentSigterm) if !stopping => {
                     stopping = true;
                     Event::new("lost")
-                        .lease(guard)
+                        .held(guard)
                         .field("reason", "no renewal succeeded in time")
                         .field("action", "SIGTERM")
                         .message(format!(
-                            "mongolock: lost {what} {name:?} (fencing token {token}) while the \
+                            "mongolock: lost {subject} while the \
                              command was running: no renewal succeeded and only {} of the lease \
                              can still be trusted; sent SIGTERM to the command (SIGKILL in {} at \
                              the latest)",
@@ -766,11 +866,11 @@ pub async fn supervise(
                 Some(FromSupervisor::SentSigkill) if !stopping => {
                     stopping = true;
                     Event::new("lost")
-                        .lease(guard)
+                        .held(guard)
                         .field("reason", "no renewal succeeded before the lease's deadline")
                         .field("action", "SIGKILL")
                         .message(format!(
-                            "mongolock: lost {what} {name:?} (fencing token {token}) while the \
+                            "mongolock: lost {subject} while the \
                              command was running: no renewal succeeded before the lease's \
                              deadline; sent SIGKILL to the command"
                         ))
@@ -778,7 +878,7 @@ pub async fn supervise(
                 }
                 Some(FromSupervisor::SentSigkill) => {
                     Event::new("sigkill")
-                        .lease(guard)
+                        .held(guard)
                         .message("mongolock: the command had not exited; sent SIGKILL")
                         .emit();
                 }
@@ -815,11 +915,11 @@ pub async fn supervise(
                     ("SIGTERM", format!("SIGTERM now, SIGKILL in {} at the latest", display(kill - now)))
                 };
                 Event::new("lost")
-                    .lease(guard)
+                    .held(guard)
                     .field("reason", reason.as_str())
                     .field("action", action)
                     .message(format!(
-                        "mongolock: lost {what} {name:?} (fencing token {token}) while the command \
+                        "mongolock: lost {subject} while the command \
                          was running: {reason}; stopping the command ({how})"
                     ))
                     .emit();
@@ -831,7 +931,7 @@ pub async fn supervise(
                 } else {
                     tracing::info!(signal = %signals::name(sig), "passing the signal on to the command");
                     control.send(ToSupervisor::Signal(sig)).await;
-                    Event::new("signal").lease(guard).field("signal", signals::name(sig)).emit();
+                    Event::new("signal").held(guard).field("signal", signals::name(sig)).emit();
                 }
             }
             () = tokio::time::sleep(policy.refresh), if !stopping => {}
@@ -839,7 +939,7 @@ pub async fn supervise(
                 backup_done = true;
                 stopping = true;
                 Event::new("lost")
-                    .lease(guard)
+                    .held(guard)
                     .field("reason", "the command had not exited by the lease's deadline")
                     .field("action", "SIGKILL to the supervisor")
                     .message(
@@ -855,9 +955,9 @@ pub async fn supervise(
 }
 
 /// Reports CMD's exit (`message`: also a line for people).
-fn exited_event(guard: &LockGuard, status: ExitStatus, message: Option<String>) {
+fn exited_event(guard: &impl Held, status: ExitStatus, message: Option<String>) {
     let mut event = Event::new("exited")
-        .lease(guard)
+        .held(guard)
         .field("status", describe_status(status));
     if let Some(code) = status.code() {
         event = event.field("exit_code", code);

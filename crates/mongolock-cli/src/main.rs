@@ -23,6 +23,7 @@ mod env_vars;
 mod events;
 mod exec;
 mod exit;
+mod held;
 mod inspect;
 mod list;
 mod man_sections;
@@ -42,7 +43,8 @@ use crate::cli::{Cli, Command};
 fn main() {
     // Help and usage errors are printed by clap, which exits 0 or 2.
     env_vars::forget_empty();
-    let (cli, matches) = env_vars::parse();
+    let (mut cli, matches) = env_vars::parse();
+    cli.normalize();
     if let Err(message) = cli.check() {
         let message = env_vars::name_variables(message, &matches);
         // Reported with the subcommand's usage line, like clap's own errors.

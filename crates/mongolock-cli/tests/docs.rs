@@ -150,6 +150,7 @@ async fn man_pages_render_with_man() {
             "--conflict-exit-code",
             "MONGOLOCK_TTL",
             "--json-fd",
+            "MONGOLOCK_FENCING_TOKENS",
         ] {
             assert!(page.contains(word), "the exec page lacks {word}:\n{page}");
         }

@@ -342,3 +342,27 @@ async fn the_uri_comes_from_mongolock_uri_then_mongodb_uri() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_sets_in_opposite_orders_never_deadlock_or_overlap() {
+    let Some(env) = PgEnv::new("sets") else {
+        return;
+    };
+    exec_sets_never_deadlock_or_overlap(&env, 12).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timed_out_exec_set_exits_75_and_holds_nothing() {
+    let Some(env) = PgEnv::new("settimeout") else {
+        return;
+    };
+    a_timed_out_exec_set_leaves_nothing_held(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn losing_any_lease_of_a_set_stops_the_command_with_76() {
+    let Some(env) = PgEnv::new("setloss") else {
+        return;
+    };
+    exec_set_stops_the_command_when_any_lease_is_lost(&env).await;
+}

@@ -983,6 +983,11 @@ impl std::fmt::Debug for LostSignal {
 }
 
 impl LostSignal {
+    /// The name of the lock whose lease this signal watches.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
     /// Whether the lease has been lost (false while held and after a normal release). Like
     /// [`LockGuard::is_lost`], true as soon as the local deadline has passed.
     pub fn is_lost(&self) -> bool {

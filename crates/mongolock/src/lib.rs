@@ -77,6 +77,26 @@
 //! # }
 //! ```
 //!
+//! ## Several names at once
+//! [`LockProvider::lock_set`] gives a [`LockSet`]: several locks acquired all or nothing, always
+//! in the order of their names, so that callers asking for overlapping sets in any order never
+//! deadlock. Its [`LockSetGuard`] has each name's fencing token, and its lost signal fires when
+//! any lease of the set is lost (see [`lockset`]).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> mongolock::Result<()> {
+//! let provider = mongolock::LockProvider::memory();
+//! let both = provider.lock_set(["stock:b", "stock:a"])?.acquire().await?;
+//! for (name, token) in both.fencing_tokens() {
+//!     println!("{name}: fencing token {token}");
+//! }
+//! assert!(provider.lock_set(["stock:a", "stock:c"])?.try_acquire().await?.is_none());
+//! both.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! For tests of code that takes a [`LockProvider`], [`LockProvider::memory()`] gives the same
 //! contract without a database. Configure with [`LockProvider::builder`] and
 //! [`MongoBackend::builder`] (collection, write concern, TTL cleanup delay).
@@ -111,6 +131,9 @@
 //!   guard; a [`Lock`] whose requests carry [`LeaseMode::Slot`] (same loop, same guard).
 //! * [`RwLock`] (`rwlock.rs`): readers are slots, writers the exclusive lease, plus a writers'
 //!   intent lock; no backend code of its own.
+//! * [`LockSet`] (`lockset.rs`): several locks held together, all or nothing, taken in one
+//!   global order (sorted by name) so that sets never deadlock; one guard per name under a
+//!   [`LockSetGuard`]. No backend code of its own.
 //! * [`LockGuard`] (`guard.rs`): renewal task, loss detection, release, the lease's span.
 //! * Metrics (`metrics.rs`, feature `metrics`): the hooks the acquire loop, the guard and
 //!   elections call; empty without the feature.
@@ -185,6 +208,7 @@ mod error;
 mod guard;
 mod holder;
 mod lock;
+pub mod lockset;
 mod metrics;
 mod operator;
 mod options;
@@ -211,6 +235,7 @@ pub use error::{BoxError, Error, Result};
 pub use guard::{LockGuard, LostSignal};
 pub use holder::HolderInfo;
 pub use lock::{Lock, Timeout};
+pub use lockset::{LockSet, LockSetGuard, LockSetLostSignal};
 pub use operator::{ListFilter, QueuedWaiter};
 pub use options::{
     DriftMargin, LockOptions, DEFAULT_EXPIRY, DEFAULT_RELEASE_TIMEOUT, MAX_EXPIRY, MAX_NAME_LEN,

@@ -877,3 +877,167 @@ pub async fn min_hold_runs_a_job_once_per_interval(env: &impl Cli, name: &str) {
         describe(&out)
     );
 }
+
+/// The command of [`exec_sets_never_deadlock_or_overlap`]: inside every name of
+/// `$MONGOLOCK_NAMES` it claims a directory that must not exist and appends that name's token
+/// (from `$MONGOLOCK_FENCING_TOKENS`, same order) to `$D/tokens-NAME`; it fails if
+/// `MONGOLOCK_NAME` is set (several names have no single name).
+const SET_HOLDER: &str = "set -- $MONGOLOCK_FENCING_TOKENS; \
+    [ -z \"${MONGOLOCK_NAME+x}\" ] || { echo \"MONGOLOCK_NAME is set\"; exit 98; }; \
+    for n in $MONGOLOCK_NAMES; do \
+      mkdir \"$D/held-$n\" || { echo \"OVERLAP on $n\"; exit 99; }; \
+      echo \"$1\" >> \"$D/tokens-$n\"; shift; \
+    done; \
+    echo \"$MONGOLOCK_NAMES\" >> \"$D/sets\"; sleep 0.1; \
+    for n in $MONGOLOCK_NAMES; do rmdir \"$D/held-$n\"; done";
+
+/// `processes` concurrent `exec` processes over the names a, b, c, their names written in
+/// opposite orders (`a b`, `b a`, `c b a`, ...): every one finishes within a generous deadline
+/// (no deadlock) with status 0, no two commands ever hold a name together, each name's tokens
+/// strictly grow in holding order, and CMD sees the names sorted in `MONGOLOCK_NAMES`.
+pub async fn exec_sets_never_deadlock_or_overlap(env: &impl Cli, processes: usize) {
+    const ORDERS: [&[&str]; 4] = [&["a", "b"], &["b", "a"], &["c", "b", "a"], &["b", "a", "c"]];
+    let mut children = Vec::new();
+    for i in 0..processes {
+        let names = ORDERS[i % ORDERS.len()];
+        let mut args = vec!["exec", "--ttl", "10s"];
+        args.extend_from_slice(names);
+        args.extend_from_slice(&["--", "sh", "-c", SET_HOLDER]);
+        children.push((names, env.spawn(&args)));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    let mut outputs = Vec::new();
+    for (names, child) in children {
+        let out = match tokio::time::timeout_at(deadline, child.wait_with_output()).await {
+            Ok(out) => out.expect("wait for mongolock"),
+            Err(_) => {
+                let list = env.run(&["list"]).await;
+                panic!(
+                    "exec {names:?} did not finish within 240 s (deadlock?); finished so far: \
+                     {}; sets run: {:?}; list:\n{}",
+                    outputs.len(),
+                    read_lines(&env.path("sets")),
+                    describe(&list)
+                );
+            }
+        };
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "exec {names:?}: {}",
+            describe(&out)
+        );
+        outputs.push(out);
+    }
+    let sets = read_lines(&env.path("sets"));
+    assert_eq!(sets.len(), processes, "every command ran once: {sets:?}");
+    for set in &sets {
+        assert!(
+            set == "a b" || set == "a b c",
+            "MONGOLOCK_NAMES is {set:?}, not the names sorted"
+        );
+    }
+    for name in ["a", "b", "c"] {
+        let tokens: Vec<u64> = read_lines(&env.path(&format!("tokens-{name}")))
+            .iter()
+            .map(|t| t.parse().expect("a numeric token"))
+            .collect();
+        let expected = (0..processes)
+            .filter(|i| ORDERS[i % ORDERS.len()].contains(&name))
+            .count();
+        assert_eq!(tokens.len(), expected, "{name}: {tokens:?}");
+        // Appended inside the critical section: the file order is the holding order.
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "{name}: tokens do not strictly grow in holding order: {tokens:?}"
+        );
+        let info = inspect_json(env, name).await;
+        assert_eq!(info["held"], false, "{name} still held: {info}");
+    }
+}
+
+/// `exec --wait 1s a b c` while another `exec` holds `b`: exit 75 (`--conflict-exit-code`),
+/// CMD not run, the message names the busy lock, and `a` (taken before `b`) is free again,
+/// not left held; `c` was never taken. Then, once `b` is free, the set runs.
+pub async fn a_timed_out_exec_set_leaves_nothing_held(env: &impl Cli) {
+    let holder = env.spawn(&["exec", "b", "--", "sh", "-c", &hold_until("b-held", "stop")]);
+    let started = env.path("b-held");
+    wait_for("the holder of b", LONG, || started.exists()).await;
+    let out = env
+        .run(&[
+            "exec",
+            "--wait",
+            "1s",
+            "a",
+            "b",
+            "c",
+            "--",
+            "sh",
+            "-c",
+            "touch \"$D/ran\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("lock \"b\" is held by") && stderr.contains("holding none of"),
+        "{}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists(), "the command ran");
+    let a = inspect_json(env, "a").await;
+    assert_eq!(
+        a["held"], false,
+        "a is still held after the set gave up: {a}"
+    );
+    std::fs::write(env.path("stop"), "").expect("stop file");
+    let out = finish(holder, LONG).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = env
+        .run(&[
+            "exec",
+            "--wait",
+            "30s",
+            "c",
+            "a",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$MONGOLOCK_NAMES|$MONGOLOCK_FENCING_TOKENS\" > \"$D/env\"",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let line = read_lines(&env.path("env")).join("\n");
+    let (names, tokens) = line.split_once('|').expect("names|tokens");
+    assert_eq!(names, "a b c");
+    assert_eq!(tokens.split(' ').count(), 3, "{line}");
+}
+
+/// `exec a b` whose lease on `b` is force-released while CMD runs: CMD is stopped and the exit
+/// status is 76, with a message naming `b`.
+pub async fn exec_set_stops_the_command_when_any_lease_is_lost(env: &impl Cli) {
+    let child = env.spawn(&[
+        "exec",
+        "--ttl",
+        "3s",
+        "--grace",
+        "1s",
+        "a",
+        "b",
+        "--",
+        "sh",
+        "-c",
+        "touch \"$D/started\"; sleep 300",
+    ]);
+    let started = env.path("started");
+    wait_for("the command under a and b", LONG, || started.exists()).await;
+    let out = env.run(&["release", "--force", "b"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = finish(child, LONG).await;
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("lock \"b\""), "{}", describe(&out));
+    let a = inspect_json(env, "a").await;
+    assert_eq!(a["held"], false, "a is still held after the run: {a}");
+}

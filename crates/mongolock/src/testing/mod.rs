@@ -40,6 +40,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 mod guard_edges;
+mod lockset;
 mod min_hold;
 mod operator;
 #[cfg(all(feature = "postgres", unix))]
@@ -47,6 +48,7 @@ pub mod postgres_server;
 mod rwlock;
 mod semaphore;
 pub use guard_edges::*;
+pub use lockset::*;
 pub use min_hold::*;
 pub use operator::*;
 pub use rwlock::*;
@@ -151,6 +153,11 @@ macro_rules! contract_suite {
             force_release_token_ends_only_that_lease,
             force_release_token_ends_one_semaphore_slot,
             list_matching_filters_by_prefix_and_state,
+            lock_sets_in_opposite_orders_never_deadlock,
+            a_timed_out_lock_set_leaves_nothing_held,
+            dropped_lock_set_acquires_leave_nothing_held,
+            a_lock_set_guard_reports_any_loss_and_releases_all,
+            a_lock_set_keeps_the_names_it_holds_while_waiting,
         );
         $crate::contract_suite!(@notifications $setup;
             force_release_is_signalled_to_the_holder_at_once,
