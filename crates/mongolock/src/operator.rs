@@ -156,7 +156,7 @@ impl LockProvider {
     /// Ends the lease on `name` only if it still has fencing token `token` (an unexpired
     /// exclusive lease, or one unexpired semaphore slot): one conditional write, so a holder
     /// that took the name over meanwhile is untouched. Returns whether a lease was ended; the
-    /// fencing token keeps growing for the next holder. See the [module docs](self).
+    /// fencing token keeps growing for the next holder. See the [`LockBackend` docs](crate::LockBackend::force_release_token).
     ///
     /// # Errors
     /// [`Error::InvalidName`](crate::Error::InvalidName) for a bad name (nothing is sent); the

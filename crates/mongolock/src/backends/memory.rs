@@ -27,7 +27,7 @@
 //! [`waiters`](crate::LockBackend::waiters) only (wake-ups need no queue in one process): a
 //! busy exclusive attempt made while an acquirer of the name waits for a change (registered
 //! with the hub) records its lease id and holder until the holder's expiry plus
-//! [`REGISTRATION`], moving its entry's time when it is already queued; a grant removes the
+//! `REGISTRATION` (2 s), moving its entry's time when it is already queued; a grant removes the
 //! granted call's entry. One entry per waiting acquire call.
 
 use std::collections::{HashMap, VecDeque};
