@@ -4,16 +4,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{eventually, provider, unique_name};
-use crate::{
-    AcquireRequest, Attempt, ChangeNotifications, Error, LeaseId, LockBackend, LockInfo,
-    LockProvider,
-};
+use crate::{AcquireRequest, Attempt, Error, LeaseId, LockBackend, LockProvider};
 
 /// The lease duration of these cases: far longer than any hold, so that a name freed before
 /// it was freed by the hold, not by expiry.
@@ -28,55 +24,6 @@ fn long_provider(backend: &Arc<dyn LockBackend>) -> LockProvider {
         .expiry(LONG_TTL)
         .build()
         .expect("valid options")
-}
-
-/// Counts acquire attempts, delegating everything (notifications and `release_after`
-/// included): tells when a waiter has made its busy attempt and gone to sleep.
-struct CountsAttempts {
-    inner: Arc<dyn LockBackend>,
-    attempts: AtomicUsize,
-}
-
-#[async_trait]
-impl LockBackend for CountsAttempts {
-    async fn try_acquire(&self, req: &AcquireRequest) -> crate::Result<Attempt> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        self.inner.try_acquire(req).await
-    }
-    async fn extend(
-        &self,
-        name: &str,
-        lease_id: &LeaseId,
-        ttl: Duration,
-    ) -> crate::Result<Option<SystemTime>> {
-        self.inner.extend(name, lease_id, ttl).await
-    }
-    async fn release(&self, name: &str, lease_id: &LeaseId) -> crate::Result<bool> {
-        self.inner.release(name, lease_id).await
-    }
-    async fn release_after(
-        &self,
-        name: &str,
-        lease_id: &LeaseId,
-        min_hold: Duration,
-    ) -> crate::Result<bool> {
-        self.inner.release_after(name, lease_id, min_hold).await
-    }
-    fn new_lease_id(&self) -> LeaseId {
-        self.inner.new_lease_id()
-    }
-    async fn inspect(&self, name: &str) -> crate::Result<Option<LockInfo>> {
-        self.inner.inspect(name).await
-    }
-    async fn list(&self) -> crate::Result<Vec<LockInfo>> {
-        self.inner.list().await
-    }
-    async fn force_release(&self, name: &str) -> crate::Result<bool> {
-        self.inner.force_release(name).await
-    }
-    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
-        self.inner.notifications()
-    }
 }
 
 /// `release_after` keeps the name held until its grant time plus the minimum hold by the
@@ -98,9 +45,9 @@ pub async fn min_hold_frees_the_name_for_a_waiter_of_another_backend(
     waiters: Arc<dyn LockBackend>,
     slow_polling: bool,
 ) {
-    let counting = Arc::new(CountsAttempts {
+    let counting = Arc::new(super::CountingAll {
         inner: waiters,
-        attempts: AtomicUsize::new(0),
+        acquires: AtomicUsize::new(0),
     });
     let waiters_backend: Arc<dyn LockBackend> = counting.clone();
     let holder = long_provider(&backend);
@@ -130,7 +77,7 @@ pub async fn min_hold_frees_the_name_for_a_waiter_of_another_backend(
     });
     assert!(
         eventually(Duration::from_secs(30), || async {
-            counting.attempts.load(Ordering::SeqCst) >= 1
+            counting.acquires.load(Ordering::SeqCst) >= 1
         })
         .await,
         "the waiter on {name} never attempted"
