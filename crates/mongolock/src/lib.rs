@@ -147,7 +147,7 @@
 //!   detection, the subscription task with fallback, resubscription and re-checks) fed by the
 //!   MongoDB change stream (`backends/mongo/watch.rs`) or the PostgreSQL `LISTEN` connection
 //!   (`backends/postgres/listen.rs`), and the per-name wake-ups it shares with the memory
-//!   backend (`backends/wakeups.rs`: one waiter per change, no stampede).
+//!   backend (`backends/notify/hub.rs`: one waiter per change, no stampede).
 //!
 //! Requires a Tokio runtime with the time driver enabled (`#[tokio::main]` has it).
 //!

@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::backends::wakeups::{Hub, Status};
+use crate::backends::notify::hub::{Hub, Status};
 use crate::wait::WaitStrategy;
 
 /// A subscription that broke sooner than this after opening is reopened after a backoff.
@@ -230,7 +230,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::backends::wakeups::Change;
+    use crate::backends::notify::hub::Change;
 
     /// One step of a scripted feed.
     enum Step {

@@ -8,8 +8,8 @@
 //! mark in the lock's queue; a grant removes it, or moves it to the end when more of the
 //! backend's acquirers wait ([`Queueing`]). A release pops the first live entry: the
 //! **designated** backend ([`Handoff`]) wakes one acquirer at once, every other backend one
-//! only after [`HANDOFF_FALLBACK`](crate::backends::wakeups::HANDOFF_FALLBACK) if nothing else
-//! happened to the name (`backends/wakeups.rs`, `Hub::deliver`). Entries live until the
+//! only after [`HANDOFF_FALLBACK`](crate::backends::notify::hub::HANDOFF_FALLBACK) if nothing else
+//! happened to the name (`backends/notify/hub.rs`, `Hub::deliver`). Entries live until the
 //! holder's expiry plus [`REGISTRATION`] (a waiter re-registers each time it wakes at the
 //! holder's expiry and finds the lease extended), so a process that died leaves the queue by
 //! itself; a queue holds at most [`MAX_WAITERS`] entries.

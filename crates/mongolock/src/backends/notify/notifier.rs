@@ -6,7 +6,7 @@
 //! holds its name.
 //!
 //! # Who owns what
-//! * [`Hub`] (`backends/wakeups.rs`): the per-name registry of waiters and the latest change
+//! * [`Hub`] (`backends/notify/hub.rs`): the per-name registry of waiters and the latest change
 //!   of each name, shared with the memory backend. One acquirer per name and process is woken
 //!   per change (no stampede), every observer, every holder.
 //! * [`Notifier`] (here): the hub, the leases this backend granted (their tokens, for judging
@@ -42,8 +42,6 @@
 //! Where notifications cannot work at all, the notifier is unavailable for good: waiters poll
 //! and [`lease_gone`](Notifier::lease_gone) stays pending.
 
-pub(crate) mod feed;
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -52,8 +50,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::backend::{ChangeWaiter, LeaseId};
-use crate::backends::wakeups::{Change, Hub, NameRef, Status};
-pub(crate) use feed::{Broke, Feed, OpenFailed, Opened};
+use crate::backends::notify::hub::{Change, Hub, NameRef, Status};
+use super::feed::{self, Feed};
 
 /// Leases remembered for loss detection; beyond this (leaked guards), new grants are not
 /// remembered and their changes are checked with a read instead.
@@ -284,7 +282,7 @@ impl<F: Feed> Notifier<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backends::wakeups::lease;
+    use crate::backends::notify::hub::lease;
 
     #[test]
     fn holders_judge_changes_by_lease_id_and_token() {

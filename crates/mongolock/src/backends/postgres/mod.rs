@@ -242,7 +242,7 @@ use crate::backend::{
     LockInfo,
 };
 use crate::backends::handoff;
-use crate::backends::wakeups::Change;
+use crate::backends::notify::hub::Change;
 use crate::error::{Error, Result};
 use listen::Listener;
 use schema::Schema;
