@@ -342,7 +342,6 @@ impl ChangeWaiter {
 
     /// Sets what runs when [`wait`](Self::wait) is called (after a busy attempt), e.g. asking
     /// the feed to cover the name.
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     pub(crate) fn before_wait(mut self, f: impl FnOnce() + Send + 'static) -> Self {
         self.before_wait = Some(Box::new(f));
         self

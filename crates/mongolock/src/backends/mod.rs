@@ -9,6 +9,5 @@ pub mod memory;
 pub mod mongo;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-// Parts of the hub (feed status, handoff designations) serve only the backends with a feed.
-#[cfg_attr(not(any(feature = "mongodb", feature = "postgres")), allow(dead_code))]
+// Change notifications: the in-process hub, the feeds' task, the handoff queue rule.
 pub(crate) mod notify;

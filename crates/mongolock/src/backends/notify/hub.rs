@@ -21,26 +21,15 @@
 //! lookup.
 //!
 //! # Coverage
-//! A feed may deliver the changes of some names only (MongoDB narrows its change stream to the
-//! names this process waits on or holds, `mongo/watch.rs`). The hub records which names the
-//! open feed covers ([`Hub::cover`]; every name unless a feed says otherwise) and the rules
-//! that keep a narrowed feed from losing a wake-up:
-//!
-//! * An acquirer is [live](ChangeWaiter::is_live) only when the feed is live **and covers its
-//!   name** at registration; otherwise it polls with the wait strategy.
-//! * An acquirer about to wait, or an observer, on a name that is not covered asks for it
-//!   ([`Hub::want`]); the feed widens itself, resuming from where it was, and then
-//!   [re-checks](Hub::cover) the newly covered names: their acquirers and observers are woken
-//!   and their holders read their lock once, since changes before the widening may have been
-//!   missed.
-//! * A name is never dropped from coverage while it has an entry: a narrowed feed is built from
-//!   the registry's names, and a name registered after that snapshot but left out is woken and
-//!   asked for again when the new coverage is installed.
+//! A feed may deliver the changes of some names only (MongoDB's narrowed change stream): the
+//! hub records which names the open feed covers (every name unless a feed says otherwise) and
+//! an acquirer is [live](ChangeWaiter::is_live) only when the feed is live and covers its name.
+//! How a narrowed feed is widened without losing a wake-up is in `coverage.rs` (MongoDB only).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
@@ -102,60 +91,64 @@ impl Status {
 
 /// The registry of watched names; see the [module docs](self).
 pub(crate) struct Hub {
-    names: Mutex<Names>,
+    pub(super) names: Mutex<Names>,
     status: AtomicU8,
     /// Told when a name that is not covered is wanted (see [`Hub::want`]).
-    widen: Notify,
+    pub(super) widen: Notify,
 }
 
 /// Which names the open feed delivers changes of.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(not(feature = "mongodb"), allow(dead_code))] // Narrowed feeds: MongoDB only.
 pub(crate) enum Covered {
     /// Every name.
     #[default]
     All,
-    /// These names only.
-    Only(HashSet<Arc<str>>),
+    /// These names only (narrowed feeds: MongoDB only, `coverage.rs`).
+    #[cfg(feature = "mongodb")]
+    Only(std::collections::HashSet<Arc<str>>),
 }
 
 impl Covered {
-    fn covers(&self, name: &str) -> bool {
+    pub(super) fn covers(&self, name: &str) -> bool {
         match self {
             Covered::All => true,
+            #[cfg(feature = "mongodb")]
             Covered::Only(names) => names.contains(name),
         }
     }
 }
 
 #[derive(Default)]
-struct Names {
-    map: HashMap<Arc<str>, Arc<NameState>>,
+pub(super) struct Names {
+    pub(super) map: HashMap<Arc<str>, Arc<NameState>>,
     /// Sequence number of the last dispatched change (hub-wide, so that it stays comparable
     /// when a name's entry is removed and created again).
-    seq: u64,
+    pub(super) seq: u64,
     /// The lease last reported by a whole-document (`replace`) event, per name, kept when the
     /// name's entry goes (a waiter re-registers after each wake-up); see
     /// [`Hub::is_news`]. Cleared when it grows past [`MAX_KNOWN`].
+    #[cfg(feature = "mongodb")]
     known: HashMap<Arc<str>, Change>,
     /// What the open feed covers.
-    covered: Covered,
-    /// Whether a name that is not covered was wanted since the last [`Hub::interest`].
-    wanted: bool,
+    pub(super) covered: Covered,
+    /// Whether a name that is not covered was wanted since the last `Hub::interest`.
+    pub(super) wanted: bool,
 }
 
 /// Bound of [`Names::known`]: forgetting costs at most one spurious wake-up per name.
+#[cfg(feature = "mongodb")]
 const MAX_KNOWN: usize = 1 << 16;
 
 pub(crate) struct NameState {
-    turn: Arc<Notify>,
-    all: Notify,
-    changes: watch::Sender<(u64, Change)>,
+    pub(super) turn: Arc<Notify>,
+    pub(super) all: Notify,
+    pub(super) changes: watch::Sender<(u64, Change)>,
     /// Acquirers registered with [`Hub::change_waiter`] and not yet woken or dropped.
     acquirers: AtomicUsize,
-    /// When the entry was created (a feed covers holders' names lazily, see [`Hub::uncovered_since`]).
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
-    since: Instant,
+    /// When the entry was created (a narrowed feed covers holders' names lazily, see
+    /// `Hub::uncovered_since`).
+    #[cfg(feature = "mongodb")]
+    pub(super) since: std::time::Instant,
 }
 
 /// Counts one registered acquirer of a name for as long as it lives; holds the name's entry.
@@ -205,7 +198,7 @@ impl Hub {
         })
     }
 
-    fn names(&self) -> MutexGuard<'_, Names> {
+    pub(super) fn names(&self) -> MutexGuard<'_, Names> {
         // Every mutation is a single insert/remove or counter bump; a poisoned map is consistent.
         self.names.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -252,7 +245,8 @@ impl Hub {
                     all: Notify::new(),
                     changes: watch::channel((0, Change::Nothing)).0,
                     acquirers: AtomicUsize::new(0),
-                    since: Instant::now(),
+                    #[cfg(feature = "mongodb")]
+                    since: std::time::Instant::now(),
                 });
                 names.map.insert(key.clone(), state.clone());
                 (key, state)
@@ -351,7 +345,7 @@ impl Hub {
     /// worst one acquirer retries once). A lease id is never granted again once it lost the
     /// name, so seeing the same lease again means the name was held throughout, or was held
     /// again by the time of the event: nobody waiting needs to retry.
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
+    #[cfg(feature = "mongodb")]
     pub(crate) fn is_news(&self, name: &str, change: &Change) -> bool {
         let mut names = self.names();
         let holds_lease = matches!(
@@ -379,6 +373,7 @@ impl Hub {
         let mut names = self.names();
         names.seq += 1;
         // Whatever was known may have changed unseen.
+        #[cfg(feature = "mongodb")]
         names.known.clear();
         let seq = names.seq;
         for st in names.map.values() {
@@ -440,84 +435,6 @@ impl Hub {
     pub(crate) fn want(&self, name: &str) {
         let mut names = self.names();
         if !names.covered.covers(name) {
-            names.wanted = true;
-            drop(names);
-            self.widen.notify_one();
-        }
-    }
-
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
-    /// Completes when a name that is not covered was wanted (at once if one was wanted since
-    /// the last call). For the feed's task only (one waiter).
-    pub(crate) async fn widen_wanted(&self) {
-        self.widen.notified().await;
-    }
-
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
-    /// Whether a name that is not covered was wanted since the last [`interest`](Self::interest)
-    /// and is still in use without coverage.
-    pub(crate) fn is_wanted(&self) -> bool {
-        let mut names = self.names();
-        if names.wanted && names.map.keys().all(|n| names.covered.covers(n)) {
-            // Covered meanwhile (asked for while the feed was widening), or no longer in use.
-            names.wanted = false;
-        }
-        names.wanted
-    }
-
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
-    /// Whether some name without coverage has had an entry since `before` or earlier (held
-    /// names are covered lazily, so that a lease released soon after its grant costs the feed
-    /// nothing).
-    pub(crate) fn uncovered_since(&self, before: Instant) -> bool {
-        let names = self.names();
-        match &names.covered {
-            Covered::All => false,
-            Covered::Only(set) => names
-                .map
-                .iter()
-                .any(|(name, st)| st.since <= before && !set.contains(name)),
-        }
-    }
-
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
-    /// The names somebody here waits on or holds, for a feed about to narrow itself to them;
-    /// clears [`is_wanted`](Self::is_wanted).
-    pub(crate) fn interest(&self) -> Vec<Arc<str>> {
-        let mut names = self.names();
-        names.wanted = false;
-        names.map.keys().cloned().collect()
-    }
-
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
-    /// Installs what a feed that was just opened (or reopened where it was) covers, and
-    /// re-checks the names that were not covered before: their acquirers and observers are
-    /// woken and their holders read their lock once (changes before now may have been missed).
-    /// A name with an entry that `covered` leaves out (registered after the feed's
-    /// [`interest`](Self::interest) snapshot) is woken too and wanted again.
-    pub(crate) fn cover(&self, covered: Covered) {
-        let mut names = self.names();
-        let before = std::mem::replace(&mut names.covered, covered);
-        names.seq += 1;
-        let seq = names.seq;
-        let mut left_out = false;
-        for (name, st) in &names.map {
-            match (before.covers(name), names.covered.covers(name)) {
-                (true, true) | (false, false) => {}
-                (false, true) => {
-                    st.turn.notify_waiters();
-                    st.all.notify_waiters();
-                    st.changes.send_replace((seq, Change::Unknown));
-                }
-                (true, false) => {
-                    // Its acquirers may be sleeping until the holder's expiry: wake them to poll.
-                    left_out = true;
-                    st.turn.notify_waiters();
-                    st.all.notify_waiters();
-                }
-            }
-        }
-        if left_out {
             names.wanted = true;
             drop(names);
             self.widen.notify_one();
@@ -628,12 +545,14 @@ mod tests {
         assert_eq!(hub.watched_names(), 0);
     }
 
+    #[cfg(feature = "mongodb")]
     fn dispatch_unless_known(hub: &Hub, name: &str, change: Change) {
         if hub.is_news(name, &change) {
             hub.dispatch(name, change);
         }
     }
 
+    #[cfg(feature = "mongodb")]
     #[tokio::test]
     async fn replace_events_showing_the_known_lease_wake_nobody() {
         let hub = Hub::new(Status::Live);
@@ -659,44 +578,6 @@ mod tests {
         let w = hub.change_waiter("x");
         dispatch_unless_known(&hub, "x", lease(Some("b"), 2));
         assert!(w.wait(Duration::from_secs(5)).await);
-    }
-
-    #[tokio::test]
-    async fn uncovered_names_poll_until_covered_then_re_check() {
-        let hub = Hub::new(Status::Live);
-        hub.cover(Covered::Only(HashSet::new()));
-        let holder = hub.name("x");
-        let mut changes = holder.state().subscribe();
-        // Not covered: the acquirer is not live, and asks for the name only once it waits.
-        let w = hub.change_waiter("x");
-        assert!(!w.is_live() && !hub.is_live_for("x"));
-        assert!(!hub.is_wanted());
-        let waiting = tokio::spawn(w.wait(Duration::from_secs(30)));
-        hub.widen_wanted().await;
-        assert!(hub.is_wanted());
-        assert_eq!(hub.interest().len(), 1);
-        assert!(!hub.is_wanted(), "the snapshot clears the request");
-        // Covered: the acquirer re-checks at once and the holder reads its lock once.
-        hub.cover(Covered::Only([Arc::from("x")].into()));
-        assert!(
-            waiting.await.unwrap(),
-            "the newly covered acquirer was woken"
-        );
-        changes.changed().await.unwrap();
-        assert_eq!(changes.borrow_and_update().1, Change::Unknown);
-        assert!(hub.change_waiter("x").is_live());
-        // Left out by a narrower coverage while in use: woken, and asked for again.
-        let w = hub.change_waiter("x");
-        assert!(w.is_live());
-        let waiting = tokio::spawn(w.wait(Duration::from_secs(30)));
-        tokio::task::yield_now().await;
-        hub.cover(Covered::Only(HashSet::new()));
-        assert!(waiting.await.unwrap());
-        assert!(hub.is_wanted());
-        // Covering every name asks for nothing.
-        hub.cover(Covered::All);
-        assert!(!hub.is_wanted());
-        assert!(hub.is_live_for("y"));
     }
 
     #[test]

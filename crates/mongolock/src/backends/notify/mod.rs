@@ -9,6 +9,9 @@
 //!   name wakes (one acquirer per change and process — the no-stampede rule —, every observer,
 //!   every holder), whether the wake-ups are live, and the handoff fallback timer. The memory
 //!   backend uses it directly; the others through a [`Notifier`].
+//! * `coverage` (MongoDB only): which names a narrowed feed delivers the changes of, and the
+//!   rules that keep a narrowed feed from losing a wake-up (asking for a name, re-checking the
+//!   names newly covered); an `impl Hub` block.
 //! * `notifier` (MongoDB, PostgreSQL): the [`Notifier`] of a backend with a feed: the hub, the
 //!   leases this backend granted (to judge whether a change ended one: early loss detection)
 //!   and the handle that stops the feed's task.
@@ -38,6 +41,8 @@
 
 pub(crate) mod hub;
 
+#[cfg(feature = "mongodb")]
+mod coverage;
 #[cfg(any(feature = "mongodb", feature = "postgres"))]
 mod feed;
 #[cfg(any(feature = "mongodb", feature = "postgres"))]

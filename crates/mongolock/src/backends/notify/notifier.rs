@@ -132,7 +132,6 @@ impl<F: Feed> Notifier<F> {
     }
 
     /// The registry the feed delivers to (for in-process deliveries of a backend's own writes).
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     pub(crate) fn hub(&self) -> &Hub {
         &self.hub
     }
@@ -170,7 +169,6 @@ impl<F: Feed> Notifier<F> {
 
     /// Whether the changes of `name` are delivered (the feed is live and covers it); starts the
     /// feed if needed.
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     pub(crate) fn is_live_for(&self, name: &str) -> bool {
         self.ensure_started();
         self.hub.is_live_for(name)
@@ -182,7 +180,6 @@ impl<F: Feed> Notifier<F> {
     }
 
     /// How many acquirers of `name` in this process wait for its next change.
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     pub(crate) fn acquirers(&self, name: &str) -> usize {
         self.hub.acquirers(name)
     }
