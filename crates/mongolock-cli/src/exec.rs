@@ -2,6 +2,7 @@
 //! `elect`: starting CMD under a supervisor process (see `supervisor.rs`) with the lock in its
 //! environment, passing signals on, handing the supervisor the lease's deadlines after every
 //! renewal, and stopping CMD when the lock is lost.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;

@@ -98,6 +98,7 @@
 //! `spawn-failed ERRNO`, `expired` (a deadline had passed when the first message arrived: CMD
 //! was not started), `sigterm` and `sigkill` (sent because a deadline passed), `exited
 //! RAW_WAIT_STATUS`. Once SIGTERM was sent, later deadlines may only bring SIGKILL earlier.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};

@@ -4,6 +4,7 @@
 //!
 //! Each test prints what it measured (`cargo test -- --nocapture` shows it). Deadlines are
 //! generous and conditions are polled.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 mod common;
 

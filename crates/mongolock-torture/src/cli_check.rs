@@ -5,6 +5,7 @@
 //! log; a D whose owner is dead was left by a command killed before it could clean up (not an
 //! overlap) and is replaced. With `--cli-faults`, `mongolock` processes (not their commands) are
 //! SIGKILLed or SIGSTOPped for longer than the lease.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

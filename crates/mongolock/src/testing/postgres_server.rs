@@ -11,6 +11,7 @@
 //! [`shared_url`] is what most tests use: `POSTGRES_URL` when set (an existing server), else one
 //! server per process, started on first use and stopped when the process exits. Tests isolate
 //! themselves with their own table or schema names.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
