@@ -88,7 +88,7 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 use tracing::Instrument;
 
-use crate::backend::{Lease, LeaseId, LockBackend};
+use crate::backend::{Lease, LeaseId, LockBackend, LockBackendExt};
 use crate::clock::{self, Stamp};
 use crate::error::{Error, Result};
 use crate::options::{DriftMargin, GuardPolicy};

@@ -224,7 +224,7 @@ mod wait;
 pub use crate::metrics::{describe_metrics, MetricsLabels};
 pub use backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LeaseMode,
-    LockBackend, LockInfo, RELEASED_KEPT_FOR, RELEASED_KEPT_MAX,
+    LockBackend, LockBackendExt, LockInfo, RELEASED_KEPT_FOR, RELEASED_KEPT_MAX,
 };
 pub use backends::memory::MemoryBackend;
 #[cfg(feature = "mongodb")]
