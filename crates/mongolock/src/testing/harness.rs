@@ -4,6 +4,8 @@
 //! use too).
 
 use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,7 +25,18 @@ pub struct Env {
     /// Whether the backend delivers change notifications (its `change_waiter`, `lease_gone`
     /// and `wait_for_change` react to changes): the notification cases run only then.
     pub notifications: bool,
+    /// Builds another backend on the same storage, inside the runtime that awaits it (its own
+    /// client or pool, as another process would have): the election cases give each candidate
+    /// one. `None`: they share [`backend`](Env::backend).
+    pub backend_factory: Option<BackendFactory>,
+    /// Whether the backend runs no tasks of its own, so that a case may check that nothing is
+    /// left running by counting the runtime's alive tasks.
+    pub no_background_tasks: bool,
 }
+
+/// Builds a backend on the storage of an [`Env`] (see [`Env::with_backend_factory`]).
+pub type BackendFactory =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Arc<dyn LockBackend>> + Send>> + Send + Sync>;
 
 impl Env {
     /// A backend with nothing to keep alive and no declared notifications.
@@ -32,6 +45,8 @@ impl Env {
             backend,
             keep_alive: Box::new(()),
             notifications: false,
+            backend_factory: None,
+            no_background_tasks: false,
         }
     }
 
@@ -44,6 +59,25 @@ impl Env {
     /// Declares that the backend delivers change notifications.
     pub fn with_notifications(mut self) -> Env {
         self.notifications = true;
+        self
+    }
+
+    /// Gives the cases a way to build further backends on the same storage, each inside the
+    /// runtime that awaits `factory()` (a backend with runtime-bound resources, such as a
+    /// MongoDB client or a connection pool, creates them there).
+    pub fn with_backend_factory<F, Fut>(mut self, factory: F) -> Env
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Arc<dyn LockBackend>> + Send + 'static,
+    {
+        self.backend_factory = Some(Arc::new(move || Box::pin(factory())));
+        self
+    }
+
+    /// Declares that the backend runs no tasks of its own (as the memory backend): cases then
+    /// check that nothing is left running by counting the runtime's alive tasks.
+    pub fn without_background_tasks(mut self) -> Env {
+        self.no_background_tasks = true;
         self
     }
 }

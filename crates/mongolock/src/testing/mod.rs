@@ -22,14 +22,18 @@
 //! force-release signalled to the holder at once, a release waking a waiter at once, handoffs
 //! without a stampede) run only for an [`Env`] declared
 //! [`with_notifications`](Env::with_notifications); for other backends they skip with a printed
-//! reason.
+//! reason. The leader-election cases give each candidate its own provider: over a backend of
+//! its own when the [`Env`] has a [`backend factory`](Env::with_backend_factory) (as separate
+//! processes would have), else over the shared backend; a backend that runs no tasks of its
+//! own can say so ([`without_background_tasks`](Env::without_background_tasks)) to have the
+//! cases check that nothing is left running.
 //! Cases wait with generous deadlines and poll instead of asserting tight timings.
 //!
 //! The suite's files: this module (the [`contract_suite!`](crate::contract_suite) macro, which
 //! lists every case), `harness` ([`Env`], [`IntoEnv`] and the helpers cases share), `wrappers`
 //! (backends that count calls or lose replies, wrapped around the backend under test) and
 //! `cases/`, one module per topic (locks, extension, release, timeouts, cancellation,
-//! notifications, semaphores, read-write locks, lock sets, minimum hold, lease edges, the
+//! notifications, leader election, semaphores, read-write locks, lock sets, minimum hold, lease edges, the
 //! operator's view). Everything public is re-exported here: a case is
 //! `mongolock::testing::<case name>`.
 
@@ -101,6 +105,15 @@ macro_rules! contract_suite {
             a_slot_release_wakes_a_waiter_at_once,
             waiters_show_who_waits,
         );
+        $crate::contract_suite!(@env $setup;
+            one_leader_at_a_time_and_terms_increase,
+            resign_hands_over_to_exactly_one_candidate,
+            crashed_leader_is_replaced_once_after_expiry,
+            lost_leadership_cancels_the_function_and_campaigns_again,
+            observe_without_campaigning,
+            dropping_the_run_future_leaves_nothing_held,
+            try_campaign_and_input_checks,
+        );
     };
     (@cases $setup:path; $($case:ident),* $(,)?) => {
         $(
@@ -111,6 +124,18 @@ macro_rules! contract_suite {
                     return;
                 };
                 $crate::testing::$case(env.backend.clone()).await;
+                drop(env);
+            }
+        )*
+    };
+    (@env $setup:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let Some(env) = $crate::testing::IntoEnv::into_env($setup().await) else {
+                    return;
+                };
+                $crate::testing::$case(&env).await;
                 drop(env);
             }
         )*

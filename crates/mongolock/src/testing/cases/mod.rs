@@ -9,6 +9,7 @@ use super::harness::*;
 use super::wrappers::*;
 
 mod cancellation;
+mod election;
 mod extension;
 mod guard_edges;
 mod locks;
@@ -22,6 +23,7 @@ mod semaphore;
 mod timeouts;
 
 pub use cancellation::*;
+pub use election::*;
 pub use extension::*;
 pub use guard_edges::*;
 pub use locks::*;
