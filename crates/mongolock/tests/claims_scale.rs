@@ -3,13 +3,15 @@
 //! front of them. Measured with the server's own counter of examined documents (`serverStatus`
 //! `metrics.queryExecutor.scannedObjects`, which mongod and mongo-testserver both keep).
 //!
-//! A test binary of its own, so that no other test's queries run on the server meanwhile. Runs
+//! A test binary of its own (not a module of `tests/mongo/`), so that no other test's queries run
+//! on the server meanwhile (with `MONGODB_URI`, the tests of one binary share a deployment). Runs
 //! against the embedded mongo-testserver, or `MONGODB_URI` when set (on a shared deployment
 //! other clients' queries add to the counter, which only makes the indexed figure larger).
 
-mod common;
+#[path = "support/mongo.rs"]
+mod mongo;
 
-use common::{test_database, unique};
+use mongo::{test_database, unique};
 use mongodb::bson::{doc, Document};
 use mongodb::{Collection, Database};
 use mongolock::documents::{DocumentLocks, LockedDocument};

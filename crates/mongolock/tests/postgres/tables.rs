@@ -1,7 +1,7 @@
 //! A table that is not mongolock's is refused, never altered: against a real PostgreSQL
 //! (started by the tests, or `POSTGRES_URL`).
 
-mod pg;
+use crate::support::postgres;
 
 use mongolock::{Error, LockProvider, PostgresBackend};
 
@@ -68,9 +68,9 @@ async fn snapshot(client: &tokio_postgres::Client, table: &str) -> Vec<String> {
 /// trigger or row added; no sequence created).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_table_is_refused_and_left_unchanged() {
-    let Some(url) = pg::url() else { return };
-    let admin = pg::admin(&url).await;
-    let table = pg::unique_table("users");
+    let Some(url) = postgres::url() else { return };
+    let admin = postgres::admin(&url).await;
+    let table = postgres::unique_table("users");
     admin
         .batch_execute(&format!(
             "CREATE TABLE \"{table}\" (id integer PRIMARY KEY, name text, expires_at timestamptz);
@@ -115,8 +115,8 @@ async fn a_foreign_table_is_refused_and_left_unchanged() {
 /// table the first one created uses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_table_is_accepted_by_a_new_backend() {
-    let Some(url) = pg::url() else { return };
-    let table = pg::unique_table("locks");
+    let Some(url) = postgres::url() else { return };
+    let table = postgres::unique_table("locks");
     let make = || {
         let backend = PostgresBackend::builder(&url)
             .table(table.clone())

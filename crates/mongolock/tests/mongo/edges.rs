@@ -8,14 +8,13 @@
 //! reports; `times: 2` covers the retry). Runs against the embedded mongo-testserver, or
 //! against `MONGODB_URI` (fault cases only with `MONGODB_FAILPOINTS=1`).
 
-mod common;
-mod poll;
+use crate::support::mongo;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{test_database, unique, TestDb};
 use futures_util::FutureExt;
+use mongo::{test_database, unique, TestDb};
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
@@ -179,7 +178,7 @@ async fn lose_slow_replies(t: &TestDb, app: &str, commands: &[&str], block_ms: i
 #[tokio::test]
 async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let coll = unique("locks");
@@ -190,7 +189,7 @@ async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
         let name = unique(form);
         // Create the document and stamp its token first, so the faulted attempt is the single
         // findAndModify of a grant.
-        common::take_once(&provider, &name).await;
+        mongo::take_once(&provider, &name).await;
         // Each lost reply also comes 20 ms late, so the first attempt (the driver's try and its
         // retry) outlasts the 1 ms budget below and the call gives up instead of retrying. (A
         // retry within the budget would take over the grant — same lease id — and succeed.)
@@ -210,7 +209,7 @@ async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
         // The grant was applied at the server; the call gave up, so it releases it.
         let gave_up = Instant::now();
         let info = observer.inspect(&name).await.unwrap().unwrap();
-        let released = poll::eventually(Duration::from_secs(20), || async {
+        let released = mongolock::testing::eventually(Duration::from_secs(20), || async {
             !observer.inspect(&name).await.unwrap().unwrap().held
         })
         .await;
@@ -239,7 +238,7 @@ async fn an_acquire_that_gives_up_after_a_lost_grant_leaves_nothing_held() {
 #[tokio::test]
 async fn a_retried_release_whose_first_try_was_applied_succeeds() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("releases");
@@ -277,7 +276,7 @@ async fn a_retried_release_whose_first_try_was_applied_succeeds() {
 #[tokio::test]
 async fn release_is_bounded_by_the_release_timeout() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("slow");
@@ -399,7 +398,7 @@ fn child_entry() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = common::client(&uri, Some("paused-child")).await;
+        let client = mongo::client(&uri, Some("paused-child")).await;
         let db = client.database(&std::env::var("MONGOLOCK_DB").unwrap());
         // Long enough that the pause surely starts before the deadline; the pause is longer.
         let expiry = Duration::from_millis(5000);
@@ -445,7 +444,12 @@ async fn a_process_paused_past_its_lease_reads_lost_when_it_resumes() {
     let t = test_database().await;
     let exe = std::env::current_exe().unwrap();
     let mut child = tokio::process::Command::new(exe)
-        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "edges::child_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, &t.uri)
         .env("MONGOLOCK_DB", t.db.name())
         .env("MONGOLOCK_COLL", unique("locks"))
@@ -501,7 +505,7 @@ async fn a_process_paused_past_its_lease_reads_lost_when_it_resumes() {
 async fn document_locks_at_the_edges() {
     use mongolock::documents::DocumentLocks;
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("doc-edges");
@@ -528,7 +532,8 @@ async fn document_locks_at_the_edges() {
     t.fail_point_off().await;
     assert!(err.is_transient(), "{err}");
     assert!(
-        poll::eventually(Duration::from_secs(20), || async { !is_locked(1).await }).await,
+        mongolock::testing::eventually(Duration::from_secs(20), || async { !is_locked(1).await })
+            .await,
         "document 1 still locked by an abandoned attempt: {:?}",
         observer.inspect(1).await
     );
@@ -543,7 +548,8 @@ async fn document_locks_at_the_edges() {
     t.fail_point_off().await;
     assert!(err.is_transient(), "{err}");
     assert!(
-        poll::eventually(Duration::from_secs(20), || async { !is_locked(2).await }).await,
+        mongolock::testing::eventually(Duration::from_secs(20), || async { !is_locked(2).await })
+            .await,
         "document 2 still locked by an abandoned claim: {:?}",
         observer.inspect(2).await
     );
@@ -562,7 +568,7 @@ async fn document_locks_at_the_edges() {
 #[tokio::test]
 async fn write_conflicts_are_retried() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("conflicts");
@@ -609,7 +615,7 @@ async fn write_conflicts_are_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_release_retried_after_many_other_releases_is_not_a_loss() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let coll = unique("locks");
@@ -632,7 +638,7 @@ async fn a_release_retried_after_many_other_releases_is_not_a_loss() {
     lose_slow_replies(&t, &app, &["findAndModify"], 3000).await;
     let releasing = tokio::spawn(async move { guard.release().await });
     // The first try is applied (3 s late); during the driver's retry, others take turns.
-    let free = poll::eventually(Duration::from_secs(30), || async {
+    let free = mongolock::testing::eventually(Duration::from_secs(30), || async {
         !others.inspect(&name).await.unwrap().unwrap().held
     })
     .await;
@@ -660,7 +666,7 @@ async fn a_release_retried_after_many_other_releases_is_not_a_loss() {
 async fn a_document_release_retried_after_other_grants_is_not_a_loss() {
     use mongolock::documents::DocumentLocks;
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("doc-lost-release");
@@ -682,7 +688,7 @@ async fn a_document_release_retried_after_other_grants_is_not_a_loss() {
     // Each try 1.5 s late: the core's own retry still comes within the 5 s release timeout.
     lose_slow_replies(&t, &app, &["update"], 1500).await;
     let releasing = tokio::spawn(async move { locked.guard.release().await });
-    let free = poll::eventually(Duration::from_secs(30), || async {
+    let free = mongolock::testing::eventually(Duration::from_secs(30), || async {
         !others.inspect(1).await.unwrap().unwrap().held
     })
     .await;
@@ -712,7 +718,7 @@ async fn a_document_release_retried_after_other_grants_is_not_a_loss() {
 #[tokio::test]
 async fn a_shortened_extension_given_up_while_the_server_is_slow_ends_the_lease() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("shortened");
@@ -753,7 +759,7 @@ async fn a_shortened_extension_given_up_while_the_server_is_slow_ends_the_lease(
     // ends. Polled (a waiter would sleep until the expiry it was told, the 3 s one).
     let lock = second.lock(name.clone()).unwrap();
     let next: Mutex<Option<LockGuard>> = Mutex::new(None);
-    let taken = poll::eventually(Duration::from_secs(20), || async {
+    let taken = mongolock::testing::eventually(Duration::from_secs(20), || async {
         let got = lock.try_acquire().await.unwrap();
         let taken = got.is_some();
         *next.lock().unwrap() = got;

@@ -5,9 +5,9 @@
 //! The TLS tests start a server of their own (they turn `ssl` on), so they are skipped when
 //! `POSTGRES_URL` points at an existing server.
 
-mod pg;
+use crate::support::postgres;
 
-use pg::admin;
+use postgres::admin;
 use std::path::Path;
 use std::time::Duration;
 
@@ -58,16 +58,16 @@ fn write_as_server(path: &Path, contents: &str, owner_of: &Path, mode: u32) {
 /// A server of this test's own with `ssl = on` and a certificate for `localhost` (not for
 /// `127.0.0.1`, the address of its URL) signed by the returned CA; `None` (skip) without PostgreSQL binaries or with
 /// `POSTGRES_URL`.
-async fn tls_server() -> Option<(pg::PgServer, Pki)> {
+async fn tls_server() -> Option<(postgres::PgServer, Pki)> {
     if std::env::var("POSTGRES_URL").is_ok_and(|u| !u.is_empty()) {
         eprintln!("skipped: POSTGRES_URL is set and these tests must configure TLS on the server");
         return None;
     }
-    if pg::bin_dir().is_none() {
+    if postgres::bin_dir().is_none() {
         eprintln!("skipped: no PostgreSQL binaries");
         return None;
     }
-    let server = pg::PgServer::start().expect("start PostgreSQL");
+    let server = postgres::PgServer::start().expect("start PostgreSQL");
     let pki = pki(&["localhost"]);
     let dir = server.dir().to_owned();
     write_as_server(&dir.join("server.crt"), &pki.cert_pem, &dir, 0o644);
@@ -250,7 +250,7 @@ async fn tls_modes_connect_verify_and_refuse() {
     }
 
     // require against a server without TLS: a typed, permanent error.
-    let plain = pg::PgServer::start().expect("start a plain PostgreSQL");
+    let plain = postgres::PgServer::start().expect("start a plain PostgreSQL");
     let backend = PostgresBackend::builder(format!("{}?sslmode=require", plain.url()))
         .build()
         .unwrap();
@@ -325,8 +325,8 @@ fn tls_options_are_checked_when_built() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_holding_the_row_lock_cannot_stall_extend_past_the_lease() {
-    let Some(url) = pg::url() else { return };
-    let table = pg::unique_table("stuck");
+    let Some(url) = postgres::url() else { return };
+    let table = postgres::unique_table("stuck");
     let ttl = Duration::from_secs(20);
     let backend = PostgresBackend::builder(&url)
         .table(&table)
@@ -393,8 +393,8 @@ async fn a_session_holding_the_row_lock_cannot_stall_extend_past_the_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_outlives_a_stuck_session_shorter_than_its_lease() {
-    let Some(url) = pg::url() else { return };
-    let table = pg::unique_table("stuck_guard");
+    let Some(url) = postgres::url() else { return };
+    let table = postgres::unique_table("stuck_guard");
     let backend = PostgresBackend::builder(&url)
         .table(&table)
         .statement_timeout(Some(Duration::from_millis(500)))

@@ -1,10 +1,11 @@
-//! One process-contention harness for every backend (`processes.rs` for MongoDB,
-//! `postgres_processes.rs` for PostgreSQL): several OS processes contending for one lock, and a
+//! One process-contention harness for every backend (`mongo/processes.rs` for MongoDB,
+//! `postgres/processes.rs` for PostgreSQL): several OS processes contending for one lock, and a
 //! holder killed with SIGKILL.
 //!
-//! The helper processes are the test binary itself: its `child_entry` is an ordinary test that
-//! calls [`child_entry`] here, which does nothing unless `MONGOLOCK_TEST_CHILD` is set; the
-//! parent tests run the binary again with `child_entry --exact` and that variable. This needs
+//! The helper processes are the test binary itself: its `processes::child_entry` is an ordinary
+//! test that calls [`child_entry`] here, which does nothing unless `MONGOLOCK_TEST_CHILD` is
+//! set; the parent tests run the binary again with `processes::child_entry --exact` and that
+//! variable. This needs
 //! no extra build targets, so it works in a plain `cargo test` on a fresh clone. A test binary
 //! says where its backend is with [`Setup::env`] (passed to every helper) and builds the
 //! helpers' backend from those variables.
@@ -41,8 +42,9 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
 }
 
-/// Entry point of the helper processes (call it from a `#[test] fn child_entry`); a no-op in a
-/// normal test run. `backend` builds the helper's backend from the [`Setup::env`] variables.
+/// Entry point of the helper processes (call it from a `#[test] fn child_entry` in the binary's
+/// `processes` module); a no-op in a normal test run. `backend` builds the helper's backend
+/// from the [`Setup::env`] variables.
 pub fn child_entry<F, Fut>(backend: F)
 where
     F: FnOnce() -> Fut,
@@ -141,12 +143,17 @@ async fn hold(provider: LockProvider) {
 fn spawn_child(mode: &str, setup: &Setup, name: &str, extra: &[(&str, String)]) -> Child {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
-    cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, mode)
-        .env("MONGOLOCK_NAME", name)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
+    cmd.args([
+        "processes::child_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, mode)
+    .env("MONGOLOCK_NAME", name)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .kill_on_drop(true);
     for (k, v) in setup.env.iter().chain(extra) {
         cmd.env(k, v);
     }
@@ -234,7 +241,7 @@ pub async fn a_killed_holder_is_replaced_only_after_its_lease_expires(
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let held = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            // libtest prints "test child_entry ... " without a newline first.
+            // libtest prints "test processes::child_entry ... " without a newline first.
             if let Some((_, rest)) = line.split_once("HELD ") {
                 return rest.to_owned();
             }

@@ -1,10 +1,10 @@
-//! Leader-election scenarios shared by every backend.
-//!
-//! A backend's test file provides `async fn setup() -> Env` and invokes
-//! `election_suite!(setup)`, which generates one `#[tokio::test]` per scenario.
-#![allow(dead_code)]
+//! Contract cases of leader election ([`Election`](crate::election::Election)): one leader at
+//! a time with growing terms, resign and crash handovers, lost leadership, observers, dropped
+//! `run` futures and input checks. Every backend runs them through
+//! [`contract_suite!`](crate::contract_suite); a case builds its candidates' providers with
+//! [`Env::with_backend_factory`] when the backend has one (a client per candidate, as separate
+//! processes would have), else over the shared [`Env::backend`].
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -12,38 +12,52 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mongolock::election::{
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::election::{
     Election, ElectionEvent, ElectionEvents, LeaderInfo, LeaderWatch, Leadership,
 };
-use mongolock::{Error, LockBackend, LockProvider, WaitStrategy};
-use tokio::sync::{mpsc, oneshot, watch};
+use crate::testing::{eventually, Env};
+use crate::{Error, LockBackend, LockProvider, WaitStrategy};
 
 /// Builds a provider on the backend under test. Called inside whatever runtime will use the
 /// provider (the crash scenario gives each candidate its own runtime), so a backend with
 /// runtime-bound resources (a MongoDB client) creates them there.
-pub type MakeProvider =
+type MakeProvider =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = LockProvider> + Send>> + Send + Sync>;
 
-/// A backend on isolated storage, plus whatever must stay alive while it is used.
-pub struct Env {
-    pub make_provider: MakeProvider,
-    /// Whether the scenarios may compare the runtime's alive task count (false when the backend
-    /// runs background tasks of its own, like the MongoDB driver).
-    pub count_tasks: bool,
-    pub keep_alive: Box<dyn Any + Send>,
+/// Providers over a new backend from the env's factory, or over its shared backend.
+fn make_provider(env: &Env) -> MakeProvider {
+    match &env.backend_factory {
+        Some(factory) => {
+            let factory = factory.clone();
+            Arc::new(move || {
+                let factory = factory.clone();
+                Box::pin(async move { provider_over(factory().await) })
+            })
+        }
+        None => {
+            let backend = env.backend.clone();
+            Arc::new(move || {
+                let backend = backend.clone();
+                Box::pin(async move { provider_over(backend) })
+            })
+        }
+    }
 }
 
 impl Env {
-    pub async fn provider(&self) -> LockProvider {
-        (self.make_provider)().await
+    /// A provider for one candidate (see [`make_provider`]).
+    async fn provider(&self) -> LockProvider {
+        make_provider(self)().await
     }
 }
 
 /// Test app name stored with every lease.
-pub const APP: &str = "mongolock-election-test";
+const APP: &str = "mongolock-election-test";
 
 /// The provider options the scenarios use: fast waits, so handovers are quick.
-pub fn provider_over(backend: Arc<dyn LockBackend>) -> LockProvider {
+fn provider_over(backend: Arc<dyn LockBackend>) -> LockProvider {
     LockProvider::builder_shared(backend)
         .wait_strategy(WaitStrategy::random_sleep(
             Duration::from_millis(1),
@@ -54,64 +68,14 @@ pub fn provider_over(backend: Arc<dyn LockBackend>) -> LockProvider {
         .expect("valid options")
 }
 
-/// Generates one test per scenario for a backend.
-#[macro_export]
-macro_rules! election_suite {
-    ($setup:path) => {
-        $crate::election_suite!(@cases $setup;
-            one_leader_at_a_time_and_terms_increase,
-            resign_hands_over_to_exactly_one_candidate,
-            crashed_leader_is_replaced_once_after_expiry,
-            lost_leadership_cancels_the_function_and_campaigns_again,
-            observe_without_campaigning,
-            dropping_the_run_future_leaves_nothing_held,
-            try_campaign_and_input_checks,
-        );
-    };
-    (@cases $setup:path; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() {
-                // A setup may return `Option<Env>`: `None` skips (it printed why).
-                let Some(env) = $crate::election_scenarios::IntoEnv::into_env($setup().await)
-                else {
-                    return;
-                };
-                $crate::election_scenarios::$case(&env).await;
-                drop(env);
-            }
-        )*
-    };
-}
-
-/// What a backend's `setup` returns: an [`Env`], or `Option<Env>` for a backend that can be
-/// missing (`None` skips the scenario; the setup prints why).
-pub trait IntoEnv {
-    fn into_env(self) -> Option<Env>;
-}
-
-impl IntoEnv for Env {
-    fn into_env(self) -> Option<Env> {
-        Some(self)
-    }
-}
-
-impl IntoEnv for Option<Env> {
-    fn into_env(self) -> Option<Env> {
-        self
-    }
-}
-
 /// A unique role name per test run.
-pub fn unique_role(prefix: &str) -> String {
+fn unique_role(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand::random::<u32>())
 }
 
-pub use crate::poll::eventually;
-
 /// Counts the leader functions running at once, and records every term they ran for.
 #[derive(Default)]
-pub struct Tracker {
+struct Tracker {
     current: AtomicUsize,
     max: AtomicUsize,
     terms: Mutex<Vec<(usize, u64)>>,
@@ -119,7 +83,7 @@ pub struct Tracker {
 
 /// Held by a running leader function; dropping it (the function returned or was cancelled)
 /// leaves.
-pub struct Entered(Arc<Tracker>);
+struct Entered(Arc<Tracker>);
 
 impl Drop for Entered {
     fn drop(&mut self) {
@@ -369,14 +333,14 @@ pub async fn resign_hands_over_to_exactly_one_candidate(env: &Env) {
 struct Candidate {
     crash: Option<oneshot::Sender<()>>,
     stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<Option<mongolock::Result<()>>>>,
+    thread: Option<std::thread::JoinHandle<Option<crate::Result<()>>>>,
 }
 
 impl Candidate {
     fn spawn(index: usize, env: &Env, role: &str, expiry: Duration, tracker: Arc<Tracker>) -> Self {
         let (crash, crashed) = oneshot::channel::<()>();
         let (stop, stopped) = oneshot::channel::<()>();
-        let make_provider = env.make_provider.clone();
+        let make_provider = make_provider(env);
         let role = role.to_owned();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -423,7 +387,7 @@ impl Candidate {
         }
     }
 
-    async fn join(&mut self) -> Option<mongolock::Result<()>> {
+    async fn join(&mut self) -> Option<crate::Result<()>> {
         let thread = self.thread.take().unwrap();
         tokio::task::spawn_blocking(move || thread.join().unwrap())
             .await
@@ -689,7 +653,7 @@ pub async fn dropping_the_run_future_leaves_nothing_held(env: &Env) {
         .expect("free again");
     l.resign().await.unwrap();
     drop(watch);
-    if env.count_tasks {
+    if env.no_background_tasks {
         assert!(
             eventually(Duration::from_secs(10), || async {
                 metrics.num_alive_tasks() <= baseline

@@ -2,14 +2,13 @@
 //! collection-name validation, error classification. Runs against the embedded
 //! mongo-testserver, or against `MONGODB_URI` when set.
 
-mod common;
-mod poll;
+use crate::support::mongo;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{test_database, test_database_with, unique};
 use futures_util::TryStreamExt;
+use mongo::{test_database, test_database_with, unique};
 use mongo_testserver::TestServer;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::event::command::CommandEvent;
@@ -340,7 +339,7 @@ async fn tokens_grow_after_ttl_cleanup(cleanup_after: Duration) {
 #[tokio::test]
 async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
     let t = test_database().await;
-    let (provider, coll) = common::provider_on_new_collection(&t);
+    let (provider, coll) = mongo::provider_on_new_collection(&t);
     let lock = provider.lock("a").unwrap();
     let mut earlier = Vec::new();
     for _ in 0..3 {
@@ -351,7 +350,7 @@ async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
     assert_eq!(earlier, [1, 2, 3]);
     // What a crashed acquirer leaves behind: a grant without a token (`epoch: null`) whose lease
     // has expired.
-    let past = common::millis_ago(1000);
+    let past = mongo::millis_ago(1000);
     coll.update_one(
         doc! { "_id": "a" },
         doc! { "$set": { "leaseId": "crashed", "epoch": Bson::Null, "expiresAt": past } },
@@ -373,8 +372,8 @@ async fn an_unstamped_lease_left_by_a_crash_gets_a_fresh_token() {
 #[tokio::test]
 async fn a_used_up_epoch_is_followed_by_a_new_one() {
     let t = test_database().await;
-    let (provider, coll) = common::provider_on_new_collection(&t);
-    let past = common::millis_ago(1000);
+    let (provider, coll) = mongo::provider_on_new_collection(&t);
+    let past = mongo::millis_ago(1000);
     // A name two tokens before the end of epoch 3 of its counter, and the counter at 3.
     coll.insert_one(doc! {
         "_id": "hot", "leaseId": Bson::Null, "fencingToken": 3 * (1_i64 << 20) - 2,
@@ -403,7 +402,7 @@ async fn a_used_up_epoch_is_followed_by_a_new_one() {
 #[tokio::test]
 async fn exhausted_fencing_tokens_are_a_typed_error() {
     let t = test_database().await;
-    let (provider, coll) = common::provider_on_new_collection(&t);
+    let (provider, coll) = mongo::provider_on_new_collection(&t);
     coll.insert_one(doc! { "_id": MongoBackend::fencing_epoch_id("last"), "epoch": 1_i64 << 33 })
         .await
         .unwrap();
@@ -462,7 +461,7 @@ async fn new_names_start_small() {
 #[tokio::test]
 async fn a_late_first_acquisition_stamps_a_fresh_epoch() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let coll_name = unique("locks");
@@ -595,7 +594,7 @@ async fn the_default_provider_uses_distributed_locks() {
 #[tokio::test]
 async fn transient_errors_are_retried_within_the_budget() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("transient");
@@ -634,7 +633,7 @@ async fn transient_errors_are_retried_within_the_budget() {
 #[tokio::test]
 async fn permanent_errors_are_returned_at_once() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("denied");
@@ -737,8 +736,8 @@ async fn semaphore_tokens_grow_after_ttl_cleanup() {
 #[tokio::test]
 async fn semaphore_slots_cross_a_used_up_epoch() {
     let t = test_database().await;
-    let (provider, coll) = common::provider_on_new_collection(&t);
-    let past = common::millis_ago(1000);
+    let (provider, coll) = mongo::provider_on_new_collection(&t);
+    let past = mongo::millis_ago(1000);
     coll.insert_one(doc! {
         "_id": "hot", "leaseId": Bson::Null, "fencingToken": 3 * (1_i64 << 20) - 1,
         "epoch": 3_i64, "acquiredAt": past, "expiresAt": past,
@@ -893,7 +892,7 @@ const EPOCH_TOKENS: i64 = 1 << 20;
 /// A lock document whose epoch `epoch` has no token left (as after 2²⁰ grants), with its
 /// counter at `epoch`: the next grant takes no token and is stamped from a fresh epoch.
 async fn epoch_used_up(coll: &mongodb::Collection<Document>, name: &str, epoch: i64, slots: bool) {
-    let past = common::millis_ago(60_000);
+    let past = mongo::millis_ago(60_000);
     let mut lock = doc! {
         "_id": name,
         "leaseId": Bson::Null,
@@ -916,7 +915,7 @@ async fn epoch_used_up(coll: &mongodb::Collection<Document>, name: &str, epoch: 
 
 /// Blocks every `findAndModify` of clients named `app` after the first two (a grant that took
 /// no token and the epoch it takes: the next is the stamp) for `ms` milliseconds.
-async fn block_stamps(t: &common::TestDb, app: &str, ms: i32) {
+async fn block_stamps(t: &mongo::TestDb, app: &str, ms: i32) {
     t.fail_point(
         Bson::Document(doc! { "skip": 2 }),
         doc! {
@@ -938,7 +937,7 @@ async fn block_stamps(t: &common::TestDb, app: &str, ms: i32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_stamp_never_moves_the_epoch_backwards() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let coll_name = unique("locks");
@@ -961,7 +960,7 @@ async fn a_slot_stamp_never_moves_the_epoch_backwards() {
     // Our slot took epoch 6 and waits for its stamp; meanwhile another slot takes epoch 7 and
     // 2²⁰ grants use it up.
     let counter = doc! { "_id": MongoBackend::fencing_epoch_id(&name) };
-    let took = poll::eventually(Duration::from_secs(20), || async {
+    let took = mongolock::testing::eventually(Duration::from_secs(20), || async {
         let c = coll.find_one(counter.clone()).await.unwrap().unwrap();
         c.get_i64("epoch").ok() == Some(6) || c.get_i32("epoch").ok() == Some(6)
     })
@@ -1011,7 +1010,7 @@ async fn a_slot_stamp_never_moves_the_epoch_backwards() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_waiting_for_its_token_shows_no_token() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let coll_name = unique("locks");
@@ -1040,7 +1039,7 @@ async fn a_grant_waiting_for_its_token_shows_no_token() {
     let lock = provider.lock(name.clone()).unwrap();
     let acquiring = tokio::spawn(async move { lock.acquire().await });
     // The grant is written (a lease id, no epoch) and the stamp is blocked.
-    let in_flight = poll::eventually(Duration::from_secs(20), || async {
+    let in_flight = mongolock::testing::eventually(Duration::from_secs(20), || async {
         let d = coll
             .find_one(doc! { "_id": name.as_str() })
             .await

@@ -1,4 +1,4 @@
-//! The contract suite against the in-memory backend.
+//! The contract suite against the in-memory backend, and what the memory backend adds.
 
 use std::sync::Arc;
 
@@ -6,7 +6,9 @@ use mongolock::testing::Env;
 use mongolock::MemoryBackend;
 
 async fn setup() -> Env {
-    Env::new(Arc::new(MemoryBackend::new())).with_notifications()
+    Env::new(Arc::new(MemoryBackend::new()))
+        .with_notifications()
+        .without_background_tasks()
 }
 
 mongolock::contract_suite!(setup);

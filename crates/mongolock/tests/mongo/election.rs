@@ -1,20 +1,18 @@
-//! Leader-election scenarios against MongoDB (a real deployment when `MONGODB_URI` is set, else
-//! the embedded mongo-testserver; see `common`), plus candidates in separate OS processes.
-#![cfg(feature = "mongodb")]
+//! Leader election on MongoDB with candidates in separate OS processes (a real deployment when
+//! `MONGODB_URI` is set, else the embedded mongo-testserver; see `support::mongo`). The
+//! election cases every backend runs are in the contract suite (`contract.rs`).
 
-mod common;
-mod election_scenarios;
-mod poll;
+use crate::support::mongo;
 
 use std::collections::HashSet;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{test_database, unique, TestDb};
-use election_scenarios::{provider_over, unique_role, Env, MakeProvider};
+use mongo::{test_database, unique, TestDb};
 use mongolock::election::Election;
-use mongolock::{LockProvider, MongoBackend};
+use mongolock::testing::unique_name;
+use mongolock::{LockBackend, LockProvider, MongoBackend};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -22,37 +20,20 @@ use tokio::sync::mpsc;
 /// A provider on collection `coll` of database `db`, through a new client (created in the
 /// calling runtime).
 async fn mongo_provider(uri: &str, db: &str, coll: &str) -> LockProvider {
-    let client = common::client(uri, None).await;
+    let client = mongo::client(uri, None).await;
     let backend = MongoBackend::builder(&client.database(db))
         .collection(coll)
         .build()
         .expect("valid backend options");
-    provider_over(Arc::new(backend))
+    mongolock::testing::provider(&(Arc::new(backend) as Arc<dyn LockBackend>))
 }
-
-async fn setup() -> Env {
-    let t = test_database().await;
-    let (uri, db, coll) = (t.uri.clone(), t.db.name().to_owned(), unique("locks"));
-    let make_provider: MakeProvider = Arc::new(move || {
-        let (uri, db, coll) = (uri.clone(), db.clone(), coll.clone());
-        // A client per provider, created in the runtime that will use it.
-        Box::pin(async move { mongo_provider(&uri, &db, &coll).await })
-    });
-    Env {
-        make_provider,
-        count_tasks: false,
-        keep_alive: Box::new(t),
-    }
-}
-
-election_suite!(setup);
 
 // ---------------------------------------------------------------------------------------------
 // Candidates in separate OS processes.
 //
 // Same mechanism as `processes.rs`: the helper processes are this test binary itself.
-// `child_entry` is an ordinary test that does nothing unless `MONGOLOCK_TEST_CHILD` is set; the
-// parent runs the binary again with `child_entry --exact` and that variable.
+// `election::child_entry` is an ordinary test that does nothing unless `MONGOLOCK_TEST_CHILD` is
+// set; the parent runs the binary again with `election::child_entry --exact` and that variable.
 
 const CHILD_ENV: &str = "MONGOLOCK_TEST_CHILD";
 const ELECTED: &str = "ELECTED ";
@@ -127,7 +108,12 @@ fn spawn_candidate(
 ) -> Child {
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
-        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "election::child_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, "candidate")
         .env("MONGOLOCK_URI", &t.uri)
         .env("MONGOLOCK_DB", t.db.name())
@@ -144,7 +130,7 @@ fn spawn_candidate(
     tokio::spawn(async move {
         let mut lines = BufReader::new(stdout).lines();
         while let Ok(Some(line)) = lines.next_line().await {
-            // libtest prints "test child_entry ... " without a newline first.
+            // libtest prints "test election::child_entry ... " without a newline first.
             if let Some((_, rest)) = line.split_once(ELECTED) {
                 let mut words = rest.split_whitespace();
                 let term = words.next().unwrap().parse().unwrap();
@@ -171,7 +157,7 @@ async fn candidate_processes_leader_killed() {
     const EXPIRY: Duration = Duration::from_secs(2);
     let t = test_database().await;
     let coll = unique("locks");
-    let role = unique_role("election-processes");
+    let role = unique_name("election-processes");
     let observer = Election::new(
         &mongo_provider(&t.uri, t.db.name(), &coll).await,
         role.clone(),

@@ -1,11 +1,11 @@
 //! Document locks: locking the user's own documents in place, and claiming jobs from a shared
 //! collection. Runs against the embedded mongo-testserver, or `MONGODB_URI` when set.
 //!
-//! The crash test's helper process is this test binary itself (as in `tests/processes.rs`):
-//! `doc_child_entry` does nothing unless `MONGOLOCK_DOC_CHILD` is set; the parent runs the binary
-//! again with `doc_child_entry --exact` and that variable, and SIGKILLs it.
+//! The crash test's helper process is this test binary itself (as in `processes.rs`):
+//! `documents::doc_child_entry` does nothing unless `MONGOLOCK_DOC_CHILD` is set; the parent runs
+//! the binary again with `documents::doc_child_entry --exact` and that variable, and SIGKILLs it.
 
-mod common;
+use crate::support::mongo;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -13,8 +13,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{test_database, test_database_with, unique, TestDb};
 use futures_util::TryStreamExt;
+use mongo::{test_database, test_database_with, unique, TestDb};
 use mongo_testserver::TestServer;
 use mongodb::bson::{
     doc, oid::ObjectId, spec::BinarySubtype, Binary, Bson, DateTime, Document, RawDocumentBuf,
@@ -133,7 +133,7 @@ async fn eight_workers_process_500_jobs_exactly_once() {
     let mut workers = Vec::new();
     for w in 0..WORKERS {
         // One client per worker, like separate processes.
-        let client = common::client(&t.uri, Some(&format!("worker-{w}"))).await;
+        let client = mongo::client(&t.uri, Some(&format!("worker-{w}"))).await;
         let coll = client.database(t.db.name()).collection::<Job>(&name);
         let processed = processed.clone();
         workers.push(tokio::spawn(async move {
@@ -259,7 +259,7 @@ fn doc_child_entry() {
         .unwrap();
     rt.block_on(async {
         assert_eq!(mode, "claim", "unknown child mode");
-        let client = common::client(&env("MONGOLOCK_URI"), Some("mongolock-doc-child")).await;
+        let client = mongo::client(&env("MONGOLOCK_URI"), Some("mongolock-doc-child")).await;
         let coll = client
             .database(&env("MONGOLOCK_DB"))
             .collection::<Job>(&env("MONGOLOCK_COLL"));
@@ -291,7 +291,7 @@ fn doc_child_entry() {
 fn spawn_child(t: &TestDb, coll: &str, expiry: Duration) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
-        "doc_child_entry",
+        "documents::doc_child_entry",
         "--exact",
         "--nocapture",
         "--test-threads=1",
@@ -329,7 +329,7 @@ async fn a_killed_workers_job_is_claimed_again_only_after_its_lease_expires() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let claimed = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            // libtest prints "test doc_child_entry ... " without a newline first.
+            // libtest prints "test documents::doc_child_entry ... " without a newline first.
             if let Some((_, rest)) = line.split_once("CLAIMED ") {
                 return rest.to_owned();
             }

@@ -3,17 +3,16 @@
 //! connection and mark). A release designates the first queued backend, the others do not
 //! attempt at once; a queued backend that died delays the next waiter by the fallback only.
 
-mod pg;
-mod poll;
+use crate::support::postgres;
 
-use pg::admin;
+use postgres::admin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use mongolock::testing::eventually;
 use mongolock::testing::CountingAll;
 use mongolock::{LockBackend, LockProvider, PostgresBackend, WaitStrategy};
-use poll::eventually;
 use tokio::time::Instant;
 
 /// Waiters only poll every 30-40 s: only notifications make a handoff prompt.
@@ -94,8 +93,8 @@ async fn queue(client: &tokio_postgres::Client, table: &str, name: &str) -> (Vec
 async fn handoffs_across_processes_cost_about_two_attempts() {
     const PROCESSES: usize = 8;
     const HANDOFFS: usize = 60;
-    let Some(url) = pg::url() else { return };
-    let table = pg::unique_table("queue");
+    let Some(url) = postgres::url() else { return };
+    let table = postgres::unique_table("queue");
     let mut processes = Vec::new();
     for _ in 0..PROCESSES {
         processes.push(Process::new(&url, &table, Duration::from_secs(30)).await);
@@ -127,8 +126,8 @@ async fn handoffs_across_processes_cost_about_two_attempts() {
 /// their fallback never fires).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_release_designates_the_first_queued_process() {
-    let Some(url) = pg::url() else { return };
-    let table = pg::unique_table("designate");
+    let Some(url) = postgres::url() else { return };
+    let table = postgres::unique_table("designate");
     let client = admin(&url).await;
     let holder = Process::new(&url, &table, Duration::from_secs(60)).await;
     let mut waiters = Vec::new();
@@ -204,8 +203,8 @@ async fn a_release_designates_the_first_queued_process() {
 /// the holder's expiry (60 s) nor by polling (30-40 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_designated_process_that_died_delays_the_next_by_the_fallback_only() {
-    let Some(url) = pg::url() else { return };
-    let table = pg::unique_table("died");
+    let Some(url) = postgres::url() else { return };
+    let table = postgres::unique_table("died");
     let client = admin(&url).await;
     let holder = Process::new(&url, &table, Duration::from_secs(60)).await;
     let doomed = Process::new(&url, &table, Duration::from_secs(60)).await;

@@ -4,13 +4,13 @@
 //! down the stamp path, so tokens never go backwards. Runs against the embedded
 //! mongo-testserver, or against `MONGODB_URI` when set.
 
-mod common;
+use crate::support::mongo;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{test_database, test_database_with, unique, TestDb};
 use futures_util::TryStreamExt;
+use mongo::{test_database, test_database_with, unique, TestDb};
 use mongo_testserver::TestServer;
 use mongodb::bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use mongodb::event::command::CommandEvent;
@@ -154,11 +154,11 @@ async fn a_collection_of_locks_is_accepted_by_a_new_backend() {
         LockProvider::builder(backend).build().unwrap()
     };
     let first = make();
-    common::take_once(&first, "a").await;
+    mongo::take_once(&first, "a").await;
     let g = first.semaphore("s", 2).unwrap().acquire().await.unwrap();
     // A second backend (another process) checks the collection afresh.
     let second = make();
-    common::take_once(&second, "b").await;
+    mongo::take_once(&second, "b").await;
     second
         .lock("a")
         .unwrap()
@@ -336,7 +336,7 @@ async fn a_stalled_first_acquisition_never_issues_a_smaller_token() {
     let t =
         test_database_with(TestServer::builder().ttl_monitor_interval(Duration::from_millis(100)))
             .await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     if t.server.is_none() {
@@ -446,7 +446,7 @@ async fn a_ttl_index_created_later_is_seen_by_the_next_verification() {
         .unwrap();
     let provider = LockProvider::builder(backend).build().unwrap();
     // Verified: no TTL index.
-    common::take_once(&provider, "one").await;
+    mongo::take_once(&provider, "one").await;
     let epoch_first = |name: &str| {
         let fams = find_and_modifies(&seen);
         let epoch = Bson::Document(MongoBackend::fencing_epoch_id(name));

@@ -7,16 +7,15 @@
 //! set; the fault-injection test needs `MONGODB_FAILPOINTS=1`, the standalone test needs the
 //! embedded server).
 
-mod common;
-mod poll;
+use crate::support::mongo;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{test_database, test_database_with, unique};
 use futures_util::StreamExt;
+use mongo::{test_database, test_database_with, unique};
 use mongo_testserver::TestServer;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::event::command::CommandEvent;
@@ -32,7 +31,7 @@ fn slow_polling() -> WaitStrategy {
     WaitStrategy::random_sleep(Duration::from_millis(300), Duration::from_millis(600))
 }
 
-use poll::eventually;
+use mongolock::testing::eventually;
 
 /// Waits until the backend's change notifications are live (the stream is open).
 async fn until_live(backend: &dyn LockBackend) {
@@ -383,11 +382,8 @@ async fn mongodb_44_replace_events_wake_waiters_only_on_real_changes() {
     );
     next.release().await.unwrap();
     // Takeovers are still signalled to holders.
-    takeover_is_signalled_at_once(
-        common::shared(holder_backend),
-        common::shared(waiter_backend),
-    )
-    .await;
+    takeover_is_signalled_at_once(mongo::shared(holder_backend), mongo::shared(waiter_backend))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -417,7 +413,7 @@ async fn lease_gone_ignores_old_news_and_sees_takeovers() {
     // Many quick handoffs between the two backends, then a holder in A: the events of the
     // earlier holders arrive around A's grant and must not count as a loss.
     for _ in 0..10 {
-        common::take_once(&pb, &name).await;
+        mongo::take_once(&pb, &name).await;
     }
     let g = pa.lock(name.clone()).unwrap().acquire().await.unwrap();
     let gone = tokio::time::timeout(
@@ -649,7 +645,7 @@ async fn the_stream_ends_with_the_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_release_is_missed_while_the_stream_reconnects() {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("reconnect");
@@ -862,7 +858,7 @@ async fn handoffs_among_processes_with_replace_events_cost_about_one_attempt() {
     handoffs_among_processes(t, 16, 6, true).await;
 }
 
-async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: usize, fair: bool) {
+async fn handoffs_among_processes(t: mongo::TestDb, processes: usize, rounds: usize, fair: bool) {
     let coll = unique("locks");
     let name = unique("queue");
     let mut providers = Vec::new();
@@ -884,7 +880,7 @@ async fn handoffs_among_processes(t: common::TestDb, processes: usize, rounds: u
     }
     // Warm-up: every process takes the lock once, which opens its stream.
     for p in &providers {
-        common::take_once(p, &name).await;
+        mongo::take_once(p, &name).await;
     }
     for p in &providers {
         until_live(&**p.backend()).await;
@@ -1074,7 +1070,7 @@ async fn mongodb_44_a_force_release_wakes_the_previous_releasers_waiter() {
         .unwrap();
     let name = unique("forced44");
     // The releasing process makes the lock's last release: `lastReleased` is its lease id.
-    common::take_once(&releaser, &name).await;
+    mongo::take_once(&releaser, &name).await;
     until_live(&releasing).await;
     let g = holder.lock(name.clone()).unwrap().acquire().await.unwrap();
     let waiting = {
@@ -1148,7 +1144,7 @@ async fn a_waiter_that_starts_during_a_dead_designees_reservation_is_served_soon
     let holder = provider(&t.db);
     let guard = holder.lock(name.as_str()).unwrap().acquire().await.unwrap();
     // The designee: its own client, queued behind the holder, then dead.
-    let designee_client = common::client(&t.uri, None).await;
+    let designee_client = mongo::client(&t.uri, None).await;
     let designee = provider(&designee_client.database(t.db.name()));
     until_live(&**designee.backend()).await;
     let designee_waits = {

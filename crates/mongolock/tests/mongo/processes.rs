@@ -1,18 +1,19 @@
 //! Several OS processes contending for one lock on MongoDB, and a holder killed with SIGKILL
-//! (the shared harness in `contention/`, which `postgres_processes.rs` runs on PostgreSQL).
+//! (the shared harness in `support/contention.rs`, which `postgres/processes.rs` runs on
+//! PostgreSQL).
 
-mod common;
-mod contention;
+use crate::support::contention;
+use crate::support::mongo;
 
 use std::sync::Arc;
 
-use common::{test_database, unique, TestDb};
 use contention::{env, Setup};
+use mongo::{test_database, unique, TestDb};
 use mongolock::{LockBackend, MongoBackend};
 
 /// The helpers' backend, from the variables of [`setup`].
 async fn child_backend() -> Arc<dyn LockBackend> {
-    let client = common::client(&env("MONGOLOCK_URI"), Some("mongolock-child")).await;
+    let client = mongo::client(&env("MONGOLOCK_URI"), Some("mongolock-child")).await;
     let db = client.database(&env("MONGOLOCK_DB"));
     let backend = MongoBackend::builder(&db)
         .collection(env("MONGOLOCK_COLL"))

@@ -1,8 +1,9 @@
 //! Several OS processes contending for one lock on PostgreSQL, and a holder killed with
-//! SIGKILL (the shared harness in `contention/`, which `processes.rs` runs on MongoDB).
+//! SIGKILL (the shared harness in `support/contention.rs`, which `mongo/processes.rs` runs on
+//! MongoDB).
 
-mod contention;
-mod pg;
+use crate::support::contention;
+use crate::support::postgres;
 
 use std::sync::Arc;
 
@@ -23,8 +24,8 @@ fn child_entry() {
 
 /// The shared server (or `POSTGRES_URL`) and a fresh table; `None` skips (reason printed).
 fn setup() -> Option<(String, String, Setup)> {
-    let url = pg::url()?;
-    let table = pg::unique_table("locks");
+    let url = postgres::url()?;
+    let table = postgres::unique_table("locks");
     let setup = Setup {
         env: vec![
             ("MONGOLOCK_PG_URL", url.clone()),

@@ -2,25 +2,24 @@
 //! `POSTGRES_URL`): tokens across cleanup, notifications, killed connections, a stopped server,
 //! and typed errors for bad input.
 
-mod pg;
-mod poll;
+use crate::support::postgres;
 
-use pg::admin;
+use postgres::admin;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use mongolock::testing::eventually;
 use mongolock::testing::CountingAll;
 use mongolock::{
     AcquireRequest, Attempt, Error, HolderInfo, LeaseId, LockBackend, LockProvider,
     PostgresBackend, Timeout, WaitStrategy,
 };
-use poll::eventually;
 use tokio::time::Instant;
 
 /// The shared test server's URL, or `None` (skip, reason printed).
 fn url() -> Option<String> {
-    pg::url()
+    postgres::url()
 }
 
 /// A backend on a fresh table, with its connections named `app` in `pg_stat_activity`.
@@ -88,7 +87,7 @@ fn provider(b: &PostgresBackend, expiry: Duration, wait: WaitStrategy) -> LockPr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_keep_growing_after_idle_rows_are_cleaned_up() {
     let Some(url) = url() else { return };
-    let table = pg::unique_table("cleanup");
+    let table = postgres::unique_table("cleanup");
     let b = PostgresBackend::builder(&url)
         .table(&table)
         .cleanup_after(Duration::ZERO)
@@ -131,7 +130,7 @@ async fn tokens_keep_growing_after_idle_rows_are_cleaned_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_grow_per_name_while_cleanup_runs_concurrently() {
     let Some(url) = url() else { return };
-    let table = pg::unique_table("cleanrace");
+    let table = postgres::unique_table("cleanrace");
     let b = PostgresBackend::builder(&url)
         .table(&table)
         .cleanup_after(Duration::ZERO)
@@ -241,7 +240,7 @@ async fn bad_input_gives_typed_errors() {
 
     let Some(url) = url() else { return };
     let b = PostgresBackend::builder(&url)
-        .table(pg::unique_table("bad"))
+        .table(postgres::unique_table("bad"))
         .build()
         .unwrap();
     // PostgreSQL text cannot hold NUL: refused with a typed error before anything is sent.
@@ -278,7 +277,7 @@ async fn bad_input_gives_typed_errors() {
 
     // A user without privileges: permanent, with a hint naming the grants.
     let admin = admin(&url).await;
-    let role = pg::unique_table("nopriv");
+    let role = postgres::unique_table("nopriv");
     admin
         .batch_execute(&format!("CREATE ROLE {role} LOGIN"))
         .await
@@ -305,7 +304,7 @@ async fn bad_input_gives_typed_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_at_once() {
     let Some(url) = url() else { return };
-    let table = pg::unique_table("wake");
+    let table = postgres::unique_table("wake");
     let holder_b = backend_as(&url, &table, "wake-holder");
     let waiter_b = backend_as(&url, &table, "wake-waiter");
     // Waiters sleep 30-40 s between attempts: only a notification wakes them sooner.
@@ -351,7 +350,7 @@ async fn a_release_wakes_a_waiter_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_force_release_is_signalled_to_the_holder_at_once() {
     let Some(url) = url() else { return };
-    let table = pg::unique_table("takeover");
+    let table = postgres::unique_table("takeover");
     let holder_b = backend_as(&url, &table, "takeover-holder");
     let operator = backend_as(&url, &table, "takeover-operator");
     let holder = provider(&holder_b, Duration::from_secs(60), WaitStrategy::default());
@@ -392,7 +391,7 @@ async fn a_force_release_is_signalled_to_the_holder_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_listener_falls_back_and_recovers() {
     let Some(url) = url() else { return };
-    let table = pg::unique_table("relisten");
+    let table = postgres::unique_table("relisten");
     let app = format!("relisten-{:x}", rand::random::<u32>());
     let b = backend_as(&url, &table, &app);
     let slow = WaitStrategy::random_sleep(Duration::from_secs(30), Duration::from_secs(40));
@@ -440,7 +439,7 @@ async fn a_killed_listener_falls_back_and_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_connections_are_killed_keeps_its_lease() {
     let Some(url) = url() else { return };
-    let table = pg::unique_table("killed");
+    let table = postgres::unique_table("killed");
     let app = format!("killed-{:x}", rand::random::<u32>());
     let b = backend_as(&url, &table, &app);
     let p = provider(&b, Duration::from_secs(3), WaitStrategy::default());
@@ -469,11 +468,11 @@ async fn a_holder_whose_connections_are_killed_keeps_its_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_server_means_loss_by_the_deadline_and_nothing_held_after_restart() {
-    if pg::bin_dir().is_none() {
+    if postgres::bin_dir().is_none() {
         eprintln!("skipped: no PostgreSQL binaries to start a server of this test's own");
         return;
     }
-    let server = pg::PgServer::start().expect("start PostgreSQL");
+    let server = postgres::PgServer::start().expect("start PostgreSQL");
     let url = server.url();
     let b = PostgresBackend::builder(format!("{url}?connect_timeout=2"))
         .table("locks")
@@ -548,7 +547,7 @@ async fn a_stopped_server_means_loss_by_the_deadline_and_nothing_held_after_rest
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_run_concurrently_and_repeatedly() {
     let Some(url) = url() else { return };
-    let schema = pg::unique_table("schema");
+    let schema = postgres::unique_table("schema");
     let tasks: Vec<_> = (0..6)
         .map(|i| {
             let b = PostgresBackend::builder(&url)
@@ -590,7 +589,7 @@ async fn handoffs_are_prompt_and_do_not_stampede() {
     const WAITERS: usize = 8;
     const HANDOFFS: usize = 40;
     let Some(url) = url() else { return };
-    let inner = backend_as(&url, &pg::unique_table("handoff"), "handoff");
+    let inner = backend_as(&url, &postgres::unique_table("handoff"), "handoff");
     assert!(
         eventually(Duration::from_secs(20), || async {
             inner.live_notifications()
@@ -642,7 +641,7 @@ async fn handoffs_are_prompt_and_do_not_stampede() {
 async fn without_notifications_waiters_poll_and_extension_detects_loss() {
     let Some(url) = url() else { return };
     let b = PostgresBackend::builder(&url)
-        .table(pg::unique_table("polling"))
+        .table(postgres::unique_table("polling"))
         .notifications(false)
         .build()
         .unwrap();
@@ -712,8 +711,8 @@ const OLD_TRIGGER_FUNCTION: &str = "CREATE OR REPLACE FUNCTION \"{schema}\".mong
 #[tokio::test]
 async fn tables_from_before_semaphores_are_migrated() {
     let Some(url) = url() else { return };
-    let table = pg::unique_table("oldtable");
-    let schema = pg::unique_table("oldschema");
+    let table = postgres::unique_table("oldtable");
+    let schema = postgres::unique_table("oldschema");
     let old = PostgresBackend::builder(&url)
         .schema(&schema)
         .table(&table)
@@ -838,7 +837,7 @@ async fn tables_from_before_semaphores_are_migrated() {
 async fn a_release_repeated_after_many_other_releases_reports_success() {
     let Some(url) = url() else { return };
     let b = PostgresBackend::builder(&url)
-        .table(pg::unique_table("released"))
+        .table(postgres::unique_table("released"))
         .build()
         .unwrap();
     let name = "hot";

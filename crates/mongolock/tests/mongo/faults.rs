@@ -3,11 +3,11 @@
 //! and extend then returns false. Runs against the embedded mongo-testserver, or against
 //! `MONGODB_URI` when `MONGODB_FAILPOINTS=1` says the deployment enables test commands.
 
-mod common;
+use crate::support::mongo;
 
 use std::time::Duration;
 
-use common::{test_database, unique, TestDb};
+use mongo::{test_database, unique, TestDb};
 use mongodb::bson::{doc, Document};
 use mongolock::{LockProvider, MongoBackend};
 use tokio::time::Instant;
@@ -34,7 +34,7 @@ async fn setup(t: &TestDb, app: &str) -> (LockProvider, String) {
 /// Acquires, turns the fault on, and checks that the lost signal fires by the deadline.
 async fn lost_by_the_deadline(fault: Document) {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("faults");
@@ -116,7 +116,7 @@ async fn lost_fires_by_the_deadline_on_permanent_errors() {
 /// A short burst of failed extensions that ends before the deadline does not lose the lock.
 async fn survives(mode: mongodb::bson::Bson, fault: Document) {
     let t = test_database().await;
-    if common::skip_without_fail_points(&t) {
+    if mongo::skip_without_fail_points(&t) {
         return;
     }
     let app = unique("outage");

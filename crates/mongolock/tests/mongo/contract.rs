@@ -1,0 +1,46 @@
+//! The contract suite against MongoDB (embedded mongo-testserver, or `MONGODB_URI`).
+
+use std::sync::Arc;
+
+use mongolock::testing::Env;
+use mongolock::{LockBackend, MongoBackend};
+
+use crate::support::mongo;
+
+async fn setup() -> Env {
+    let db = mongo::test_database().await;
+    // Change streams need a replica set: the embedded server has them; a real deployment given
+    // by MONGODB_URI may be a standalone server, which falls back to polling.
+    let notifications = db.server.is_some();
+    let (uri, db_name, coll) = (
+        db.uri.clone(),
+        db.db.name().to_owned(),
+        mongo::unique("locks"),
+    );
+    let backend = MongoBackend::builder(&db.db)
+        .collection(&coll)
+        .build()
+        .expect("valid collection name");
+    let env = Env::new(mongo::shared(backend))
+        .keep_alive(db)
+        // A client per backend, created in the runtime that will use it (the election cases
+        // give each candidate one, as separate processes would have).
+        .with_backend_factory(move || {
+            let (uri, db_name, coll) = (uri.clone(), db_name.clone(), coll.clone());
+            async move {
+                let client = mongo::client(&uri, None).await;
+                let backend = MongoBackend::builder(&client.database(&db_name))
+                    .collection(coll)
+                    .build()
+                    .expect("valid collection name");
+                Arc::new(backend) as Arc<dyn LockBackend>
+            }
+        });
+    if notifications {
+        env.with_notifications()
+    } else {
+        env
+    }
+}
+
+mongolock::contract_suite!(setup);
