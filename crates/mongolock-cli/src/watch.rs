@@ -2,7 +2,7 @@
 //!
 //! Each refresh reads every lock (`list`) and shows it. The next refresh comes at the first of:
 //! * a change notification for a lock on screen
-//!   ([`mongolock::LockBackend::wait_for_change`]: the MongoDB
+//!   ([`mongolock::LockBackendExt::wait_for_change`]: the MongoDB
 //!   change stream, PostgreSQL's LISTEN/NOTIFY; without notifications it only sleeps);
 //! * the moment a lease on screen would expire, so that expiry shows without a write;
 //! * `--interval` (default 2 s), which also picks up lock names that were not on screen (change
@@ -15,7 +15,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use mongolock::{LockBackend, LockInfo};
+use mongolock::{LockBackend, LockBackendExt, LockInfo};
 use serde_json::json;
 
 use crate::cli::{GlobalArgs, WatchArgs};

@@ -246,6 +246,7 @@ pub use semaphore::Semaphore;
 pub use wait::WaitStrategy;
 
 #[cfg(feature = "testing")]
+#[allow(clippy::print_stdout, clippy::print_stderr)] // The contract suite reports what it measured.
 pub mod testing;
 
 /// Time on the boot clock the library uses for lease deadlines (`CLOCK_BOOTTIME` on Linux),

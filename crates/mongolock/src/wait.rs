@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 /// How long [`Lock::acquire`](crate::Lock::acquire) waits between attempts while the lock is
 /// held by someone else. The wait ends early when the backend reports a change
-/// ([`LockBackend::wait_for_change`](crate::LockBackend::wait_for_change)).
+/// ([`LockBackendExt::wait_for_change`](crate::LockBackendExt::wait_for_change)).
 #[derive(Clone, Debug, PartialEq)]
 pub enum WaitStrategy {
     /// Sleep a uniformly random time in `min..=max` before each retry (DistributedLock's

@@ -11,7 +11,7 @@
 //! `release_after`, whose expiry moved) is delivered at once through the same
 //! per-name wake-ups the MongoDB and PostgreSQL backends use for their feeds
 //! (`backends/notify/hub.rs`): one waiting acquirer per change, every observer, and
-//! [`lease_gone`](crate::LockBackend::lease_gone) for holders, which checks the state directly.
+//! [`lease_gone`](crate::LockBackendExt::lease_gone) for holders, which checks the state directly.
 //! Notifications are always live, so waiters sleep until the holder's expiry.
 //!
 //! # Acquire path

@@ -13,7 +13,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::{LockBackend, LockProvider, LockProviderBuilder, WaitStrategy};
+use crate::{LockBackend, LockBackendExt, LockProvider, LockProviderBuilder, WaitStrategy};
 
 /// A backend on isolated storage, plus whatever must stay alive while it is used (a test
 /// server), and the capabilities it declares.

@@ -15,7 +15,7 @@ pub struct Counting {
     pub inner: Arc<dyn LockBackend>,
     /// Acquire attempts.
     pub acquires: AtomicUsize,
-    /// Every call but `wait_for_change`.
+    /// Calls of the operations that read or write a lock (not `notifications`).
     pub calls: AtomicUsize,
 }
 
@@ -83,8 +83,11 @@ impl LockBackend for Counting {
     async fn list_matching(&self, filter: &crate::ListFilter) -> crate::Result<Vec<LockInfo>> {
         self.inner.list_matching(filter).await
     }
-    async fn wait_for_change(&self, name: &str, max_wait: Duration) {
-        self.inner.wait_for_change(name, max_wait).await
+    fn new_lease_id(&self) -> LeaseId {
+        self.inner.new_lease_id()
+    }
+    fn notifications(&self) -> Option<&dyn ChangeNotifications> {
+        self.inner.notifications()
     }
 }
 

@@ -800,7 +800,7 @@ async fn a_slot_release_wakes_a_waiter_of_another_backend() {
     // The waiter's change stream must be live before the release (it cannot be on a
     // standalone server: then this test is skipped).
     let live = poll(Duration::from_secs(20), || async {
-        mongolock::LockBackend::live_notifications(waiter.backend().as_ref())
+        mongolock::LockBackendExt::live_notifications(waiter.backend().as_ref())
     })
     .await;
     if !live {

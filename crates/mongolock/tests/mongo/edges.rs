@@ -7,6 +7,7 @@
 //! runs and the reply carries the error (code 91, which the driver retries once and then
 //! reports; `times: 2` covers the retry). Runs against the embedded mongo-testserver, or
 //! against `MONGODB_URI` (fault cases only with `MONGODB_FAILPOINTS=1`).
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use crate::support::mongo;
 

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use mongolock::testing::eventually;
 use mongolock::testing::CountingAll;
 use mongolock::{
-    AcquireRequest, Attempt, Error, HolderInfo, LeaseId, LockBackend, LockProvider,
+    AcquireRequest, Attempt, Error, HolderInfo, LeaseId, LockBackend, LockBackendExt, LockProvider,
     PostgresBackend, Timeout, WaitStrategy,
 };
 use tokio::time::Instant;

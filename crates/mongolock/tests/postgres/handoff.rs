@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use mongolock::testing::eventually;
 use mongolock::testing::CountingAll;
-use mongolock::{LockBackend, LockProvider, PostgresBackend, WaitStrategy};
+use mongolock::{LockBackend, LockBackendExt, LockProvider, PostgresBackend, WaitStrategy};
 use tokio::time::Instant;
 
 /// Waiters only poll every 30-40 s: only notifications make a handoff prompt.

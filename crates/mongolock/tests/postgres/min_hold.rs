@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use mongolock::testing::min_hold_frees_the_name_for_a_waiter_of_another_backend as scenario;
-use mongolock::{LockBackend, PostgresBackend};
+use mongolock::{LockBackend, LockBackendExt, PostgresBackend};
 
 use crate::support::postgres;
 

@@ -136,10 +136,10 @@
 //! nobody; otherwise one after the fallback delay, if nothing else happened to the name
 //! meanwhile (`queue.rs`). With the stream healthy, a busy acquirer otherwise sleeps until the
 //! holder's reported expiry (a crashed holder writes nothing). Observers
-//! ([`wait_for_change`](crate::LockBackend::wait_for_change)) are all woken.
+//! ([`wait_for_change`](crate::LockBackendExt::wait_for_change)) are all woken.
 //!
 //! # Early loss detection
-//! [`lease_gone`](crate::LockBackend::lease_gone) is the core's
+//! [`lease_gone`](crate::LockBackendExt::lease_gone) is the core's
 //! ([`Notifier::lease_gone`]): it completes when an event shows the name with another lease id
 //! or none, judging a change that names a *token* by it (below our token it is old news).
 //! Changes without a token (a release, a delete, an insert of a new document) are checked with
