@@ -23,6 +23,17 @@ use std::time::Instant;
 use super::hub::{Change, Covered, Hub};
 
 impl Hub {
+    /// Asks the feed to cover `name` (which must have an entry, held by the caller) if it does
+    /// not yet.
+    pub(crate) fn want(&self, name: &str) {
+        let mut names = self.names();
+        if !names.covered.covers(name) {
+            names.wanted = true;
+            drop(names);
+            self.widen.notify_one();
+        }
+    }
+
     /// Completes when a name that is not covered was wanted (at once if one was wanted since
     /// the last call). For the feed's task only (one waiter).
     pub(crate) async fn widen_wanted(&self) {

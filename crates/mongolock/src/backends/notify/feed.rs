@@ -249,6 +249,7 @@ mod tests {
         /// Delivers a release of `x`, then breaks.
         Deliver(Broke),
         /// Delivers nothing and never breaks.
+        #[cfg(feature = "mongodb")]
         Hang,
     }
 

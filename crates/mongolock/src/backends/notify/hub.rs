@@ -93,7 +93,8 @@ impl Status {
 pub(crate) struct Hub {
     pub(super) names: Mutex<Names>,
     status: AtomicU8,
-    /// Told when a name that is not covered is wanted (see [`Hub::want`]).
+    /// Told when a name that is not covered is wanted (see `Hub::want`).
+    #[cfg(feature = "mongodb")]
     pub(super) widen: Notify,
 }
 
@@ -132,6 +133,7 @@ pub(super) struct Names {
     /// What the open feed covers.
     pub(super) covered: Covered,
     /// Whether a name that is not covered was wanted since the last `Hub::interest`.
+    #[cfg(feature = "mongodb")]
     pub(super) wanted: bool,
 }
 
@@ -194,6 +196,7 @@ impl Hub {
         Arc::new(Hub {
             names: Mutex::new(Names::default()),
             status: AtomicU8::new(status as u8),
+            #[cfg(feature = "mongodb")]
             widen: Notify::new(),
         })
     }
@@ -430,16 +433,10 @@ impl Hub {
         self.is_live() && self.names().covered.covers(name)
     }
 
-    /// Asks the feed to cover `name` (which must have an entry, held by the caller) if it does
-    /// not yet.
-    pub(crate) fn want(&self, name: &str) {
-        let mut names = self.names();
-        if !names.covered.covers(name) {
-            names.wanted = true;
-            drop(names);
-            self.widen.notify_one();
-        }
-    }
+    /// Asks the feed to cover `name`: without narrowed feeds (MongoDB's, `coverage.rs`) every
+    /// name is covered, so there is nothing to ask.
+    #[cfg(not(feature = "mongodb"))]
+    pub(crate) fn want(&self, _name: &str) {}
 }
 
 /// A counted handle on one name's entry; the entry is removed with the last handle.

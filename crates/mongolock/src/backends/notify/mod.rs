@@ -39,6 +39,9 @@
 //! acquirer of its process. While no feed is live, nothing is registered as live and waiters
 //! poll with their wait strategy instead.
 
+// Without a feed (the memory backend alone) the feed status and the handoff dispatch of the hub
+// are unused.
+#[cfg_attr(not(any(feature = "mongodb", feature = "postgres")), allow(dead_code))]
 pub(crate) mod hub;
 
 #[cfg(feature = "mongodb")]
