@@ -19,7 +19,9 @@ use mongo_testserver::TestServer;
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
-use mongolock::{LockBackend, LockBackendExt, LockProvider, MemoryBackend, MongoBackend, WaitStrategy};
+use mongolock::{
+    LockBackend, LockBackendExt, LockProvider, MemoryBackend, MongoBackend, WaitStrategy,
+};
 use tokio::time::Instant;
 
 type Counts = Arc<Mutex<BTreeMap<String, u64>>>;

@@ -10,7 +10,8 @@ use tracing::Instrument;
 
 use crate::acquire_loop::{self, spawn_attempt, Attempts, AttemptsDone, InFlight, Step};
 use crate::backend::{
-    AcquireRequest, Attempt, ChangeWaiter, LeaseId, LeaseMode, LockBackend, LockBackendExt, LockInfo,
+    AcquireRequest, Attempt, ChangeWaiter, LeaseId, LeaseMode, LockBackend, LockBackendExt,
+    LockInfo,
 };
 use crate::clock::Stamp;
 use crate::error::{Error, Result};

@@ -22,7 +22,9 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
-use mongolock::{LockBackend, LockBackendExt, LockProvider, MemoryBackend, MongoBackend, WaitStrategy};
+use mongolock::{
+    LockBackend, LockBackendExt, LockProvider, MemoryBackend, MongoBackend, WaitStrategy,
+};
 use tokio::time::Instant;
 
 /// A wait strategy whose shortest sleep is far above a change-stream handoff: a prompt handoff

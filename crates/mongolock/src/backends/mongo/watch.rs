@@ -191,8 +191,8 @@ use super::errors;
 use super::queue::{Handoff, NEXT};
 use crate::backend::{ChangeWaiter, LeaseId};
 use crate::backends::notify::handoff::new_mark;
-use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
 use crate::backends::notify::hub::{Change, Covered, Hub};
+use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
 
 /// How long the server holds an empty `getMore` open (`maxAwaitTimeMS`).
 const MAX_AWAIT: Duration = Duration::from_secs(1);

@@ -49,9 +49,9 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use super::feed::{self, Feed};
 use crate::backend::{ChangeWaiter, LeaseId};
 use crate::backends::notify::hub::{Change, Hub, NameRef, Status};
-use super::feed::{self, Feed};
 
 /// Leases remembered for loss detection; beyond this (leaked guards), new grants are not
 /// remembered and their changes are checked with a read instead.

@@ -56,8 +56,8 @@ use tokio_postgres::{AsyncMessage, Config, Notification};
 use super::errors;
 use super::queue::parse_first;
 use super::tls::MakeTls;
-use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
 use crate::backends::notify::hub::Hub;
+use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
 
 /// How often an idle listening connection is pinged.
 pub(crate) const PING_EVERY: Duration = Duration::from_secs(5);
