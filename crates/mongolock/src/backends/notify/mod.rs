@@ -25,13 +25,13 @@
 //!
 //! # How a wake-up travels from a release to a waiter
 //! An acquirer whose attempt may be busy first registers for the name's next change
-//! (`ChangeWaiter`, from [`Hub::change_waiter`]; the registration is in place before the
+//! (`ChangeWaiter`, from [`Hub::change_waiter`](hub::Hub::change_waiter); the registration is in place before the
 //! attempt, so a release during the attempt is not missed). Its attempt is busy; with a
 //! handoff queue and a live feed it also puts its backend's mark in the lock's queue. The
 //! holder releases: the memory backend dispatches the release to its hub at once; MongoDB and
 //! PostgreSQL pop the first mark of the lock's queue in the same write, and their feeds (a
 //! change stream event, a `NOTIFY` payload) deliver the release, with the designated mark, to
-//! the hub of every subscribed process ([`Hub::deliver`]; the releasing backend also
+//! the hub of every subscribed process ([`Hub::deliver`](hub::Hub::deliver); the releasing backend also
 //! dispatches in-process, ahead of its feed). In the designated process (or every process, when
 //! nobody was designated) the hub wakes the longest-waiting registered acquirer of the name at
 //! once; elsewhere only after the handoff fallback, if nothing else happened to the name. The
@@ -55,6 +55,5 @@ mod notifier;
 
 #[cfg(any(feature = "mongodb", feature = "postgres"))]
 pub(crate) use feed::{Broke, Feed, OpenFailed, Opened};
-pub(crate) use hub::Hub;
 #[cfg(any(feature = "mongodb", feature = "postgres"))]
 pub(crate) use notifier::Notifier;
