@@ -90,7 +90,7 @@ async fn candidate() {
     )
     .await;
     let expiry = Duration::from_millis(env("MONGOLOCK_EXPIRY_MS").parse().unwrap());
-    let election = Election::new(&provider, env("MONGOLOCK_NAME"))
+    let election = provider.election(env("MONGOLOCK_NAME"))
         .unwrap()
         .with_expiry(expiry)
         .unwrap();
@@ -172,10 +172,9 @@ async fn candidate_processes_leader_killed() {
     let t = test_database().await;
     let coll = unique("locks");
     let role = unique_role("election-processes");
-    let observer = Election::new(
-        &mongo_provider(&t.uri, t.db.name(), &coll).await,
-        role.clone(),
-    )
+    let observer = mongo_provider(&t.uri, t.db.name(), &coll)
+        .await
+        .election(role.clone())
     .unwrap();
 
     let (tx, mut rx) = mpsc::unbounded_channel();

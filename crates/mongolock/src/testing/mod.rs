@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::{
     AcquireRequest, Attempt, ChangeNotifications, Error, LeaseId, LockBackend, LockInfo,
-    LockProvider, LockProviderBuilder, Timeout, WaitStrategy,
+    LockProvider, LockProviderBuilder, WaitStrategy,
 };
 use async_trait::async_trait;
 use rand::Rng;
@@ -128,7 +128,7 @@ macro_rules! contract_suite {
             force_release_ends_the_lease_and_signals_loss,
             dropping_a_guard_releases,
             dropping_a_release_future_still_releases,
-            acquire_for_with_ttl_and_timeout,
+            with_expiry_sets_the_lease_duration,
             release_is_idempotent_for_the_owner,
             a_lost_grant_is_released_when_the_call_gives_up,
             semaphore_never_exceeds_its_limit,
@@ -560,13 +560,11 @@ pub async fn timeout_zero_is_one_attempt(backend: Arc<dyn LockBackend>) {
         .is_none());
     assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
     assert!(p
-        .acquire_for(&name, Duration::from_secs(5), Timeout::Zero)
-        .await
+        .lock(name.clone())
         .unwrap()
-        .is_none());
-    assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
-    assert!(lock
-        .acquire_with(Duration::ZERO.into())
+        .with_expiry(Duration::from_secs(5))
+        .unwrap()
+        .try_acquire()
         .await
         .unwrap()
         .is_none());
@@ -626,10 +624,13 @@ pub async fn timeout_forever_waits_until_released(backend: Arc<dyn LockBackend>)
                 let got = if form == 0 {
                     p.lock(name).unwrap().acquire().await.unwrap()
                 } else {
-                    p.acquire_for(&name, Duration::from_secs(5), Timeout::Forever)
+                    p.lock(name)
+                        .unwrap()
+                        .with_expiry(Duration::from_secs(5))
+                        .unwrap()
+                        .acquire()
                         .await
                         .unwrap()
-                        .expect("Forever never returns None")
                 };
                 assert!(
                     released.load(Ordering::SeqCst),
@@ -815,14 +816,10 @@ pub async fn bad_input_is_rejected_before_the_backend(backend: Arc<dyn LockBacke
         })
     ));
     assert!(matches!(
-        p.acquire_for("k", Duration::ZERO, Timeout::Zero).await,
+        p.lock("k").unwrap().with_expiry(Duration::ZERO),
         Err(Error::InvalidOptions { .. })
     ));
-    assert!(matches!(
-        p.acquire_for("", Duration::from_secs(1), Timeout::Forever)
-            .await,
-        Err(Error::InvalidName { .. })
-    ));
+    assert!(matches!(p.lock(""), Err(Error::InvalidName { .. })));
     assert!(matches!(
         p.inspect("").await,
         Err(Error::InvalidName { .. })
@@ -973,31 +970,43 @@ pub async fn dropping_a_release_future_still_releases(backend: Arc<dyn LockBacke
     }
 }
 
-/// The `acquire_for(key, ttl, timeout)` form.
-pub async fn acquire_for_with_ttl_and_timeout(backend: Arc<dyn LockBackend>) {
+/// A lock's own lease duration (`provider.lock(name)?.with_expiry(ttl)`), with each acquire
+/// form.
+pub async fn with_expiry_sets_the_lease_duration(backend: Arc<dyn LockBackend>) {
     let key = unique_name("door:front");
     let p = provider(&backend);
-    let g = p
-        .acquire_for(&key, Duration::from_secs(30), Timeout::Zero)
-        .await
+    let lock = p
+        .lock(key.clone())
         .unwrap()
-        .expect("free");
+        .with_expiry(Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(lock.expiry(), Duration::from_secs(30));
+    let g = lock.try_acquire().await.unwrap().expect("free");
     let ttl = g.expires_at().duration_since(g.acquired_at()).unwrap();
     assert!(
         ttl >= Duration::from_millis(29_990) && ttl <= Duration::from_millis(30_010),
-        "{ttl:?}"
+        "{key}: a 30 s lease lasts {ttl:?} by server time"
     );
-    let none = p
-        .acquire_for(&key, Duration::from_secs(30), Duration::from_millis(200))
+    let none = lock
+        .acquire_timeout(Duration::from_millis(200))
         .await
         .unwrap();
-    assert!(none.is_none());
+    assert!(none.is_none(), "{key}: held, so acquire_timeout returns None");
     g.release().await.unwrap();
     let again = p
-        .acquire_for(&key, Duration::from_secs(1), Some(Duration::from_secs(5)))
+        .lock(key.clone())
+        .unwrap()
+        .with_expiry(Duration::from_secs(1))
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(5))
         .await
         .unwrap()
         .expect("free again");
+    let ttl = again.expires_at().duration_since(again.acquired_at()).unwrap();
+    assert!(
+        ttl >= Duration::from_millis(990) && ttl <= Duration::from_millis(1_010),
+        "{key}: a 1 s lease lasts {ttl:?} by server time"
+    );
     again.release().await.unwrap();
 }
 
