@@ -1,14 +1,14 @@
 //! `mongolock elect`: campaign for a role, run CMD while leader, campaign again after losing
 //! leadership, exit when CMD exits on its own.
 //!
-//! Built on the library's [`Election`]: the role is a lock of the same name, the term is the
-//! lease's fencing token (CMD's `MONGOLOCK_FENCING_TOKEN`), [`Leadership::lost`] is the loss
-//! signal and resigning releases the lease.
+//! Built on the library's [`Election`](mongolock::Election): the role is a lock of the same
+//! name, the term is the lease's fencing token (CMD's `MONGOLOCK_FENCING_TOKEN`),
+//! [`Leadership::lost`] is the loss signal and resigning releases the lease.
 
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use mongolock::election::{Election, LeaderInfo, Leadership};
+use mongolock::election::{LeaderInfo, Leadership};
 
 use crate::cli::{self, ElectArgs, GlobalArgs};
 use crate::connect::Connection;

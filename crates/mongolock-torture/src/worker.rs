@@ -508,7 +508,8 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
             if let Some(d) = bounded(env, rng, docs.lock_timeout(id, wait)).await {
                 hold_and_end(env, rng, d.guard, "documents.lock", false).await;
             }
-        } else if let Some(d) = bounded(env, rng, docs.try_claim(doc! { "job": true }, None)).await {
+        } else if let Some(d) = bounded(env, rng, docs.try_claim(doc! { "job": true }, None)).await
+        {
             hold_and_end(env, rng, d.guard, "documents.claim", false).await;
         }
     } else {

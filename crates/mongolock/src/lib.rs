@@ -101,8 +101,8 @@
 //!
 //! ## One vocabulary
 //! Every lock type has the same three forms: a waiting one (`acquire`; [`RwLock::read`] /
-//! [`RwLock::write`]; [`Election::campaign`]; [`DocumentLocks::lock`](documents::DocumentLocks::lock)
-//! and [`claim`](documents::DocumentLocks::claim)), exactly one attempt (`try_acquire`,
+//! [`RwLock::write`]; [`Election::campaign`]; `DocumentLocks::lock` and `claim`), exactly one
+//! attempt (`try_acquire`,
 //! `try_read`, `try_write`, `try_campaign`, `try_lock`, `try_claim`: `None` when busy), and
 //! waiting up to a timeout (`acquire_timeout`, `read_timeout`, `write_timeout`,
 //! `campaign_timeout`, `lock_timeout`, `claim_timeout`: `None` when it ran out). Everything is
@@ -125,7 +125,8 @@
 //! 4. **Ownership is checked**: extend and release act only on the caller's own lease.
 //! 5. **Loss is signalled** by [`LockGuard::lost`] / [`LockGuard::is_lost`], at the lease's
 //!    local deadline at the latest — checked when read, so a starved runtime or a paused
-//!    process cannot see a lease as held past it.
+//!    process cannot see a lease as held past it; [`LockGuard::lost_reason`] says why
+//!    ([`LossReason`]).
 //! 6. **Crash safety**: a crashed holder's lock is free once its lease expires.
 //! 7. **Durability**: MongoDB writes use `w: "majority"` by default.
 //! 8. **Cancellation safety**: dropping an acquire future never leaves a lease held (a grant whose

@@ -20,10 +20,12 @@ fn docs_with<T: Send + Sync>(
     coll: &mongodb::Collection<T>,
     options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
 ) -> mongolock::documents::DocumentLocksBuilder<T> {
-    options(mongolock::LockProvider::builder(mongolock::MemoryBackend::new()))
-        .build()
-        .expect("valid provider options")
-        .documents(coll)
+    options(mongolock::LockProvider::builder(
+        mongolock::MemoryBackend::new(),
+    ))
+    .build()
+    .expect("valid provider options")
+    .documents(coll)
 }
 
 const LOCKED: i64 = 300;

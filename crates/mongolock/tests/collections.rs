@@ -17,8 +17,8 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, IndexModel};
-use mongolock::documents::DocumentLocks;
-use mongolock::{Election, Error, LockProvider, MongoBackend};
+
+use mongolock::{Error, LockProvider, MongoBackend};
 
 /// Document locks on `coll` with the options of a provider configured by `options` (document
 /// locks use the provider's options, not its backend).
@@ -26,10 +26,12 @@ fn docs_with<T: Send + Sync>(
     coll: &mongodb::Collection<T>,
     options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
 ) -> mongolock::documents::DocumentLocksBuilder<T> {
-    options(mongolock::LockProvider::builder(mongolock::MemoryBackend::new()))
-        .build()
-        .expect("valid provider options")
-        .documents(coll)
+    options(mongolock::LockProvider::builder(
+        mongolock::MemoryBackend::new(),
+    ))
+    .build()
+    .expect("valid provider options")
+    .documents(coll)
 }
 
 /// Every document of `coll`, sorted by `_id` as extended JSON.
@@ -198,7 +200,10 @@ async fn document_locks_never_create_a_ttl_index() {
     let locks = docs_with(&coll, |b| b).build().unwrap();
     let locked = locks.lock(1).await.unwrap();
     locked.guard.release().await.unwrap();
-    let claimed = locks.try_claim(doc! { "state": "ready" }, None).await.unwrap();
+    let claimed = locks
+        .try_claim(doc! { "state": "ready" }, None)
+        .await
+        .unwrap();
     claimed.expect("claimed").guard.release().await.unwrap();
     locks.ensure_indexes().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;

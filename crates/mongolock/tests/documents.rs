@@ -34,10 +34,12 @@ fn docs_with<T: Send + Sync>(
     coll: &mongodb::Collection<T>,
     options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
 ) -> mongolock::documents::DocumentLocksBuilder<T> {
-    options(mongolock::LockProvider::builder(mongolock::MemoryBackend::new()))
-        .build()
-        .expect("valid provider options")
-        .documents(coll)
+    options(mongolock::LockProvider::builder(
+        mongolock::MemoryBackend::new(),
+    ))
+    .build()
+    .expect("valid provider options")
+    .documents(coll)
 }
 
 /// Per job: (worker, fencing token) of every time it was processed.
@@ -72,9 +74,11 @@ fn fast_waits() -> WaitStrategy {
 fn locks_on<T: serde::de::DeserializeOwned + Send + Sync>(
     coll: &Collection<T>,
 ) -> DocumentLocks<T> {
-    docs_with(coll, |b| b.wait_strategy(fast_waits()).app_name("documents-test"))
-        .build()
-        .unwrap()
+    docs_with(coll, |b| {
+        b.wait_strategy(fast_waits()).app_name("documents-test")
+    })
+    .build()
+    .unwrap()
 }
 
 fn is_not_found(e: &Error) -> bool {
@@ -274,9 +278,12 @@ fn doc_child_entry() {
             .database(&env("MONGOLOCK_DB"))
             .collection::<Job>(&env("MONGOLOCK_COLL"));
         let expiry = Duration::from_millis(env("MONGOLOCK_EXPIRY_MS").parse().unwrap());
-        let locks = docs_with(&coll, |b| b.expiry(expiry).app_name(format!("child-{}", std::process::id())))
-            .build()
-            .unwrap();
+        let locks = docs_with(&coll, |b| {
+            b.expiry(expiry)
+                .app_name(format!("child-{}", std::process::id()))
+        })
+        .build()
+        .unwrap();
         let claimed = locks
             .try_claim(doc! { "done": false }, Some(doc! { "n": 1 }))
             .await
@@ -461,9 +468,13 @@ async fn the_users_other_fields_are_byte_for_byte_unchanged_by_lock_traffic() {
     };
 
     // A lease long enough that a loaded machine never loses it here; extensions every 100 ms.
-    let locks = docs_with(&coll, |b| b.expiry(Duration::from_secs(5)).extension_cadence(Duration::from_millis(100)).wait_strategy(fast_waits()))
-        .build()
-        .unwrap();
+    let locks = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(5))
+            .extension_cadence(Duration::from_millis(100))
+            .wait_strategy(fast_waits())
+    })
+    .build()
+    .unwrap();
 
     // lock (first time: the lock field is appended at the end), extend, release.
     let locked = locks.try_lock("bytes").await.unwrap().unwrap();
@@ -499,9 +510,11 @@ async fn the_users_other_fields_are_byte_for_byte_unchanged_by_lock_traffic() {
     check("release of a claim").await;
 
     // expiry and takeover, and the loser's failed release.
-    let short = docs_with(&coll, |b| b.expiry(Duration::from_millis(200)).auto_extend(false))
-        .build()
-        .unwrap();
+    let short = docs_with(&coll, |b| {
+        b.expiry(Duration::from_millis(200)).auto_extend(false)
+    })
+    .build()
+    .unwrap();
     let loser = short.try_lock("bytes").await.unwrap().unwrap();
     let winner = locks
         .lock_timeout("bytes", Duration::from_secs(10))
@@ -594,9 +607,11 @@ async fn the_lost_signal_fires_when_the_lease_is_taken() {
     let locks = locks_on(&coll);
 
     // Without automatic extension the lease runs out; another holder takes it after expiry.
-    let short = docs_with(&coll, |b| b.expiry(Duration::from_millis(500)).auto_extend(false))
-        .build()
-        .unwrap();
+    let short = docs_with(&coll, |b| {
+        b.expiry(Duration::from_millis(500)).auto_extend(false)
+    })
+    .build()
+    .unwrap();
     let first = short.try_lock("a").await.unwrap().unwrap();
     let lost = first.guard.lost();
     assert!(locks.try_lock("a").await.unwrap().is_none());
@@ -624,9 +639,12 @@ async fn the_lost_signal_fires_when_the_lease_is_taken() {
 
     // With automatic extension: someone overwrites the lock (an operator, a buggy writer);
     // the next extension finds the lease gone.
-    let extending = docs_with(&coll, |b| b.expiry(Duration::from_secs(3)).extension_cadence(Duration::from_millis(100)))
-        .build()
-        .unwrap();
+    let extending = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(3))
+            .extension_cadence(Duration::from_millis(100))
+    })
+    .build()
+    .unwrap();
     let held = extending.try_lock("b").await.unwrap().unwrap();
     coll.clone_with_type::<Document>()
         .update_one(
@@ -672,15 +690,24 @@ async fn the_change_stream_reports_a_loss_before_the_next_extension() {
         .insert_one(doc! { "_id": 7_i64, "value": 0_i64 })
         .await
         .unwrap();
-    let slow = docs_with(&coll, |b| b.expiry(Duration::from_secs(60)).extension_cadence(Duration::from_secs(20)))
-        .build()
-        .unwrap();
-    let busy = docs_with(&coll, |b| b.expiry(Duration::from_secs(2)).extension_cadence(Duration::from_millis(200)))
-        .build()
-        .unwrap();
-    let slow_raw = docs_with(&raw_coll, |b| b.expiry(Duration::from_secs(60)).extension_cadence(Duration::from_secs(20)))
-        .build()
-        .unwrap();
+    let slow = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(60))
+            .extension_cadence(Duration::from_secs(20))
+    })
+    .build()
+    .unwrap();
+    let busy = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(2))
+            .extension_cadence(Duration::from_millis(200))
+    })
+    .build()
+    .unwrap();
+    let slow_raw = docs_with(&raw_coll, |b| {
+        b.expiry(Duration::from_secs(60))
+            .extension_cadence(Duration::from_secs(20))
+    })
+    .build()
+    .unwrap();
     let g = slow.try_lock("slow").await.unwrap().unwrap();
     let b = busy.try_lock("busy").await.unwrap().unwrap();
     let n = slow_raw.try_lock(7_i64).await.unwrap().unwrap();
@@ -745,9 +772,12 @@ async fn standalone_servers_detect_document_loss_by_extension() {
     })
     .await
     .unwrap();
-    let locks = docs_with(&coll, |b| b.expiry(Duration::from_secs(60)).extension_cadence(Duration::from_secs(20)))
-        .build()
-        .unwrap();
+    let locks = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(60))
+            .extension_cadence(Duration::from_secs(20))
+    })
+    .build()
+    .unwrap();
     let g = locks.try_lock("a").await.unwrap().unwrap();
     // Let the stream attempt fail (40573).
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -809,9 +839,11 @@ async fn fencing_tokens_grow_per_document() {
         .unwrap();
     assert_eq!(claimed.guard.fencing_token(), 4);
     claimed.guard.release().await.unwrap();
-    let short = docs_with(&coll, |b| b.expiry(Duration::from_millis(200)).auto_extend(false))
-        .build()
-        .unwrap();
+    let short = docs_with(&coll, |b| {
+        b.expiry(Duration::from_millis(200)).auto_extend(false)
+    })
+    .build()
+    .unwrap();
     let expiring = short.try_lock("x").await.unwrap().unwrap();
     assert_eq!(expiring.guard.fencing_token(), 5);
     let taken = locks
@@ -1092,10 +1124,7 @@ async fn options_are_validated_before_anything_is_sent() {
     let t = test_database().await;
     let coll = t.db.collection::<Document>("never_used");
     for field in ["", "_id", "a.b", "$x"] {
-        let err = docs_with(&coll, |b| b)
-            .field(field)
-            .build()
-            .unwrap_err();
+        let err = docs_with(&coll, |b| b).field(field).build().unwrap_err();
         assert!(
             matches!(
                 err,

@@ -30,10 +30,12 @@ fn docs_with<T: Send + Sync>(
     coll: &mongodb::Collection<T>,
     options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
 ) -> mongolock::documents::DocumentLocksBuilder<T> {
-    options(mongolock::LockProvider::builder(mongolock::MemoryBackend::new()))
-        .build()
-        .expect("valid provider options")
-        .documents(coll)
+    options(mongolock::LockProvider::builder(
+        mongolock::MemoryBackend::new(),
+    ))
+    .build()
+    .expect("valid provider options")
+    .documents(coll)
 }
 
 const CHILD_ENV: &str = "MONGOLOCK_EDGES_CHILD";
@@ -66,8 +68,15 @@ async fn starved_guard_reads_lost(guard: LockGuard, expiry: Duration) {
     );
     assert!(guard.is_lost(), "is_lost is false after the local deadline");
     let reason = guard.lost_reason().expect("a reason");
-    assert_eq!(reason, mongolock::LossReason::DeadlinePassed, "reason: {reason}");
-    assert!(reason.to_string().contains("local deadline"), "reason: {reason}");
+    assert_eq!(
+        reason,
+        mongolock::LossReason::DeadlinePassed,
+        "reason: {reason}"
+    );
+    assert!(
+        reason.to_string().contains("local deadline"),
+        "reason: {reason}"
+    );
     assert!(
         guard.lost().wait().now_or_never().is_some(),
         "the lost future is ready at once"

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use common::{test_database, unique, TestDb};
 use election_scenarios::{provider_over, unique_role, Env, MakeProvider};
-use mongolock::election::Election;
 use mongolock::{LockProvider, MongoBackend};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -90,7 +89,8 @@ async fn candidate() {
     )
     .await;
     let expiry = Duration::from_millis(env("MONGOLOCK_EXPIRY_MS").parse().unwrap());
-    let election = provider.election(env("MONGOLOCK_NAME"))
+    let election = provider
+        .election(env("MONGOLOCK_NAME"))
         .unwrap()
         .with_expiry(expiry)
         .unwrap();
@@ -175,7 +175,7 @@ async fn candidate_processes_leader_killed() {
     let observer = mongo_provider(&t.uri, t.db.name(), &coll)
         .await
         .election(role.clone())
-    .unwrap();
+        .unwrap();
 
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut children: Vec<Child> = (0..3)

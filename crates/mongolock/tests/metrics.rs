@@ -13,7 +13,6 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use mongolock::backend::{AcquireRequest, Attempt, ChangeNotifications, LeaseId, LockInfo};
-use mongolock::election::Election;
 use mongolock::{Error, LockBackend, LockProvider, MemoryBackend, MetricsLabels};
 
 /// One series: metric name and sorted labels.

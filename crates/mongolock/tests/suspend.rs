@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mongolock::testing::{advance_boot_clock, ExtendsWithoutReply};
-use mongolock::{Election, LockBackend, LockProvider, MemoryBackend};
+use mongolock::{LockBackend, LockProvider, MemoryBackend};
 use tokio::time::Instant;
 
 /// One test at a time: a jump of the boot clock ends every lease of the process.

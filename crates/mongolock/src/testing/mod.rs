@@ -991,7 +991,10 @@ pub async fn with_expiry_sets_the_lease_duration(backend: Arc<dyn LockBackend>) 
         .acquire_timeout(Duration::from_millis(200))
         .await
         .unwrap();
-    assert!(none.is_none(), "{key}: held, so acquire_timeout returns None");
+    assert!(
+        none.is_none(),
+        "{key}: held, so acquire_timeout returns None"
+    );
     g.release().await.unwrap();
     let again = p
         .lock(key.clone())
@@ -1002,7 +1005,10 @@ pub async fn with_expiry_sets_the_lease_duration(backend: Arc<dyn LockBackend>) 
         .await
         .unwrap()
         .expect("free again");
-    let ttl = again.expires_at().duration_since(again.acquired_at()).unwrap();
+    let ttl = again
+        .expires_at()
+        .duration_since(again.acquired_at())
+        .unwrap();
     assert!(
         ttl >= Duration::from_millis(990) && ttl <= Duration::from_millis(1_010),
         "{key}: a 1 s lease lasts {ttl:?} by server time"

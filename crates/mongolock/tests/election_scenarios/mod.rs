@@ -12,9 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mongolock::election::{
-    Election, ElectionEvent, ElectionEvents, LeaderInfo, LeaderWatch, Leadership,
-};
+use mongolock::election::{ElectionEvent, ElectionEvents, LeaderInfo, LeaderWatch, Leadership};
 use mongolock::{Error, LockBackend, LockProvider, WaitStrategy};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -227,7 +225,10 @@ pub async fn one_leader_at_a_time_and_terms_increase(env: &Env) {
     for candidate in 0..3 {
         // A long expiry: at the end the role must be free because it was resigned, not
         // because a lease ran out.
-        let election = env.provider().await.election(role.clone())
+        let election = env
+            .provider()
+            .await
+            .election(role.clone())
             .unwrap()
             .with_expiry(Duration::from_secs(120))
             .unwrap()
@@ -385,7 +386,9 @@ impl Candidate {
                 .unwrap();
             let outcome = runtime.block_on(async move {
                 let task = tokio::spawn(async move {
-                    let election = make_provider().await.election(role)
+                    let election = make_provider()
+                        .await
+                        .election(role)
                         .unwrap()
                         .with_expiry(expiry)
                         .unwrap();
@@ -531,7 +534,8 @@ pub async fn lost_leadership_cancels_the_function_and_campaigns_again(env: &Env)
     // Long enough that a loaded machine cannot lose a term by a late extension before its
     // function first runs; the force-release is noticed by the backend's notifications or at
     // the next extension (a third of the expiry).
-    let election = provider.election(role.clone())
+    let election = provider
+        .election(role.clone())
         .unwrap()
         .with_expiry(Duration::from_secs(6))
         .unwrap();
@@ -598,7 +602,10 @@ pub async fn lost_leadership_cancels_the_function_and_campaigns_again(env: &Env)
 /// changes; dropping the watch stops it.
 pub async fn observe_without_campaigning(env: &Env) {
     let role = unique_role("election-observe");
-    let observer = env.provider().await.election(role.clone())
+    let observer = env
+        .provider()
+        .await
+        .election(role.clone())
         .unwrap()
         .with_poll_interval(Duration::from_millis(50))
         .unwrap();
@@ -607,7 +614,10 @@ pub async fn observe_without_campaigning(env: &Env) {
     assert_eq!(next_leader(&mut watch).await, None, "nobody leads yet");
 
     // Extensions every second (a third of the expiry): a loaded machine does not lose the term.
-    let a = env.provider().await.election(role.clone())
+    let a = env
+        .provider()
+        .await
+        .election(role.clone())
         .unwrap()
         .with_expiry(Duration::from_secs(3))
         .unwrap();
@@ -649,7 +659,8 @@ pub async fn dropping_the_run_future_leaves_nothing_held(env: &Env) {
     let provider = env.provider().await;
     let metrics = tokio::runtime::Handle::current().metrics();
     let baseline = metrics.num_alive_tasks();
-    let election = provider.election(role.clone())
+    let election = provider
+        .election(role.clone())
         .unwrap()
         .with_expiry(Duration::from_secs(60))
         .unwrap();
