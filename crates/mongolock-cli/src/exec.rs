@@ -11,7 +11,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use mongolock::rwlock::READERS_LIMIT;
-use mongolock::{Lock, LockGuard, LockProvider, RwLock, Semaphore, Timeout};
+use mongolock::{Lock, LockGuard, LockProvider, RwLock, Semaphore};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
@@ -76,7 +76,7 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         )
     });
     let acquired = tokio::select! {
-        r = lock.acquire(args.wait.timeout()) => {
+        r = lock.acquire(args.wait) => {
             r.map_err(|e| acquire_error(&conn, &args.name, mode, &e))?
         }
         sig = signals.recv() => {
@@ -166,7 +166,12 @@ async fn run_set(
         .emit();
     let started = Instant::now();
     let acquired = tokio::select! {
-        r = set.acquire_with(args.wait.timeout()) => {
+        r = async {
+            match args.wait {
+                Wait::Forever => set.acquire().await.map(Some),
+                Wait::For(d) => set.acquire_timeout(d).await,
+            }
+        } => {
             r.map_err(|e| conn.error(&format!("cannot acquire the locks {shown}"), &e))?
         }
         sig = signals.recv() => {
@@ -249,13 +254,18 @@ impl Acquirer {
         })
     }
 
-    /// Acquires within `timeout`; `None` when it ran out. Cancel-safe (as the library's).
-    async fn acquire(&self, timeout: Timeout) -> mongolock::Result<Option<LockGuard>> {
-        match self {
-            Acquirer::Lock(lock) => lock.acquire_with(timeout).await,
-            Acquirer::Semaphore(sem) => sem.acquire_with(timeout).await,
-            Acquirer::Read(rw) => rw.read_with(timeout).await,
-            Acquirer::Write(rw) => rw.write_with(timeout).await,
+    /// Acquires within `wait` (`--wait 0`: one attempt); `None` when it ran out. Cancel-safe
+    /// (as the library's).
+    async fn acquire(&self, wait: Wait) -> mongolock::Result<Option<LockGuard>> {
+        match (self, wait) {
+            (Acquirer::Lock(lock), Wait::Forever) => lock.acquire().await.map(Some),
+            (Acquirer::Lock(lock), Wait::For(d)) => lock.acquire_timeout(d).await,
+            (Acquirer::Semaphore(sem), Wait::Forever) => sem.acquire().await.map(Some),
+            (Acquirer::Semaphore(sem), Wait::For(d)) => sem.acquire_timeout(d).await,
+            (Acquirer::Read(rw), Wait::Forever) => rw.read().await.map(Some),
+            (Acquirer::Read(rw), Wait::For(d)) => rw.read_timeout(d).await,
+            (Acquirer::Write(rw), Wait::Forever) => rw.write().await.map(Some),
+            (Acquirer::Write(rw), Wait::For(d)) => rw.write_timeout(d).await,
         }
     }
 }

@@ -202,11 +202,7 @@ mod tests {
             held: true,
             lease_id: Some(LeaseId::from_string("ab12")),
             fencing_token: Some(17),
-            holder: Some(HolderInfo {
-                host: "build-7".into(),
-                pid: 4242,
-                app_name: None,
-            }),
+            holder: Some(HolderInfo::new("build-7", 4242, None)),
             acquired_at: Some(now - Duration::from_secs(4)),
             expires_at: Some(now + Duration::from_secs(26)),
             observed_at: now,

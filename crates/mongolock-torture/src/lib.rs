@@ -27,7 +27,7 @@
 //! * `memory`: one process, many tasks, dropped futures only.
 //!
 //! Semaphores (MongoDB only): about 12% of a worker's operations take one slot of `sem-0..2`
-//! (limit 3) through `acquire` / `try_acquire` / `acquire_timeout` / `acquire_with`, under the
+//! (limit 3) through `acquire` / `try_acquire` / `acquire_timeout`, under the
 //! same faults, and end it by release, a dropped release, a dropped guard or (2%, not
 //! extended) running out; no fenced writes. The recorder sends those names' documents to
 //! [`history::SlotHistory`], which reads each write's `slots` array, and the checker verifies

@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use mongolock::{LockProvider, Timeout};
+//! use mongolock::LockProvider;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,9 +21,11 @@
 //! let guard = provider.lock("reports:daily")?.acquire().await?;
 //! println!("holding {} with fencing token {}", guard.name(), guard.fencing_token());
 //!
-//! // Others get `None` when their timeout ends (zero = exactly one attempt).
-//! let other = provider.acquire_for("reports:daily", Duration::from_secs(30), Timeout::Zero).await?;
-//! assert!(other.is_none());
+//! // Others get `None`: `try_acquire` makes exactly one attempt, `acquire_timeout` keeps
+//! // trying for a while. `with_expiry` sets this lock's lease duration.
+//! let other = provider.lock("reports:daily")?.with_expiry(Duration::from_secs(60))?;
+//! assert!(other.try_acquire().await?.is_none());
+//! assert!(other.acquire_timeout(Duration::from_millis(20)).await?.is_none());
 //!
 //! // Work while watching the lost signal; pass the fencing token to the protected resource.
 //! tokio::select! {
@@ -97,6 +99,18 @@
 //! # }
 //! ```
 //!
+//! ## One vocabulary
+//! Every lock type has the same three forms: a waiting one (`acquire`; [`RwLock::read`] /
+//! [`RwLock::write`]; [`Election::campaign`]; `DocumentLocks::lock` and `claim`), exactly one
+//! attempt (`try_acquire`,
+//! `try_read`, `try_write`, `try_campaign`, `try_lock`, `try_claim`: `None` when busy), and
+//! waiting up to a timeout (`acquire_timeout`, `read_timeout`, `write_timeout`,
+//! `campaign_timeout`, `lock_timeout`, `claim_timeout`: `None` when it ran out). Everything is
+//! created from the [`LockProvider`]: [`lock`](LockProvider::lock),
+//! [`semaphore`](LockProvider::semaphore), [`rw_lock`](LockProvider::rw_lock),
+//! [`lock_set`](LockProvider::lock_set), [`election`](LockProvider::election) and
+//! `documents` (feature `mongodb`); `with_expiry` sets another lease duration on any of them.
+//!
 //! For tests of code that takes a [`LockProvider`], [`LockProvider::memory()`] gives the same
 //! contract without a database. Configure with [`LockProvider::builder`] and
 //! [`MongoBackend::builder`] (collection, write concern, TTL cleanup delay).
@@ -111,7 +125,8 @@
 //! 4. **Ownership is checked**: extend and release act only on the caller's own lease.
 //! 5. **Loss is signalled** by [`LockGuard::lost`] / [`LockGuard::is_lost`], at the lease's
 //!    local deadline at the latest — checked when read, so a starved runtime or a paused
-//!    process cannot see a lease as held past it.
+//!    process cannot see a lease as held past it; [`LockGuard::lost_reason`] says why
+//!    ([`LossReason`]).
 //! 6. **Crash safety**: a crashed holder's lock is free once its lease expires.
 //! 7. **Durability**: MongoDB writes use `w: "majority"` by default.
 //! 8. **Cancellation safety**: dropping an acquire future never leaves a lease held (a grant whose
@@ -158,7 +173,7 @@
 //! | `dns-resolver` | yes | `mongodb+srv://` URIs: forwards the driver's `dns-resolver` (hickory). Implies `mongodb`. |
 //! | `postgres` | no | `PostgresBackend` (tokio-postgres, deadpool, TLS by rustls). |
 //! | `metrics` | no | Metrics through the [`metrics`](https://docs.rs/metrics) facade; see below. |
-//! | `serde` | no | `serde::Serialize` for [`LockInfo`], [`LeaseHolder`](backend::LeaseHolder), [`HolderInfo`] and [`LeaseId`] (what `inspect`, `list` and `holders` return; times as RFC 3339 strings). |
+//! | `serde` | no | `serde::Serialize` for [`LockInfo`], [`LeaseHolder`], [`HolderInfo`] and [`LeaseId`] (what `inspect`, `list` and `holders` return; times as RFC 3339 strings). |
 //! | `testing` | no | The contract suite every backend runs (`mongolock::testing`; not API-stable). |
 //!
 //! The default build is the MongoDB backend with the driver's default TLS and DNS behaviour.
@@ -223,8 +238,8 @@ mod wait;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use crate::metrics::{describe_metrics, MetricsLabels};
 pub use backend::{
-    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseId, LeaseMode,
-    LockBackend, LockBackendExt, LockInfo, RELEASED_KEPT_FOR, RELEASED_KEPT_MAX,
+    AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseHolder, LeaseId,
+    LeaseMode, LockBackend, LockBackendExt, LockInfo, RELEASED_KEPT_FOR, RELEASED_KEPT_MAX,
 };
 pub use backends::memory::MemoryBackend;
 #[cfg(feature = "mongodb")]
@@ -232,9 +247,9 @@ pub use backends::mongo::{MongoBackend, MongoBackendBuilder};
 #[cfg(feature = "postgres")]
 pub use backends::postgres::{PostgresBackend, PostgresBackendBuilder, SslMode as PostgresSslMode};
 pub use error::{BoxError, Error, Result};
-pub use guard::{LockGuard, LostSignal};
+pub use guard::{LockGuard, LossReason, LostSignal};
 pub use holder::HolderInfo;
-pub use lock::{Lock, Timeout};
+pub use lock::Lock;
 pub use lockset::{LockSet, LockSetGuard, LockSetLostSignal};
 pub use operator::{ListFilter, QueuedWaiter};
 pub use options::{
@@ -258,7 +273,9 @@ pub fn __boot_time_now() -> std::time::Duration {
 }
 
 pub mod election;
-pub use election::{Election, ElectionEvent, LeaderContext, LeaderInfo, Leadership};
+pub use election::{
+    Election, ElectionEvent, ElectionEvents, LeaderContext, LeaderInfo, LeaderWatch, Leadership,
+};
 
 /// The workspace README's Rust examples, compiled as doc tests so that they stay true.
 #[cfg(all(doctest, feature = "mongodb"))]

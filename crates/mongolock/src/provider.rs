@@ -6,9 +6,8 @@ use std::time::Duration;
 use crate::backend::{LockBackend, LockInfo};
 use crate::backends::memory::MemoryBackend;
 use crate::error::Result;
-use crate::guard::LockGuard;
 use crate::holder::HolderInfo;
-use crate::lock::{Lock, Timeout};
+use crate::lock::Lock;
 use crate::options::{validate_name, validate_ttl, LockOptions};
 use crate::wait::WaitStrategy;
 
@@ -198,27 +197,6 @@ impl LockProvider {
         let name = name.into();
         let intent = self.lock(format!("{name}{}", crate::rwlock::INTENT_SUFFIX))?;
         Ok(crate::RwLock::new(self.lock(name)?, intent))
-    }
-
-    /// Acquire `key` for `ttl`, trying for `timeout`
-    /// ([`Timeout::Zero`] = exactly one attempt, [`Timeout::Forever`] = until acquired or the
-    /// future is dropped). Returns `None` when the timeout elapsed.
-    ///
-    /// # Errors
-    /// [`Error::InvalidName`](crate::Error::InvalidName) or
-    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a bad name or `ttl`, before
-    /// anything is sent; otherwise as [`Lock::acquire_with`].
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`Lock::acquire`]: dropping the future never leaves a lease held.
-    pub async fn acquire_for(
-        &self,
-        key: &str,
-        ttl: Duration,
-        timeout: impl Into<Timeout>,
-    ) -> Result<Option<LockGuard>> {
-        let lock = self.lock(key)?.with_expiry(ttl)?;
-        lock.acquire_with(timeout.into()).await
     }
 
     /// Reads the state of `name`; `None` when the backend has no record of it.

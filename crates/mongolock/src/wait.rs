@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 /// held by someone else. The wait ends early when the backend reports a change
 /// ([`LockBackendExt::wait_for_change`](crate::LockBackendExt::wait_for_change)).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum WaitStrategy {
     /// Sleep a uniformly random time in `min..=max` before each retry (DistributedLock's
     /// `BusyWaitSleepTime`; default 10–800 ms).

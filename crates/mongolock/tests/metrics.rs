@@ -15,9 +15,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use mongolock::backend::{AcquireRequest, Attempt, ChangeNotifications, LeaseId, LockInfo};
-use mongolock::election::Election;
 use mongolock::testing::eventually;
-use mongolock::{Error, LockBackend, LockProvider, MemoryBackend, MetricsLabels, Timeout};
+use mongolock::{Error, LockBackend, LockProvider, MemoryBackend, MetricsLabels};
 
 /// One series: metric name and sorted labels.
 type SeriesKey = (String, Vec<(String, String)>);
@@ -341,11 +340,9 @@ async fn label_mapping_bounds_cardinality() {
         .unwrap();
     for id in 0..3 {
         let guard = provider
-            .acquire_for(
-                &format!("mapped:{id}"),
-                Duration::from_secs(5),
-                Timeout::Zero,
-            )
+            .lock(format!("mapped:{id}"))
+            .unwrap()
+            .try_acquire()
             .await
             .unwrap()
             .unwrap();
@@ -366,7 +363,7 @@ async fn label_mapping_bounds_cardinality() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_sets_the_leader_gauge() {
     let provider = provider();
-    let election = Election::new(&provider, "metrics-role").unwrap();
+    let election = provider.election("metrics-role").unwrap();
     let role = [("role", "metrics-role")];
     let leadership = election.campaign().await.unwrap();
     assert_eq!(gauge("mongolock_is_leader", &role), Some(1.0));

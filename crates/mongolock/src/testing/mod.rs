@@ -67,7 +67,7 @@ macro_rules! contract_suite {
             force_release_ends_the_lease_and_signals_loss,
             dropping_a_guard_releases,
             dropping_a_release_future_still_releases,
-            acquire_for_with_ttl_and_timeout,
+            with_expiry_sets_the_lease_duration,
             release_is_idempotent_for_the_owner,
             a_lost_grant_is_released_when_the_call_gives_up,
             semaphore_never_exceeds_its_limit,

@@ -15,7 +15,7 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
-use mongolock::{Error, LockProvider, MongoBackend, Timeout};
+use mongolock::{Error, LockProvider, MongoBackend};
 
 /// A client that records the names (and bodies) of the commands it sends.
 async fn recording_client(uri: &str) -> (Client, Arc<Mutex<Vec<(String, Document)>>>) {
@@ -550,7 +550,11 @@ async fn the_default_provider_uses_distributed_locks() {
         Duration::from_secs(10)
     );
     let g = provider
-        .acquire_for("door:front", Duration::from_secs(30), Timeout::Zero)
+        .lock("door:front")
+        .unwrap()
+        .with_expiry(Duration::from_secs(30))
+        .unwrap()
+        .try_acquire()
         .await
         .unwrap()
         .unwrap();

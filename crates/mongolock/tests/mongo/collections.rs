@@ -17,8 +17,22 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, IndexModel};
-use mongolock::documents::DocumentLocks;
-use mongolock::{Election, Error, LockProvider, MongoBackend};
+
+use mongolock::{Error, LockProvider, MongoBackend};
+
+/// Document locks on `coll` with the options of a provider configured by `options` (document
+/// locks use the provider's options, not its backend).
+fn docs_with<T: Send + Sync>(
+    coll: &mongodb::Collection<T>,
+    options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
+) -> mongolock::documents::DocumentLocksBuilder<T> {
+    options(mongolock::LockProvider::builder(
+        mongolock::MemoryBackend::new(),
+    ))
+    .build()
+    .expect("valid provider options")
+    .documents(coll)
+}
 
 /// Every document of `coll`, sorted by `_id` as extended JSON.
 async fn all_docs(coll: &Collection<Document>) -> Vec<Document> {
@@ -112,7 +126,7 @@ async fn an_application_collection_is_refused_and_left_untouched() {
     );
     assert_foreign("force release", provider.force_release("x").await, &ns);
     assert_foreign("ensure_indexes", backend.ensure_indexes().await, &ns);
-    let election = Election::new(&provider, "x").unwrap();
+    let election = provider.election("x").unwrap();
     let campaign = tokio::time::timeout(Duration::from_secs(30), election.campaign())
         .await
         .expect("a campaign on a foreign collection returns its error");
@@ -183,10 +197,13 @@ async fn document_locks_never_create_a_ttl_index() {
     ])
     .await
     .unwrap();
-    let locks = DocumentLocks::builder(&coll).build().unwrap();
+    let locks = docs_with(&coll, |b| b).build().unwrap();
     let locked = locks.lock(1).await.unwrap();
     locked.guard.release().await.unwrap();
-    let claimed = locks.claim(doc! { "state": "ready" }, None).await.unwrap();
+    let claimed = locks
+        .try_claim(doc! { "state": "ready" }, None)
+        .await
+        .unwrap();
     claimed.expect("claimed").guard.release().await.unwrap();
     locks.ensure_indexes().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -22,11 +22,25 @@ use mongodb::bson::{
 };
 use mongodb::Collection;
 use mongolock::documents::{DocumentLocks, EmbeddedLock, LockedDocument};
-use mongolock::{Error, Timeout, WaitStrategy};
+use mongolock::{Error, WaitStrategy};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
+
+/// Document locks on `coll` with the options of a provider configured by `options` (document
+/// locks use the provider's options, not its backend).
+fn docs_with<T: Send + Sync>(
+    coll: &mongodb::Collection<T>,
+    options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
+) -> mongolock::documents::DocumentLocksBuilder<T> {
+    options(mongolock::LockProvider::builder(
+        mongolock::MemoryBackend::new(),
+    ))
+    .build()
+    .expect("valid provider options")
+    .documents(coll)
+}
 
 /// Per job: (worker, fencing token) of every time it was processed.
 type Claims = HashMap<i64, Vec<(usize, u64)>>;
@@ -60,11 +74,11 @@ fn fast_waits() -> WaitStrategy {
 fn locks_on<T: serde::de::DeserializeOwned + Send + Sync>(
     coll: &Collection<T>,
 ) -> DocumentLocks<T> {
-    DocumentLocks::builder(coll)
-        .wait_strategy(fast_waits())
-        .app_name("documents-test")
-        .build()
-        .unwrap()
+    docs_with(coll, |b| {
+        b.wait_strategy(fast_waits()).app_name("documents-test")
+    })
+    .build()
+    .unwrap()
 }
 
 fn is_not_found(e: &Error) -> bool {
@@ -137,21 +151,21 @@ async fn eight_workers_process_500_jobs_exactly_once() {
         let coll = client.database(t.db.name()).collection::<Job>(&name);
         let processed = processed.clone();
         workers.push(tokio::spawn(async move {
-            let locks = DocumentLocks::builder(&coll)
-                .app_name(format!("worker-{w}"))
+            let locks = docs_with(&coll, |b| b.app_name(format!("worker-{w}")))
                 .build()
                 .unwrap();
             let mut mine = 0usize;
             loop {
                 // Every worker asks for the lowest open job: maximal contention on one document.
                 let claimed = locks
-                    .claim(doc! { "done": false }, Some(doc! { "n": 1 }))
+                    .try_claim(doc! { "done": false }, Some(doc! { "n": 1 }))
                     .await
                     .unwrap();
                 let Some(LockedDocument {
                     id,
                     document: job,
                     guard,
+                    ..
                 }) = claimed
                 else {
                     // Nothing free: finished, or the remaining jobs are held by other workers.
@@ -264,13 +278,14 @@ fn doc_child_entry() {
             .database(&env("MONGOLOCK_DB"))
             .collection::<Job>(&env("MONGOLOCK_COLL"));
         let expiry = Duration::from_millis(env("MONGOLOCK_EXPIRY_MS").parse().unwrap());
-        let locks = DocumentLocks::builder(&coll)
-            .expiry(expiry)
-            .app_name(format!("child-{}", std::process::id()))
-            .build()
-            .unwrap();
+        let locks = docs_with(&coll, |b| {
+            b.expiry(expiry)
+                .app_name(format!("child-{}", std::process::id()))
+        })
+        .build()
+        .unwrap();
         let claimed = locks
-            .claim(doc! { "done": false }, Some(doc! { "n": 1 }))
+            .try_claim(doc! { "done": false }, Some(doc! { "n": 1 }))
             .await
             .unwrap()
             .expect("a job to claim");
@@ -356,7 +371,7 @@ async fn a_killed_workers_job_is_claimed_again_only_after_its_lease_expires() {
 
     // Other jobs stay claimable meanwhile.
     let other = locks
-        .claim(doc! { "done": false }, Some(doc! { "n": 1 }))
+        .try_claim(doc! { "done": false }, Some(doc! { "n": 1 }))
         .await
         .unwrap()
         .expect("another job is free");
@@ -453,12 +468,13 @@ async fn the_users_other_fields_are_byte_for_byte_unchanged_by_lock_traffic() {
     };
 
     // A lease long enough that a loaded machine never loses it here; extensions every 100 ms.
-    let locks = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_secs(5))
-        .extension_cadence(Duration::from_millis(100))
-        .wait_strategy(fast_waits())
-        .build()
-        .unwrap();
+    let locks = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(5))
+            .extension_cadence(Duration::from_millis(100))
+            .wait_strategy(fast_waits())
+    })
+    .build()
+    .unwrap();
 
     // lock (first time: the lock field is appended at the end), extend, release.
     let locked = locks.try_lock("bytes").await.unwrap().unwrap();
@@ -482,23 +498,23 @@ async fn the_users_other_fields_are_byte_for_byte_unchanged_by_lock_traffic() {
 
     // claim, a busy claim and a busy lock attempt, release.
     let claimed = locks
-        .claim(doc! { "done": false }, Some(doc! { "i32": -1 }))
+        .try_claim(doc! { "done": false }, Some(doc! { "i32": -1 }))
         .await
         .unwrap()
         .unwrap();
     check("claim").await;
     assert!(locks.try_lock("bytes").await.unwrap().is_none());
-    assert!(locks.claim(doc! {}, None).await.unwrap().is_none());
+    assert!(locks.try_claim(doc! {}, None).await.unwrap().is_none());
     check("busy attempts").await;
     claimed.guard.release().await.unwrap();
     check("release of a claim").await;
 
     // expiry and takeover, and the loser's failed release.
-    let short = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_millis(200))
-        .auto_extend(false)
-        .build()
-        .unwrap();
+    let short = docs_with(&coll, |b| {
+        b.expiry(Duration::from_millis(200)).auto_extend(false)
+    })
+    .build()
+    .unwrap();
     let loser = short.try_lock("bytes").await.unwrap().unwrap();
     let winner = locks
         .lock_timeout("bytes", Duration::from_secs(10))
@@ -551,7 +567,7 @@ async fn a_missing_document_is_an_error_and_nothing_is_inserted() {
     assert!(started.elapsed() < Duration::from_secs(4));
 
     assert!(locks
-        .claim(doc! { "_id": "absent" }, None)
+        .try_claim(doc! { "_id": "absent" }, None)
         .await
         .unwrap()
         .is_none());
@@ -591,11 +607,11 @@ async fn the_lost_signal_fires_when_the_lease_is_taken() {
     let locks = locks_on(&coll);
 
     // Without automatic extension the lease runs out; another holder takes it after expiry.
-    let short = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_millis(500))
-        .auto_extend(false)
-        .build()
-        .unwrap();
+    let short = docs_with(&coll, |b| {
+        b.expiry(Duration::from_millis(500)).auto_extend(false)
+    })
+    .build()
+    .unwrap();
     let first = short.try_lock("a").await.unwrap().unwrap();
     let lost = first.guard.lost();
     assert!(locks.try_lock("a").await.unwrap().is_none());
@@ -623,11 +639,12 @@ async fn the_lost_signal_fires_when_the_lease_is_taken() {
 
     // With automatic extension: someone overwrites the lock (an operator, a buggy writer);
     // the next extension finds the lease gone.
-    let extending = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_secs(3))
-        .extension_cadence(Duration::from_millis(100))
-        .build()
-        .unwrap();
+    let extending = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(3))
+            .extension_cadence(Duration::from_millis(100))
+    })
+    .build()
+    .unwrap();
     let held = extending.try_lock("b").await.unwrap().unwrap();
     coll.clone_with_type::<Document>()
         .update_one(
@@ -642,10 +659,12 @@ async fn the_lost_signal_fires_when_the_lease_is_taken() {
         .expect("the lost signal fired");
     assert!(started.elapsed() < Duration::from_secs(2));
     let reason = held.guard.lost_reason().unwrap();
-    // Whichever comes first: the failed extension ("the server reports ...") or the change
-    // stream ("the store reports ...").
+    // Whichever comes first: the failed extension or the change stream.
     assert!(
-        reason.contains("server") || reason.contains("store"),
+        matches!(
+            reason,
+            mongolock::LossReason::Expired | mongolock::LossReason::TakenOver
+        ),
         "{reason}"
     );
 }
@@ -671,21 +690,24 @@ async fn the_change_stream_reports_a_loss_before_the_next_extension() {
         .insert_one(doc! { "_id": 7_i64, "value": 0_i64 })
         .await
         .unwrap();
-    let slow = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_secs(60))
-        .extension_cadence(Duration::from_secs(20))
-        .build()
-        .unwrap();
-    let busy = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_secs(2))
-        .extension_cadence(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let slow_raw = DocumentLocks::builder(&raw_coll)
-        .expiry(Duration::from_secs(60))
-        .extension_cadence(Duration::from_secs(20))
-        .build()
-        .unwrap();
+    let slow = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(60))
+            .extension_cadence(Duration::from_secs(20))
+    })
+    .build()
+    .unwrap();
+    let busy = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(2))
+            .extension_cadence(Duration::from_millis(200))
+    })
+    .build()
+    .unwrap();
+    let slow_raw = docs_with(&raw_coll, |b| {
+        b.expiry(Duration::from_secs(60))
+            .extension_cadence(Duration::from_secs(20))
+    })
+    .build()
+    .unwrap();
     let g = slow.try_lock("slow").await.unwrap().unwrap();
     let b = busy.try_lock("busy").await.unwrap().unwrap();
     let n = slow_raw.try_lock(7_i64).await.unwrap().unwrap();
@@ -712,7 +734,8 @@ async fn the_change_stream_reports_a_loss_before_the_next_extension() {
         .expect("the lost signal fires on the change, not at the next extension (20 s)");
     assert!(started.elapsed() < Duration::from_secs(10));
     let reason = g.guard.lost_reason().expect("a reason");
-    assert!(reason.contains("store"), "{reason}");
+    assert_eq!(reason, mongolock::LossReason::TakenOver, "{reason}");
+    assert!(reason.to_string().contains("store"), "{reason}");
     // The document is free: the next holder is not told its own grant is a loss.
     let next = slow.try_lock("slow").await.unwrap().expect("free");
     assert_eq!(next.guard.fencing_token(), g.guard.fencing_token() + 1);
@@ -749,11 +772,12 @@ async fn standalone_servers_detect_document_loss_by_extension() {
     })
     .await
     .unwrap();
-    let locks = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_secs(60))
-        .extension_cadence(Duration::from_secs(20))
-        .build()
-        .unwrap();
+    let locks = docs_with(&coll, |b| {
+        b.expiry(Duration::from_secs(60))
+            .extension_cadence(Duration::from_secs(20))
+    })
+    .build()
+    .unwrap();
     let g = locks.try_lock("a").await.unwrap().unwrap();
     // Let the stream attempt fail (40573).
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -809,17 +833,17 @@ async fn fencing_tokens_grow_per_document() {
 
     // A claim continues the document's sequence, and so does a takeover after expiry.
     let claimed = locks
-        .claim(doc! { "_id": "x" }, None)
+        .try_claim(doc! { "_id": "x" }, None)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(claimed.guard.fencing_token(), 4);
     claimed.guard.release().await.unwrap();
-    let short = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_millis(200))
-        .auto_extend(false)
-        .build()
-        .unwrap();
+    let short = docs_with(&coll, |b| {
+        b.expiry(Duration::from_millis(200)).auto_extend(false)
+    })
+    .build()
+    .unwrap();
     let expiring = short.try_lock("x").await.unwrap().unwrap();
     assert_eq!(expiring.guard.fencing_token(), 5);
     let taken = locks
@@ -884,7 +908,7 @@ async fn lock_waits_for_release_and_the_typed_document_shows_the_lock() {
         tokio::spawn(async move { locks.lock(7_i64).await.unwrap() })
     };
     assert!(locks
-        .lock_with(7_i64, Timeout::After(Duration::from_millis(200)))
+        .lock_timeout(7_i64, Duration::from_millis(200))
         .await
         .unwrap()
         .is_none());
@@ -914,6 +938,66 @@ async fn lock_waits_for_release_and_the_typed_document_shows_the_lock() {
     again.guard.release().await.unwrap();
 }
 
+/// `claim` waits: started while no document matches, it gets one inserted later; started while
+/// every match is locked, it gets the document once its holder releases it — here a holder
+/// with another handle, whose release does not wake this one's waits, so the claim finds it by
+/// polling, as a claim in another process would. `try_claim` makes exactly one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_gets_a_document_inserted_or_unlocked_later() {
+    let t = test_database().await;
+    let name = unique("waiting_claims");
+    let coll = t.db.collection::<Document>(&name);
+    let open = || doc! { "state": "open" };
+    let locks = locks_on(&coll);
+    assert!(locks.try_claim(open(), None).await.unwrap().is_none());
+
+    let waiting = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.claim(doc! { "state": "open" }, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "claim on {name} returned while no document matched: it must wait"
+    );
+    coll.insert_one(doc! { "_id": 1, "state": "open" })
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .unwrap_or_else(|_| panic!("the waiting claim on {name} never got the inserted document"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.id, Bson::Int32(1));
+    let token = first.guard.fencing_token();
+
+    let other = locks_on(&coll);
+    assert!(other.try_claim(open(), None).await.unwrap().is_none());
+    let waiting = {
+        let other = other.clone();
+        tokio::spawn(async move { other.claim(doc! { "state": "open" }, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "claim on {name} returned while the only match was locked (token {token})"
+    );
+    first.guard.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .unwrap_or_else(|_| panic!("the waiting claim on {name} never got the released document"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.id, Bson::Int32(1));
+    assert!(
+        second.guard.fencing_token() > token,
+        "token {} after {token}",
+        second.guard.fencing_token()
+    );
+    assert!(locks.try_claim(open(), None).await.unwrap().is_none());
+    second.guard.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_follows_the_filter_and_sort_and_a_custom_field() {
     let t = test_database().await;
@@ -923,9 +1007,8 @@ async fn claim_follows_the_filter_and_sort_and_a_custom_field() {
             .await
             .unwrap();
     }
-    let locks = DocumentLocks::builder(&coll)
+    let locks = docs_with(&coll, |b| b.wait_strategy(fast_waits()))
         .field("lockState")
-        .wait_strategy(fast_waits())
         .build()
         .unwrap();
     assert_eq!(locks.field(), "lockState");
@@ -933,7 +1016,7 @@ async fn claim_follows_the_filter_and_sort_and_a_custom_field() {
     let mut held = Vec::new();
     for expected in [5, 3, 1] {
         let c = locks
-            .claim(doc! { "queue": "a" }, by_priority.clone())
+            .try_claim(doc! { "queue": "a" }, by_priority.clone())
             .await
             .unwrap()
             .unwrap();
@@ -943,7 +1026,7 @@ async fn claim_follows_the_filter_and_sort_and_a_custom_field() {
         held.push(c);
     }
     assert!(locks
-        .claim(doc! { "queue": "a" }, by_priority.clone())
+        .try_claim(doc! { "queue": "a" }, by_priority.clone())
         .await
         .unwrap()
         .is_none());
@@ -951,9 +1034,8 @@ async fn claim_follows_the_filter_and_sort_and_a_custom_field() {
     let middle = held.remove(1);
     middle.guard.release().await.unwrap();
     let c = locks
-        .claim_with(doc! { "queue": "a" }, by_priority, Timeout::Forever)
+        .claim(doc! { "queue": "a" }, by_priority)
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(c.document.get_i32("priority"), Ok(3));
     assert_eq!(c.guard.fencing_token(), 2);
@@ -1002,7 +1084,7 @@ async fn claims_find_expired_leases_among_held_ones_with_their_indexes() {
         .unwrap();
     let mut held = Vec::new();
     for _ in 0..41 {
-        let c = locks.claim(doc! { "kind": "job" }, None).await.unwrap();
+        let c = locks.try_claim(doc! { "kind": "job" }, None).await.unwrap();
         held.push(c.expect("a free job"));
     }
     let claimed: Vec<i32> = held
@@ -1024,7 +1106,7 @@ async fn claims_find_expired_leases_among_held_ones_with_their_indexes() {
     assert_eq!(expired.guard.fencing_token(), 8);
     // Only the lease about to expire is left: claimed once it has expired.
     assert!(locks
-        .claim(doc! { "kind": "job" }, None)
+        .try_claim(doc! { "kind": "job" }, None)
         .await
         .unwrap()
         .is_none());
@@ -1042,10 +1124,7 @@ async fn options_are_validated_before_anything_is_sent() {
     let t = test_database().await;
     let coll = t.db.collection::<Document>("never_used");
     for field in ["", "_id", "a.b", "$x"] {
-        let err = DocumentLocks::builder(&coll)
-            .field(field)
-            .build()
-            .unwrap_err();
+        let err = docs_with(&coll, |b| b).field(field).build().unwrap_err();
         assert!(
             matches!(
                 err,
@@ -1057,10 +1136,12 @@ async fn options_are_validated_before_anything_is_sent() {
             "{field:?}: {err}"
         );
     }
-    let err = DocumentLocks::builder(&coll)
-        .expiry(Duration::ZERO)
-        .build()
-        .unwrap_err();
+    // The lease duration and the other lock options are the provider's (validated by its
+    // builder); `with_expiry` checks a handle's own.
+    let locks = docs_with(&coll, |b| b).build().unwrap();
+    assert_eq!(locks.field(), "_lock");
+    assert_eq!(locks.expiry(), Duration::from_secs(30));
+    let err = locks.clone().with_expiry(Duration::ZERO).unwrap_err();
     assert!(
         matches!(
             err,
@@ -1071,25 +1152,6 @@ async fn options_are_validated_before_anything_is_sent() {
         ),
         "{err}"
     );
-    let err = DocumentLocks::builder(&coll)
-        .expiry(Duration::from_secs(1))
-        .extension_cadence(Duration::from_secs(1))
-        .build()
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::InvalidOptions {
-                option: "extension_cadence",
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let locks = DocumentLocks::new(&coll);
-    assert_eq!(locks.field(), "_lock");
-    assert_eq!(locks.expiry(), Duration::from_secs(30));
-    assert!(locks.with_expiry(Duration::ZERO).is_err());
     assert_eq!(
         locks.with_expiry(Duration::from_secs(5)).unwrap().expiry(),
         Duration::from_secs(5)
@@ -1100,12 +1162,10 @@ async fn options_are_validated_before_anything_is_sent() {
         .app_name("shared")
         .build()
         .unwrap();
-    let shared = DocumentLocks::builder(&coll)
-        .lock_options(provider.options().clone())
-        .build()
-        .unwrap();
+    let shared = provider.documents(&coll).build().unwrap();
     assert_eq!(shared.expiry(), Duration::from_secs(12));
     assert_eq!(shared.holder().app_name.as_deref(), Some("shared"));
+    assert_eq!(shared.holder(), provider.holder());
     let names: Vec<String> = t.db.list_collection_names().await.unwrap();
     assert!(!names.contains(&"never_used".to_owned()));
 }

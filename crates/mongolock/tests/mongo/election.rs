@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mongo::{test_database, unique, TestDb};
-use mongolock::election::Election;
 use mongolock::testing::unique_name;
 use mongolock::{LockBackend, LockProvider, MongoBackend};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -71,7 +70,8 @@ async fn candidate() {
     )
     .await;
     let expiry = Duration::from_millis(env("MONGOLOCK_EXPIRY_MS").parse().unwrap());
-    let election = Election::new(&provider, env("MONGOLOCK_NAME"))
+    let election = provider
+        .election(env("MONGOLOCK_NAME"))
         .unwrap()
         .with_expiry(expiry)
         .unwrap();
@@ -158,11 +158,10 @@ async fn candidate_processes_leader_killed() {
     let t = test_database().await;
     let coll = unique("locks");
     let role = unique_name("election-processes");
-    let observer = Election::new(
-        &mongo_provider(&t.uri, t.db.name(), &coll).await,
-        role.clone(),
-    )
-    .unwrap();
+    let observer = mongo_provider(&t.uri, t.db.name(), &coll)
+        .await
+        .election(role.clone())
+        .unwrap();
 
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut children: Vec<Child> = (0..3)

@@ -13,7 +13,7 @@ use mongolock::testing::eventually;
 use mongolock::testing::CountingAll;
 use mongolock::{
     AcquireRequest, Attempt, Error, HolderInfo, LeaseId, LockBackend, LockBackendExt, LockProvider,
-    PostgresBackend, Timeout, WaitStrategy,
+    PostgresBackend, WaitStrategy,
 };
 use tokio::time::Instant;
 
@@ -256,8 +256,7 @@ async fn bad_input_gives_typed_errors() {
     // Through the provider too.
     let p = provider(&b, Duration::from_secs(5), WaitStrategy::default());
     assert!(matches!(
-        p.acquire_for("a\0b", Duration::from_secs(5), Timeout::Zero)
-            .await,
+        p.lock("a\0b").unwrap().try_acquire().await,
         Err(Error::InvalidName { .. })
     ));
 

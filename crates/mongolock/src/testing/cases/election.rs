@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::election::{
-    Election, ElectionEvent, ElectionEvents, LeaderInfo, LeaderWatch, Leadership,
+    ElectionEvent, ElectionEvents, LeaderInfo, LeaderWatch, Leadership,
 };
 use crate::testing::{eventually, Env};
 use crate::{Error, LockBackend, LockProvider, WaitStrategy};
@@ -191,7 +191,10 @@ pub async fn one_leader_at_a_time_and_terms_increase(env: &Env) {
     for candidate in 0..3 {
         // A long expiry: at the end the role must be free because it was resigned, not
         // because a lease ran out.
-        let election = Election::new(&env.provider().await, role.clone())
+        let election = env
+            .provider()
+            .await
+            .election(role.clone())
             .unwrap()
             .with_expiry(Duration::from_secs(120))
             .unwrap()
@@ -253,7 +256,7 @@ pub async fn one_leader_at_a_time_and_terms_increase(env: &Env) {
     }
     // A campaign won just as `stop` fired is resigned in the background (its guard is dropped
     // unread); give that release a moment.
-    let observer = Election::new(&env.provider().await, role).unwrap();
+    let observer = env.provider().await.election(role).unwrap();
     assert!(
         eventually(Duration::from_secs(10), || async {
             observer.leader().await.unwrap().is_none()
@@ -269,7 +272,7 @@ pub async fn resign_hands_over_to_exactly_one_candidate(env: &Env) {
     let role = unique_role("election-resign");
     let mut elections = Vec::new();
     for _ in 0..3 {
-        elections.push(Election::new(&env.provider().await, role.clone()).unwrap());
+        elections.push(env.provider().await.election(role.clone()).unwrap());
     }
     let first = tokio::time::timeout(Duration::from_secs(10), elections[0].campaign())
         .await
@@ -349,7 +352,9 @@ impl Candidate {
                 .unwrap();
             let outcome = runtime.block_on(async move {
                 let task = tokio::spawn(async move {
-                    let election = Election::new(&make_provider().await, role)
+                    let election = make_provider()
+                        .await
+                        .election(role)
                         .unwrap()
                         .with_expiry(expiry)
                         .unwrap();
@@ -417,7 +422,7 @@ pub async fn crashed_leader_is_replaced_once_after_expiry(env: &Env) {
     let mut candidates: Vec<Candidate> = (0..3)
         .map(|i| Candidate::spawn(i, env, &role, expiry, tracker.clone()))
         .collect();
-    let observer = Election::new(&env.provider().await, role).unwrap();
+    let observer = env.provider().await.election(role).unwrap();
 
     assert!(
         eventually(Duration::from_secs(30), || async { tracker.count() == 1 }).await,
@@ -495,7 +500,8 @@ pub async fn lost_leadership_cancels_the_function_and_campaigns_again(env: &Env)
     // Long enough that a loaded machine cannot lose a term by a late extension before its
     // function first runs; the force-release is noticed by the backend's notifications or at
     // the next extension (a third of the expiry).
-    let election = Election::new(&provider, role.clone())
+    let election = provider
+        .election(role.clone())
         .unwrap()
         .with_expiry(Duration::from_secs(6))
         .unwrap();
@@ -562,7 +568,10 @@ pub async fn lost_leadership_cancels_the_function_and_campaigns_again(env: &Env)
 /// changes; dropping the watch stops it.
 pub async fn observe_without_campaigning(env: &Env) {
     let role = unique_role("election-observe");
-    let observer = Election::new(&env.provider().await, role.clone())
+    let observer = env
+        .provider()
+        .await
+        .election(role.clone())
         .unwrap()
         .with_poll_interval(Duration::from_millis(50))
         .unwrap();
@@ -571,11 +580,14 @@ pub async fn observe_without_campaigning(env: &Env) {
     assert_eq!(next_leader(&mut watch).await, None, "nobody leads yet");
 
     // Extensions every second (a third of the expiry): a loaded machine does not lose the term.
-    let a = Election::new(&env.provider().await, role.clone())
+    let a = env
+        .provider()
+        .await
+        .election(role.clone())
         .unwrap()
         .with_expiry(Duration::from_secs(3))
         .unwrap();
-    let b = Election::new(&env.provider().await, role.clone()).unwrap();
+    let b = env.provider().await.election(role.clone()).unwrap();
     let la = a.campaign().await.unwrap();
     let seen = next_leader(&mut watch).await.expect("a leader");
     assert!(seen.is(&la));
@@ -613,7 +625,8 @@ pub async fn dropping_the_run_future_leaves_nothing_held(env: &Env) {
     let provider = env.provider().await;
     let metrics = tokio::runtime::Handle::current().metrics();
     let baseline = metrics.num_alive_tasks();
-    let election = Election::new(&provider, role.clone())
+    let election = provider
+        .election(role.clone())
         .unwrap()
         .with_expiry(Duration::from_secs(60))
         .unwrap();
@@ -645,7 +658,7 @@ pub async fn dropping_the_run_future_leaves_nothing_held(env: &Env) {
         .await,
         "leadership still held after the run future was dropped"
     );
-    let other = Election::new(&env.provider().await, role).unwrap();
+    let other = env.provider().await.election(role).unwrap();
     let l = other
         .campaign_timeout(Duration::from_secs(10))
         .await
@@ -669,11 +682,11 @@ pub async fn dropping_the_run_future_leaves_nothing_held(env: &Env) {
 pub async fn try_campaign_and_input_checks(env: &Env) {
     let provider = env.provider().await;
     assert!(matches!(
-        Election::new(&provider, ""),
+        provider.election(""),
         Err(Error::InvalidName { .. })
     ));
     let role = unique_role("election-try");
-    let election = Election::new(&provider, role.clone()).unwrap();
+    let election = provider.election(role.clone()).unwrap();
     assert!(matches!(
         election.clone().with_poll_interval(Duration::ZERO),
         Err(Error::InvalidOptions { .. })
@@ -686,7 +699,7 @@ pub async fn try_campaign_and_input_checks(env: &Env) {
 
     let mut events = election.events();
     let leadership = election.try_campaign().await.unwrap().expect("free");
-    let other = Election::new(&env.provider().await, role).unwrap();
+    let other = env.provider().await.election(role).unwrap();
     assert!(other.try_campaign().await.unwrap().is_none());
     assert!(other
         .campaign_timeout(Duration::from_millis(200))

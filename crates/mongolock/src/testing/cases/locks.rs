@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use crate::testing::{builder, provider, unique_name, Counting};
-use crate::{Error, LockBackend, Timeout, WaitStrategy};
+use crate::{Error, LockBackend, WaitStrategy};
 
 /// 16 tasks × 50 acquisitions around a non-atomic read-modify-write: the total is exact, no two
 /// tasks are ever inside together, and tokens grow in critical-section order.
@@ -266,14 +266,10 @@ pub async fn bad_input_is_rejected_before_the_backend(backend: Arc<dyn LockBacke
         })
     ));
     assert!(matches!(
-        p.acquire_for("k", Duration::ZERO, Timeout::Zero).await,
+        p.lock("k").unwrap().with_expiry(Duration::ZERO),
         Err(Error::InvalidOptions { .. })
     ));
-    assert!(matches!(
-        p.acquire_for("", Duration::from_secs(1), Timeout::Forever)
-            .await,
-        Err(Error::InvalidName { .. })
-    ));
+    assert!(matches!(p.lock(""), Err(Error::InvalidName { .. })));
     assert!(matches!(
         p.inspect("").await,
         Err(Error::InvalidName { .. })

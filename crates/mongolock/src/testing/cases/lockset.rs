@@ -312,11 +312,16 @@ pub async fn a_lock_set_guard_reports_any_loss_and_releases_all(backend: Arc<dyn
         .await
         .expect("the set's lost signal fires when one of its leases is force-released");
     assert!(guard.is_lost());
-    let reason = guard.lost_reason().expect("a reason");
-    assert!(
-        reason.contains(&names[1]),
-        "the reason {reason:?} does not name the lost lock {:?}",
+    let (lost, reason) = guard.lost_reason().expect("a reason");
+    assert_eq!(
+        lost, names[1],
+        "the set reports {lost:?} ({reason}) as lost instead of the force-released {:?}",
         names[1]
+    );
+    assert_eq!(
+        guard.lost().reason(),
+        Some((names[1].as_str(), reason)),
+        "the set's lost signal reports the same lease and reason"
     );
     assert!(!guard.get(&names[0]).unwrap().is_lost());
     // Someone else takes the lost name, as in the single-lock case.

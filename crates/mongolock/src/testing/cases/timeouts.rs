@@ -1,5 +1,5 @@
 //! Contract cases of acquire timeouts: zero is one attempt, a finite timeout ends on time, no
-//! timeout waits until the holder releases; the `acquire_for(key, ttl, timeout)` form.
+//! timeout waits until the holder releases; a lock's own lease duration (`with_expiry`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::testing::{builder, provider, unique_name, Counting};
-use crate::{LockBackend, Timeout, WaitStrategy};
+use crate::{LockBackend, WaitStrategy};
 
 /// A zero timeout makes exactly one attempt, in every API form.
 pub async fn timeout_zero_is_one_attempt(backend: Arc<dyn LockBackend>) {
@@ -30,13 +30,11 @@ pub async fn timeout_zero_is_one_attempt(backend: Arc<dyn LockBackend>) {
         .is_none());
     assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
     assert!(p
-        .acquire_for(&name, Duration::from_secs(5), Timeout::Zero)
-        .await
+        .lock(name.clone())
         .unwrap()
-        .is_none());
-    assert_eq!(counting.acquires.swap(0, Ordering::SeqCst), 1);
-    assert!(lock
-        .acquire_with(Duration::ZERO.into())
+        .with_expiry(Duration::from_secs(5))
+        .unwrap()
+        .try_acquire()
         .await
         .unwrap()
         .is_none());
@@ -96,10 +94,13 @@ pub async fn timeout_forever_waits_until_released(backend: Arc<dyn LockBackend>)
                 let got = if form == 0 {
                     p.lock(name).unwrap().acquire().await.unwrap()
                 } else {
-                    p.acquire_for(&name, Duration::from_secs(5), Timeout::Forever)
+                    p.lock(name)
+                        .unwrap()
+                        .with_expiry(Duration::from_secs(5))
+                        .unwrap()
+                        .acquire()
                         .await
                         .unwrap()
-                        .expect("Forever never returns None")
                 };
                 assert!(
                     released.load(Ordering::SeqCst),
@@ -122,30 +123,48 @@ pub async fn timeout_forever_waits_until_released(backend: Arc<dyn LockBackend>)
     }
 }
 
-/// The `acquire_for(key, ttl, timeout)` form.
-pub async fn acquire_for_with_ttl_and_timeout(backend: Arc<dyn LockBackend>) {
+/// A lock's own lease duration (`provider.lock(name)?.with_expiry(ttl)`), with each acquire
+/// form.
+pub async fn with_expiry_sets_the_lease_duration(backend: Arc<dyn LockBackend>) {
     let key = unique_name("door:front");
     let p = provider(&backend);
-    let g = p
-        .acquire_for(&key, Duration::from_secs(30), Timeout::Zero)
-        .await
+    let lock = p
+        .lock(key.clone())
         .unwrap()
-        .expect("free");
+        .with_expiry(Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(lock.expiry(), Duration::from_secs(30));
+    let g = lock.try_acquire().await.unwrap().expect("free");
     let ttl = g.expires_at().duration_since(g.acquired_at()).unwrap();
     assert!(
         ttl >= Duration::from_millis(29_990) && ttl <= Duration::from_millis(30_010),
-        "{ttl:?}"
+        "{key}: a 30 s lease lasts {ttl:?} by server time"
     );
-    let none = p
-        .acquire_for(&key, Duration::from_secs(30), Duration::from_millis(200))
+    let none = lock
+        .acquire_timeout(Duration::from_millis(200))
         .await
         .unwrap();
-    assert!(none.is_none());
+    assert!(
+        none.is_none(),
+        "{key}: held, so acquire_timeout returns None"
+    );
     g.release().await.unwrap();
     let again = p
-        .acquire_for(&key, Duration::from_secs(1), Some(Duration::from_secs(5)))
+        .lock(key.clone())
+        .unwrap()
+        .with_expiry(Duration::from_secs(1))
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(5))
         .await
         .unwrap()
         .expect("free again");
+    let ttl = again
+        .expires_at()
+        .duration_since(again.acquired_at())
+        .unwrap();
+    assert!(
+        ttl >= Duration::from_millis(990) && ttl <= Duration::from_millis(1_010),
+        "{key}: a 1 s lease lasts {ttl:?} by server time"
+    );
     again.release().await.unwrap();
 }
