@@ -24,8 +24,11 @@
 //! let guard = provider.lock("reports:daily")?.acquire().await?;
 //! println!("holding {} with fencing token {}", guard.name(), guard.fencing_token());
 //!
-//! // Another caller's single attempt finds it busy.
-//! assert!(provider.lock("reports:daily")?.try_acquire().await?.is_none());
+//! // Others get `None`: `try_acquire` makes exactly one attempt, `acquire_timeout` keeps
+//! // trying for a while.
+//! let other = provider.lock("reports:daily")?;
+//! assert!(other.try_acquire().await?.is_none());
+//! assert!(other.acquire_timeout(Duration::from_millis(20)).await?.is_none());
 //!
 //! // Work while watching the lost signal; pass the fencing token to the protected resource.
 //! tokio::select! {
@@ -47,13 +50,13 @@
 //! wake-ups, backoff, retries of transient errors, cancellation safety) and returns the same
 //! [`LockGuard`]:
 //!
-//! * [`Lock::acquire`] waits until held; [`Lock::try_acquire`] makes one attempt (`None` while
-//!   held elsewhere); [`Lock::acquire_timeout`] waits at most a duration (`None` when it ran out);
-//!   [`Lock::acquire_with`] takes a [`Timeout`] (`Timeout::Zero` = one attempt, `Forever`).
-//!   [`LockProvider::acquire_for`] is the one-call form: name, lease duration, timeout.
+//! * [`Lock::acquire`] waits until held; [`Lock::try_acquire`] makes exactly one attempt
+//!   (`None` while held elsewhere); [`Lock::acquire_timeout`] keeps trying up to a duration
+//!   (`None` when it ran out). [`Lock::with_expiry`] sets this lock's lease duration (the
+//!   provider's expiry otherwise).
 //! * The guard extends its lease in the background every `extension_cadence` (expiry / 3).
 //!   [`LockGuard::lost`] (a cloneable, cancel-safe future) and [`LockGuard::is_lost`] say when
-//!   the lease can no longer be trusted, [`LockGuard::lost_reason`] why.
+//!   the lease can no longer be trusted, [`LockGuard::lost_reason`] why (a [`LossReason`]).
 //!   [`LockGuard::extend`] sets a new lease duration (`false` once the lease is lost).
 //! * [`LockGuard::release`] ends the lease; dropping the guard releases it in the background.
 //!   [`LockGuard::release_after`] ends it no earlier than a minimum hold after the grant, by the
@@ -63,32 +66,38 @@
 //!   holds what (read-only); [`LockProvider::force_release`] ends a stuck lease (its holder
 //!   learns of the loss; the next token is larger).
 //!
+//! **One vocabulary.** Every lock type has the same three forms: a waiting one (`acquire`;
+//! [`RwLock::read`] / [`RwLock::write`]; [`Election::campaign`];
+//! [`DocumentLocks::lock`](documents::DocumentLocks::lock) and
+//! [`claim`](documents::DocumentLocks::claim)), exactly one attempt (`try_acquire`, `try_read`,
+//! `try_write`, `try_campaign`, `try_lock`, `try_claim`: `None` when busy), and waiting up to a
+//! timeout (`acquire_timeout`, `read_timeout`, `write_timeout`, `campaign_timeout`,
+//! `lock_timeout`, `claim_timeout`: `None` when it ran out). Everything is created from the
+//! [`LockProvider`]: [`lock`](LockProvider::lock), [`semaphore`](LockProvider::semaphore),
+//! [`rw_lock`](LockProvider::rw_lock), [`lock_set`](LockProvider::lock_set),
+//! [`election`](LockProvider::election) and `documents` (feature `mongodb`); `with_expiry`
+//! sets another lease duration on any of them.
+//!
 //! ```
 //! use std::time::Duration;
-//! use mongolock::{LockProvider, Timeout};
+//! use mongolock::LockProvider;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> mongolock::Result<()> {
 //! let provider = LockProvider::memory(); // the same API on MongoDB and PostgreSQL
-//! let lock = provider.lock("door:front")?;
+//! let lock = provider.lock("door:front")?.with_expiry(Duration::from_secs(30))?;
 //! if let Some(guard) = lock.acquire_timeout(Duration::from_secs(5)).await? {
 //!     assert!(guard.extend(Duration::from_secs(60)).await?); // false once the lease is lost
+//!     let token = guard.fencing_token();
 //!     guard.release().await?;
+//!     // The next holder's token is larger.
+//!     assert!(lock.acquire().await?.fencing_token() > token);
 //! }
-//!
-//! // Name, lease duration, timeout (zero = one attempt, `Forever` = until held).
-//! let guard = provider
-//!     .acquire_for("door:front", Duration::from_secs(30), Timeout::After(Duration::from_secs(5)))
-//!     .await?
-//!     .expect("free");
-//! let token = guard.fencing_token();
-//! guard.release().await?;
 //!
 //! // Who holds what. A token is `None` while a new lease's token is being issued.
 //! for info in provider.list().await? {
 //!     println!("{} held={} token={:?}", info.name, info.held, info.fencing_token);
 //! }
-//! assert!(provider.lock("door:front")?.acquire().await?.fencing_token() > token);
 //! # Ok(())
 //! # }
 //! ```
@@ -175,11 +184,12 @@
 //! ```
 //!
 //! ## Leader election and document locks
-//! * [`election`]: one process at a time holds a named role; the term is the lease's fencing
-//!   token. A campaign loop, a run loop that cancels your work when leadership is lost,
-//!   resign, and observe-the-leader.
-//! * [`documents`] (MongoDB): lock a document of your own collection in place, or *claim* any
-//!   one unlocked document matching a filter, so that many workers share one collection of jobs.
+//! * [`election`] ([`LockProvider::election`]): one process at a time holds a named role; the
+//!   term is the lease's fencing token. A campaign loop, a run loop that cancels your work when
+//!   leadership is lost, resign, and observe-the-leader.
+//! * [`documents`] (MongoDB, `provider.documents(&collection)`): lock a document of your own
+//!   collection in place, or *claim* any one unlocked document matching a filter, so that many
+//!   workers share one collection of jobs.
 //!
 //! ## Testing your code
 //! * [`LockProvider::memory()`] gives the same contract in-process, for unit tests of code that
@@ -293,7 +303,7 @@
 //! | | `.write_concern(wc)` | majority |
 //! | | `.cleanup_after(d)` — TTL index `expireAfterSeconds` on `expiresAt` | 1 h |
 //! | | `.create_ttl_index(bool)` | on |
-//! | | `.change_streams(bool)` — wake-ups and early loss detection; off = polling only | on (falls back to polling by itself where unavailable) |
+//! | | `.notifications(bool)` — wake-ups and early loss detection; off = polling only | on (falls back to polling by itself where unavailable) |
 //! | | `.fair_handoff(bool)` — a release reserves the lock for 500 ms for the first queued process (strict turns) | off |
 //! | [`Lock`], [`Semaphore`], [`RwLock`], [`LockSet`] | `.with_expiry(d)` | the provider's |
 //!

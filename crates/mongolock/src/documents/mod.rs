@@ -81,19 +81,12 @@
 //! # }
 //! ```
 //!
-//! # The forms
-//! As for named locks: [`DocumentLocks::lock`] waits while another process holds the document,
-//! [`DocumentLocks::try_lock`] makes one attempt (`None` while held),
-//! [`DocumentLocks::lock_timeout`] waits at most a duration and [`DocumentLocks::lock_with`]
-//! takes a [`Timeout`]. [`DocumentLocks::claim`] makes one attempt (`None` when no matching
-//! document is free); [`DocumentLocks::claim_timeout`] and [`DocumentLocks::claim_with`] keep
-//! trying. [`DocumentLocks::inspect`] reads a document's lock state with the server time.
-//! Dropping any of these futures never leaves a document locked.
-//!
-//! With [`DocumentLocks::ensure_indexes`] a claim reads only the free documents and the leases
-//! about to expire: with 300 documents locked ahead of 40 free ones, the server examines 310.5
-//! documents per claim without the indexes and 1.0 with them
-//! (`cargo test -p mongolock --test claims_scale -- --nocapture`).
+//! # Claims that read only what they may take
+//! With [`DocumentLocks::ensure_indexes`] (indexes on `_lock.leaseId` and `_lock.expiresAt`) a
+//! claim reads only the free documents and the leases about to expire: with 300 documents
+//! locked ahead of 40 free ones, the server examines 310.5 documents per claim without the
+//! indexes and 1.0 with them (`cargo test -p mongolock --test claims_scale -- --nocapture`).
+//! [`DocumentLocks::inspect`] reads a document's lock state with the server time.
 //!
 //! # The lock sub-document
 //! The lock lives in **one** embedded document under the lock field (default `_lock`,
@@ -171,9 +164,7 @@
 //! # Other behaviour shared with named locks
 //! Options ([`DocumentLocksBuilder`]) are the provider's: expiry (30 s), extension cadence
 //! (expiry / 3), automatic extension, wait strategy between attempts, application name stored
-//! as holder metadata, plus the lock field and the write concern (`w: "majority"` by default);
-//! [`DocumentLocksBuilder::lock_options`] takes a provider's settings at once
-//! (`provider.options().clone()`).
+//! as holder metadata, plus the lock field and the write concern (`w: "majority"` by default).
 //! Waiting forms take a [`Timeout`] like [`Lock`](crate::Lock): zero = one attempt, a duration,
 //! or forever. An attempt that is dropped half-way finishes in a task of its own (the same
 //! acquire loop as named locks), so dropping a waiting future never leaves a document locked
