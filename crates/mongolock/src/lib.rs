@@ -405,12 +405,7 @@
 //!   grant moves its process to the end when more of its acquirers wait. The queue only orders who
 //!   tries first: every grant is still the same one-statement "free or expired by
 //!   `clock_timestamp()`" test, so it cannot affect mutual exclusion or fencing. Semaphore slots
-//!   are not queued: a slot release wakes one waiter per process, as before. Tables created by
-//!   earlier versions get the queue's columns (`waiters`, `handoff`) and the new trigger function
-//!   on first use; notifications of an older trigger function still wake waiters (one per
-//!   process). During a rolling upgrade, processes of earlier versions do not understand a
-//!   release's new notification: they log a warning and wake every waiter and holder to re-check
-//!   (correct, but costlier), until they are upgraded too.
+//!   are not queued: a slot release wakes one waiter per process.
 //! * **Durability** is the server's: keep `synchronous_commit` on (the default) for the lock table,
 //!   and use synchronous replication if a lease must survive a failover to a standby.
 //! * **Typed errors**: connection failures, shutdowns, serialization failures and lock timeouts are
