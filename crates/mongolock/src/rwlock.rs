@@ -17,6 +17,10 @@
 //!
 //! Both acquire forms run the one acquire loop and return the one guard
 //! ([`LockGuard`]): extension, lost signal, release on drop, cancellation safety as for locks.
+//! The intent lock is an ordinary lock: [`list`](crate::LockProvider::list) and
+//! `mongolock list` show it (as `<name>` followed by U+001F and `writer-intent`) while a
+//! writer waits. A finite write's timeout covers both steps, and dropping a write future
+//! releases the intent with it.
 
 use std::time::Duration;
 

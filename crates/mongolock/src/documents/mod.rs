@@ -92,6 +92,13 @@
 //! # }
 //! ```
 //!
+//! # Claims that read only what they may take
+//! With [`DocumentLocks::ensure_indexes`] (indexes on `_lock.leaseId` and `_lock.expiresAt`) a
+//! claim reads only the free documents and the leases about to expire: with 300 documents
+//! locked ahead of 40 free ones, the server examines 310.5 documents per claim without the
+//! indexes and 1.0 with them (`cargo test -p mongolock --test claims_scale -- --nocapture`).
+//! [`DocumentLocks::inspect`] reads a document's lock state with the server time.
+//!
 //! # The lock sub-document
 //! The lock lives in **one** embedded document under the lock field (default `_lock`,
 //! [`DocumentLocksBuilder::field`]):

@@ -18,6 +18,20 @@
 //! # fn main() {}
 //! ```
 //!
+//! # Writing a backend
+//! A backend implements [`LockBackend`]: single atomic attempts (acquire, extend, release,
+//! release with a minimum hold, force-release, inspect, list), judged by the store's clock.
+//! The rules those operations must follow, and why the core's guarantees follow from them,
+//! are the [backend contract](crate::backend); the core supplies waiting, retries, renewal,
+//! loss detection and cancellation safety. A backend that learns of changes as they happen
+//! also implements [`ChangeNotifications`] and declares it with
+//! [`Env::with_notifications`], which adds the cases for wake-ups and early loss detection.
+//! The suite then checks the rules on your store: mutual exclusion under contention, tokens
+//! across release, expiry, takeover and force-release, ownership, idempotent release, slots,
+//! read-write locks, lock sets, minimum holds and guard edges. mongolock's own backends run
+//! it from `crates/mongolock/tests/` (the MongoDB run against `mongo-testserver`, or a real
+//! deployment when `MONGODB_URI` is set).
+//!
 //! Cases panic on a contract violation, as tests do. The change-notification cases (a
 //! force-release signalled to the holder at once, a release waking a waiter at once, handoffs
 //! without a stampede) run only for an [`Env`] declared
