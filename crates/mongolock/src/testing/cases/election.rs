@@ -14,9 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::election::{
-    ElectionEvent, ElectionEvents, LeaderInfo, LeaderWatch, Leadership,
-};
+use crate::election::{ElectionEvent, ElectionEvents, LeaderInfo, LeaderWatch, Leadership};
 use crate::testing::{eventually, Env};
 use crate::{Error, LockBackend, LockProvider, WaitStrategy};
 
