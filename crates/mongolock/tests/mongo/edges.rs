@@ -442,7 +442,7 @@ fn child_entry() {
                 println!(
                     "RESUMED gap_ms={} lost={lost} reason={:?}",
                     gap.as_millis(),
-                    guard.lost_reason()
+                    guard.lost_reason().map(|r| r.to_string())
                 );
                 std::process::exit(0);
             }
@@ -451,7 +451,7 @@ fn child_entry() {
                     "LOST-EARLY gap_ms={} held_for_ms={} reason={:?}",
                     gap.as_millis(),
                     (now - (end - Duration::from_secs(60))).as_millis(),
-                    guard.lost_reason()
+                    guard.lost_reason().map(|r| r.to_string())
                 );
                 std::process::exit(1);
             }
