@@ -698,6 +698,8 @@ pub async fn spawn(
         return Err(lost_before_start(guard));
     }
     let terminal = in_terminal_foreground();
+    // Orphans of CMD's tree come to us should the supervisor die first (see `supervise`).
+    crate::supervisor::become_subreaper();
     let cannot =
         |e: std::io::Error| CliError::failure(format!("cannot start the supervisor process: {e}"));
     // Both ends are close-on-exec; only the supervisor's end is made inheritable, in its child.
@@ -814,7 +816,9 @@ fn spawn_error(program: &OsString, errno: i32) -> CliError {
 /// * a signal to mongolock is passed on to the command (except terminal-generated
 ///   SIGINT/SIGQUIT in a terminal's foreground: the command got those itself);
 /// * backup: if the supervisor has not reported the command's exit by the local deadline, the
-///   supervisor is SIGKILLed (the command then gets its parent-death signal on Linux).
+///   supervisor is SIGKILLed (the command then gets its parent-death signal on Linux), and
+///   whatever else of the command's tree is left comes to us (a subreaper) and is killed before
+///   this returns.
 ///
 /// Once the command was told to stop, the run counts as lost even if a renewal succeeds later.
 /// `what` names the lock in messages ("the lock", "leadership of").
@@ -898,6 +902,10 @@ pub async fn supervise(
                     let status = supervisor.wait().await.map_err(|e| {
                         CliError::failure(format!("cannot wait for the supervisor process: {e}"))
                     })?;
+                    // The supervisor died without killing CMD's tree (we killed it for being
+                    // late, or something else did): what it left was re-parented to us (a
+                    // subreaper) and dies before the lease is released.
+                    let _ = tokio::task::spawn_blocking(crate::supervisor::kill_orphaned_tree).await;
                     exited_event(
                         guard,
                         status,
@@ -955,8 +963,8 @@ pub async fn supervise(
                     .field("action", "SIGKILL to the supervisor")
                     .message(
                         "mongolock: the supervisor has not reported the command's exit by the \
-                         lease's deadline; killing the supervisor process (the command dies with \
-                         it)",
+                         lease's deadline; killing the supervisor process and the command's whole \
+                         process tree",
                     )
                     .emit();
                 let _ = supervisor.start_kill();
