@@ -62,14 +62,14 @@ impl LockProviderBuilder {
 
     /// Interval between automatic extensions (default expiry / 3; must be below the expiry).
     /// For leases shorter than this cadence (see [`Lock::with_expiry`],
-    /// [`LockGuard::extend`]) the cadence is a third of the lease duration.
+    /// [`LockGuard::extend`](crate::LockGuard::extend)) the cadence is a third of the lease duration.
     pub fn extension_cadence(mut self, cadence: Duration) -> Self {
         self.options.extension_cadence = Some(cadence);
         self
     }
 
     /// Whether held leases are extended automatically in the background (default true). Without
-    /// it, a lease lasts its expiry unless [`LockGuard::extend`] is called; the lost signal still
+    /// it, a lease lasts its expiry unless [`LockGuard::extend`](crate::LockGuard::extend) is called; the lost signal still
     /// fires when it runs out.
     pub fn auto_extend(mut self, enabled: bool) -> Self {
         self.options.auto_extend = enabled;
@@ -96,7 +96,7 @@ impl LockProviderBuilder {
         self
     }
 
-    /// The longest a release may take — [`LockGuard::release`], the release when a guard is
+    /// The longest a release may take — [`LockGuard::release`](crate::LockGuard::release), the release when a guard is
     /// dropped, and the clean-up of an acquire attempt whose outcome is unknown (default 5 s).
     /// A release that did not complete in time is given up; the lease then expires by itself.
     pub fn release_timeout(mut self, timeout: Duration) -> Self {

@@ -1,5 +1,5 @@
 //! The contract suite (feature `testing`; **not API-stable**): the cases every
-//! [`LockBackend`] must pass — ours (memory, MongoDB, PostgreSQL) and your own.
+//! [`LockBackend`](crate::LockBackend) must pass — ours (memory, MongoDB, PostgreSQL) and your own.
 //!
 //! A backend's test file provides `async fn setup() -> Env` (a backend on fresh, isolated
 //! storage; or `Option<Env>`, `None` skipping with a printed reason) and invokes
@@ -19,12 +19,12 @@
 //! ```
 //!
 //! # Writing a backend
-//! A backend implements [`LockBackend`]: single atomic attempts (acquire, extend, release,
+//! A backend implements [`LockBackend`](crate::LockBackend): single atomic attempts (acquire, extend, release,
 //! release with a minimum hold, force-release, inspect, list), judged by the store's clock.
 //! The rules those operations must follow, and why the core's guarantees follow from them,
 //! are the [backend contract](crate::backend); the core supplies waiting, retries, renewal,
 //! loss detection and cancellation safety. A backend that learns of changes as they happen
-//! also implements [`ChangeNotifications`] and declares it with
+//! also implements [`ChangeNotifications`](crate::backend::ChangeNotifications) and declares it with
 //! [`Env::with_notifications`], which adds the cases for wake-ups and early loss detection.
 //! The suite then checks the rules on your store: mutual exclusion under contention, tokens
 //! across release, expiry, takeover and force-release, ownership, idempotent release, slots,
