@@ -20,6 +20,12 @@
 //! * **Ownership.** [`extend`](LockBackend::extend) acts only on the caller's unexpired lease;
 //!   [`release`](LockBackend::release) only on the caller's lease, and is idempotent for it.
 //!
+//! The data types exchanged here ([`AcquireRequest`], [`Lease`], [`Attempt`], [`LockInfo`],
+//! [`LeaseHolder`]) are plain structs and enums with public fields, not `#[non_exhaustive]`: a
+//! backend outside this crate builds them with struct literals and matches them exhaustively.
+//! A field added to one is therefore a breaking change, made only in a new minor version of
+//! 0.x (with a CHANGELOG entry), never in a patch release.
+//!
 //! # Lease modes: locks and semaphores
 //! A request carries a [`LeaseMode`]. A name's state is, at any instant of server time, either
 //! (at most) one [`Exclusive`](LeaseMode::Exclusive) lease or a *set* of

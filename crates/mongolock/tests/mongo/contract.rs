@@ -9,9 +9,10 @@ use crate::support::mongo;
 
 async fn setup() -> Env {
     let db = mongo::test_database().await;
-    // Change streams need a replica set: the embedded server has them; a real deployment given
-    // by MONGODB_URI may be a standalone server, which falls back to polling.
-    let notifications = db.server.is_some();
+    // Change streams need a replica set or a sharded cluster: the embedded server is one; a
+    // real deployment given by MONGODB_URI is asked (a standalone server falls back to polling,
+    // and the notification cases do not apply to it).
+    let notifications = db.server.is_some() || has_change_streams(&db.db).await;
     let (uri, db_name, coll) = (
         db.uri.clone(),
         db.db.name().to_owned(),
@@ -41,6 +42,18 @@ async fn setup() -> Env {
     } else {
         env
     }
+}
+
+/// Whether the deployment behind `db` offers change streams: a replica set member (`setName`)
+/// or a mongos (`msg: "isdbgrid"`), by the `hello` command.
+async fn has_change_streams(db: &mongodb::Database) -> bool {
+    let hello = db
+        .client()
+        .database("admin")
+        .run_command(mongodb::bson::doc! { "hello": 1 })
+        .await
+        .expect("the hello command of the deployment in MONGODB_URI");
+    hello.contains_key("setName") || hello.get_str("msg") == Ok("isdbgrid")
 }
 
 mongolock::contract_suite!(setup);
