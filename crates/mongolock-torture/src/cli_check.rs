@@ -57,9 +57,13 @@ for f in "$D".desc.*; do
   set -- $(cat "$f" 2>/dev/null)
   dtoken=$1 dpid=$2 dstart=$3
   if [ "$dtoken" != "$MONGOLOCK_FENCING_TOKEN" ] && still "$dpid" "$dstart"; then
-    age=$(( $(date +%s) - $(stat -c %Y "$f" 2>/dev/null || date +%s) ))
-    what=$(tr '\0' ' ' < "/proc/$dpid/cmdline" 2>/dev/null | cut -c1-60)
-    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token $dtoken (pid $dpid, started at tick $dstart, running '$what', touched ${age}s ago) was still running, at $(date +%s.%N)" >> "$LOG"
+    # What the descendant is doing, and who its parent is: the supervisor (late), mongolock
+    # (a subreaper: its sweep not yet done) or init (both gone).
+    age=$(( $(date +%s%N) / 1000000 - $(stat -c %.3Y "$f" 2>/dev/null | tr -d .) ))
+    dstate=$(grep '^State:' "/proc/$dpid/status" 2>/dev/null | tr -s '[:space:]' ' ')
+    dparent=$(grep '^PPid:' "/proc/$dpid/status" 2>/dev/null | tr -cd '0-9')
+    pwhat=$(tr '\0' ' ' < "/proc/$dparent/cmdline" 2>/dev/null | cut -c1-50)
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token $dtoken (pid $dpid, started at tick $dstart,$dstate, parent $dparent '$pwhat', its file touched ${age} ms ago) was still running, at $(date +%s.%N)" >> "$LOG"
   elif ! still "$dpid" "$dstart"; then
     rm -f "$f"
   fi

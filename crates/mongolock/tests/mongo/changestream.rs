@@ -490,12 +490,17 @@ async fn thousands_of_names_share_one_stream() {
         "{NAMES} releases and {CONTENDED} handoffs took {:?}",
         released.elapsed()
     );
-    // One stream, reopened where it was when it widened to newly used names (the held names,
-    // past the narrowing bound: every name) and to the waiters' names.
+    // One stream, reopened where it was when it widened to newly used names (held names are
+    // covered lazily, a batch at a getMore answer, until past the narrowing bound it covers every
+    // name) and to the waiters' names. How many batches that takes depends on how the 2000
+    // acquisitions spread over time (4 on an idle machine, 5 seen under load), never on the
+    // number of names: a stream per name, or a reopening per name, would be thousands.
     let opens = sent.stream_opens.load(Ordering::SeqCst);
+    eprintln!("{opens} change stream opens for {NAMES} names");
     assert!(
-        opens <= 4,
-        "one change stream for the backend, reopened only to widen: {opens} opens"
+        opens <= 16,
+        "one change stream for the backend, reopened only to widen: {opens} opens for {NAMES} \
+         names"
     );
     assert!(
         eventually(Duration::from_secs(10), || async {

@@ -250,11 +250,9 @@ pub async fn dropped_lock_set_acquires_leave_nothing_held(backend: Arc<dyn LockB
         let stop = stop.clone();
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                if let Some(g) = lock
-                    .acquire_timeout(Duration::from_millis(50))
-                    .await
-                    .unwrap()
-                {
+                // An attempt left unanswered at the timeout (a loaded machine) is an error
+                // here; the churn only makes contention, so it simply tries again.
+                if let Ok(Some(g)) = lock.acquire_timeout(Duration::from_millis(50)).await {
                     let hold = rand::rng().random_range(0..4);
                     tokio::time::sleep(Duration::from_millis(hold)).await;
                     g.release().await.unwrap();
