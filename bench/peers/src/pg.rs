@@ -3,8 +3,8 @@
 //!
 //! The server: `initdb` in a temporary directory and `pg_ctl start` on a free port (as the
 //! `postgres` user when running as root; binaries from `PG_BIN_DIR`, else the newest
-//! `/usr/lib/postgresql/*/bin`, else the `PATH`), like the tests' `tests/pg/mod.rs`, with
-//! `pg_stat_statements` preloaded. Statements are counted by the server
+//! `/usr/lib/postgresql/*/bin`, else the `PATH`), like the tests' `tests/support/postgres.rs`,
+//! with `pg_stat_statements` preloaded. Statements are counted by the server
 //! (`pg_stat_statements`: `calls` of every top-level statement, utility statements such as
 //! `LISTEN` included, the benchmark's own counting query left out), so counting costs the
 //! client nothing. Server CPU is the sum over the postmaster and its children

@@ -2,6 +2,10 @@
 
 use bson::{doc, Document};
 
+/// The message of [`CommandError::authentication_not_supported`].
+pub const AUTHENTICATION_NOT_SUPPORTED: &str = "authentication is not supported by \
+    mongo-testserver; connect without credentials (remove the user:password from the URI)";
+
 /// An error reply to a command, shaped as mongod shapes it.
 ///
 /// Every failure inside the server becomes one of these; the connection turns it into
@@ -64,6 +68,13 @@ impl CommandError {
             "InvalidPipelineOperator",
             format!("Unrecognized expression '{op}'"),
         )
+    }
+
+    /// Code 18, AuthenticationFailed: the answer to every login attempt (`saslStart`,
+    /// `saslContinue`, `authenticate`). The test server has no users; the message says to
+    /// connect without credentials.
+    pub fn authentication_not_supported() -> Self {
+        Self::new(18, "AuthenticationFailed", AUTHENTICATION_NOT_SUPPORTED)
     }
 
     /// Code 59, CommandNotFound.

@@ -155,6 +155,8 @@
 // CommandError carries mongod's whole error shape (labels, extra fields); errors are the cold
 // path, so results are not boxed.
 #![allow(clippy::result_large_err)]
+// On docs.rs (`--cfg docsrs`, see Cargo.toml), items behind a feature say which one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod changestream;
 mod clock;

@@ -13,16 +13,6 @@ pub enum Wait {
     For(Duration),
 }
 
-impl Wait {
-    /// As the library's timeout.
-    pub fn timeout(self) -> mongolock::Timeout {
-        match self {
-            Wait::Forever => mongolock::Timeout::Forever,
-            Wait::For(d) => mongolock::Timeout::from(d),
-        }
-    }
-}
-
 fn parse(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s == "0" {

@@ -1,14 +1,14 @@
 //! `mongolock elect`: campaign for a role, run CMD while leader, campaign again after losing
 //! leadership, exit when CMD exits on its own.
 //!
-//! Built on the library's [`Election`]: the role is a lock of the same name, the term is the
-//! lease's fencing token (CMD's `MONGOLOCK_FENCING_TOKEN`), [`Leadership::lost`] is the loss
-//! signal and resigning releases the lease.
+//! Built on the library's [`Election`](mongolock::Election): the role is a lock of the same
+//! name, the term is the lease's fencing token (CMD's `MONGOLOCK_FENCING_TOKEN`),
+//! [`Leadership::lost`] is the loss signal and resigning releases the lease.
 
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use mongolock::election::{Election, LeaderInfo, Leadership};
+use mongolock::election::{LeaderInfo, Leadership};
 
 use crate::cli::{self, ElectArgs, GlobalArgs};
 use crate::connect::Connection;
@@ -41,7 +41,8 @@ pub async fn run(global: &GlobalArgs, args: ElectArgs) -> Result<i32, CliError> 
         Ok(connected) => connected,
         Err(status) => return Ok(status),
     };
-    let election = Election::new(&provider, args.name.clone())
+    let election = provider
+        .election(args.name.clone())
         .and_then(|e| e.with_expiry(args.ttl))
         .map_err(|e| conn.error("cannot use this role name", &e))?;
     let name = &args.name;
@@ -195,7 +196,7 @@ async fn resign(
     let name = lease.name.clone();
     let status = describe_status(outcome.status);
     if leadership.is_lost() {
-        let reason = leadership.guard().lost_reason();
+        let reason = leadership.guard().lost_reason().map(|r| r.to_string());
         drop(leadership);
         lost_after_exit(&lease, "leadership of", &status, reason);
         return Ok(exit::LOCK_LOST);

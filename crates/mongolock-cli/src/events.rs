@@ -61,6 +61,7 @@
 //! `-q` (`MONGOLOCK_QUIET`) leaves out the messages of the informational events (`busy`,
 //! `campaigning`, `leader`, elect's `acquired` and `released`): JSON lines are written as
 //! always, and problems (`lost`, `error`, `unreachable`, ...) keep their messages.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::fs::File;
 use std::io::Write;

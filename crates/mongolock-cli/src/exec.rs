@@ -2,6 +2,7 @@
 //! `elect`: starting CMD under a supervisor process (see `supervisor.rs`) with the lock in its
 //! environment, passing signals on, handing the supervisor the lease's deadlines after every
 //! renewal, and stopping CMD when the lock is lost.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
@@ -10,7 +11,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use mongolock::rwlock::READERS_LIMIT;
-use mongolock::{Lock, LockGuard, LockProvider, RwLock, Semaphore, Timeout};
+use mongolock::{Lock, LockGuard, LockProvider, RwLock, Semaphore};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
@@ -75,7 +76,7 @@ pub async fn run(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CliError> {
         )
     });
     let acquired = tokio::select! {
-        r = lock.acquire(args.wait.timeout()) => {
+        r = lock.acquire(args.wait) => {
             r.map_err(|e| acquire_error(&conn, &args.name, mode, &e))?
         }
         sig = signals.recv() => {
@@ -165,7 +166,12 @@ async fn run_set(
         .emit();
     let started = Instant::now();
     let acquired = tokio::select! {
-        r = set.acquire_with(args.wait.timeout()) => {
+        r = async {
+            match args.wait {
+                Wait::Forever => set.acquire().await.map(Some),
+                Wait::For(d) => set.acquire_timeout(d).await,
+            }
+        } => {
             r.map_err(|e| conn.error(&format!("cannot acquire the locks {shown}"), &e))?
         }
         sig = signals.recv() => {
@@ -248,13 +254,18 @@ impl Acquirer {
         })
     }
 
-    /// Acquires within `timeout`; `None` when it ran out. Cancel-safe (as the library's).
-    async fn acquire(&self, timeout: Timeout) -> mongolock::Result<Option<LockGuard>> {
-        match self {
-            Acquirer::Lock(lock) => lock.acquire_with(timeout).await,
-            Acquirer::Semaphore(sem) => sem.acquire_with(timeout).await,
-            Acquirer::Read(rw) => rw.read_with(timeout).await,
-            Acquirer::Write(rw) => rw.write_with(timeout).await,
+    /// Acquires within `wait` (`--wait 0`: one attempt); `None` when it ran out. Cancel-safe
+    /// (as the library's).
+    async fn acquire(&self, wait: Wait) -> mongolock::Result<Option<LockGuard>> {
+        match (self, wait) {
+            (Acquirer::Lock(lock), Wait::Forever) => lock.acquire().await.map(Some),
+            (Acquirer::Lock(lock), Wait::For(d)) => lock.acquire_timeout(d).await,
+            (Acquirer::Semaphore(sem), Wait::Forever) => sem.acquire().await.map(Some),
+            (Acquirer::Semaphore(sem), Wait::For(d)) => sem.acquire_timeout(d).await,
+            (Acquirer::Read(rw), Wait::Forever) => rw.read().await.map(Some),
+            (Acquirer::Read(rw), Wait::For(d)) => rw.read_timeout(d).await,
+            (Acquirer::Write(rw), Wait::Forever) => rw.write().await.map(Some),
+            (Acquirer::Write(rw), Wait::For(d)) => rw.write_timeout(d).await,
         }
     }
 }
@@ -687,6 +698,8 @@ pub async fn spawn(
         return Err(lost_before_start(guard));
     }
     let terminal = in_terminal_foreground();
+    // Orphans of CMD's tree come to us should the supervisor die first (see `supervise`).
+    crate::supervisor::become_subreaper();
     let cannot =
         |e: std::io::Error| CliError::failure(format!("cannot start the supervisor process: {e}"));
     // Both ends are close-on-exec; only the supervisor's end is made inheritable, in its child.
@@ -803,7 +816,9 @@ fn spawn_error(program: &OsString, errno: i32) -> CliError {
 /// * a signal to mongolock is passed on to the command (except terminal-generated
 ///   SIGINT/SIGQUIT in a terminal's foreground: the command got those itself);
 /// * backup: if the supervisor has not reported the command's exit by the local deadline, the
-///   supervisor is SIGKILLed (the command then gets its parent-death signal on Linux).
+///   supervisor is SIGKILLed (the command then gets its parent-death signal on Linux), and
+///   whatever else of the command's tree is left comes to us (a subreaper) and is killed before
+///   this returns.
 ///
 /// Once the command was told to stop, the run counts as lost even if a renewal succeeds later.
 /// `what` names the lock in messages ("the lock", "leadership of").
@@ -887,6 +902,10 @@ pub async fn supervise(
                     let status = supervisor.wait().await.map_err(|e| {
                         CliError::failure(format!("cannot wait for the supervisor process: {e}"))
                     })?;
+                    // The supervisor died without killing CMD's tree (we killed it for being
+                    // late, or something else did): what it left was re-parented to us (a
+                    // subreaper) and dies before the lease is released.
+                    let _ = tokio::task::spawn_blocking(crate::supervisor::kill_orphaned_tree).await;
                     exited_event(
                         guard,
                         status,
@@ -944,8 +963,8 @@ pub async fn supervise(
                     .field("action", "SIGKILL to the supervisor")
                     .message(
                         "mongolock: the supervisor has not reported the command's exit by the \
-                         lease's deadline; killing the supervisor process (the command dies with \
-                         it)",
+                         lease's deadline; killing the supervisor process and the command's whole \
+                         process tree",
                     )
                     .emit();
                 let _ = supervisor.start_kill();

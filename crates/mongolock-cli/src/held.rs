@@ -69,8 +69,8 @@ impl Lost {
     /// Why, once a lease is lost.
     pub fn reason(&self) -> Option<String> {
         match self {
-            Lost::One(s) => s.reason(),
-            Lost::Set(s) => s.reason(),
+            Lost::One(s) => s.reason().map(|r| r.to_string()),
+            Lost::Set(s) => s.reason().map(|(name, r)| format!("lock {name:?}: {r}")),
         }
     }
 }
@@ -89,7 +89,7 @@ impl Held for LockGuard {
     }
 
     fn lost_reason(&self) -> Option<String> {
-        LockGuard::lost_reason(self)
+        LockGuard::lost_reason(self).map(|r| r.to_string())
     }
 
     fn lost(&self) -> Lost {
@@ -148,7 +148,7 @@ impl Held for LockSetGuard {
     }
 
     fn lost_reason(&self) -> Option<String> {
-        LockSetGuard::lost_reason(self)
+        LockSetGuard::lost_reason(self).map(|(name, r)| format!("lock {name:?}: {r}"))
     }
 
     fn lost(&self) -> Lost {

@@ -215,11 +215,7 @@ mod tests {
             held: true,
             lease_id: Some(LeaseId::from_string("ab12")),
             fencing_token: Some(17),
-            holder: Some(HolderInfo {
-                host: "build-7".into(),
-                pid: 4242,
-                app_name: None,
-            }),
+            holder: Some(HolderInfo::new("build-7", 4242, None)),
             acquired_at: Some(now - Duration::from_secs(4)),
             expires_at: Some(now + Duration::from_secs(26)),
             observed_at: now,
@@ -237,11 +233,7 @@ mod tests {
             fencing_token: token,
             acquired_at: now - Duration::from_secs(1),
             expires_at: now + Duration::from_secs(left),
-            holder: Some(HolderInfo {
-                host: "build-7".into(),
-                pid,
-                app_name: None,
-            }),
+            holder: Some(HolderInfo::new("build-7", pid, None)),
         };
         let t = text(&info, &[slot(16, 1, 20), slot(17, 4242, 26)], false);
         assert!(t.contains("holders:       2\n"), "{t}");

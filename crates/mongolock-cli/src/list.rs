@@ -281,11 +281,11 @@ mod tests {
             held,
             lease_id: lease.then(|| LeaseId::from_string("abc")),
             fencing_token: Some(7),
-            holder: Some(HolderInfo {
-                host: "build-7".into(),
-                pid: 4242,
-                app_name: Some("mongolock exec ./report.sh".into()),
-            }),
+            holder: Some(HolderInfo::new(
+                "build-7",
+                4242,
+                Some("mongolock exec ./report.sh".into()),
+            )),
             acquired_at: Some(now - Duration::from_millis(4200)),
             expires_at: Some(if held {
                 now + Duration::from_millis(12_345)

@@ -19,6 +19,7 @@
 //! informational: `--quiet` keeps them (a wait that cannot progress is a problem). Outside a
 //! terminal the lock is read only every [`PROBE_EVERY`] (every waiting process reads it), and
 //! without the holders the status line would show.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::io::{IsTerminal, Write};
 use std::os::fd::AsRawFd;

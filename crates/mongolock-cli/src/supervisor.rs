@@ -23,7 +23,8 @@
 //!   took effect, `getppid()` no longer returns the supervisor's pid and the child exits at once
 //!   instead of running CMD, so there is no window. Elsewhere there is no parent-death signal:
 //!   CMD outlives a SIGKILLed supervisor (but not a SIGKILLed mongolock, see the first point).
-//!   CMD's own descendants are not covered by the parent-death signal.
+//!   CMD's own descendants are not covered by the parent-death signal; while mongolock lives,
+//!   they are killed by mongolock itself (see *The process tree*).
 //! * **The supervisor alone is stopped or starved**: mongolock kills it (and so CMD, by the
 //!   parent-death signal) when CMD's exit has not been reported a margin after the SIGKILL
 //!   deadline.
@@ -59,7 +60,7 @@
 //!
 //! A descendant of CMD that left the process group (`setsid`, `setpgid`) is not stopped by a
 //! group stop: while the supervisor is SIGSTOPped it can run on, until the supervisor is
-//! continued (or killed by mongolock: such a descendant then survives, see below).
+//! continued (or killed by mongolock, which then kills such a descendant too, see below).
 //!
 //! # Suspend
 //! `CLOCK_MONOTONIC` stops while the machine is suspended; the server's clock does not. Each
@@ -81,9 +82,15 @@
 //! every descendant it finds by walking `/proc/*/stat` parent links, reaps, and repeats until
 //! none is left; only then does it report CMD's exit, so mongolock releases the lease after the
 //! tree is gone. A process is signalled through a pidfd opened and then checked against the
-//! start time seen in the walk, so a recycled pid is never hit. Not covered: a descendant that
-//! escapes the tree (a double fork through a daemon, or another subreaper, e.g. a nested
-//! supervisor or a container runtime), and descendants when the supervisor itself is SIGKILLed.
+//! start time seen in the walk, so a recycled pid is never hit.
+//!
+//! mongolock is a subreaper too. When the supervisor dies without reporting CMD's exit —
+//! mongolock killed it for being late (stopped, starved, or still walking the tree at the lease's
+//! deadline), or something else killed it — CMD dies by its parent-death signal and CMD's other
+//! descendants are re-parented to mongolock, which SIGKILLs and reaps every descendant it has
+//! left in the same way before it releases the lease. Not covered: a descendant that escapes the
+//! tree (a double fork through a daemon, or another subreaper, e.g. a nested supervisor or a
+//! container runtime), and descendants when mongolock and the supervisor are both SIGKILLed.
 //! Elsewhere than Linux, SIGKILL reaches CMD's process group only.
 //!
 //! # File descriptors
@@ -98,6 +105,7 @@
 //! `spawn-failed ERRNO`, `expired` (a deadline had passed when the first message arrived: CMD
 //! was not started), `sigterm` and `sigkill` (sent because a deadline passed), `exited
 //! RAW_WAIT_STATUS`. Once SIGTERM was sent, later deadlines may only bring SIGKILL earlier.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -650,6 +658,29 @@ fn kill_tree(cmd: i32) {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Makes this process (mongolock) a child subreaper on Linux, before it starts the supervisor:
+/// should the supervisor die without having killed CMD's tree (mongolock kills it when it is
+/// late, see *The process tree*), the orphaned descendants are re-parented to mongolock, which
+/// [`kill_orphaned_tree`] then finds. Elsewhere nothing.
+pub fn become_subreaper() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes a plain integer. Should it fail (kernels
+    // before 3.4), orphans go to init and only the /proc walk of still-linked ones finds them.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong);
+    }
+}
+
+/// Called by mongolock once its supervisor has exited (and been reaped) without reporting
+/// CMD's exit: SIGKILLs and reaps every remaining descendant of this process — what is left of
+/// CMD's tree — until none is left (blocking; a few milliseconds). mongolock has no other
+/// children then. Elsewhere than Linux nothing: CMD's process group died with the supervisor's
+/// parent-death-less SIGKILL only as far as the group reaches.
+pub fn kill_orphaned_tree() {
+    #[cfg(target_os = "linux")]
+    kill_tree(0);
 }
 
 /// Elsewhere: CMD's process group, when it has one of its own.

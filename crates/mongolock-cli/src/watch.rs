@@ -2,7 +2,7 @@
 //!
 //! Each refresh reads every lock (`list`) and shows it. The next refresh comes at the first of:
 //! * a change notification for a lock on screen
-//!   ([`mongolock::LockBackend::wait_for_change`]: the MongoDB
+//!   ([`mongolock::LockBackendExt::wait_for_change`]: the MongoDB
 //!   change stream, PostgreSQL's LISTEN/NOTIFY; without notifications it only sleeps);
 //! * the moment a lease on screen would expire, so that expiry shows without a write;
 //! * `--interval` (default 2 s), which also picks up lock names that were not on screen (change
@@ -15,7 +15,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use mongolock::{LockBackend, LockInfo};
+use mongolock::{LockBackend, LockBackendExt, LockInfo};
 use serde_json::json;
 
 use crate::cli::{GlobalArgs, WatchArgs};
@@ -202,11 +202,7 @@ mod tests {
             held: true,
             lease_id: Some(LeaseId::from_string("ab12")),
             fencing_token: Some(17),
-            holder: Some(HolderInfo {
-                host: "build-7".into(),
-                pid: 4242,
-                app_name: None,
-            }),
+            holder: Some(HolderInfo::new("build-7", 4242, None)),
             acquired_at: Some(now - Duration::from_secs(4)),
             expires_at: Some(now + Duration::from_secs(26)),
             observed_at: now,

@@ -4,6 +4,7 @@
 //!
 //! Each test prints what it measured (`cargo test -- --nocapture` shows it). Deadlines are
 //! generous and conditions are polled.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 mod common;
 
@@ -554,6 +555,61 @@ async fn a_lost_lease_kills_descendants_that_left_the_group() {
          {}, the background child (pid {background}) {}",
         if esc_alive { "alive" } else { "dead" },
         if bg_alive { "alive" } else { "dead" },
+    );
+}
+
+/// The supervisor cannot act (stopped here; starved, or slow to walk the process tree, in
+/// practice) when the lease is lost: mongolock kills it at the lease's deadline, and must take
+/// the command's whole tree with it — also the descendants the parent-death signal does not
+/// reach (one in a session of its own, one in the background).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_supervisor_killed_for_being_late_takes_the_commands_tree_with_it() {
+    let test = "tree_late_supervisor";
+    let env = Env::new(test).await;
+    let script = format!(
+        "echo $$ > \"$D/cmd.tmp\"; mv \"$D/cmd.tmp\" \"$D/cmd.pid\"; {LEAVES_CHILDREN}; \
+         echo ready > \"$D/ready\"; wait"
+    );
+    let holder = env.spawn(&[
+        "exec", "--ttl", "10s", "--grace", "0", test, "--", "sh", "-c", &script,
+    ]);
+    wait_for("the command's children", LONG, || {
+        env.path("ready").exists()
+    })
+    .await;
+    let command = read_pid(&env.path("cmd.pid"));
+    let escapee = read_pid(&env.path("esc.pid"));
+    let background = read_pid(&env.path("bg.pid"));
+    let supervisor = stat(command).map_or(0, |(_, ppid)| ppid);
+    assert!(
+        supervisor > 1,
+        "the command's parent (the supervisor) not found"
+    );
+    kill(supervisor, libc::SIGSTOP);
+    let released = Instant::now();
+    let out = env.run(&["release", "--force", test]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = finish(holder, LONG).await;
+    let returned = released.elapsed();
+    let (esc_alive, bg_alive, sup_alive) = (alive(escapee), alive(background), alive(supervisor));
+    for pid in [escapee, background, command, supervisor] {
+        kill(pid, libc::SIGKILL);
+    }
+    println!(
+        "{test}: supervisor {supervisor} stopped, lease force-released; exec returned \
+         {returned:?} later"
+    );
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    assert!(
+        !esc_alive && !bg_alive && !sup_alive,
+        "exec returned (the lease free for the next holder) while the late supervisor's tree \
+         ran on: the supervisor (pid {supervisor}) {}, the setsid child (pid {escapee}) {}, the \
+         background child (pid {background}) {}\n{}",
+        if sup_alive { "alive" } else { "dead" },
+        if esc_alive { "alive" } else { "dead" },
+        if bg_alive { "alive" } else { "dead" },
+        describe(&out)
     );
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Deadlines are generous and conditions are polled; nothing asserts tight timings.
 
-#[path = "../../mongolock/tests/pg/mod.rs"]
+#[path = "../../mongolock/tests/support/postgres.rs"]
 mod pg;
 
 mod common;

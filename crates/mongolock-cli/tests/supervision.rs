@@ -5,6 +5,7 @@
 //! Each test prints what it measured (`cargo test -- --nocapture` shows it). Deadlines are
 //! generous and conditions are polled. Against a real deployment (`MONGODB_URI`), the fail-point
 //! test runs only with `MONGODB_FAILPOINTS=1`.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 mod common;
 

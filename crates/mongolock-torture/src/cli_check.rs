@@ -1,10 +1,12 @@
 //! Check (6): `mongolock exec` commands on one lock never overlap. Each command prepares a
-//! directory holding its owner record (fencing token and pid), then renames it to a shared
+//! directory holding its owner record (fencing token, pid and the pid's start time, so that a
+//! recycled pid is never taken for the owner), then renames it to a shared
 //! path D and sleeps: rename(2) onto an existing (never empty) D fails, so D always names its
 //! owner. A failed rename while D's owner is still running is an overlap and is appended to a
 //! log; a D whose owner is dead was left by a command killed before it could clean up (not an
 //! overlap) and is replaced. With `--cli-faults`, `mongolock` processes (not their commands) are
 //! SIGKILLed or SIGSTOPped for longer than the lease.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,39 +27,51 @@ use tokio::sync::watch;
 const SCRIPT: &str = r#"trap 'if [ -n "$M" ]; then rm -rf "$D"; fi; rm -rf "$T"; exit 143' TERM
 # Running: signalable and not a zombie (a zombie has exited; it only waits to be reaped).
 alive() { kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+# The start time of process $1 (field 22 of /proc/PID/stat, counted after the parenthesised
+# name): with the pid it names one process for good, so a recycled pid is not taken for it.
+started() { s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; echo "${s##*) }" | cut -d' ' -f20; }
+# Process $1 is alive and is the one that started at $2.
+still() { [ -n "$1" ] && [ -n "$2" ] && alive "$1" && [ "$(started "$1")" = "$2" ]; }
 T="$D.new.$$"
-mkdir "$T" && echo "$MONGOLOCK_FENCING_TOKEN $$" > "$T/owner" || exit 98
+mkdir "$T" && echo "$MONGOLOCK_FENCING_TOKEN $$ $(started $$)" > "$T/owner" || exit 98
 if ! mv -T "$T" "$D" 2>/dev/null; then
-  owner=$(cat "$D/owner" 2>/dev/null)
-  pid=${owner#* }
-  if [ -n "$pid" ] && alive "$pid"; then
+  set -- $(cat "$D/owner" 2>/dev/null)
+  otoken=$1 pid=$2 ostart=$3
+  if still "$pid" "$ostart"; then
     state=$(grep '^State:' "/proc/$pid/status" 2>/dev/null | tr -s '[:space:]' ' ')
     parent=$(grep '^PPid:' "/proc/$pid/status" 2>/dev/null | tr -s '[:space:]' ' ')
-    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while the command with token ${owner% *} (pid $pid, $state,$parent) was still running, at $(date +%s.%N)" >> "$LOG"
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while the command with token $otoken (pid $pid, $state,$parent) was still running, at $(date +%s.%N)" >> "$LOG"
     rm -rf "$T"
     exit 99
   fi
   # Left behind by a command killed before it could clean up: not an overlap.
-  echo "stale: $owner" >> "$LOG.stale"
+  echo "stale: $otoken $pid $ostart" >> "$LOG.stale"
   rm -rf "$D"
   mv -T "$T" "$D" 2>/dev/null || { echo "overlap: token $MONGOLOCK_FENCING_TOKEN lost a race for $D" >> "$LOG"; rm -rf "$T"; exit 99; }
 fi
 M=1
-# Descendants of earlier commands that are still running (exec_setsid) overlap this one.
+# Descendants of earlier commands that are still running (exec_setsid) overlap this one. Each
+# wrote "TOKEN PID START" to its file and touches it while it runs.
 for f in "$D".desc.*; do
   [ -f "$f" ] || continue
-  downer=$(cat "$f" 2>/dev/null)
-  dpid=${downer#* }
-  if [ -n "$dpid" ] && [ "${downer% *}" != "$MONGOLOCK_FENCING_TOKEN" ] && alive "$dpid"; then
-    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token ${downer% *} (pid $dpid) was still running, at $(date +%s.%N)" >> "$LOG"
-  elif [ -n "$dpid" ] && ! alive "$dpid"; then
+  set -- $(cat "$f" 2>/dev/null)
+  dtoken=$1 dpid=$2 dstart=$3
+  if [ "$dtoken" != "$MONGOLOCK_FENCING_TOKEN" ] && still "$dpid" "$dstart"; then
+    # What the descendant is doing, and who its parent is: the supervisor (late), mongolock
+    # (a subreaper: its sweep not yet done) or init (both gone).
+    age=$(( $(date +%s%N) / 1000000 - $(stat -c %.3Y "$f" 2>/dev/null | tr -d .) ))
+    dstate=$(grep '^State:' "/proc/$dpid/status" 2>/dev/null | tr -s '[:space:]' ' ')
+    dparent=$(grep '^PPid:' "/proc/$dpid/status" 2>/dev/null | tr -cd '0-9')
+    pwhat=$(tr '\0' ' ' < "/proc/$dparent/cmdline" 2>/dev/null | cut -c1-50)
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token $dtoken (pid $dpid, started at tick $dstart,$dstate, parent $dparent '$pwhat', its file touched ${age} ms ago) was still running, at $(date +%s.%N)" >> "$LOG"
+  elif ! still "$dpid" "$dstart"; then
     rm -f "$f"
   fi
 done
 if [ "$SETSID" = 1 ]; then
   # A descendant in a session of its own that keeps working on the shared directory for a
   # second longer than this command.
-  setsid sh -c 'echo "$MONGOLOCK_FENCING_TOKEN $$" > "$D.desc.$$"; echo "$$" >> "$LOG.setsid"
+  setsid sh -c 'echo "$MONGOLOCK_FENCING_TOKEN $$ $(cut -d" " -f22 /proc/$$/stat)" > "$D.desc.$$"; echo "$$" >> "$LOG.setsid"
     end=$(( $(date +%s%N) / 1000000 + RMS + 1000 ))
     while [ $(( $(date +%s%N) / 1000000 )) -lt $end ]; do touch "$D.desc.$$"; sleep 0.1; done
     rm -f "$D.desc.$$"' </dev/null >/dev/null 2>&1 &

@@ -6,6 +6,7 @@
 //! ([`crate::netns`]). The workers drive the short extensions (MongoDB: the injector's fail
 //! point slows them) and the CLI check the `exec_*` kinds. [`FaultKind::of_backend`] lists the
 //! kinds that apply to a backend.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;

@@ -1,4 +1,5 @@
 //! `mongolock-torture`: see the crate docs and the README's "Reliability" section.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a harness that reports on its terminal
 
 use clap::Parser;
 use mongolock_torture::options::{Cli, Sub};

@@ -21,6 +21,7 @@
 //! namespaces are deleted when the [`Net`] is dropped, from the panic hook and on Ctrl-C
 //! ([`cleanup_all`]), and namespaces of runs whose orchestrator no longer exists (killed with
 //! SIGKILL) are deleted at the next setup.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -1,5 +1,6 @@
 //! Runs the worker processes (this program re-executed with the `worker` subcommand), restarts
 //! them when they die (SIGKILL by the fault injector), and drains them at the end.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -12,7 +12,7 @@ use mongodb::bson::{doc, Document};
 use mongodb::Collection;
 use mongolock::documents::DocumentLocks;
 use mongolock::election::Election;
-use mongolock::{LockBackend, LockGuard, LockProvider, MemoryBackend, PostgresBackend, Timeout};
+use mongolock::{LockBackend, LockGuard, LockProvider, MemoryBackend, PostgresBackend};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -97,7 +97,8 @@ impl Env {
         stop: watch::Receiver<bool>,
     ) -> Result<Self, String> {
         let log = WorkLog::create(&cfg.log).map_err(|e| format!("log {:?}: {e}", cfg.log))?;
-        let election = Election::new(&auto, ELECTION_ROLE)
+        let election = auto
+            .election(ELECTION_ROLE)
             .and_then(|e| e.with_expiry(lease_of(&cfg)))
             .map_err(|e| e.to_string())?;
         log.write(&LogLine::Start {
@@ -407,7 +408,7 @@ async fn hold_slot(env: &Env, rng: &mut StdRng, guard: LockGuard, via: &str, can
 }
 
 /// A semaphore operation (MongoDB): one slot of `sem-0..` (limit [`SEM_LIMIT`]) through
-/// `acquire`, `try_acquire`, `acquire_timeout` or `acquire_with`, sometimes not extended.
+/// `acquire`, `try_acquire` or `acquire_timeout` (long or short), sometimes not extended.
 async fn sem_op(env: &Env, rng: &mut StdRng) {
     let name = pick_sem(rng);
     let run_out = rng.random_bool(0.02);
@@ -435,8 +436,8 @@ async fn sem_op(env: &Env, rng: &mut StdRng) {
     } else {
         let wait = Duration::from_millis(rng.random_range(0..100));
         (
-            bounded(env, rng, sem.acquire_with(Timeout::After(wait))).await,
-            "semaphore.acquire_with",
+            bounded(env, rng, sem.acquire_timeout(wait)).await,
+            "semaphore.acquire_timeout(short)",
         )
     };
     if let Some(g) = got {
@@ -464,7 +465,10 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
         }
     } else if roll < 0.45 {
         let name = pick_hot(rng, &env.cfg);
-        let got = bounded(env, rng, env.auto.acquire_for(&name, lease, Timeout::Zero)).await;
+        let Ok(lock) = env.auto.lock(name).and_then(|l| l.with_expiry(lease)) else {
+            return;
+        };
+        let got = bounded(env, rng, lock.try_acquire()).await;
         if let Some(g) = got {
             hold_and_end(env, rng, g, "try_acquire", false).await;
         }
@@ -492,7 +496,7 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
             return;
         };
         if let Some(g) = bounded(env, rng, lock.try_acquire()).await {
-            hold_and_end(env, rng, g, "acquire_for(run out)", true).await;
+            hold_and_end(env, rng, g, "try_acquire(run out)", true).await;
         }
     } else if roll < 0.95 {
         let Some(docs) = &env.docs else {
@@ -504,7 +508,8 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
             if let Some(d) = bounded(env, rng, docs.lock_timeout(id, wait)).await {
                 hold_and_end(env, rng, d.guard, "documents.lock", false).await;
             }
-        } else if let Some(d) = bounded(env, rng, docs.claim(doc! { "job": true }, None)).await {
+        } else if let Some(d) = bounded(env, rng, docs.try_claim(doc! { "job": true }, None)).await
+        {
             hold_and_end(env, rng, d.guard, "documents.claim", false).await;
         }
     } else {
@@ -777,7 +782,7 @@ async fn mongo_env(
     let backend = mongolock::MongoBackend::builder(&db)
         .collection(LOCK_COLLECTION)
         .cleanup_after(Duration::from_secs(cfg.cleanup_after_secs))
-        .change_streams(!cfg.polling)
+        .notifications(!cfg.polling)
         .build()
         .map_err(|e| e.to_string())?;
     let (auto, manual) = providers(backend, cfg)?;
@@ -788,17 +793,17 @@ async fn mongo_env(
         let backend = mongolock::MongoBackend::builder(&client.database(&cfg.db))
             .collection(LOCK_COLLECTION)
             .cleanup_after(Duration::from_secs(cfg.cleanup_after_secs))
-            .change_streams(false)
+            .notifications(false)
             .build()
             .map_err(|e| e.to_string())?;
         Some(Ext::Mongo(providers(backend, cfg)?.1))
     } else {
         None
     };
-    let docs = DocumentLocks::builder(&db.collection::<Document>(JOBS_COLLECTION))
+    // The automatic provider's options: the lease, and the worker as application name.
+    let docs = auto
+        .documents(&db.collection::<Document>(JOBS_COLLECTION))
         .field(JOBS_LOCK_FIELD)
-        .expiry(lease_of(cfg))
-        .app_name(format!("torture {}", cfg.worker))
         .build()
         .map_err(|e| e.to_string())?;
     Ok((

@@ -8,7 +8,7 @@
 //! * uncontended acquire + release latency (p50, p99) and commands sent per acquisition,
 //!   counted with the driver's command monitoring;
 //! * handoff latency with 8 waiters (release → next waiter holds): with change-stream wake-ups
-//!   (the default) versus polling only (`MongoBackend::builder(..).change_streams(false)`), for
+//!   (the default) versus polling only (`MongoBackend::builder(..).notifications(false)`), for
 //!   each wait strategy.
 
 use std::collections::BTreeMap;
@@ -19,7 +19,9 @@ use mongo_testserver::TestServer;
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
-use mongolock::{LockBackend, LockProvider, MemoryBackend, MongoBackend, WaitStrategy};
+use mongolock::{
+    LockBackend, LockBackendExt, LockProvider, MemoryBackend, MongoBackend, WaitStrategy,
+};
 use tokio::time::Instant;
 
 type Counts = Arc<Mutex<BTreeMap<String, u64>>>;
@@ -211,7 +213,7 @@ async fn main() {
     let polling: Arc<dyn LockBackend> = Arc::new(
         MongoBackend::builder(&db)
             .collection("distributed.locks")
-            .change_streams(false)
+            .notifications(false)
             .build()
             .unwrap(),
     );

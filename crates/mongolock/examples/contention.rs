@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mongo_testserver::TestServer;
-use mongolock::{LockProvider, MongoBackend, Timeout, WaitStrategy};
+use mongolock::{LockProvider, MongoBackend, WaitStrategy};
 use tokio::time::Instant;
 
 const WORKERS: usize = 4;
@@ -77,10 +77,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }));
     }
 
-    // Meanwhile, a one-shot attempt (zero timeout) that does not wait.
+    // Meanwhile, a one-shot attempt (`try_acquire`) that does not wait, with its own lease
+    // duration.
     tokio::time::sleep(Duration::from_millis(50)).await;
     match provider
-        .acquire_for(LOCK, Duration::from_secs(5), Timeout::Zero)
+        .lock(LOCK)?
+        .with_expiry(Duration::from_secs(5))?
+        .try_acquire()
         .await?
     {
         Some(guard) => guard.release().await?,

@@ -88,7 +88,7 @@ pub(crate) enum Step<G> {
     },
     /// Nothing to wait for: end the call with `Ok(None)` (nothing claimable) or this error (the
     /// document does not exist). Nothing was granted. Only document locks (MongoDB) give up.
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
+    #[cfg(feature = "mongodb")]
     GiveUp(Option<Error>),
 }
 
@@ -366,6 +366,7 @@ async fn run_loop<A: Attempts + ?Sized>(
                 );
                 return Ok(Some(granted));
             }
+            #[cfg(feature = "mongodb")]
             Ok(Step::GiveUp(error)) => {
                 cleanup.armed = unknown_before;
                 return error.map_or(Ok(None), Err);

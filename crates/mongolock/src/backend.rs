@@ -20,6 +20,12 @@
 //! * **Ownership.** [`extend`](LockBackend::extend) acts only on the caller's unexpired lease;
 //!   [`release`](LockBackend::release) only on the caller's lease, and is idempotent for it.
 //!
+//! The data types exchanged here ([`AcquireRequest`], [`Lease`], [`Attempt`], [`LockInfo`],
+//! [`LeaseHolder`]) are plain structs and enums with public fields, not `#[non_exhaustive]`: a
+//! backend outside this crate builds them with struct literals and matches them exhaustively.
+//! A field added to one is therefore a breaking change, made only in a new minor version of
+//! 0.x (with a CHANGELOG entry), never in a patch release.
+//!
 //! # Lease modes: locks and semaphores
 //! A request carries a [`LeaseMode`]. A name's state is, at any instant of server time, either
 //! (at most) one [`Exclusive`](LeaseMode::Exclusive) lease or a *set* of
@@ -102,11 +108,24 @@
 //! * [`lease_lost`](ChangeNotifications::lease_lost): a holder learns, unasked, that its lease
 //!   was taken over or ended by someone else.
 //!
-//! The core reaches them through provided methods of [`LockBackend`]
-//! ([`change_waiter`](LockBackend::change_waiter), [`wait_for_change`](LockBackend::wait_for_change),
-//! [`live_notifications`](LockBackend::live_notifications), [`lease_gone`](LockBackend::lease_gone)),
-//! which dispatch to [`notifications`](LockBackend::notifications) (and poll, sleep or stay
-//! pending without it). A wrapper around another backend forwards `notifications()`.
+//! The core reaches them through [`LockBackendExt`]
+//! ([`change_waiter`](LockBackendExt::change_waiter),
+//! [`wait_for_change`](LockBackendExt::wait_for_change),
+//! [`live_notifications`](LockBackendExt::live_notifications),
+//! [`lease_gone`](LockBackendExt::lease_gone)), which dispatch to
+//! [`notifications`](LockBackend::notifications) (and poll, sleep or stay pending without it).
+//! `LockBackendExt` is implemented for every `LockBackend` and cannot be implemented otherwise,
+//! so a backend cannot override one dispatch and forget another.
+//!
+//! # Wrapper backends
+//! A backend that wraps another (to count calls, inject failures, add logging) forwards
+//! **every** method of [`LockBackend`], including those with a default: a default describes a
+//! backend *without* that capability (no minimum hold, no conditional force-release, no queue,
+//! no notifications, unmarked lease ids), so a wrapper that leaves one out silently turns the
+//! capability off. In particular it forwards [`notifications`](LockBackend::notifications)
+//! (returning the inner backend's) and [`new_lease_id`](LockBackend::new_lease_id) (MongoDB marks
+//! its lease ids so that its change stream can tell its own writes). To observe notifications,
+//! return a [`ChangeNotifications`] of the wrapper's own that forwards to the inner one.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -304,7 +323,7 @@ impl LeaseHolder {
 }
 
 /// One acquirer's registration for the next change of a lock name, obtained from
-/// [`LockBackend::change_waiter`] *before* an attempt so that a change during the attempt is not
+/// [`LockBackendExt::change_waiter`] *before* an attempt so that a change during the attempt is not
 /// missed.
 ///
 /// Backends wake one registered waiter per name per change; a woken waiter that does not get to
@@ -342,7 +361,6 @@ impl ChangeWaiter {
 
     /// Sets what runs when [`wait`](Self::wait) is called (after a busy attempt), e.g. asking
     /// the feed to cover the name.
-    #[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
     pub(crate) fn before_wait(mut self, f: impl FnOnce() + Send + 'static) -> Self {
         self.before_wait = Some(Box::new(f));
         self
@@ -392,6 +410,9 @@ impl ChangeWaiter {
 /// A storage backend for locks. Object safe: the provider keeps an `Arc<dyn LockBackend>`.
 ///
 /// Implementations make single atomic attempts; see the [module docs](self) for the contract.
+/// A wrapper around another backend forwards every method, those with a default included (see
+/// [wrapper backends](self#wrapper-backends)); the core's notification dispatch is in
+/// [`LockBackendExt`], which no backend can override.
 /// Transient failures must be reported as [`Error::Unavailable`](crate::Error::Unavailable) so
 /// that the core retries them; permanent ones as [`Error::Backend`](crate::Error::Backend).
 #[async_trait]
@@ -538,10 +559,43 @@ pub trait LockBackend: Send + Sync + 'static {
     fn notifications(&self) -> Option<&dyn ChangeNotifications> {
         None
     }
+}
 
+/// What the core asks of any [`LockBackend`] about changes: one dispatch to
+/// [`LockBackend::notifications`] each, with the behaviour of a backend without notifications
+/// (poll, sleep, stay pending) when it returns `None`.
+///
+/// Implemented for every [`LockBackend`] (and `dyn LockBackend`), and for nothing else: a
+/// backend offers notifications by implementing [`ChangeNotifications`] and returning it from
+/// [`notifications`](LockBackend::notifications), never by overriding these.
+#[async_trait]
+pub trait LockBackendExt: LockBackend {
     /// Waits until something about `name` may have changed, or `max_wait` passed: dispatches to
-    /// [`ChangeNotifications::wait`], and sleeps for `max_wait` without
-    /// notifications. Implement [`notifications`](Self::notifications) rather than this.
+    /// [`ChangeNotifications::wait`], and sleeps for `max_wait` without notifications.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
+    async fn wait_for_change(&self, name: &str, max_wait: Duration);
+
+    /// Whether the backend currently learns of every change as it happens: dispatches to
+    /// [`ChangeNotifications::is_live`]; false without notifications.
+    fn live_notifications(&self) -> bool;
+
+    /// Registers an acquirer's interest in the next change of `name`: dispatches to
+    /// [`ChangeNotifications::waiter`]; `None` without notifications.
+    fn change_waiter(&self, name: &str) -> Option<ChangeWaiter>;
+
+    /// Completes when the backend learns, unasked, that `lease_id` no longer holds `name`:
+    /// dispatches to [`ChangeNotifications::lease_lost`]; never completes without
+    /// notifications.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
+    async fn lease_gone(&self, name: &str, lease_id: &LeaseId);
+}
+
+#[async_trait]
+impl<B: LockBackend + ?Sized> LockBackendExt for B {
     async fn wait_for_change(&self, name: &str, max_wait: Duration) {
         match self.notifications() {
             Some(n) => n.wait(name, max_wait).await,
@@ -549,22 +603,15 @@ pub trait LockBackend: Send + Sync + 'static {
         }
     }
 
-    /// Whether the backend currently learns of every change as it happens: dispatches to
-    /// [`ChangeNotifications::is_live`]; false without notifications.
     fn live_notifications(&self) -> bool {
         self.notifications()
             .is_some_and(ChangeNotifications::is_live)
     }
 
-    /// Registers an acquirer's interest in the next change of `name`: dispatches to
-    /// [`ChangeNotifications::waiter`]; `None` without notifications.
     fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
         self.notifications().and_then(|n| n.waiter(name))
     }
 
-    /// Completes when the backend learns, unasked, that `lease_id` no longer holds `name`:
-    /// dispatches to [`ChangeNotifications::lease_lost`]; never completes without
-    /// notifications.
     async fn lease_gone(&self, name: &str, lease_id: &LeaseId) {
         match self.notifications() {
             Some(n) => n.lease_lost(name, lease_id).await,

@@ -29,6 +29,7 @@
 //!   variable with the same meaning.
 //!
 //! Both are zero unless a test sets them; without the variable, the file is never read.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::time::Duration;
 

@@ -88,7 +88,7 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 use tracing::Instrument;
 
-use crate::backend::{Lease, LeaseId, LockBackend};
+use crate::backend::{Lease, LeaseId, LockBackend, LockBackendExt};
 use crate::clock::{self, Stamp};
 use crate::error::{Error, Result};
 use crate::options::{DriftMargin, GuardPolicy};
@@ -102,28 +102,60 @@ fn local_deadline(sent_at: Stamp, ttl: Duration, drift: DriftMargin) -> (Instant
     (sent_at.mono + trusted, sent_at.boot + trusted)
 }
 
-/// Why a lease is lost when its local deadline passes.
-const DEADLINE_PASSED: &str =
-    "the lease's local deadline passed before an extension succeeded (the server was slow or \
-     unreachable, or this process did not run in time)";
-/// Why a lease is lost when a manual extension did not complete before its local deadline.
-const EXTEND_TOO_LATE: &str = "extension did not complete before the lease's local deadline";
-/// Why a lease is lost when an extension finds it gone at the server.
-const SERVER_GONE: &str = "the server reports the lease expired, was released or taken over";
-/// Why a lease is lost when the store reports, unasked, that it is gone.
-const STORE_GONE: &str =
-    "the store reports the lease was taken over, released or removed by someone else";
-/// Why a lease is lost when its release finds it gone.
-const RELEASE_GONE: &str = "the lease was ended or taken by someone else before its release";
+/// Why a lease was lost: what [`LockGuard::lost_reason`] and [`LostSignal::reason`] return.
+/// Its `Display` is a sentence for logs and messages. New reasons may be added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The lease's local deadline passed before an extension succeeded: the server was slow
+    /// or unreachable, or this process did not run in time (a starved runtime, a pause, a
+    /// suspend).
+    DeadlinePassed,
+    /// An extension called with [`LockGuard::extend`] did not complete before the lease's
+    /// local deadline.
+    ExtensionTooLate,
+    /// An extension found the lease gone at the server: it expired, was released or was taken
+    /// over.
+    Expired,
+    /// The store reported, unasked (a change notification), that the lease was taken over,
+    /// released or removed by someone else (for example a force-release).
+    TakenOver,
+    /// The release found the lease already ended or taken by someone else.
+    EndedBeforeRelease,
+}
 
-/// The metrics' `reason` label of a loss.
-fn loss_reason(reason: &str) -> crate::metrics::LossReason {
-    use crate::metrics::LossReason;
-    match reason {
-        DEADLINE_PASSED | EXTEND_TOO_LATE => LossReason::Deadline,
-        SERVER_GONE => LossReason::Expired,
-        STORE_GONE | RELEASE_GONE => LossReason::Taken,
-        _ => LossReason::Expired,
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LossReason::DeadlinePassed => {
+                "the lease's local deadline passed before an extension succeeded (the server was \
+                 slow or unreachable, or this process did not run in time)"
+            }
+            LossReason::ExtensionTooLate => {
+                "extension did not complete before the lease's local deadline"
+            }
+            LossReason::Expired => {
+                "the server reports the lease expired, was released or taken over"
+            }
+            LossReason::TakenOver => {
+                "the store reports the lease was taken over, released or removed by someone else"
+            }
+            LossReason::EndedBeforeRelease => {
+                "the lease was ended or taken by someone else before its release"
+            }
+        })
+    }
+}
+
+impl LossReason {
+    /// The metrics' `reason` label of a loss.
+    fn metrics_label(self) -> crate::metrics::LossReason {
+        use crate::metrics::LossReason as Label;
+        match self {
+            LossReason::DeadlinePassed | LossReason::ExtensionTooLate => Label::Deadline,
+            LossReason::Expired => Label::Expired,
+            LossReason::TakenOver | LossReason::EndedBeforeRelease => Label::Taken,
+        }
     }
 }
 
@@ -131,7 +163,7 @@ fn loss_reason(reason: &str) -> crate::metrics::LossReason {
 enum Status {
     Held,
     /// Lost, with the reason.
-    Lost(Arc<str>),
+    Lost(LossReason),
     /// Released, or the guard was dropped.
     Ended,
 }
@@ -256,10 +288,10 @@ impl Shared {
         !self.is_held() && matches!(*self.status.borrow(), Status::Lost(_))
     }
 
-    fn lost_reason(&self) -> Option<String> {
+    fn lost_reason(&self) -> Option<LossReason> {
         self.is_held();
         match &*self.status.borrow() {
-            Status::Lost(reason) => Some(reason.to_string()),
+            Status::Lost(reason) => Some(*reason),
             _ => None,
         }
     }
@@ -271,7 +303,7 @@ impl Shared {
             return false;
         }
         if self.deadline_passed() {
-            self.mark_lost(DEADLINE_PASSED);
+            self.mark_lost(LossReason::DeadlinePassed);
             return false;
         }
         true
@@ -332,10 +364,10 @@ impl Shared {
         drop(self.span.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 
-    fn mark_lost(&self, reason: &str) {
+    fn mark_lost(&self, reason: LossReason) {
         let changed = self.status.send_if_modified(|s| {
             if s.is_held() {
-                *s = Status::Lost(Arc::from(reason));
+                *s = Status::Lost(reason);
                 true
             } else {
                 false
@@ -343,9 +375,9 @@ impl Shared {
         });
         if changed {
             self.span().in_scope(|| {
-                tracing::warn!(lock = %self.name, token = self.fencing_token, reason, "lock lost");
+                tracing::warn!(lock = %self.name, token = self.fencing_token, %reason, "lock lost");
             });
-            self.metrics.lost(loss_reason(reason));
+            self.metrics.lost(reason.metrics_label());
             self.close_span();
         }
     }
@@ -421,7 +453,7 @@ impl Shared {
                 Ok(true)
             }
             Ok(None) => {
-                self.mark_lost(SERVER_GONE);
+                self.mark_lost(LossReason::Expired);
                 Ok(false)
             }
             Err(e) => {
@@ -471,7 +503,7 @@ async fn watchdog(shared: Arc<Shared>) {
             )
         };
         if shared.deadline_passed() {
-            shared.mark_lost(DEADLINE_PASSED);
+            shared.mark_lost(LossReason::DeadlinePassed);
             return;
         }
         let wake = if shared.policy.auto_extend {
@@ -485,7 +517,7 @@ async fn watchdog(shared: Arc<Shared>) {
                 () = clock::sleep_until_deadline(wake, deadline_boot) => {}
                 _ = shared.changed.notified() => {}
                 _ = shared.control.gone() => {
-                    shared.mark_lost(STORE_GONE);
+                    shared.mark_lost(LossReason::TakenOver);
                     return;
                 }
             }
@@ -682,9 +714,9 @@ impl LockGuard {
         self.shared.is_lost()
     }
 
-    /// Why the lease was lost, once it is (e.g. "the server reports the lease expired, was
-    /// released or taken over"); `None` while held or after a normal release.
-    pub fn lost_reason(&self) -> Option<String> {
+    /// Why the lease was lost, once it is (e.g. [`LossReason::Expired`]; its `Display` is a
+    /// sentence for messages); `None` while held or after a normal release.
+    pub fn lost_reason(&self) -> Option<LossReason> {
         self.shared.lost_reason()
     }
 
@@ -728,7 +760,7 @@ impl LockGuard {
             let result = tokio::select! {
                 r = self.shared.extend_once(ttl) => r,
                 () = self.shared.deadline_passes() => {
-                    self.shared.mark_lost(EXTEND_TOO_LATE);
+                    self.shared.mark_lost(LossReason::ExtensionTooLate);
                     return Ok(false);
                 }
             };
@@ -842,7 +874,7 @@ impl LockGuard {
                     Ok(())
                 }
                 Ok(false) => {
-                    shared.mark_lost(RELEASE_GONE);
+                    shared.mark_lost(LossReason::EndedBeforeRelease);
                     Err(Error::LeaseLost {
                         name: shared.name.to_string(),
                     })
@@ -995,7 +1027,7 @@ impl LostSignal {
     }
 
     /// Why the lease was lost, once it is; `None` while held or after a normal release.
-    pub fn reason(&self) -> Option<String> {
+    pub fn reason(&self) -> Option<LossReason> {
         self.shared.lost_reason()
     }
 

@@ -6,6 +6,7 @@
 /// This is informational only: ownership is decided by the lease id, never by this metadata.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct HolderInfo {
     /// Host name of the holding process (`"unknown"` when it cannot be determined).
     pub host: String,
@@ -19,6 +20,15 @@ pub struct HolderInfo {
 }
 
 impl HolderInfo {
+    /// Metadata with these values (for backends that read it back, and for tests).
+    pub fn new(host: impl Into<String>, pid: u32, app_name: Option<String>) -> Self {
+        HolderInfo {
+            host: host.into(),
+            pid,
+            app_name,
+        }
+    }
+
     /// Metadata describing the current process.
     pub fn current(app_name: Option<String>) -> Self {
         let host = hostname::get()

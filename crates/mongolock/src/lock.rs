@@ -10,7 +10,8 @@ use tracing::Instrument;
 
 use crate::acquire_loop::{self, spawn_attempt, Attempts, AttemptsDone, InFlight, Step};
 use crate::backend::{
-    AcquireRequest, Attempt, ChangeWaiter, LeaseId, LeaseMode, LockBackend, LockInfo,
+    AcquireRequest, Attempt, ChangeWaiter, LeaseId, LeaseMode, LockBackend, LockBackendExt,
+    LockInfo,
 };
 use crate::clock::Stamp;
 use crate::error::{Error, Result};
@@ -18,9 +19,10 @@ use crate::guard::LockGuard;
 use crate::provider::{check_ttl, ProviderInner};
 use crate::wait::WaitStrategy;
 
-/// How long an acquisition may wait.
+/// How long one acquire call may wait: what the public forms (`acquire`, `try_acquire`,
+/// `acquire_timeout`, and their counterparts on the other lock types) pass to the acquire loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Timeout {
+pub(crate) enum Timeout {
     /// Exactly one attempt.
     #[default]
     Zero,
@@ -38,13 +40,6 @@ impl From<Duration> for Timeout {
         } else {
             Timeout::After(d)
         }
-    }
-}
-
-impl From<Option<Duration>> for Timeout {
-    /// `None` is [`Timeout::Forever`].
-    fn from(d: Option<Duration>) -> Self {
-        d.map_or(Timeout::Forever, Timeout::from)
     }
 }
 
@@ -94,7 +89,25 @@ impl Lock {
         self.expiry
     }
 
-    /// The same lock with another lease duration (at least 1 ms, at most one year).
+    /// The same lock with another lease duration (at least 1 ms, at most one year), for this
+    /// lock's acquisitions and automatic extensions; the provider's
+    /// [`expiry`](crate::LockProviderBuilder::expiry) is the default.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mongolock::Result<()> {
+    /// use std::time::Duration;
+    /// let provider = mongolock::LockProvider::memory();
+    /// let lock = provider.lock("reports:daily")?.with_expiry(Duration::from_secs(120))?;
+    /// let guard = lock.try_acquire().await?.expect("free");
+    /// assert_eq!(lock.expiry(), Duration::from_secs(120));
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a duration outside those bounds.
     pub fn with_expiry(mut self, expiry: Duration) -> Result<Self> {
         check_ttl("expiry", expiry)?;
         self.expiry = expiry;
@@ -118,7 +131,7 @@ impl Lock {
         loop {
             // With `Forever` the loop only returns `None` if the wait logic is broken; keep
             // trying rather than panic.
-            if let Some(guard) = self.acquire_with(Timeout::Forever).await? {
+            if let Some(guard) = self.acquire_within(Timeout::Forever).await? {
                 return Ok(guard);
             }
         }
@@ -134,7 +147,7 @@ impl Lock {
     /// # Cancel safety
     /// Cancel-safe, as [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        self.acquire_with(Timeout::Zero).await
+        self.acquire_within(Timeout::Zero).await
     }
 
     /// Keeps trying for `timeout`; `None` when it elapsed with the lock still held by someone
@@ -149,22 +162,12 @@ impl Lock {
     /// # Cancel safety
     /// Cancel-safe, as [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.acquire_with(Timeout::from(timeout)).await
+        self.acquire_within(Timeout::from(timeout)).await
     }
 
-    /// Acquire with any [`Timeout`]: [`Timeout::Zero`] is [`try_acquire`](Self::try_acquire),
-    /// [`Timeout::After`] is [`acquire_timeout`](Self::acquire_timeout), [`Timeout::Forever`]
-    /// waits like [`acquire`](Self::acquire) (returning `Some`).
-    ///
-    /// # Errors
-    /// As the form it stands for: with [`Timeout::Zero`] any backend error; with
-    /// [`Timeout::After`] a permanent error, or the last transient one when the backend stayed
-    /// unavailable until the deadline; with [`Timeout::Forever`] a permanent error.
-    /// [`Error::NoRuntime`] outside a Tokio runtime.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`acquire`](Self::acquire).
-    pub async fn acquire_with(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
+    /// The acquire loop with any [`Timeout`]: `Zero` is `try_acquire`, `After` is
+    /// `acquire_timeout`, `Forever` waits like `acquire` (returning `Some`).
+    pub(crate) async fn acquire_within(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
         }

@@ -21,7 +21,8 @@
 //! that only with a lock whose name sorts before every name of the set, or not at all.
 //!
 //! # All or nothing
-//! [`LockSet::acquire_with`] returns a [`LockSetGuard`] holding every name, or nothing: when a
+//! [`LockSet::acquire`] (and `try_acquire`, `acquire_timeout`) returns a [`LockSetGuard`]
+//! holding every name, or nothing: when a
 //! name stays busy until the timeout, or an error ends the call, the names taken so far are
 //! released before the call returns (each release bounded by the
 //! [release timeout](crate::LockProviderBuilder::release_timeout); one that fails leaves that
@@ -49,7 +50,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, LostSignal};
+use crate::guard::{LockGuard, LossReason, LostSignal};
 use crate::lock::{Lock, Timeout};
 use crate::provider::LockProvider;
 
@@ -170,7 +171,7 @@ impl LockSet {
     pub async fn acquire(&self) -> Result<LockSetGuard> {
         loop {
             // With `Forever` only a broken wait logic returns `None`; keep trying.
-            if let Some(guard) = self.acquire_with(Timeout::Forever).await? {
+            if let Some(guard) = self.acquire_within(Timeout::Forever).await? {
                 return Ok(guard);
             }
         }
@@ -186,7 +187,7 @@ impl LockSet {
     /// # Cancel safety
     /// Cancel-safe, as [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<Option<LockSetGuard>> {
-        self.acquire_with(Timeout::Zero).await
+        self.acquire_within(Timeout::Zero).await
     }
 
     /// Keeps trying for `timeout`, which bounds the whole set; `None` when it elapsed with a
@@ -201,21 +202,11 @@ impl LockSet {
     /// # Cancel safety
     /// Cancel-safe, as [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockSetGuard>> {
-        self.acquire_with(Timeout::from(timeout)).await
+        self.acquire_within(Timeout::from(timeout)).await
     }
 
-    /// Acquire with any [`Timeout`], which bounds the whole set: [`Timeout::Zero`] is
-    /// [`try_acquire`](Self::try_acquire), [`Timeout::After`] is
-    /// [`acquire_timeout`](Self::acquire_timeout), [`Timeout::Forever`] waits like
-    /// [`acquire`](Self::acquire).
-    ///
-    /// # Errors
-    /// As the form it stands for (see [`Lock::acquire_with`]), after the names already taken
-    /// were released.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`acquire`](Self::acquire).
-    pub async fn acquire_with(&self, timeout: Timeout) -> Result<Option<LockSetGuard>> {
+    /// The acquisition with any [`Timeout`], which bounds the whole set.
+    async fn acquire_within(&self, timeout: Timeout) -> Result<Option<LockSetGuard>> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
         }
@@ -243,7 +234,7 @@ impl LockSet {
                     None => timeout,
                 };
                 let outcome = tokio::select! {
-                    r = lock.acquire_with(step) => Some(r),
+                    r = lock.acquire_within(step) => Some(r),
                     () = any_lost(&held) => None,
                 };
                 match outcome {
@@ -270,7 +261,7 @@ impl LockSet {
             if let Some(lost) = held.iter().find(|g| g.is_lost()) {
                 tracing::warn!(
                     lock = %lost.name(),
-                    reason = %lost.lost_reason().unwrap_or_default(),
+                    reason = %lost.lost_reason().map(|r| r.to_string()).unwrap_or_default(),
                     "a name of the set was lost while the set was being acquired; releasing the \
                      others and starting again"
                 );
@@ -409,12 +400,12 @@ impl LockSetGuard {
         self.guards.iter().any(LockGuard::is_lost)
     }
 
-    /// Which lease was lost and why (`lock "b": ...`), once one is; `None` while every lease is
-    /// held or after a normal release.
-    pub fn lost_reason(&self) -> Option<String> {
+    /// Which lease was lost (its name) and why, once one is (the first in the set's order);
+    /// `None` while every lease is held or after a normal release.
+    pub fn lost_reason(&self) -> Option<(&str, LossReason)> {
         self.guards
             .iter()
-            .find_map(|g| g.lost_reason().map(|r| format!("lock {:?}: {r}", g.name())))
+            .find_map(|g| g.lost_reason().map(|r| (g.name(), r)))
     }
 
     /// Extends every lease to server now + `ttl` (see [`LockGuard::extend`]), all at once.
@@ -496,11 +487,11 @@ impl LockSetLostSignal {
         self.signals.iter().any(LostSignal::is_lost)
     }
 
-    /// Which lease was lost and why (`lock "b": ...`), once one is.
-    pub fn reason(&self) -> Option<String> {
+    /// Which lease was lost (its name) and why, once one is (the first in the set's order).
+    pub fn reason(&self) -> Option<(&str, LossReason)> {
         self.signals
             .iter()
-            .find_map(|s| s.reason().map(|r| format!("lock {:?}: {r}", s.name())))
+            .find_map(|s| s.reason().map(|r| (s.name(), r)))
     }
 
     /// Waits until any lease of the set is lost, released or its guard dropped; at the earliest

@@ -171,41 +171,10 @@ impl LockProvider {
     }
 }
 
-/// `prefix` as the start of a PCRE pattern that matches it literally (MongoDB's `$regex`):
-/// every ASCII punctuation character escaped (a backslash before a non-alphanumeric character
-/// is always a literal in PCRE), everything else as it is. `None` when the prefix holds a NUL
-/// character, which a pattern cannot.
-#[cfg_attr(not(feature = "mongodb"), allow(dead_code))]
-pub(crate) fn anchored_pattern(prefix: &str) -> Option<String> {
-    if prefix.contains('\0') {
-        return None;
-    }
-    let mut pattern = String::with_capacity(prefix.len() * 2 + 1);
-    pattern.push('^');
-    for c in prefix.chars() {
-        if c.is_ascii_punctuation() {
-            pattern.push('\\');
-        }
-        pattern.push(c);
-    }
-    Some(pattern)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn patterns_escape_every_metacharacter() {
-        assert_eq!(anchored_pattern("a.b*").as_deref(), Some(r"^a\.b\*"));
-        assert_eq!(
-            anchored_pattern(r"x(y)[z]{1}|^$\?+").as_deref(),
-            Some(r"^x\(y\)\[z\]\{1\}\|\^\$\\\?\+")
-        );
-        assert_eq!(anchored_pattern("évé 1").as_deref(), Some("^évé 1"));
-        assert_eq!(anchored_pattern("a\0b"), None);
-    }
 
     #[test]
     fn filters_match_by_prefix_and_state() {

@@ -6,9 +6,8 @@ use std::time::Duration;
 use crate::backend::{LockBackend, LockInfo};
 use crate::backends::memory::MemoryBackend;
 use crate::error::Result;
-use crate::guard::LockGuard;
 use crate::holder::HolderInfo;
-use crate::lock::{Lock, Timeout};
+use crate::lock::Lock;
 use crate::options::{validate_name, validate_ttl, LockOptions};
 use crate::wait::WaitStrategy;
 
@@ -63,14 +62,14 @@ impl LockProviderBuilder {
 
     /// Interval between automatic extensions (default expiry / 3; must be below the expiry).
     /// For leases shorter than this cadence (see [`Lock::with_expiry`],
-    /// [`LockGuard::extend`]) the cadence is a third of the lease duration.
+    /// [`LockGuard::extend`](crate::LockGuard::extend)) the cadence is a third of the lease duration.
     pub fn extension_cadence(mut self, cadence: Duration) -> Self {
         self.options.extension_cadence = Some(cadence);
         self
     }
 
     /// Whether held leases are extended automatically in the background (default true). Without
-    /// it, a lease lasts its expiry unless [`LockGuard::extend`] is called; the lost signal still
+    /// it, a lease lasts its expiry unless [`LockGuard::extend`](crate::LockGuard::extend) is called; the lost signal still
     /// fires when it runs out.
     pub fn auto_extend(mut self, enabled: bool) -> Self {
         self.options.auto_extend = enabled;
@@ -97,7 +96,7 @@ impl LockProviderBuilder {
         self
     }
 
-    /// The longest a release may take — [`LockGuard::release`], the release when a guard is
+    /// The longest a release may take — [`LockGuard::release`](crate::LockGuard::release), the release when a guard is
     /// dropped, and the clean-up of an acquire attempt whose outcome is unknown (default 5 s).
     /// A release that did not complete in time is given up; the lease then expires by itself.
     pub fn release_timeout(mut self, timeout: Duration) -> Self {
@@ -198,27 +197,6 @@ impl LockProvider {
         let name = name.into();
         let intent = self.lock(format!("{name}{}", crate::rwlock::INTENT_SUFFIX))?;
         Ok(crate::RwLock::new(self.lock(name)?, intent))
-    }
-
-    /// Acquire `key` for `ttl`, trying for `timeout`
-    /// ([`Timeout::Zero`] = exactly one attempt, [`Timeout::Forever`] = until acquired or the
-    /// future is dropped). Returns `None` when the timeout elapsed.
-    ///
-    /// # Errors
-    /// [`Error::InvalidName`](crate::Error::InvalidName) or
-    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a bad name or `ttl`, before
-    /// anything is sent; otherwise as [`Lock::acquire_with`].
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`Lock::acquire`]: dropping the future never leaves a lease held.
-    pub async fn acquire_for(
-        &self,
-        key: &str,
-        ttl: Duration,
-        timeout: impl Into<Timeout>,
-    ) -> Result<Option<LockGuard>> {
-        let lock = self.lock(key)?.with_expiry(ttl)?;
-        lock.acquire_with(timeout.into()).await
     }
 
     /// Reads the state of `name`; `None` when the backend has no record of it.

@@ -17,6 +17,10 @@
 //!
 //! Both acquire forms run the one acquire loop and return the one guard
 //! ([`LockGuard`]): extension, lost signal, release on drop, cancellation safety as for locks.
+//! The intent lock is an ordinary lock: [`list`](crate::LockProvider::list) and
+//! `mongolock list` show it (as `<name>` followed by U+001F and `writer-intent`) while a
+//! writer waits. A finite write's timeout covers both steps, and dropping a write future
+//! releases the intent with it.
 
 use std::time::Duration;
 
@@ -105,7 +109,7 @@ impl RwLock {
     /// Cancel-safe: dropping the future never leaves a lease held (as [`Lock::acquire`]).
     pub async fn read(&self) -> Result<LockGuard> {
         loop {
-            if let Some(g) = self.read_with(Timeout::Forever).await? {
+            if let Some(g) = self.read_within(Timeout::Forever).await? {
                 return Ok(g);
             }
         }
@@ -119,7 +123,7 @@ impl RwLock {
     /// # Cancel safety
     /// Cancel-safe, as [`read`](Self::read).
     pub async fn try_read(&self) -> Result<Option<LockGuard>> {
-        self.read_with(Timeout::Zero).await
+        self.read_within(Timeout::Zero).await
     }
 
     /// Keeps trying to read for `timeout`; `None` when it elapsed.
@@ -130,17 +134,11 @@ impl RwLock {
     /// # Cancel safety
     /// Cancel-safe, as [`read`](Self::read).
     pub async fn read_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.read_with(Timeout::from(timeout)).await
+        self.read_within(Timeout::from(timeout)).await
     }
 
-    /// Read with any [`Timeout`].
-    ///
-    /// # Errors
-    /// As [`read_timeout`](Self::read_timeout).
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`read`](Self::read).
-    pub async fn read_with(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
+    /// The read loop with any [`Timeout`].
+    async fn read_within(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
         }
@@ -161,7 +159,7 @@ impl RwLock {
     /// with it (in the background, as a dropped guard).
     pub async fn write(&self) -> Result<LockGuard> {
         loop {
-            if let Some(g) = self.write_with(Timeout::Forever).await? {
+            if let Some(g) = self.write_within(Timeout::Forever).await? {
                 return Ok(g);
             }
         }
@@ -175,7 +173,7 @@ impl RwLock {
     /// # Cancel safety
     /// Cancel-safe, as [`write`](Self::write).
     pub async fn try_write(&self) -> Result<Option<LockGuard>> {
-        self.write_with(Timeout::Zero).await
+        self.write_within(Timeout::Zero).await
     }
 
     /// Keeps trying to write for `timeout`; `None` when it elapsed.
@@ -187,19 +185,13 @@ impl RwLock {
     /// # Cancel safety
     /// Cancel-safe, as [`write`](Self::write).
     pub async fn write_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.write_with(Timeout::from(timeout)).await
+        self.write_within(Timeout::from(timeout)).await
     }
 
-    /// Write with any [`Timeout`]; the budget covers both steps (intent, then the lock).
-    ///
-    /// # Errors
-    /// As [`write_timeout`](Self::write_timeout).
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`write`](Self::write).
-    pub async fn write_with(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
+    /// The write steps with any [`Timeout`]; the budget covers both (intent, then the lock).
+    async fn write_within(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
         let started = tokio::time::Instant::now();
-        let Some(intent) = self.intent.acquire_with(timeout).await? else {
+        let Some(intent) = self.intent.acquire_within(timeout).await? else {
             return Ok(None);
         };
         let rest = match timeout {
@@ -207,7 +199,7 @@ impl RwLock {
             other => other,
         };
         // Dropping this future here drops `intent`, whose guard releases it.
-        let granted = self.writer.acquire_with(rest).await;
+        let granted = self.writer.acquire_within(rest).await;
         if let Err(e) = intent.release().await {
             tracing::debug!(lock = %self.name(), error = %e, "could not release the writer's intent; it expires by itself");
         }

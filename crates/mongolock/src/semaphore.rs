@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::backend::{LeaseMode, LockInfo};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::lock::{Lock, Timeout};
+use crate::lock::Lock;
 
 /// A named counting semaphore: at most [`limit`](Self::limit) holders at any instant of server
 /// time. Cheap to clone; creating one sends nothing to the backend. Created with
@@ -132,17 +132,6 @@ impl Semaphore {
     /// Cancel-safe, as [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
         self.lock.acquire_timeout(timeout).await
-    }
-
-    /// Acquire with any [`Timeout`] (see [`Lock::acquire_with`]).
-    ///
-    /// # Errors
-    /// As [`acquire_timeout`](Self::acquire_timeout).
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`acquire`](Self::acquire).
-    pub async fn acquire_with(&self, timeout: Timeout) -> Result<Option<LockGuard>> {
-        self.lock.acquire_with(timeout).await
     }
 
     /// Reads the name's current state (`held` is true while any slot is held; the token is the

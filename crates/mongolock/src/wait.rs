@@ -8,8 +8,9 @@ use crate::error::{Error, Result};
 
 /// How long [`Lock::acquire`](crate::Lock::acquire) waits between attempts while the lock is
 /// held by someone else. The wait ends early when the backend reports a change
-/// ([`LockBackend::wait_for_change`](crate::LockBackend::wait_for_change)).
+/// ([`LockBackendExt::wait_for_change`](crate::LockBackendExt::wait_for_change)).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum WaitStrategy {
     /// Sleep a uniformly random time in `min..=max` before each retry (DistributedLock's
     /// `BusyWaitSleepTime`; default 10–800 ms).

@@ -3,16 +3,32 @@
 //! front of them. Measured with the server's own counter of examined documents (`serverStatus`
 //! `metrics.queryExecutor.scannedObjects`, which mongod and mongo-testserver both keep).
 //!
-//! A test binary of its own, so that no other test's queries run on the server meanwhile. Runs
+//! A test binary of its own (not a module of `tests/mongo/`), so that no other test's queries run
+//! on the server meanwhile (with `MONGODB_URI`, the tests of one binary share a deployment). Runs
 //! against the embedded mongo-testserver, or `MONGODB_URI` when set (on a shared deployment
 //! other clients' queries add to the counter, which only makes the indexed figure larger).
 
-mod common;
+#[path = "support/mongo.rs"]
+mod mongo;
 
-use common::{test_database, unique};
+use mongo::{test_database, unique};
 use mongodb::bson::{doc, Document};
 use mongodb::{Collection, Database};
 use mongolock::documents::{DocumentLocks, LockedDocument};
+
+/// Document locks on `coll` with the options of a provider configured by `options` (document
+/// locks use the provider's options, not its backend).
+fn docs_with<T: Send + Sync>(
+    coll: &mongodb::Collection<T>,
+    options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
+) -> mongolock::documents::DocumentLocksBuilder<T> {
+    options(mongolock::LockProvider::builder(
+        mongolock::MemoryBackend::new(),
+    ))
+    .build()
+    .expect("valid provider options")
+    .documents(coll)
+}
 
 const LOCKED: i64 = 300;
 const FREE: i64 = 40;
@@ -50,7 +66,7 @@ async fn claim_cost(
     let mut held = Vec::new();
     for i in 0..CLAIMS {
         let claimed = locks
-            .claim(doc! { "done": false }, None)
+            .try_claim(doc! { "done": false }, None)
             .await
             .unwrap_or_else(|e| panic!("claim {i}: {e}"))
             .unwrap_or_else(|| panic!("claim {i}: nothing claimable"));
@@ -68,8 +84,7 @@ async fn a_claim_examines_free_documents_not_every_locked_one() {
         .map(|i| doc! { "_id": i, "done": false })
         .collect();
     coll.insert_many(docs).await.expect("insert jobs");
-    let locks = DocumentLocks::builder(&coll)
-        .app_name("claims-scale-test")
+    let locks = docs_with(&coll, |b| b.app_name("claims-scale-test"))
         .build()
         .expect("document locks");
     // The first LOCKED documents (in natural order) are held throughout.

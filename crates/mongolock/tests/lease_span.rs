@@ -1,6 +1,7 @@
 //! The `mongolock.lease` span: opened at the grant with the lock name and fencing token, kept
 //! open while the lease is held, closed on release, on drop and on loss (even while the lost
-//! guard is still alive). One test: the subscriber is global.
+//! guard is still alive). One test, in a binary of its own: it installs the process-wide
+//! (global) tracing subscriber.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

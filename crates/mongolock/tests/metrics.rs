@@ -2,8 +2,10 @@
 //! `metrics-util`'s debugging recorder: acquire, contention, release, loss, extension failures,
 //! election, label mapping and cancellation.
 //!
-//! The recorder is global and taking a snapshot drains it, so every test merges its snapshot
-//! into one shared tally ([`tally`]) and reads its own, uniquely named, series from there.
+//! A binary of its own: it installs the process-wide metrics recorder, and it needs the
+//! `metrics` feature (`cargo test -p mongolock --features metrics --test metrics`). The recorder
+//! is global and taking a snapshot drains it, so every test merges its snapshot into one shared
+//! tally ([`tally`]) and reads its own, uniquely named, series from there.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,8 +15,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use mongolock::backend::{AcquireRequest, Attempt, ChangeNotifications, LeaseId, LockInfo};
-use mongolock::election::Election;
-use mongolock::{Error, LockBackend, LockProvider, MemoryBackend, MetricsLabels, Timeout};
+use mongolock::testing::eventually;
+use mongolock::{Error, LockBackend, LockProvider, MemoryBackend, MetricsLabels};
 
 /// One series: metric name and sorted labels.
 type SeriesKey = (String, Vec<(String, String)>);
@@ -99,15 +101,6 @@ fn histogram(name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
 fn provider() -> LockProvider {
     snapshotter();
     LockProvider::memory()
-}
-
-/// Waits until `f` holds (the guard's background tasks record some metrics).
-async fn eventually(f: impl Fn() -> bool) -> bool {
-    mongolock::testing::eventually(Duration::from_secs(5), || {
-        let ok = f();
-        async move { ok }
-    })
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,7 +204,13 @@ async fn losses_are_counted_by_reason() {
     assert!(guard.is_lost());
     drop(guard);
     let taken = [("lock", "metrics:taken"), ("reason", "taken")];
-    assert!(eventually(|| counter("mongolock_lost_total", &taken) == 1).await);
+    // The guard's background tasks record the loss.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            counter("mongolock_lost_total", &taken) == 1
+        })
+        .await
+    );
     let lost = [("lock", "metrics:taken"), ("outcome", "lost")];
     assert_eq!(histogram("mongolock_hold_seconds", &lost).len(), 1);
     let released = [("lock", "metrics:taken"), ("outcome", "released")];
@@ -341,11 +340,9 @@ async fn label_mapping_bounds_cardinality() {
         .unwrap();
     for id in 0..3 {
         let guard = provider
-            .acquire_for(
-                &format!("mapped:{id}"),
-                Duration::from_secs(5),
-                Timeout::Zero,
-            )
+            .lock(format!("mapped:{id}"))
+            .unwrap()
+            .try_acquire()
             .await
             .unwrap()
             .unwrap();
@@ -366,7 +363,7 @@ async fn label_mapping_bounds_cardinality() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_sets_the_leader_gauge() {
     let provider = provider();
-    let election = Election::new(&provider, "metrics-role").unwrap();
+    let election = provider.election("metrics-role").unwrap();
     let role = [("role", "metrics-role")];
     let leadership = election.campaign().await.unwrap();
     assert_eq!(gauge("mongolock_is_leader", &role), Some(1.0));
@@ -378,7 +375,12 @@ async fn leadership_sets_the_leader_gauge() {
     assert_eq!(gauge("mongolock_is_leader", &role), Some(1.0));
     assert!(provider.force_release("metrics-role").await.unwrap());
     leadership.lost().await;
-    assert!(eventually(|| gauge("mongolock_is_leader", &role) == Some(0.0)).await);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            gauge("mongolock_is_leader", &role) == Some(0.0)
+        })
+        .await
+    );
     drop(leadership);
     assert_eq!(gauge("mongolock_is_leader", &role), Some(0.0));
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mongolock::testing::{advance_boot_clock, ExtendsWithoutReply};
-use mongolock::{Election, LockBackend, LockProvider, MemoryBackend};
+use mongolock::{LockBackend, LockProvider, MemoryBackend};
 use tokio::time::Instant;
 
 /// One test at a time: a jump of the boot clock ends every lease of the process.
@@ -55,7 +55,7 @@ async fn a_pending_lost_signal_fires_promptly_after_a_suspend_past_the_lease() {
     eprintln!("lost signal fired {:?} after the resume", resumed.elapsed());
     assert!(guard.is_lost(), "{guard:?}");
     let reason = guard.lost_reason().expect("a loss reason");
-    assert!(reason.contains("deadline"), "{reason}");
+    assert!(reason.to_string().contains("deadline"), "{reason}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,7 +102,7 @@ async fn run_until_cancels_the_leaders_work_promptly_after_a_suspend_past_the_le
         .expiry(LEASE)
         .build()
         .unwrap();
-    let election = Election::new(&provider, "suspended-leader").unwrap();
+    let election = provider.election("suspended-leader").unwrap();
     let (started_tx, started_rx) = tokio::sync::oneshot::channel::<u64>();
     let started_tx = std::sync::Mutex::new(Some(started_tx));
     let cancelled = Arc::new(AtomicBool::new(false));

@@ -5,6 +5,7 @@
 //!                  [--pipeline-updates-as-replace]
 //! ```
 //! Prints `listening on HOST:PORT` once connections are accepted; exits on SIGINT/SIGTERM.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line program
 
 use std::io::Write;
 use std::net::IpAddr;

@@ -12,7 +12,10 @@ use crate::wire::{MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE};
 /// The server version reported by buildInfo.
 pub const VERSION: &str = "7.0.0";
 
-/// `hello` / `isMaster`.
+/// `hello` / `isMaster`. A `speculativeAuthenticate` field is accepted and never answered
+/// (the reply has no `speculativeAuthenticate`, as mongod's when speculative authentication
+/// fails): the driver then sends `saslStart` or `authenticate`, which fail with advice to
+/// connect without credentials (`CommandError::authentication_not_supported`).
 pub fn hello(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult<Document> {
     check_fields(
         cmd,

@@ -2,6 +2,7 @@
 //! per test, the real binary, polling, and the scenarios that the MongoDB tests (`cli.rs`) and
 //! the PostgreSQL tests (`postgres.rs`) both run, on any [`Cli`] environment.
 #![allow(dead_code)] // each test binary uses a different subset
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 pub mod pty;
 

@@ -1,4 +1,5 @@
 //! A pseudo-terminal for the tests that need mongolock (or a job-control shell) on a terminal.
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt as _;

@@ -10,8 +10,8 @@
 //! Every grant, release and force-release of a name (and every lease kept on by a minimum hold,
 //! `release_after`, whose expiry moved) is delivered at once through the same
 //! per-name wake-ups the MongoDB and PostgreSQL backends use for their feeds
-//! (`backends/wakeups.rs`): one waiting acquirer per change, every observer, and
-//! [`lease_gone`](crate::LockBackend::lease_gone) for holders, which checks the state directly.
+//! (`backends/notify/hub.rs`): one waiting acquirer per change, every observer, and
+//! [`lease_gone`](crate::LockBackendExt::lease_gone) for holders, which checks the state directly.
 //! Notifications are always live, so waiters sleep until the holder's expiry.
 //!
 //! # Acquire path
@@ -37,7 +37,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::wakeups::{Change, Hub, Status};
+use super::notify::hub::{Change, Hub, Status};
 use crate::backend::LeaseMode;
 use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, Lease, LeaseHolder, LeaseId,
@@ -88,7 +88,7 @@ struct Entry {
 }
 
 /// How long a queue registration outlives the holder's expiry (as in the MongoDB and
-/// PostgreSQL queues, `backends/handoff.rs`).
+/// PostgreSQL queues, `backends/notify/handoff.rs`).
 const REGISTRATION: Duration = Duration::from_secs(2);
 
 /// One entry of a name's wait queue.

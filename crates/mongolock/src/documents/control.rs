@@ -113,6 +113,9 @@ async fn release(inner: &Inner, id: Option<&Bson>, lease_id: &LeaseId) -> Result
         .await
         .map_err(|e| classify(e, "release document lock (update)", field))?;
     if r.matched_count == 1 {
+        // A document of this collection is free again: wake this process's waiting claims
+        // and locks (others find it at their next poll).
+        inner.freed.notify_waiters();
         return Ok(true);
     }
     // Not ours any more: released by an earlier try of this release, or ended by someone else.

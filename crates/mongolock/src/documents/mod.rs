@@ -1,11 +1,15 @@
 //! Document locks (feature `mongodb`): lock the documents of your own collection in place,
 //! without a separate lock collection.
 //!
-//! * [`DocumentLocks::lock`] (and `try_lock`, `lock_timeout`, `lock_with`) locks the document with
-//!   a given `_id` and returns it, typed, together with a [`LockGuard`];
-//! * [`DocumentLocks::claim`] locks **any one** unlocked (or expired) document matching a filter,
-//!   the first in an optional sort order, in one atomic round trip: many workers can share one
-//!   collection of jobs.
+//! Created with [`LockProvider::documents`] (the provider's options, plus the lock field and
+//! the write concern):
+//!
+//! * [`DocumentLocks::lock`] (and `try_lock`, `lock_timeout`) locks the document with a given
+//!   `_id` and returns it, typed, together with a [`LockGuard`];
+//! * [`DocumentLocks::claim`] (and `try_claim`, `claim_timeout`) locks **any one** unlocked (or
+//!   expired) document matching a filter, the first in an optional sort order, each attempt in
+//!   one atomic round trip: many workers can share one collection of jobs. `claim` waits until
+//!   there is one; `try_claim` makes exactly one attempt.
 //!
 //! The guard is the same [`LockGuard`] as for named locks: fencing token, automatic extension,
 //! lost signal, [`release`](LockGuard::release), and release in the background on drop.
@@ -19,7 +23,8 @@
 //! ```
 //! use std::time::Duration;
 //! use mongodb::bson::doc;
-//! use mongolock::documents::{DocumentLocks, EmbeddedLock, LockedDocument};
+//! use mongolock::documents::{EmbeddedLock, LockedDocument};
+//! use mongolock::LockProvider;
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[derive(Debug, Serialize, Deserialize)]
@@ -45,12 +50,18 @@
 //!         .await?;
 //! }
 //!
-//! // Lock field `_lock`, 30 s leases extended in the background, `w: "majority"`.
-//! let locks = DocumentLocks::builder(&jobs).app_name("resizer").build()?;
+//! // The provider's options (30 s leases extended in the background, application name);
+//! // lock field `_lock`, `w: "majority"`.
+//! let backend = mongolock::MongoBackend::builder(&client.database("app")).build()?;
+//! let provider = LockProvider::builder(backend)
+//!     .app_name("resizer")
+//!     .build()?;
+//! let locks = provider.documents(&jobs).build()?;
 //!
-//! // A worker: claim any one open job, lowest `_id` first, until none is left.
+//! // A worker: claim any one open job, lowest `_id` first, until none is left (`claim` would
+//! // wait for one instead).
 //! while let Some(LockedDocument { document: job, guard, .. }) =
-//!     locks.claim(doc! { "done": false }, Some(doc! { "_id": 1 })).await?
+//!     locks.try_claim(doc! { "done": false }, Some(doc! { "_id": 1 })).await?
 //! {
 //!     tokio::select! {
 //!         _ = guard.lost() => continue, // the lease can no longer be trusted: stop
@@ -80,6 +91,13 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Claims that read only what they may take
+//! With [`DocumentLocks::ensure_indexes`] (indexes on `_lock.leaseId` and `_lock.expiresAt`) a
+//! claim reads only the free documents and the leases about to expire: with 300 documents
+//! locked ahead of 40 free ones, the server examines 310.5 documents per claim without the
+//! indexes and 1.0 with them (`cargo test -p mongolock --test claims_scale -- --nocapture`).
+//! [`DocumentLocks::inspect`] reads a document's lock state with the server time.
 //!
 //! # The lock sub-document
 //! The lock lives in **one** embedded document under the lock field (default `_lock`,
@@ -155,11 +173,14 @@
 //! example an `ObjectId`), or carry the old `_lock` over into the new document.
 //!
 //! # Other behaviour shared with named locks
-//! Options ([`DocumentLocksBuilder`]) are the provider's: expiry (30 s), extension cadence
-//! (expiry / 3), automatic extension, wait strategy between attempts, application name stored
-//! as holder metadata, plus the lock field and the write concern (`w: "majority"` by default).
-//! Waiting forms take a [`Timeout`] like [`Lock`](crate::Lock): zero = one attempt, a duration,
-//! or forever. An attempt that is dropped half-way finishes in a task of its own (the same
+//! Options are the provider's ([`LockProvider::documents`]): expiry (30 s; per handle,
+//! [`DocumentLocks::with_expiry`]), extension cadence (expiry / 3), automatic extension, wait
+//! strategy between attempts, application name stored as holder metadata; the
+//! [`DocumentLocksBuilder`] adds the lock field and the write concern (`w: "majority"` by
+//! default). The forms are those of [`Lock`](crate::Lock): waiting (`lock`, `claim`), one
+//! attempt (`try_lock`, `try_claim`), or waiting up to a timeout (`lock_timeout`,
+//! `claim_timeout`). Waiting forms try again at the wait strategy's interval, and at once when
+//! a release by this process frees a document of the collection. An attempt that is dropped half-way finishes in a task of its own (the same
 //! acquire loop as named locks), so dropping a waiting future never leaves a document locked
 //! with nobody to release it. Transient errors (network, failover) are retried
 //! within the caller's wait budget; permanent ones are returned with a hint.
@@ -196,6 +217,7 @@ use crate::guard::{GrantedLease, LockGuard};
 use crate::holder::HolderInfo;
 use crate::lock::Timeout;
 use crate::options::{validate_ttl, LockOptions};
+use crate::provider::LockProvider;
 use crate::wait::WaitStrategy;
 
 use claim::{Attempted, Target};
@@ -216,12 +238,12 @@ fn classify(e: mongodb::error::Error, op: &str, field: &str) -> Error {
                 *hint = format!(
                     "check the filter and sort; if they are valid, the documents' `{field}` \
                      field holds a value mongolock did not write: choose another lock field \
-                     with DocumentLocks::builder(..).field(..)"
+                     with provider.documents(..).field(..)"
                 )
             }
             Some(100) => {
                 *hint = "the write concern cannot be satisfied by this deployment; lower `w` \
-                         with DocumentLocks::builder(..).write_concern(..)"
+                         with provider.documents(..).write_concern(..)"
                     .to_owned()
             }
             Some(13) => {
@@ -255,6 +277,9 @@ pub(crate) struct Inner {
     /// guards, started by the first guard and stopped with the last of them (see
     /// `backends/mongo/watch.rs`).
     pub(crate) watch: Watcher,
+    /// Notified whenever a release by this process frees a document of the collection: ends
+    /// the waits of this process's waiting locks and claims early (others poll).
+    pub(crate) freed: tokio::sync::Notify,
 }
 
 /// Locks documents of one collection in place; see the [module docs](self). Cheap to clone
@@ -286,13 +311,58 @@ impl<T> std::fmt::Debug for DocumentLocks<T> {
     }
 }
 
-/// Builds [`DocumentLocks`]; see [`DocumentLocks::builder`]. Validation happens in
+impl LockProvider {
+    /// Starts building [`DocumentLocks`] on `collection` (any document type; the collection's
+    /// client, database and name are used). The document locks take this provider's options
+    /// (expiry, extension cadence, automatic extension, wait strategy, drift margin, release
+    /// timeout) and holder metadata (application name); the builder adds what is specific to
+    /// documents: the lock [`field`](DocumentLocksBuilder::field) and the
+    /// [`write_concern`](DocumentLocksBuilder::write_concern). The provider's backend is not
+    /// used: the locks live in your documents. For another lease duration than the provider's,
+    /// see [`DocumentLocks::with_expiry`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = mongo_testserver::TestServer::start().await?;
+    /// # let client = mongodb::Client::with_uri_str(server.uri()).await?;
+    /// use std::time::Duration;
+    /// use mongodb::bson::{doc, Document};
+    /// let db = client.database("app");
+    /// let provider = mongolock::LockProvider::mongodb(&db)?;
+    /// let jobs = db.collection::<Document>("jobs");
+    /// jobs.insert_one(doc! { "_id": 1, "state": "open" }).await?;
+    /// let locks = provider
+    ///     .documents(&jobs)
+    ///     .field("lease")
+    ///     .build()?
+    ///     .with_expiry(Duration::from_secs(60))?;
+    /// let job = locks.claim(doc! { "state": "open" }, None).await?;
+    /// assert_eq!(job.id, mongodb::bson::Bson::Int32(1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "mongodb")))]
+    pub fn documents<T: Send + Sync>(&self, collection: &Collection<T>) -> DocumentLocksBuilder<T> {
+        DocumentLocksBuilder {
+            coll: collection.clone_with_type::<Document>(),
+            field: DEFAULT_LOCK_FIELD.to_owned(),
+            options: self.inner.options.clone(),
+            holder: self.inner.holder.clone(),
+            write_concern: WriteConcern::majority(),
+            _type: PhantomData,
+        }
+    }
+}
+
+/// Builds [`DocumentLocks`]; see [`LockProvider::documents`]. Validation happens in
 /// [`build`](Self::build).
 #[must_use]
 pub struct DocumentLocksBuilder<T> {
     coll: Collection<Document>,
     field: String,
     options: LockOptions,
+    holder: HolderInfo,
     write_concern: WriteConcern,
     _type: PhantomData<fn() -> T>,
 }
@@ -316,48 +386,6 @@ impl<T> DocumentLocksBuilder<T> {
         self
     }
 
-    /// Takes every option a [`LockProviderBuilder`](crate::LockProviderBuilder) sets (expiry,
-    /// extension cadence, automatic extension, wait strategy, application name, drift margin,
-    /// release timeout), for example
-    /// `provider.options().clone()`, so that document locks behave like the named locks.
-    pub fn lock_options(mut self, options: LockOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Lease duration of each lock or claim (default 30 s; at least 1 ms, at most one year).
-    pub fn expiry(mut self, expiry: Duration) -> Self {
-        self.options.expiry = expiry;
-        self
-    }
-
-    /// Interval between automatic extensions (default expiry / 3; must be below the expiry).
-    pub fn extension_cadence(mut self, cadence: Duration) -> Self {
-        self.options.extension_cadence = Some(cadence);
-        self
-    }
-
-    /// Whether held leases are extended automatically in the background (default true). Without
-    /// it a lease lasts its expiry unless [`LockGuard::extend`] is called; the lost signal still
-    /// fires when it runs out.
-    pub fn auto_extend(mut self, enabled: bool) -> Self {
-        self.options.auto_extend = enabled;
-        self
-    }
-
-    /// How the waiting forms wait between attempts while the document is locked (or nothing is
-    /// claimable); default random 10–800 ms.
-    pub fn wait_strategy(mut self, strategy: WaitStrategy) -> Self {
-        self.options.wait = strategy;
-        self
-    }
-
-    /// Application name stored in the lock sub-document (`holder.app`).
-    pub fn app_name(mut self, name: impl Into<String>) -> Self {
-        self.options.app_name = Some(name.into());
-        self
-    }
-
     /// Write concern of every lock write (default `w: "majority"`, so that a lease is not lost to
     /// a rollback after a primary failover). The collection's own write concern is not used for
     /// lock writes.
@@ -366,10 +394,12 @@ impl<T> DocumentLocksBuilder<T> {
         self
     }
 
-    /// Validates the options (the same rules as the provider's) and the field name. Sends
-    /// nothing.
+    /// Checks the field name and builds the document locks. Sends nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] (option `field`) for a field name that cannot hold the lock:
+    /// empty, `_id`, with a dot or a leading `$`.
     pub fn build(self) -> Result<DocumentLocks<T>> {
-        self.options.validate()?;
         state::validate_field(&self.field)?;
         // Document locks are labelled with their collection's name (see `MetricsLabels`).
         #[cfg(feature = "metrics")]
@@ -386,7 +416,7 @@ impl<T> DocumentLocksBuilder<T> {
             .read_concern(self.coll.read_concern().cloned())
             .build();
         let reads = crate::backends::mongo::decision_reads();
-        let holder = HolderInfo::current(options.app_name.clone());
+        let holder = self.holder;
         let reads = db.collection_with_options(&ns.coll, reads);
         Ok(DocumentLocks {
             expiry: options.expiry,
@@ -403,6 +433,7 @@ impl<T> DocumentLocksBuilder<T> {
                 field: self.field,
                 options,
                 holder,
+                freed: tokio::sync::Notify::new(),
             }),
             _type: PhantomData,
         })
@@ -416,6 +447,7 @@ impl<T> DocumentLocksBuilder<T> {
 /// separately. Dropping it drops the guard, which releases the lock in the background.
 #[must_use = "dropping a locked document releases its lock at once"]
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct LockedDocument<T> {
     /// The document's `_id` as stored.
     pub id: Bson,
@@ -508,6 +540,16 @@ impl Attempts for DocumentAttempts<'_> {
         control::abandon(self.inner.clone(), id, lease_id, after);
     }
 
+    /// Sleeps for the wait strategy's delay, ended early when a release by this process frees
+    /// a document of the collection (no change stream: documents of other processes are found
+    /// at the next poll).
+    async fn wait_for_change(&self, max_wait: Duration) {
+        tokio::select! {
+            () = tokio::time::sleep(max_wait) => {}
+            () = self.inner.freed.notified() => {}
+        }
+    }
+
     fn wait_strategy(&self) -> &WaitStrategy {
         &self.inner.options.wait
     }
@@ -530,30 +572,6 @@ impl<T> DocumentLocks<T>
 where
     T: DeserializeOwned + Send + Sync,
 {
-    /// Document locks on `collection` with default options: lock field `_lock`, 30 s leases
-    /// extended automatically, `w: "majority"`.
-    pub fn new(collection: &Collection<T>) -> Self {
-        let defaults = Self::builder(collection).build();
-        match defaults {
-            Ok(locks) => locks,
-            // The default options and field name are valid (checked by a unit test); building
-            // cannot fail.
-            Err(e) => unreachable!("default document lock options are invalid: {e}"),
-        }
-    }
-
-    /// Starts building document locks on `collection` (any document type; the collection's
-    /// client, database and name are used, with the lock write concern set here).
-    pub fn builder(collection: &Collection<T>) -> DocumentLocksBuilder<T> {
-        DocumentLocksBuilder {
-            coll: collection.clone_with_type::<Document>(),
-            field: DEFAULT_LOCK_FIELD.to_owned(),
-            options: LockOptions::default(),
-            write_concern: WriteConcern::majority(),
-            _type: PhantomData,
-        }
-    }
-
     /// Creates the indexes that keep claims cheap however many documents are locked:
     /// `{<field>.leaseId: 1}` and `{<field>.expiresAt: 1}` (see the [module docs](self)).
     /// Idempotent. Claims are correct without them; locks by `_id` use the `_id` index.
@@ -581,12 +599,15 @@ where
             .map_err(|e| classify(e, "create claim indexes", &inner.field))
     }
 
-    /// The same document locks with another lease duration (at least 1 ms, at most one year).
-    pub fn with_expiry(&self, expiry: Duration) -> Result<Self> {
+    /// The same document locks with another lease duration (at least 1 ms, at most one year;
+    /// default: the provider's expiry). Clones share everything else.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a duration outside those bounds.
+    pub fn with_expiry(mut self, expiry: Duration) -> Result<Self> {
         validate_ttl("expiry", expiry)?;
-        let mut locks = self.clone();
-        locks.expiry = expiry;
-        Ok(locks)
+        self.expiry = expiry;
+        Ok(self)
     }
 
     /// Lease duration of this handle's locks and claims.
@@ -627,7 +648,7 @@ where
         loop {
             // With `Forever` the loop only returns `None` if the wait logic is broken; keep
             // trying rather than panic.
-            if let Some(locked) = self.acquire_with(&target, Timeout::Forever).await? {
+            if let Some(locked) = self.acquire_within(&target, Timeout::Forever).await? {
                 return Ok(locked);
             }
         }
@@ -646,7 +667,8 @@ where
     /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
     /// released in the background).
     pub async fn try_lock(&self, id: impl Into<Bson>) -> Result<Option<LockedDocument<T>>> {
-        self.lock_with(id, Timeout::Zero).await
+        self.acquire_within(&Target::Id(id.into()), Timeout::Zero)
+            .await
     }
 
     /// Keeps trying to lock the document with `_id` `id` for `timeout`; `None` when it elapsed
@@ -665,30 +687,46 @@ where
         id: impl Into<Bson>,
         timeout: Duration,
     ) -> Result<Option<LockedDocument<T>>> {
-        self.lock_with(id, Timeout::from(timeout)).await
+        self.acquire_within(&Target::Id(id.into()), Timeout::from(timeout))
+            .await
     }
 
-    /// Locks the document with `_id` `id` with any [`Timeout`].
+    /// Claims any one document that matches `filter` and is unlocked (or whose lease expired),
+    /// the first in `sort` order (MongoDB's natural order without one), waiting while there is
+    /// none: it tries again after each release by this process and otherwise at the wait
+    /// strategy's interval (default 10–800 ms), so it also gets documents inserted, unlocked
+    /// or expiring later. Each attempt is one atomic round trip; two workers never claim the
+    /// same document. Transient errors are retried. Never inserts. Drop the future to give up
+    /// (for a deadline, see [`claim_timeout`](Self::claim_timeout); for one attempt,
+    /// [`try_claim`](Self::try_claim)).
     ///
     /// # Errors
-    /// As [`try_lock`](Self::try_lock), [`lock_timeout`](Self::lock_timeout) or
-    /// [`lock`](Self::lock), by timeout.
+    /// A permanent backend error ([`Error::Backend`] also for an invalid filter or sort, or a
+    /// claimed document that does not deserialize as `T`, which is released again);
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
     ///
     /// # Cancel safety
     /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
-    /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
+    /// leaves a document locked (a grant that arrives afterwards, or whose reply was lost, is
     /// released in the background).
-    pub async fn lock_with(
+    pub async fn claim(
         &self,
-        id: impl Into<Bson>,
-        timeout: Timeout,
-    ) -> Result<Option<LockedDocument<T>>> {
-        self.acquire_with(&Target::Id(id.into()), timeout).await
+        filter: Document,
+        sort: Option<Document>,
+    ) -> Result<LockedDocument<T>> {
+        let target = Target::Claim { filter, sort };
+        loop {
+            // With `Forever` the loop only returns `None` if the wait logic is broken; keep
+            // trying rather than panic.
+            if let Some(locked) = self.acquire_within(&target, Timeout::Forever).await? {
+                return Ok(locked);
+            }
+        }
     }
 
-    /// One atomic attempt to claim any one document that matches `filter` and is unlocked (or
-    /// whose lease expired), the first in `sort` order (MongoDB's natural order without one).
-    /// `None` when no such document exists right now. Never inserts.
+    /// Exactly one atomic attempt to claim any one document that matches `filter` and is
+    /// unlocked (or whose lease expired), the first in `sort` order (MongoDB's natural order
+    /// without one). `None` when no such document exists right now. Never inserts.
     ///
     /// # Errors
     /// Any backend error, without retry ([`Error::Backend`] also for an invalid filter or
@@ -699,16 +737,17 @@ where
     /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
     /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
     /// released in the background).
-    pub async fn claim(
+    pub async fn try_claim(
         &self,
         filter: Document,
         sort: Option<Document>,
     ) -> Result<Option<LockedDocument<T>>> {
-        self.claim_with(filter, sort, Timeout::Zero).await
+        self.acquire_within(&Target::Claim { filter, sort }, Timeout::Zero)
+            .await
     }
 
-    /// Like [`claim`](Self::claim), waiting up to `timeout` for a matching document to be free
-    /// (polling with the wait strategy).
+    /// Like [`claim`](Self::claim), waiting up to `timeout` for a matching document to be
+    /// free; `None` when none was by then.
     ///
     /// # Errors
     /// A permanent backend error (as [`claim`](Self::claim)); the last transient error when the
@@ -724,26 +763,7 @@ where
         sort: Option<Document>,
         timeout: Duration,
     ) -> Result<Option<LockedDocument<T>>> {
-        self.claim_with(filter, sort, Timeout::from(timeout)).await
-    }
-
-    /// Claims with any [`Timeout`] ([`Timeout::Forever`]: until a document is claimed or the
-    /// future is dropped).
-    ///
-    /// # Errors
-    /// As [`claim`](Self::claim) or [`claim_timeout`](Self::claim_timeout), by timeout.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe, as [`Lock::acquire`](crate::Lock::acquire): dropping the future never
-    /// leaves the document locked (a grant that arrives afterwards, or whose reply was lost, is
-    /// released in the background).
-    pub async fn claim_with(
-        &self,
-        filter: Document,
-        sort: Option<Document>,
-        timeout: Timeout,
-    ) -> Result<Option<LockedDocument<T>>> {
-        self.acquire_with(&Target::Claim { filter, sort }, timeout)
+        self.acquire_within(&Target::Claim { filter, sort }, Timeout::from(timeout))
             .await
     }
 
@@ -761,7 +781,7 @@ where
         control::inspect(&self.inner, &id.into()).await
     }
 
-    async fn acquire_with(
+    async fn acquire_within(
         &self,
         target: &Target,
         timeout: Timeout,

@@ -43,6 +43,7 @@ use crate::error::{Error, Result};
 /// server time with the document, rather than with the local clock.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct EmbeddedLock {
     /// The id of the current (or, once expired, the most recent) lease; `None` after release.
     #[serde(default)]
@@ -65,6 +66,7 @@ pub struct EmbeddedLock {
 /// Holder metadata inside an [`EmbeddedLock`] (informational only; ownership is decided by the
 /// lease id).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct EmbeddedHolder {
     /// Host name of the holding process.
     #[serde(default)]
@@ -73,7 +75,7 @@ pub struct EmbeddedHolder {
     #[serde(default)]
     pub pid: u32,
     /// Application name configured with
-    /// [`DocumentLocksBuilder::app_name`](super::DocumentLocksBuilder::app_name).
+    /// [`LockProviderBuilder::app_name`](crate::LockProviderBuilder::app_name).
     #[serde(default)]
     pub app: Option<String>,
 }

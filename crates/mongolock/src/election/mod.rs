@@ -20,6 +20,7 @@
 //! duration is the provider's expiry unless [`Election::with_expiry`] says otherwise.
 //!
 //! # Three ways to use it
+//! An election comes from [`LockProvider::election`](crate::LockProvider::election).
 //! * **By hand:** [`Election::campaign`] waits until elected and returns a [`Leadership`]
 //!   (term, lost signal, [`resign`](Leadership::resign); dropping it resigns in the background).
 //! * **The run loop:** [`Election::run_until`] campaigns, runs your async function while leader,
@@ -32,7 +33,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use mongolock::election::{Election, ElectionEvent};
+//! use mongolock::election::ElectionEvent;
 //! use mongolock::{LockProvider, MemoryBackend};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -42,7 +43,7 @@
 //!     .expiry(Duration::from_secs(10))
 //!     .app_name("scheduler")
 //!     .build()?;
-//! let election = Election::new(&provider, "scheduler")?;
+//! let election = provider.election("scheduler")?;
 //! let mut events = election.events();
 //!
 //! // Run the scheduler while leader; stop when `stop` fires.
@@ -101,6 +102,30 @@ pub use leadership::Leadership;
 pub use observe::{LeaderInfo, LeaderWatch};
 pub use run::LeaderContext;
 
+impl LockProvider {
+    /// An [`Election`] for `role` over this provider's backend and options (sends nothing).
+    /// The role is the lock name (same rules: non-empty, at most
+    /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes); leadership is a lease on it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mongolock::Result<()> {
+    /// let provider = mongolock::LockProvider::memory();
+    /// let election = provider.election("scheduler")?;
+    /// let leadership = election.campaign().await?;
+    /// assert!(election.try_campaign().await?.is_none()); // one leader at a time
+    /// leadership.resign().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for a bad role name.
+    pub fn election(&self, role: impl Into<String>) -> Result<Election> {
+        Election::new(self, role)
+    }
+}
+
 /// Default interval at which [`Election::watch_leader`] re-reads the role (1 s).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -132,9 +157,9 @@ impl std::fmt::Debug for Election {
 }
 
 impl Election {
-    /// An election for `role` over `provider`'s backend and options. The role is the lock name
-    /// (same rules: non-empty, at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes).
-    pub fn new(provider: &LockProvider, role: impl Into<String>) -> Result<Self> {
+    /// An election for `role` over `provider`'s backend and options; see
+    /// [`LockProvider::election`].
+    pub(crate) fn new(provider: &LockProvider, role: impl Into<String>) -> Result<Self> {
         let role: String = role.into();
         let lock = provider.lock(role.clone())?;
         Ok(Election {
@@ -252,7 +277,7 @@ impl Election {
     }
 
     async fn campaign_with(&self, timeout: Timeout) -> Result<Option<Leadership>> {
-        let guard = self.lock.acquire_with(timeout).await?;
+        let guard = self.lock.acquire_within(timeout).await?;
         Ok(guard.map(|g| Leadership::start(g, self.role.clone(), self.events.clone())))
     }
 

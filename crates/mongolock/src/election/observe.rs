@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use futures_util::stream::{self, Stream, StreamExt};
 
 use super::{Election, Leadership};
-use crate::backend::{LeaseId, LockBackend, LockInfo};
+use crate::backend::{LeaseId, LockBackend, LockBackendExt, LockInfo};
 use crate::error::Result;
 use crate::holder::HolderInfo;
 

@@ -11,6 +11,17 @@
 //! [`shared_url`] is what most tests use: `POSTGRES_URL` when set (an existing server), else one
 //! server per process, started on first use and stopped when the process exits. Tests isolate
 //! themselves with their own table or schema names.
+//!
+//! Why it ships in the library: the PostgreSQL contract run, the CLI's PostgreSQL tests and the
+//! torture harness (a program of its own, `mongolock-torture`) all start their server with it,
+//! and a crate's `tests/` directory cannot be shared with other crates; a published test helper
+//! lets your own tests run [`contract_suite!`](crate::contract_suite) and your PostgreSQL code
+//! against a throwaway server the same way. It costs nothing unless asked for: it is compiled only
+//! with both the `testing` and `postgres` features (neither `testing` nor its launcher is in the
+//! default build), on Unix, and it adds no dependency (it runs `initdb` and `pg_ctl` with
+//! `std::process`; `libc`, which it uses to find the `postgres` user, is already the library's for
+//! its boot-time clock).
+#![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

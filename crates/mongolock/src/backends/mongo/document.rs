@@ -58,7 +58,7 @@ impl LockSite<'_> {
                 format!("the lock field `{field}` of document {id} has {what}"),
                 format!(
                     "the documents use `{field}` for something else; choose another lock field \
-                     with DocumentLocks::builder(..).field(..)"
+                     with provider.documents(..).field(..)"
                 ),
             ),
         }

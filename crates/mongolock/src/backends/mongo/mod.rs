@@ -158,7 +158,7 @@
 //! process within milliseconds of a release or takeover, lets busy waiters sleep until the
 //! holder's expiry otherwise, and tells holders at once when their lease was taken. It falls back
 //! to polling where change streams are unavailable (standalone servers, code 40573; missing
-//! privileges; [`MongoBackendBuilder::change_streams`]`(false)`), resumes from its resume token
+//! privileges; [`MongoBackendBuilder::notifications`]`(false)`), resumes from its resume token
 //! after network errors and wakes every waiter to re-check whenever it had to start afresh. See
 //! `watch.rs` for the details.
 //!
@@ -301,11 +301,13 @@ impl MongoBackendBuilder {
         self
     }
 
-    /// Whether to watch the lock collection with a change stream (default true): waiters are
+    /// Whether to receive change notifications, by watching the lock collection with a change
+    /// stream (default true; the same option as
+    /// `PostgresBackendBuilder::notifications`, which uses `LISTEN`): waiters are
     /// then woken within milliseconds of a release and holders learn of a takeover at once (see
     /// the [module docs](self)). Without it, or where change streams are unavailable (a
     /// standalone server), waiters poll with the provider's wait strategy.
-    pub fn change_streams(mut self, enabled: bool) -> Self {
+    pub fn notifications(mut self, enabled: bool) -> Self {
         self.change_streams = enabled;
         self
     }

@@ -11,7 +11,7 @@ use super::slots::{self, LIMIT};
 use super::{ops, queue};
 use crate::backend::LockInfo;
 use crate::error::Result;
-use crate::operator::{anchored_pattern, ListFilter, QueuedWaiter};
+use crate::operator::{ListFilter, QueuedWaiter};
 
 /// The lock document of `name` read together with the server time (`OBSERVED_AT`).
 async fn read_one(coll: &Collection<Document>, name: &str, op: &str) -> Result<Option<Document>> {
@@ -114,4 +114,39 @@ pub(super) async fn force_release_token(
         return Ok(true);
     }
     slots::force_release_token(coll, name, token).await
+}
+
+/// `prefix` as the start of a PCRE pattern that matches it literally (MongoDB's `$regex`):
+/// every ASCII punctuation character escaped (a backslash before a non-alphanumeric character
+/// is always a literal in PCRE), everything else as it is. `None` when the prefix holds a NUL
+/// character, which a pattern cannot.
+pub(crate) fn anchored_pattern(prefix: &str) -> Option<String> {
+    if prefix.contains('\0') {
+        return None;
+    }
+    let mut pattern = String::with_capacity(prefix.len() * 2 + 1);
+    pattern.push('^');
+    for c in prefix.chars() {
+        if c.is_ascii_punctuation() {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    Some(pattern)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_escape_every_metacharacter() {
+        assert_eq!(anchored_pattern("a.b*").as_deref(), Some(r"^a\.b\*"));
+        assert_eq!(
+            anchored_pattern(r"x(y)[z]{1}|^$\?+").as_deref(),
+            Some(r"^x\(y\)\[z\]\{1\}\|\^\$\\\?\+")
+        );
+        assert_eq!(anchored_pattern("évé 1").as_deref(), Some("^évé 1"));
+        assert_eq!(anchored_pattern("a\0b"), None);
+    }
 }

@@ -42,7 +42,7 @@
 //! The queue only orders who may try first: acquisition stays one atomic test of "free or
 //! expired by `$$NOW`" (plus "not reserved for another process") and grant, so the queue
 //! cannot break mutual exclusion or token order; a wrong or stale designation costs at most
-//! the fallback delay. (What the PostgreSQL queue shares with this one: `backends/handoff.rs`.)
+//! the fallback delay. (What the PostgreSQL queue shares with this one: `backends/notify/handoff.rs`.)
 
 use std::time::SystemTime;
 
@@ -50,9 +50,9 @@ use mongodb::bson::{doc, Bson, Document};
 
 use super::document::{self, holder_doc};
 
-pub(crate) use crate::backends::handoff::{Handoff, Queueing};
-use crate::backends::handoff::{MAX_WAITERS, REGISTRATION};
-use crate::backends::wakeups::HANDOFF_FALLBACK;
+pub(crate) use crate::backends::notify::handoff::{Handoff, Queueing};
+use crate::backends::notify::handoff::{MAX_WAITERS, REGISTRATION};
+use crate::backends::notify::hub::HANDOFF_FALLBACK;
 use crate::holder::HolderInfo;
 use crate::QueuedWaiter;
 

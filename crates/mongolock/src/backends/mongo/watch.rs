@@ -32,7 +32,7 @@
 //! backend granted, judges changes for holders, and does the fallback and resubscription
 //! bookkeeping. This module only opens the stream, reads its events and filters out (and
 //! reports in-process) this backend's own writes. Each event is delivered to the name's entry
-//! in the per-name registry (`backends/wakeups.rs`), which holds only names that somebody in
+//! in the per-name registry (`backends/notify/hub.rs`), which holds only names that somebody in
 //! this process waits on or holds.
 //!
 //! # Our own writes stay out of the stream (2 commands per uncontended acquire + release)
@@ -89,7 +89,7 @@
 //! $match: ... and (documentKey._id in [names in use] or operationType in [drop, dropDatabase, rename, invalidate])
 //! ```
 //!
-//! The names in use are the registry's entries (`backends/wakeups.rs`, "Coverage"): names with
+//! The names in use are the registry's entries (`backends/notify/hub.rs`, "Coverage"): names with
 //! a waiting acquirer, an observer or a held lease. When one is needed that the stream does not
 //! cover, the stream is reopened **from its resume token** with the wider `$match`, so the
 //! names it covered before miss nothing, and it stays live throughout:
@@ -136,10 +136,10 @@
 //! nobody; otherwise one after the fallback delay, if nothing else happened to the name
 //! meanwhile (`queue.rs`). With the stream healthy, a busy acquirer otherwise sleeps until the
 //! holder's reported expiry (a crashed holder writes nothing). Observers
-//! ([`wait_for_change`](crate::LockBackend::wait_for_change)) are all woken.
+//! ([`wait_for_change`](crate::LockBackendExt::wait_for_change)) are all woken.
 //!
 //! # Early loss detection
-//! [`lease_gone`](crate::LockBackend::lease_gone) is the core's
+//! [`lease_gone`](crate::LockBackendExt::lease_gone) is the core's
 //! ([`Notifier::lease_gone`]): it completes when an event shows the name with another lease id
 //! or none, judging a change that names a *token* by it (below our token it is old news).
 //! Changes without a token (a release, a delete, an insert of a new document) are checked with
@@ -190,9 +190,9 @@ use super::document::{self, LAST_RELEASED, LEASE_ID, TOKEN};
 use super::errors;
 use super::queue::{Handoff, NEXT};
 use crate::backend::{ChangeWaiter, LeaseId};
-use crate::backends::handoff::new_mark;
+use crate::backends::notify::handoff::new_mark;
+use crate::backends::notify::hub::{Change, Covered, Hub};
 use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
-use crate::backends::wakeups::{Change, Covered, Hub};
 
 /// How long the server holds an empty `getMore` open (`maxAwaitTimeMS`).
 const MAX_AWAIT: Duration = Duration::from_secs(1);
@@ -906,7 +906,7 @@ fn log_unavailable(ns: &str, e: &mongodb::error::Error) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backends::wakeups::lease;
+    use crate::backends::notify::hub::lease;
 
     fn interpret_names(ev: &Document) -> Event<'_> {
         interpret(ev, &Target::Names)

@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::backends::wakeups::{Hub, Status};
+use crate::backends::notify::hub::{Hub, Status};
 use crate::wait::WaitStrategy;
 
 /// A subscription that broke sooner than this after opening is reopened after a backoff.
@@ -42,22 +42,24 @@ pub(crate) const HEALTHY_AFTER: Duration = Duration::from_secs(1);
 
 /// How a subscription was opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(not(feature = "mongodb"), allow(dead_code))] // Some variants: MongoDB only.
 pub(crate) enum Opened {
     /// From now: earlier changes are unknown.
     Fresh,
-    /// Where the last one broke: the changes in between are delivered.
+    /// Where the last one broke: the changes in between are delivered (MongoDB's resume token).
+    #[cfg(feature = "mongodb")]
     Resumed,
 }
 
 /// Why a subscription could not be opened.
 #[derive(Debug, PartialEq, Eq)]
-#[cfg_attr(not(feature = "mongodb"), allow(dead_code))] // Some variants: MongoDB only.
 pub(crate) enum OpenFailed {
-    /// Notifications cannot work with this server (the feed logged why): poll from now on.
+    /// Notifications cannot work with this server (the feed logged why): poll from now on
+    /// (a standalone MongoDB, missing privileges).
+    #[cfg(feature = "mongodb")]
     Unavailable,
     /// The feed cannot resume where it broke and will open from now, at once (the feed logged
     /// it): changes in between are unknown.
+    #[cfg(feature = "mongodb")]
     ResumeLost,
     /// Try again after a backoff; the error, for the log.
     Failed(String),
@@ -65,14 +67,15 @@ pub(crate) enum OpenFailed {
 
 /// How a subscription broke (the feed logged why).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(not(feature = "mongodb"), allow(dead_code))] // Some variants: MongoDB only.
 pub(crate) enum Broke {
-    /// It can be resumed where it broke: changes meanwhile will be delivered.
+    /// It can be resumed where it broke: changes meanwhile will be delivered (MongoDB).
+    #[cfg(feature = "mongodb")]
     Resumable,
     /// Changes from now until it is open again are lost.
     Lost,
     /// The feed covers only some names and must widen to names wanted since it opened
-    /// ([`Hub::want`]): it is reopened at once where it stopped, still live.
+    /// ([`Hub::want`]): it is reopened at once where it stopped, still live (MongoDB).
+    #[cfg(feature = "mongodb")]
     Widen,
 }
 
@@ -151,11 +154,13 @@ pub(crate) async fn run<F: Feed>(hub: Arc<Hub>, mut feed: F, mut stopped: onesho
         };
         let opened = match opened {
             Ok(opened) => opened,
+            #[cfg(feature = "mongodb")]
             Err(OpenFailed::Unavailable) => {
                 hub.set_status(Status::Unavailable);
                 hub.wake_all(false);
                 return;
             }
+            #[cfg(feature = "mongodb")]
             Err(OpenFailed::ResumeLost) => {
                 hub.set_status(Status::Opening);
                 hub.wake_all(false);
@@ -193,6 +198,7 @@ pub(crate) async fn run<F: Feed>(hub: Arc<Hub>, mut feed: F, mut stopped: onesho
                 // lost subscription every holder reads its lock once.
                 hub.wake_all(subscribed_before);
             }
+            #[cfg(feature = "mongodb")]
             Opened::Resumed => tracing::debug!("the {} resumed", feed.label()),
         }
         subscribed_before = true;
@@ -203,14 +209,19 @@ pub(crate) async fn run<F: Feed>(hub: Arc<Hub>, mut feed: F, mut stopped: onesho
         let Some(broke) = broke else {
             return feed.retire().await;
         };
-        let quick = opened_at.elapsed() < HEALTHY_AFTER && broke != Broke::Widen;
+        let quick = opened_at.elapsed() < HEALTHY_AFTER;
+        // A widening is no failure: reopened at once.
+        #[cfg(feature = "mongodb")]
+        let quick = quick && broke != Broke::Widen;
         if !quick {
             retry = retry_backoff();
         }
         match broke {
             // Reopened at once where it stopped: nothing is missed, it stays live.
+            #[cfg(feature = "mongodb")]
             Broke::Widen => {}
             // Changes meanwhile are delivered once it resumes.
+            #[cfg(feature = "mongodb")]
             Broke::Resumable => hub.set_status(Status::Resuming),
             Broke::Lost => {
                 hub.set_status(Status::Opening);
@@ -230,7 +241,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::backends::wakeups::Change;
+    use crate::backends::notify::hub::Change;
 
     /// One step of a scripted feed.
     enum Step {
@@ -238,6 +249,7 @@ mod tests {
         /// Delivers a release of `x`, then breaks.
         Deliver(Broke),
         /// Delivers nothing and never breaks.
+        #[cfg(feature = "mongodb")]
         Hang,
     }
 
@@ -303,6 +315,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    #[cfg(feature = "mongodb")]
     #[tokio::test]
     async fn resubscribing_tells_holders_and_retiring_ends_the_task() {
         let hub = Hub::new(Status::Opening);
@@ -341,6 +354,7 @@ mod tests {
         assert_eq!(*closed.lock().unwrap(), ["close", "close", "retire"]);
     }
 
+    #[cfg(feature = "mongodb")]
     #[tokio::test]
     async fn unavailable_ends_the_task_for_good() {
         let hub = Hub::new(Status::Opening);

@@ -20,7 +20,7 @@
 //! The listening connection is the [`Feed`] of the backend's [`Notifier`]
 //! (`backends/notify/`), which the MongoDB backend's change stream shares; this module only
 //! opens the connection and reads its payloads. Each payload is delivered to the name's entry
-//! in the per-name registry (`backends/wakeups.rs`): a payload without a lease (release,
+//! in the per-name registry (`backends/notify/hub.rs`): a payload without a lease (release,
 //! force-release, delete) wakes every observer and the holders, and one registered acquirer of
 //! the name in this process — at once when the release designated this backend or nobody (or
 //! the payload names no designation), else only after the handoff fallback if nothing else
@@ -56,8 +56,8 @@ use tokio_postgres::{AsyncMessage, Config, Notification};
 use super::errors;
 use super::queue::parse_first;
 use super::tls::MakeTls;
+use crate::backends::notify::hub::Hub;
 use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
-use crate::backends::wakeups::Hub;
 
 /// How often an idle listening connection is pinged.
 pub(crate) const PING_EVERY: Duration = Duration::from_secs(5);
@@ -228,7 +228,7 @@ mod tests {
 
     #[tokio::test]
     async fn designations_and_own_releases() {
-        let hub = Hub::new(crate::backends::wakeups::Status::Live);
+        let hub = Hub::new(crate::backends::notify::hub::Status::Live);
         // Designated elsewhere: nobody here at once.
         let w = hub.change_waiter("x");
         dispatch(&hub, "me-", "5/other-/them- - x");

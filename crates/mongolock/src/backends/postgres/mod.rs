@@ -241,8 +241,8 @@ use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LeaseMode, LockBackend,
     LockInfo,
 };
-use crate::backends::handoff;
-use crate::backends::wakeups::Change;
+use crate::backends::notify::handoff;
+use crate::backends::notify::hub::Change;
 use crate::error::{Error, Result};
 use listen::Listener;
 use schema::Schema;

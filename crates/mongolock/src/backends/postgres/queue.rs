@@ -1,7 +1,7 @@
 //! Fair handoff across processes on PostgreSQL: the row's queue of waiting backends, the
 //! designation a release records, and how the notification and the release's reply carry it.
 //! What this shares with the MongoDB queue (marks, limits, [`Queueing`], [`Handoff`]) is in
-//! `backends/handoff.rs`.
+//! `backends/notify/handoff.rs`.
 //!
 //! Without a queue, every release's `NOTIFY` wakes one acquirer in *every* listening process,
 //! so with 32 waiting processes a handoff costs about 25 acquire attempts, all but one busy.
@@ -35,7 +35,7 @@
 //!   backend whose mark is the releasing mark ignores the notification (it told its waiters
 //!   itself, below); any other wakes one acquirer at once when the designated mark is its own
 //!   or empty, else only after [`HANDOFF_FALLBACK`] if nothing else happened to the name
-//!   (`Hub::deliver`, `backends/wakeups.rs`): the designated process died or its acquirers
+//!   (`Hub::deliver`, `backends/notify/hub.rs`): the designated process died or its acquirers
 //!   gave up. A notification without a designation wakes one acquirer per process, as before.
 //!   (A process of an earlier version, during a rolling upgrade, cannot parse the new format:
 //!   it logs a warning and wakes every waiter and holder to re-check, which is safe.)
@@ -60,11 +60,11 @@
 //! stale or lost designation (a designated process that died, a notification from an older
 //! trigger function) costs at most the fallback delay.
 
-pub(crate) use crate::backends::handoff::{Handoff, Queueing};
-use crate::backends::handoff::{MAX_WAITERS, REGISTRATION};
-use crate::backends::wakeups::Change;
+pub(crate) use crate::backends::notify::handoff::{Handoff, Queueing};
+use crate::backends::notify::handoff::{MAX_WAITERS, REGISTRATION};
+use crate::backends::notify::hub::Change;
 #[cfg(doc)]
-use crate::backends::wakeups::HANDOFF_FALLBACK;
+use crate::backends::notify::hub::HANDOFF_FALLBACK;
 
 /// `REGISTRATION` as an SQL interval.
 fn registration() -> String {
@@ -216,7 +216,7 @@ pub(super) fn parse_first(payload: &str) -> Option<Notice<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backends::wakeups::lease;
+    use crate::backends::notify::hub::lease;
 
     #[test]
     fn payloads_old_and_new_are_parsed() {
