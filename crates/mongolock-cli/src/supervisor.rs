@@ -676,8 +676,7 @@ pub fn become_subreaper() {
 /// Called by mongolock once its supervisor has exited (and been reaped) without reporting
 /// CMD's exit: SIGKILLs and reaps every remaining descendant of this process — what is left of
 /// CMD's tree — until none is left (blocking; a few milliseconds). mongolock has no other
-/// children then. Elsewhere than Linux nothing: CMD's process group died with the supervisor's
-/// parent-death-less SIGKILL only as far as the group reaches.
+/// children then. Elsewhere than Linux nothing (there is no subreaper to collect orphans).
 pub fn kill_orphaned_tree() {
     #[cfg(target_os = "linux")]
     kill_tree(0);

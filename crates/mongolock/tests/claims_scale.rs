@@ -11,24 +11,11 @@
 #[path = "support/mongo.rs"]
 mod mongo;
 
+use mongo::docs_with;
 use mongo::{test_database, unique};
 use mongodb::bson::{doc, Document};
 use mongodb::{Collection, Database};
 use mongolock::documents::{DocumentLocks, LockedDocument};
-
-/// Document locks on `coll` with the options of a provider configured by `options` (document
-/// locks use the provider's options, not its backend).
-fn docs_with<T: Send + Sync>(
-    coll: &mongodb::Collection<T>,
-    options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
-) -> mongolock::documents::DocumentLocksBuilder<T> {
-    options(mongolock::LockProvider::builder(
-        mongolock::MemoryBackend::new(),
-    ))
-    .build()
-    .expect("valid provider options")
-    .documents(coll)
-}
 
 const LOCKED: i64 = 300;
 const FREE: i64 = 40;

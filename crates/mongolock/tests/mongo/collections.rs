@@ -18,21 +18,8 @@ use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, IndexModel};
 
+use crate::support::mongo::docs_with;
 use mongolock::{Error, LockProvider, MongoBackend};
-
-/// Document locks on `coll` with the options of a provider configured by `options` (document
-/// locks use the provider's options, not its backend).
-fn docs_with<T: Send + Sync>(
-    coll: &mongodb::Collection<T>,
-    options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
-) -> mongolock::documents::DocumentLocksBuilder<T> {
-    options(mongolock::LockProvider::builder(
-        mongolock::MemoryBackend::new(),
-    ))
-    .build()
-    .expect("valid provider options")
-    .documents(coll)
-}
 
 /// Every document of `coll`, sorted by `_id` as extended JSON.
 async fn all_docs(coll: &Collection<Document>) -> Vec<Document> {

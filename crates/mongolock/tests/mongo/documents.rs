@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::mongo::docs_with;
 use futures_util::TryStreamExt;
 use mongo::{test_database, test_database_with, unique, TestDb};
 use mongo_testserver::TestServer;
@@ -27,20 +28,6 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
-
-/// Document locks on `coll` with the options of a provider configured by `options` (document
-/// locks use the provider's options, not its backend).
-fn docs_with<T: Send + Sync>(
-    coll: &mongodb::Collection<T>,
-    options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
-) -> mongolock::documents::DocumentLocksBuilder<T> {
-    options(mongolock::LockProvider::builder(
-        mongolock::MemoryBackend::new(),
-    ))
-    .build()
-    .expect("valid provider options")
-    .documents(coll)
-}
 
 /// Per job: (worker, fencing token) of every time it was processed.
 type Claims = HashMap<i64, Vec<(usize, u64)>>;

@@ -14,6 +14,7 @@ use crate::support::mongo;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::mongo::docs_with;
 use futures_util::FutureExt;
 use mongo::{test_database, unique, TestDb};
 use mongodb::bson::{doc, Bson, Document};
@@ -23,20 +24,6 @@ use mongodb::options::{ClientOptions, ReadConcern, ReadPreference, SelectionCrit
 use mongolock::{DriftMargin, Error, LockGuard, LockProvider, MongoBackend};
 use std::future::IntoFuture;
 use tokio::time::Instant;
-
-/// Document locks on `coll` with the options of a provider configured by `options` (document
-/// locks use the provider's options, not its backend).
-fn docs_with<T: Send + Sync>(
-    coll: &mongodb::Collection<T>,
-    options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
-) -> mongolock::documents::DocumentLocksBuilder<T> {
-    options(mongolock::LockProvider::builder(
-        mongolock::MemoryBackend::new(),
-    ))
-    .build()
-    .expect("valid provider options")
-    .documents(coll)
-}
 
 const CHILD_ENV: &str = "MONGOLOCK_EDGES_CHILD";
 

@@ -132,3 +132,17 @@ pub fn provider_on_new_collection(t: &TestDb) -> (LockProvider, mongodb::Collect
 pub fn millis_ago(ms: i64) -> mongodb::bson::DateTime {
     mongodb::bson::DateTime::from_millis(mongodb::bson::DateTime::now().timestamp_millis() - ms)
 }
+
+/// Document locks on `coll` with the options of a provider configured by `options` (document
+/// locks use the provider's options, not its backend).
+pub fn docs_with<T: Send + Sync>(
+    coll: &mongodb::Collection<T>,
+    options: impl FnOnce(mongolock::LockProviderBuilder) -> mongolock::LockProviderBuilder,
+) -> mongolock::documents::DocumentLocksBuilder<T> {
+    options(mongolock::LockProvider::builder(
+        mongolock::MemoryBackend::new(),
+    ))
+    .build()
+    .expect("valid provider options")
+    .documents(coll)
+}
