@@ -7,6 +7,7 @@
 //! BENCH_LIBS=cs,mla cargo run --release --manifest-path bench/peers/Cargo.toml   # some libraries
 //! cargo run --release --manifest-path bench/peers/Cargo.toml -- --scale [--quick]
 //! cargo run --release --manifest-path bench/peers/Cargo.toml -- --ops
+//! cargo run --release --manifest-path bench/peers/Cargo.toml -- --faults
 //! ```
 //!
 //! The server runs in a child process (this binary re-executed with `--serve`), so the client
@@ -38,7 +39,9 @@
 //! two databases.
 //!
 //! `--scale` prints the scale table (processes × names, see `scale.rs`); `--ops` prices the
-//! shapes of the acquire and release commands with the driver alone (`ops.rs`).
+//! shapes of the acquire and release commands with the driver alone (`ops.rs`); `--faults` runs
+//! every library through one workload under the same faults and checks what the server accepted
+//! (`faults.rs`).
 //!
 //! Peers poll; they are given a 10 ms poll interval (the default of `distributed-lock-mongo`;
 //! `mongo-lock-async` has no default and `mongodb-lock`'s is 500 ms).
@@ -53,6 +56,7 @@ use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
 use mongolock::{LockProvider, MongoBackend};
 
+mod faults;
 mod ops;
 mod pg;
 mod scale;
@@ -181,13 +185,9 @@ impl Lib {
     async fn acquire(&self, name: &str) -> Held {
         match self {
             Lib::Mongolock(p) => Held::Mongolock(p.lock(name).unwrap().acquire().await.unwrap()),
-            Lib::MongolockSemaphore(p, limit) => Held::Mongolock(
-                p.semaphore(name, *limit)
-                    .unwrap()
-                    .acquire()
-                    .await
-                    .unwrap(),
-            ),
+            Lib::MongolockSemaphore(p, limit) => {
+                Held::Mongolock(p.semaphore(name, *limit).unwrap().acquire().await.unwrap())
+            }
             Lib::DistributedLockMongo(db) => {
                 let lock = distributed_lock_mongo::MongoDistributedLock::new(
                     name.to_owned(),
@@ -367,6 +367,8 @@ fn main() {
         Some("--scale-worker") => return scale::scale_worker(&args[1..]),
         Some("--handoff-worker") => return scale::handoff_worker(&args[1..]),
         Some("--scale") => return scale::scale(args.iter().any(|a| a == "--quick")),
+        Some("--faults") => return faults::faults(),
+        Some("--fault-worker") => return faults::fault_worker(&args[1..]),
         Some("--ops") => return ops::ops(env_usize("BENCH_PAIRS", 2000)),
         _ => {}
     }
@@ -400,7 +402,7 @@ fn main() {
                 let client = client(&server.uri, name).await;
                 let backend = MongoBackend::builder(&client.database("bench_mongolock"))
                     .collection(if streams { "locks_cs" } else { "locks_poll" })
-                    .change_streams(streams)
+                    .notifications(streams)
                     .build()
                     .unwrap();
                 let provider = LockProvider::builder(backend).build().unwrap();

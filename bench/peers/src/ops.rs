@@ -116,7 +116,7 @@ pub fn ops(pairs: usize) {
             });
             let backend = MongoBackend::builder(&client.database("bench_ops"))
                 .collection("locks")
-                .change_streams(false)
+                .notifications(false)
                 .build()
                 .unwrap();
             // The first acquisition creates the lock document (with its fencing epoch).

@@ -82,7 +82,7 @@ async fn mongo_provider(uri: &str, db: &str) -> (LockProvider, Option<MongoBacke
     let client = Client::with_uri_str(uri).await.expect("client");
     let backend = MongoBackend::builder(&client.database(db))
         .collection("locks")
-        .change_streams(true)
+        .notifications(true)
         .build()
         .expect("backend");
     let provider = LockProvider::builder(backend.clone())
@@ -301,7 +301,8 @@ pub fn scale(quick: bool) {
             c.acq_per_sec,
             c.commands_per_sec,
             c.attempts_per_acq,
-            c.server_cpu_per_acq.map_or("n/a".into(), |u| format!("{u:.0}")),
+            c.server_cpu_per_acq
+                .map_or("n/a".into(), |u| format!("{u:.0}")),
             c.events_per_acq,
             c.streams.map_or("n/a".into(), |s| s.to_string()),
             c.held,
