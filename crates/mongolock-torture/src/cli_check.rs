@@ -32,6 +32,17 @@ alive() { kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1
 started() { s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; echo "${s##*) }" | cut -d' ' -f20; }
 # Process $1 is alive and is the one that started at $2.
 still() { [ -n "$1" ] && [ -n "$2" ] && alive "$1" && [ "$(started "$1")" = "$2" ]; }
+# Whether live process $1 was already SIGKILLed and only waits for the scheduler to let it exit
+# (it runs no more of its own code): SIGKILL pending (bit 9 of SigPnd or ShdPnd; the last three
+# hex digits hold it) or exiting (PF_EXITING, 0x4, in field 9 of /proc/PID/stat).
+killed() {
+  for m in $(awk '/^(SigPnd|ShdPnd):/ { print $2 }' "/proc/$1/status" 2>/dev/null); do
+    [ $(( 0x${m#${m%???}} & 0x100 )) -ne 0 ] && { echo "SIGKILL pending"; return; }
+  done
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo "gone"; return; }
+  f=$(echo "${s##*) }" | cut -d' ' -f7)
+  if [ -n "$f" ] && [ $(( f & 4 )) -ne 0 ]; then echo "exiting"; else echo "not killed"; fi
+}
 T="$D.new.$$"
 mkdir "$T" && echo "$MONGOLOCK_FENCING_TOKEN $$ $(started $$)" > "$T/owner" || exit 98
 if ! mv -T "$T" "$D" 2>/dev/null; then
@@ -40,7 +51,7 @@ if ! mv -T "$T" "$D" 2>/dev/null; then
   if still "$pid" "$ostart"; then
     state=$(grep '^State:' "/proc/$pid/status" 2>/dev/null | tr -s '[:space:]' ' ')
     parent=$(grep '^PPid:' "/proc/$pid/status" 2>/dev/null | tr -s '[:space:]' ' ')
-    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while the command with token $otoken (pid $pid, $state,$parent) was still running, at $(date +%s.%N)" >> "$LOG"
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while the command with token $otoken (pid $pid, $state,$parent, $(killed "$pid")) was still running, at $(date +%s.%N)" >> "$LOG"
     rm -rf "$T"
     exit 99
   fi
@@ -62,8 +73,8 @@ for f in "$D".desc.*; do
     age=$(( $(date +%s%N) / 1000000 - $(stat -c %.3Y "$f" 2>/dev/null | tr -d .) ))
     dstate=$(grep '^State:' "/proc/$dpid/status" 2>/dev/null | tr -s '[:space:]' ' ')
     dparent=$(grep '^PPid:' "/proc/$dpid/status" 2>/dev/null | tr -cd '0-9')
-    pwhat=$(tr '\0' ' ' < "/proc/$dparent/cmdline" 2>/dev/null | cut -c1-50)
-    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token $dtoken (pid $dpid, started at tick $dstart,$dstate, parent $dparent '$pwhat', its file touched ${age} ms ago) was still running, at $(date +%s.%N)" >> "$LOG"
+    pwhat=$(tr '\0\n' '  ' < "/proc/$dparent/cmdline" 2>/dev/null | cut -c1-50)
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token $dtoken (pid $dpid, started at tick $dstart,$dstate, $(killed "$dpid"), parent $dparent '$pwhat', its file touched ${age} ms ago) was still running, at $(date +%s.%N)" >> "$LOG"
   elif ! still "$dpid" "$dstart"; then
     rm -f "$f"
   fi
@@ -164,7 +175,9 @@ pub struct CliReport {
     /// Overlap lines written by the commands.
     pub overlaps: Vec<String>,
     /// Overlap episodes (distinct still-running commands that a new holder found), by the fault
-    /// that hit the old command's mongolock (`sigkill`, `sigstop`, or `none`).
+    /// that hit the old command's mongolock (`sigkill`, `sigstop`, or `none`; `exec_setsid` for a
+    /// descendant that left the group), with ` (killed, not yet exited)` appended when the
+    /// process had already been SIGKILLed and only waited for the scheduler to let it exit.
     pub episodes: BTreeMap<String, u64>,
     /// Directories found left behind by a dead command (not overlaps).
     pub stale: u64,
@@ -216,7 +229,12 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     // Let orphaned commands (whose mongolock was killed) finish before reading the log.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let overlaps: Vec<String> = std::fs::read_to_string(&log)
-        .map(|s| s.lines().map(str::to_owned).collect())
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.starts_with("overlap:"))
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default();
     // The old command's pid is the last "(pid N" of a line; a setsid descendant's episode is
     // attributed to `exec_setsid`.
@@ -233,6 +251,15 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
         .filter_map(|r| r.split([')', ',']).next())
         .map(str::to_owned)
         .collect();
+    // Episodes whose process had already been SIGKILLed (the kill came in time; the scheduler
+    // had not yet let the process exit) are told apart from those nobody had killed.
+    let killed_owners: Vec<String> = overlaps
+        .iter()
+        .filter(|l| l.contains(", SIGKILL pending,") || l.contains(", exiting,"))
+        .filter_map(|l| l.rsplit("(pid ").next())
+        .filter_map(|r| r.split([')', ',']).next())
+        .map(str::to_owned)
+        .collect();
     owners.sort();
     owners.dedup();
     let hit = lock(&counters.1).clone();
@@ -245,7 +272,12 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
                 .find(|(p, _)| *p == o)
                 .map_or("none", |(_, k)| *k)
         };
-        *episodes.entry(kind.to_owned()).or_default() += 1;
+        let kind = if killed_owners.contains(&o) {
+            format!("{kind} (killed, not yet exited)")
+        } else {
+            kind.to_owned()
+        };
+        *episodes.entry(kind).or_default() += 1;
     }
     let lines = |suffix: &str| {
         std::fs::read_to_string(plan.dir.join(format!("cli-overlaps.log{suffix}")))
