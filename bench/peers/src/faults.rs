@@ -52,7 +52,7 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::Client;
 use mongolock::{LockProvider, MongoBackend};
 
-use crate::{client, selected, Server, POLL};
+use crate::{client, selected, Held, Server, POLL};
 
 const TTL: Duration = Duration::from_secs(2);
 const NAME: &str = "faults";
@@ -91,14 +91,8 @@ impl Rng {
     }
 }
 
-/// What a worker holds.
-enum Held {
-    Mongolock(mongolock::LockGuard),
-    Dlm(distributed_lock_mongo::handle::MongoLockHandle),
-    Mla(mongo_lock_async::Lock),
-    Mdl(mongodb_lock::MutexGuard<'static, String>),
-}
-
+/// Reporting what happened to a held lock, for the workers' logs ([`Held`] is the main
+/// benchmark's).
 impl Held {
     fn token(&self) -> Option<u64> {
         match self {
@@ -118,7 +112,7 @@ impl Held {
     }
 
     /// Releases; what the library said (for the log).
-    async fn release(self) -> String {
+    async fn release_reporting(self) -> String {
         use distributed_lock_core::traits::LockHandle;
         match self {
             Held::Mongolock(g) => match g.release().await {
@@ -211,7 +205,7 @@ pub fn fault_worker(args: &[String]) {
                 let _ = writeln!(out, "error marker {acq} {e}");
             }
             let r0 = wall_us();
-            let said = held.release().await;
+            let said = held.release_reporting().await;
             let _ = writeln!(out, "rel {acq} {r0} {} {said}", wall_us());
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -534,7 +528,7 @@ async fn run_lib(
         let got = tokio::time::timeout(TTL * 3, acquire(key, provider.as_ref(), &admin, mdl)).await;
         match got {
             Ok(Ok(h)) => {
-                h.release().await;
+                h.release_reporting().await;
                 true
             }
             _ => false,
