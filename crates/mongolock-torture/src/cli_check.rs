@@ -62,11 +62,11 @@ if ! mv -T "$T" "$D" 2>/dev/null; then
 fi
 M=1
 # Descendants of earlier commands that are still running (exec_setsid) overlap this one. Each
-# wrote "TOKEN PID START" to its file and touches it while it runs.
+# wrote "TOKEN PID START COMMAND-PID" to its file and touches it while it runs.
 for f in "$D".desc.*; do
   [ -f "$f" ] || continue
   set -- $(cat "$f" 2>/dev/null)
-  dtoken=$1 dpid=$2 dstart=$3
+  dtoken=$1 dpid=$2 dstart=$3 dcmd=$4
   if [ "$dtoken" != "$MONGOLOCK_FENCING_TOKEN" ] && still "$dpid" "$dstart"; then
     # What the descendant is doing, and who its parent is: the supervisor (late), mongolock
     # (a subreaper: its sweep not yet done) or init (both gone).
@@ -74,7 +74,7 @@ for f in "$D".desc.*; do
     dstate=$(grep '^State:' "/proc/$dpid/status" 2>/dev/null | tr -s '[:space:]' ' ')
     dparent=$(grep '^PPid:' "/proc/$dpid/status" 2>/dev/null | tr -cd '0-9')
     pwhat=$(tr '\0\n' '  ' < "/proc/$dparent/cmdline" 2>/dev/null | cut -c1-50)
-    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token $dtoken (pid $dpid, started at tick $dstart,$dstate, $(killed "$dpid"), parent $dparent '$pwhat', its file touched ${age} ms ago) was still running, at $(date +%s.%N)" >> "$LOG"
+    echo "overlap: command with token $MONGOLOCK_FENCING_TOKEN (pid $$) started while a setsid descendant of the command with token $dtoken (command pid $dcmd) (pid $dpid, started at tick $dstart,$dstate, $(killed "$dpid"), parent $dparent '$pwhat', its file touched ${age} ms ago) was still running, at $(date +%s.%N)" >> "$LOG"
   elif ! still "$dpid" "$dstart"; then
     rm -f "$f"
   fi
@@ -82,7 +82,7 @@ done
 if [ "$SETSID" = 1 ]; then
   # A descendant in a session of its own that keeps working on the shared directory for a
   # second longer than this command.
-  setsid sh -c 'echo "$MONGOLOCK_FENCING_TOKEN $$ $(cut -d" " -f22 /proc/$$/stat)" > "$D.desc.$$"; echo "$$" >> "$LOG.setsid"
+  CMDPID=$$ setsid sh -c 'echo "$MONGOLOCK_FENCING_TOKEN $$ $(cut -d" " -f22 /proc/$$/stat) $CMDPID" > "$D.desc.$$"; echo "$$" >> "$LOG.setsid"
     end=$(( $(date +%s%N) / 1000000 + RMS + 1000 ))
     while [ $(( $(date +%s%N) / 1000000 )) -lt $end ]; do touch "$D.desc.$$"; sleep 0.1; done
     rm -f "$D.desc.$$"' </dev/null >/dev/null 2>&1 &
@@ -175,8 +175,8 @@ pub struct CliReport {
     /// Overlap lines written by the commands.
     pub overlaps: Vec<String>,
     /// Overlap episodes (distinct still-running commands that a new holder found), by the fault
-    /// that hit the old command's mongolock (`sigkill`, `sigstop`, or `none`; `exec_setsid` for a
-    /// descendant that left the group), with ` (killed, not yet exited)` appended when the
+    /// that hit the old command's mongolock (`sigkill`, `sigstop`, `exec_group_stop` or `none`;
+    /// `exec_setsid after <that fault>` for a descendant that left the group), with ` (killed, not yet exited)` appended when the
     /// process had already been SIGKILLed and only waited for the scheduler to let it exit.
     pub episodes: BTreeMap<String, u64>,
     /// Directories found left behind by a dead command (not overlaps).
@@ -236,49 +236,7 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
                 .collect()
         })
         .unwrap_or_default();
-    // The old command's pid is the last "(pid N" of a line; a setsid descendant's episode is
-    // attributed to `exec_setsid`.
-    let mut owners: Vec<String> = overlaps
-        .iter()
-        .filter_map(|l: &String| l.rsplit("(pid ").next())
-        .filter_map(|r| r.split([')', ',']).next())
-        .map(str::to_owned)
-        .collect();
-    let setsid_owners: Vec<String> = overlaps
-        .iter()
-        .filter(|l| l.contains("setsid descendant"))
-        .filter_map(|l| l.rsplit("(pid ").next())
-        .filter_map(|r| r.split([')', ',']).next())
-        .map(str::to_owned)
-        .collect();
-    // Episodes whose process had already been SIGKILLed (the kill came in time; the scheduler
-    // had not yet let the process exit) are told apart from those nobody had killed.
-    let killed_owners: Vec<String> = overlaps
-        .iter()
-        .filter(|l| l.contains(", SIGKILL pending,") || l.contains(", exiting,"))
-        .filter_map(|l| l.rsplit("(pid ").next())
-        .filter_map(|r| r.split([')', ',']).next())
-        .map(str::to_owned)
-        .collect();
-    owners.sort();
-    owners.dedup();
-    let hit = lock(&counters.1).clone();
-    let mut episodes = BTreeMap::new();
-    for o in owners {
-        let kind = if setsid_owners.contains(&o) {
-            "exec_setsid"
-        } else {
-            hit.iter()
-                .find(|(p, _)| *p == o)
-                .map_or("none", |(_, k)| *k)
-        };
-        let kind = if killed_owners.contains(&o) {
-            format!("{kind} (killed, not yet exited)")
-        } else {
-            kind.to_owned()
-        };
-        *episodes.entry(kind).or_default() += 1;
-    }
+    let episodes = episodes(&overlaps, &lock(&counters.1));
     let lines = |suffix: &str| {
         std::fs::read_to_string(plan.dir.join(format!("cli-overlaps.log{suffix}")))
             .map(|s| s.lines().count() as u64)
@@ -296,6 +254,59 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
         stopped: counters.0[2].load(Ordering::Relaxed),
         overlaps,
     }
+}
+
+/// Overlap episodes by kind (see [`CliReport::episodes`]): one per distinct late process in the
+/// overlap lines, attributed by `hit` (pid of a process under mongolock, fault that hit it).
+fn episodes(overlaps: &[String], hit: &[(String, &'static str)]) -> BTreeMap<String, u64> {
+    // The old command's pid is the last "(pid N" of a line (a setsid descendant's own pid).
+    let mut owners: Vec<String> = overlaps
+        .iter()
+        .filter_map(|l: &String| l.rsplit("(pid ").next())
+        .filter_map(|r| r.split([')', ',']).next())
+        .map(str::to_owned)
+        .collect();
+    // (descendant pid, pid of the command that started it) of each setsid overlap.
+    let setsid_commands: Vec<(String, String)> = overlaps
+        .iter()
+        .filter(|l| l.contains("setsid descendant"))
+        .filter_map(|l| {
+            let cmd = l.split("(command pid ").nth(1)?.split(')').next()?;
+            let pid = l.rsplit("(pid ").next()?.split([')', ',']).next()?;
+            Some((pid.to_owned(), cmd.to_owned()))
+        })
+        .collect();
+    // Episodes whose process had already been SIGKILLed (the kill came in time; the scheduler
+    // had not yet let the process exit) are told apart from those nobody had killed.
+    let killed_owners: Vec<String> = overlaps
+        .iter()
+        .filter(|l| l.contains(", SIGKILL pending,") || l.contains(", exiting,"))
+        .filter_map(|l| l.rsplit("(pid ").next())
+        .filter_map(|r| r.split([')', ',']).next())
+        .map(str::to_owned)
+        .collect();
+    owners.sort();
+    owners.dedup();
+    let mut episodes = BTreeMap::new();
+    for o in owners {
+        let fault_of = |pid: &str| {
+            hit.iter()
+                .find(|(p, _)| *p == pid)
+                .map_or("none", |(_, k)| *k)
+        };
+        let kind = match setsid_commands.iter().find(|(d, _)| *d == o) {
+            // What hit the mongolock of the command that started the descendant.
+            Some((_, cmd)) => format!("exec_setsid after {}", fault_of(cmd)),
+            None => fault_of(&o).to_owned(),
+        };
+        let kind = if killed_owners.contains(&o) {
+            format!("{kind} (killed, not yet exited)")
+        } else {
+            kind
+        };
+        *episodes.entry(kind).or_default() += 1;
+    }
+    episodes
 }
 
 async fn one_run(plan: &CliPlan, shared: &Path, log: &Path, rng: &mut StdRng, counters: &Counters) {
@@ -430,4 +441,50 @@ fn descendants(pid: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setsid_line(cmd: u32, pid: u32, killed: &str) -> String {
+        format!(
+            "overlap: command with token 8 (pid 900) started while a setsid descendant of the \
+             command with token 7 (command pid {cmd}) (pid {pid}, started at tick 4467593,State: \
+             R (running) , {killed}, parent 14298 'mongolock __supervise --control-fd 16', its \
+             file touched 982 ms ago) was still running, at 1795682448.037648293"
+        )
+    }
+
+    #[test]
+    fn episodes_tell_the_fault_and_whether_the_late_process_was_already_killed() {
+        let overlaps = vec![
+            // Two commands saw the same late descendant: one episode.
+            setsid_line(14299, 14306, "SIGKILL pending"),
+            setsid_line(14299, 14306, "SIGKILL pending"),
+            setsid_line(5566, 5576, "not killed"),
+            setsid_line(7000, 7001, "exiting"),
+            "overlap: command with token 9 (pid 901) started while the command with token 8 \
+             (pid 555, State: S (sleeping) , PPid: 554, not killed) was still running, at 1.0"
+                .to_owned(),
+        ];
+        let hit = vec![
+            ("14299".to_owned(), "exec_group_stop"),
+            ("555".to_owned(), "sigstop"),
+        ];
+        let got = episodes(&overlaps, &hit);
+        let want: BTreeMap<String, u64> = [
+            (
+                "exec_setsid after exec_group_stop (killed, not yet exited)",
+                1,
+            ),
+            ("exec_setsid after none", 1),
+            ("exec_setsid after none (killed, not yet exited)", 1),
+            ("sigstop", 1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(got, want, "episodes of {overlaps:#?}");
+    }
 }
