@@ -557,8 +557,8 @@ pub struct StopPolicy {
     /// While renewals fail, SIGTERM goes out when this much trusted lease time is left; after a
     /// reported loss, SIGKILL follows SIGTERM after this long (zero: SIGKILL only).
     grace: Duration,
-    /// SIGKILL comes this long before the lease's local deadline (1 % of the TTL), so that the
-    /// command is dead, not merely signalled, by then.
+    /// SIGKILL comes this long before the lease's local deadline (1 % of the TTL, at least
+    /// [`MIN_KILL_MARGIN`]), so that the command is dead, not merely signalled, by then.
     margin: Duration,
     /// How often the guard's local deadline is checked for a successful renewal (the guard
     /// offers no notification). A twentieth of the TTL: renewals happen every third of it, so a
@@ -566,11 +566,19 @@ pub struct StopPolicy {
     refresh: Duration,
 }
 
+/// The least time SIGKILL comes before the lease's local deadline, whatever the TTL. A killed
+/// process is dead only once the scheduler has run its exit: on a loaded 2-core machine that
+/// took up to 14 ms, and up to 92 ms for a process in a session (autogroup) that got less CPU
+/// than another (docs/reliability.md, "How long a SIGKILLed process takes to die"). 1 % of a
+/// 1 s lease is 10 ms.
+pub const MIN_KILL_MARGIN: Duration = Duration::from_millis(100);
+
 impl StopPolicy {
     pub fn new(ttl: Duration, grace: Duration) -> Self {
         StopPolicy {
             grace,
-            margin: ttl / 100,
+            // A quarter of the lease at most, for leases shorter than the CLI accepts.
+            margin: (ttl / 100).max(MIN_KILL_MARGIN).min(ttl / 4),
             refresh: (ttl / 20).clamp(Duration::from_millis(10), Duration::from_millis(500)),
         }
     }
@@ -987,4 +995,29 @@ fn exited_event(guard: &impl Held, status: ExitStatus, message: Option<String>) 
         event = event.message(message);
     }
     event.emit();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SIGKILLed command still has to be scheduled to exit: SIGKILL must leave it time for
+    /// that before the local deadline, also at the shortest lease (1 % of 1 s, 10 ms, did not).
+    #[test]
+    fn sigkill_leaves_a_killed_command_time_to_exit_before_the_local_deadline() {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for (ttl, margin) in [
+            (Duration::from_secs(1), MIN_KILL_MARGIN),
+            (Duration::from_secs(10), MIN_KILL_MARGIN),
+            (Duration::from_secs(30), Duration::from_millis(300)),
+        ] {
+            let policy = StopPolicy::new(ttl, crate::cli::grace(None, ttl));
+            assert_eq!(deadline - policy.kill_at(deadline), margin, "--ttl {ttl:?}");
+            let (term, kill) = policy.renewing(deadline);
+            assert!(
+                term < kill,
+                "--ttl {ttl:?}: SIGTERM {term:?} before SIGKILL {kill:?}"
+            );
+        }
+    }
 }
