@@ -567,10 +567,10 @@ pub struct StopPolicy {
 }
 
 /// The least time SIGKILL comes before the lease's local deadline, whatever the TTL. A killed
-/// process is dead only once the scheduler has run its exit: on a loaded 2-core machine that
-/// took up to 14 ms, and up to 92 ms for a process in a session (autogroup) that got less CPU
-/// than another (docs/reliability.md, "How long a SIGKILLed process takes to die"). 1 % of a
-/// 1 s lease is 10 ms.
+/// process is dead only once the scheduler has run its exit: on a 2-core machine at load
+/// average 7–9 it was seen gone up to 96 ms after SIGKILL, about as long as when its session
+/// (autogroup) got far less CPU than another (docs/reliability.md, "How long a SIGKILLed
+/// process takes to die"). 1 % of a 1 s lease is 10 ms.
 pub const MIN_KILL_MARGIN: Duration = Duration::from_millis(100);
 
 impl StopPolicy {
