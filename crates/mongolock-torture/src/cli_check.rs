@@ -256,14 +256,18 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     }
 }
 
+/// The late process of an overlap line: the pid in its last "(pid N".
+fn late_pid(line: &str) -> Option<&str> {
+    line.rsplit("(pid ").next()?.split([')', ',']).next()
+}
+
 /// Overlap episodes by kind (see [`CliReport::episodes`]): one per distinct late process in the
 /// overlap lines, attributed by `hit` (pid of a process under mongolock, fault that hit it).
 fn episodes(overlaps: &[String], hit: &[(String, &'static str)]) -> BTreeMap<String, u64> {
-    // The old command's pid is the last "(pid N" of a line (a setsid descendant's own pid).
+    // The old command's pid (a setsid descendant's own pid).
     let mut owners: Vec<String> = overlaps
         .iter()
-        .filter_map(|l: &String| l.rsplit("(pid ").next())
-        .filter_map(|r| r.split([')', ',']).next())
+        .filter_map(|l| late_pid(l))
         .map(str::to_owned)
         .collect();
     // (descendant pid, pid of the command that started it) of each setsid overlap.
@@ -272,8 +276,7 @@ fn episodes(overlaps: &[String], hit: &[(String, &'static str)]) -> BTreeMap<Str
         .filter(|l| l.contains("setsid descendant"))
         .filter_map(|l| {
             let cmd = l.split("(command pid ").nth(1)?.split(')').next()?;
-            let pid = l.rsplit("(pid ").next()?.split([')', ',']).next()?;
-            Some((pid.to_owned(), cmd.to_owned()))
+            Some((late_pid(l)?.to_owned(), cmd.to_owned()))
         })
         .collect();
     // Episodes whose process had already been SIGKILLed (the kill came in time; the scheduler
@@ -281,8 +284,7 @@ fn episodes(overlaps: &[String], hit: &[(String, &'static str)]) -> BTreeMap<Str
     let killed_owners: Vec<String> = overlaps
         .iter()
         .filter(|l| l.contains(", SIGKILL pending,") || l.contains(", exiting,"))
-        .filter_map(|l| l.rsplit("(pid ").next())
-        .filter_map(|r| r.split([')', ',']).next())
+        .filter_map(|l| late_pid(l))
         .map(str::to_owned)
         .collect();
     owners.sort();
