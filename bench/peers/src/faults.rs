@@ -151,16 +151,7 @@ pub fn fault_worker(args: &[String]) {
         let client = client(&uri, &app_name(&lib, pid)).await;
         let db = client.database(DB);
         let resource = db.collection::<Document>("resource");
-        let provider = (lib == "ml" || lib == "mlu").then(|| {
-            let backend = MongoBackend::builder(&db)
-                .collection("ml_locks")
-                .build()
-                .expect("backend");
-            LockProvider::builder(backend)
-                .expiry(TTL)
-                .build()
-                .expect("provider")
-        });
+        let provider = mongolock_provider(&lib, &db);
         let mdl: &'static mongodb_lock::Mutex<String> = Box::leak(Box::new(
             mongodb_lock::Mutex::new_uninit(&db, "mdl_locks").await,
         ));
@@ -210,6 +201,20 @@ pub fn fault_worker(args: &[String]) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
+}
+
+/// mongolock's provider for the `ml` and `mlu` rows (`None` for the peers).
+fn mongolock_provider(lib: &str, db: &mongodb::Database) -> Option<LockProvider> {
+    (lib == "ml" || lib == "mlu").then(|| {
+        let backend = MongoBackend::builder(db)
+            .collection("ml_locks")
+            .build()
+            .expect("backend");
+        LockProvider::builder(backend)
+            .expiry(TTL)
+            .build()
+            .expect("provider")
+    })
 }
 
 fn app_name(lib: &str, pid: u32) -> String {
@@ -511,17 +516,7 @@ async fn run_lib(
         w.kill();
     }
     let free_after_crash = {
-        let provider = (key == "ml" || key == "mlu").then(|| {
-            LockProvider::builder(
-                MongoBackend::builder(&db)
-                    .collection("ml_locks")
-                    .build()
-                    .expect("backend"),
-            )
-            .expiry(TTL)
-            .build()
-            .expect("provider")
-        });
+        let provider = mongolock_provider(key, &db);
         let mdl: &'static mongodb_lock::Mutex<String> = Box::leak(Box::new(
             mongodb_lock::Mutex::new_uninit(&db, "mdl_locks").await,
         ));
