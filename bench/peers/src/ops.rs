@@ -4,6 +4,12 @@
 //! peer sends. Client and server CPU per acquire + release pair; the difference between a row
 //! here and the library's own row in the main table is what the library adds around its
 //! commands.
+//!
+//! Three more rows price a candidate cheap path for the uncontended case: an acquire with the
+//! "free" test in the filter and one small `$set` ([`fast_acquire`]), with mongolock's release
+//! as sent, and with a one-`$set` release ([`fast_release`]) that keeps, or does not keep, the
+//! list of released lease ids. Every pair runs on one name, so that list is at its cap (the
+//! last [`mongolock::RELEASED_KEPT_MAX`] ids), as on any busy name.
 
 use std::time::{Duration, Instant};
 
@@ -48,6 +54,67 @@ async fn pair_as_sent(coll: &Collection<Document>, backend: &MongoBackend, name:
         .find_one_and_update(rf, rp)
         .return_document(ReturnDocument::After)
         .projection(rproj)
+        .await
+        .unwrap();
+    assert!(r.is_some(), "released");
+}
+
+/// A candidate cheap acquire for the uncontended case: the "free" test in the filter (released,
+/// no queue, no reservation, exclusive mode, a token left in the document's epoch) and a
+/// pipeline of one small `$set`.
+async fn fast_acquire(coll: &Collection<Document>, name: &str, mine: &str) {
+    let d = coll
+        .find_one_and_update(
+            doc! {
+                "_id": name, "leaseId": Bson::Null, "limit": Bson::Null, "reserved": Bson::Null,
+                "waiters": { "$in": [Bson::Null, []] },
+                "$expr": { "$lt": ["$fencingToken", { "$multiply": ["$epoch", 1_i64 << 20] }] },
+            },
+            vec![doc! { "$set": {
+                "leaseId": { "$literal": mine },
+                "fencingToken": { "$add": ["$fencingToken", 1_i64] },
+                "acquiredAt": "$$NOW",
+                "expiresAt": { "$add": ["$$NOW", 30_000_i64] },
+                "holder": { "$literal": { "host": "bench", "pid": 1_i64, "app": Bson::Null } },
+            } }],
+        )
+        .return_document(ReturnDocument::After)
+        .projection(doc! { "leaseId": 1, "fencingToken": 1, "acquiredAt": 1, "expiresAt": 1 })
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(d.get_str("leaseId").unwrap(), mine);
+}
+
+/// A candidate cheap release: one `$set`, keeping (`keep_released`) or not the released ids.
+async fn fast_release(coll: &Collection<Document>, name: &str, mine: &str, keep_released: bool) {
+    let mut set = doc! {
+        "leaseId": Bson::Null,
+        "expiresAt": { "$min": ["$expiresAt", "$$NOW"] },
+        "lastReleased": { "$literal": mine },
+        "next": { "$literal": format!("/{mine}") },
+    };
+    if keep_released {
+        set.insert(
+            "released",
+            doc! { "$slice": [
+                { "$concatArrays": [
+                    { "$filter": {
+                        "input": { "$ifNull": ["$released", []] },
+                        "cond": { "$gt": ["$$this.at", { "$subtract": ["$$NOW", 60_000_i64] }] },
+                    } },
+                    [{ "id": { "$literal": mine }, "at": "$$NOW" }],
+                ] },
+                -256_i64,
+            ] },
+        );
+    }
+    let r = coll
+        .find_one_and_update(
+            doc! { "_id": name, "leaseId": mine, "waiters": { "$in": [Bson::Null, []] } },
+            vec![doc! { "$set": set }],
+        )
+        .projection(doc! { "_id": 1 })
         .await
         .unwrap();
     assert!(r.is_some(), "released");
@@ -121,25 +188,26 @@ pub fn ops(pairs: usize) {
                 .unwrap();
             // The first acquisition creates the lock document (with its fencing epoch).
             let as_sent = "ops-as-sent";
-            LockProvider::builder(backend.clone())
-                .build()
-                .unwrap()
-                .lock(as_sent)
-                .unwrap()
-                .acquire()
-                .await
-                .unwrap()
-                .release()
-                .await
-                .unwrap();
+            let provider = LockProvider::builder(backend.clone()).build().unwrap();
+            for name in [
+                as_sent,
+                "ops-fast acquire + fast release",
+                "ops-fast acquire + fast release, no released list",
+            ] {
+                let lock = provider.lock(name).unwrap();
+                lock.acquire().await.unwrap().release().await.unwrap();
+            }
             let mut rows = Vec::new();
             for variant in [
                 "mongolock's, as sent",
+                "fast acquire + release as sent",
+                "fast acquire + fast release",
+                "fast acquire + fast release, no released list",
                 "findAndModify, operators",
                 "minimal (peer-like)",
             ] {
                 let name = match variant {
-                    "mongolock's, as sent" => as_sent.to_owned(),
+                    "mongolock's, as sent" | "fast acquire + release as sent" => as_sent.to_owned(),
                     _ => format!("ops-{variant}"),
                 };
                 let run = |n: usize| {
@@ -151,6 +219,31 @@ pub fn ops(pairs: usize) {
                             match variant {
                                 "mongolock's, as sent" => {
                                     pair_as_sent(&coll, &backend, &name).await
+                                }
+                                "fast acquire + release as sent" => {
+                                    let req = AcquireRequest {
+                                        name: name.clone(),
+                                        lease_id: backend.new_lease_id(),
+                                        ttl: Duration::from_secs(30),
+                                        holder: HolderInfo::current(None),
+                                        mode: LeaseMode::Exclusive,
+                                    };
+                                    fast_acquire(&coll, &name, req.lease_id.as_str()).await;
+                                    let [_, (rf, rp, rproj)] = backend.command_shapes(&req);
+                                    let r = coll
+                                        .find_one_and_update(rf, rp)
+                                        .return_document(ReturnDocument::After)
+                                        .projection(rproj)
+                                        .await
+                                        .unwrap();
+                                    assert!(r.is_some(), "released");
+                                }
+                                "fast acquire + fast release"
+                                | "fast acquire + fast release, no released list" => {
+                                    let mine = lease_id();
+                                    fast_acquire(&coll, &name, &mine).await;
+                                    let keep = variant == "fast acquire + fast release";
+                                    fast_release(&coll, &name, &mine, keep).await;
                                 }
                                 "findAndModify, operators" => {
                                     pair_fam_operators(&coll, &name).await
