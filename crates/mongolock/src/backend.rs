@@ -136,8 +136,9 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::holder::HolderInfo;
 
-/// How long a backend remembers, per name, a lease id that its holder released: a release
-/// retried within this time after its first try was applied (a lost reply) reports success.
+/// How long a backend at least remembers, per name, that a lease's holder released it: a
+/// release retried within this time after its first try was applied (a lost reply) reports
+/// success. (The MongoDB backend's record has no time limit; see its module docs.)
 /// Well above the default [release timeout](crate::LockProviderBuilder::release_timeout) (5 s),
 /// within which the core retries a release; with a longer release timeout, a retry later than
 /// this may report [`Error::LeaseLost`](crate::Error::LeaseLost).
@@ -433,12 +434,14 @@ pub trait LockBackend: Send + Sync + 'static {
     ///
     /// Idempotent for the owner: returns `true` when this call ended the lease *and* when the
     /// lease id had already been released by its owner (a retry after a lost reply). Every
-    /// backend remembers the lease ids its holders released, per name, for at least
-    /// [`RELEASED_KEPT_FOR`] after each release (at most the [`RELEASED_KEPT_MAX`] most recent
-    /// ones), whatever else happens to the name meanwhile. Returns `false` only when someone
-    /// else ended or took the lease (expiry and takeover, force-release) or the backend has no
-    /// record of it any more (a retry later than that, or after more releases than that): a
-    /// false loss, never a false success. Never affects another lease id.
+    /// backend recognises a lease released by its holder for at least [`RELEASED_KEPT_FOR`]
+    /// after the release, whatever else happens to the name meanwhile: the PostgreSQL and
+    /// in-memory backends keep the released ids (at most the [`RELEASED_KEPT_MAX`] most recent
+    /// per name); the MongoDB backend instead records, by fencing token, the leases that
+    /// someone *else* ended (see its module docs), which a busy name's traffic does not grow.
+    /// Returns `false` only when someone else ended or took the lease (expiry and takeover,
+    /// force-release) or the backend has no record of it any more (a retry later than that):
+    /// a false loss, never a false success. Never affects another lease id.
     async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool>;
 
     /// Ends the caller's exclusive lease no earlier than `min_hold` after it was granted, by

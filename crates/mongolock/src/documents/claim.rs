@@ -7,10 +7,12 @@ use mongodb::bson::{doc, Bson, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use super::state::{
-    self, holder_doc, ttl_millis, ACQUIRED_AT, EXPIRES_AT, HOLDER, LEASE_ID, RELEASED, TOKEN,
+    self, holder_doc, ttl_millis, ACQUIRED_AT, ENDED, ENDED_FROM, EXPIRES_AT, HOLDER,
+    LAST_RELEASED, LEASE_ID, SINCE, TOKEN,
 };
 use super::{classify, Inner};
 use crate::backend::{Lease, LeaseId};
+use crate::backends::mongo::document::{ended_after, ended_from_after};
 use crate::error::{Error, Result};
 
 /// What an acquisition call locks.
@@ -44,16 +46,31 @@ pub(super) enum Attempted {
 
 /// The new lock sub-document, as an aggregation expression evaluated by the server: the token is
 /// the previous one plus one (1 for a document never locked), the dates are server time, and
-/// the ids released by their holders are kept (absent when there are none): a release retried
-/// after a lost reply must still find its id after the next holder's grant (`control.rs`).
+/// the record of leases ended by others is kept, with the lease this grant takes over added
+/// when its holder did not release it (an expired lease that is neither ours, a retry after a
+/// lost reply, nor released with a minimum hold: its id in `lastReleased`), and the time
+/// this lifetime of the sub-document began (`since`). So a release retried after a lost reply
+/// tells its own earlier try from a loss after later grants too (`control.rs`,
+/// `document::released_by_holder`).
 fn new_lock(field: &str, lease_id: &LeaseId, ttl: Duration, inner: &Inner) -> Document {
+    let old = |f: &str| format!("${field}.{f}");
+    let token = doc! { "$add": [{ "$ifNull": [old(TOKEN), 0_i64] }, 1_i64] };
+    let taken_over = doc! { "$and": [
+        { "$eq": [{ "$type": old(LEASE_ID) }, "string"] },
+        { "$ne": [old(LEASE_ID), { "$literal": lease_id.as_str() }] },
+        { "$ne": [old(LEASE_ID), { "$ifNull": [old(LAST_RELEASED), Bson::Null] }] },
+        { "$isNumber": old(TOKEN) },
+    ] };
+    let ending = Bson::Document(doc! { "$cond": [taken_over, [old(TOKEN)], []] });
     doc! {
         LEASE_ID: { "$literal": lease_id.as_str() },
-        TOKEN: { "$add": [{ "$ifNull": [format!("${field}.{TOKEN}"), 0_i64] }, 1_i64] },
+        TOKEN: token.clone(),
         ACQUIRED_AT: "$$NOW",
         EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(ttl)] },
         HOLDER: { "$literal": holder_doc(&inner.holder) },
-        RELEASED: { "$ifNull": [format!("${field}.{RELEASED}"), "$$REMOVE"] },
+        ENDED: { "$ifNull": [ended_after(&old(ENDED), ending.clone()), "$$REMOVE"] },
+        ENDED_FROM: ended_from_after(&old(ENDED), &old(ENDED_FROM), ending, token.into()),
+        SINCE: { "$ifNull": [old(SINCE), "$$NOW"] },
     }
 }
 

@@ -9,10 +9,10 @@ use futures_util::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::ReturnDocument;
 
-use super::state::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT};
+use super::state::{self, ttl_millis, EXPIRES_AT, LEASE_ID, OBSERVED_AT, SINCE};
 use super::{classify, Inner};
 use crate::backend::{LeaseId, LockInfo};
-use crate::backends::mongo::document::{release_update, released_before};
+use crate::backends::mongo::document::{release_update, released_by_holder};
 use crate::error::Result;
 use crate::guard::LeaseControl;
 
@@ -24,6 +24,10 @@ pub(super) struct DocumentLease {
     pub(super) key: String,
     pub(super) name: String,
     pub(super) lease_id: LeaseId,
+    /// The lease's fencing token and grant time (server time), by which a retried release
+    /// tells its own earlier try from a loss.
+    pub(super) token: u64,
+    pub(super) acquired_at: SystemTime,
 }
 
 #[async_trait]
@@ -68,14 +72,17 @@ impl LeaseControl for DocumentLease {
     }
 
     /// The idempotent release of `release_update`: ends the lease while it is ours, and
-    /// reports success again when a retry finds our lease id among the released ones
-    /// (`<field>.released`, kept by time across later grants of the document, which carry the
-    /// list into their new lock sub-document: at least
-    /// [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR), at most the
-    /// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX) most recent ids). Beyond that a retry
-    /// reports the lease lost (the safe direction).
+    /// reports success again when a retry finds that its holder ended it (by its fencing
+    /// token: `document::released_by_holder`; the record of leases ended by others survives
+    /// later grants of the document). A lease taken over or force-released reports the loss.
     async fn release(&self) -> Result<bool> {
-        release(&self.inner, Some(&self.id), &self.lease_id).await
+        release(
+            &self.inner,
+            Some(&self.id),
+            &self.lease_id,
+            Some((self.token, self.acquired_at)),
+        )
+        .await
     }
 
     /// Completes when the collection's change stream shows `<field>.leaseId` changed away from
@@ -99,8 +106,14 @@ impl Drop for DocumentLease {
 
 /// Releases `lease_id` in the document with `_id` `id` (any document of the collection when
 /// `None`: a claim whose outcome is unknown). `false` when the lease id holds no lock and was
-/// not released by its holder.
-async fn release(inner: &Inner, id: Option<&Bson>, lease_id: &LeaseId) -> Result<bool> {
+/// not released by its holder (judged by the lease's fencing token and grant time `granted`;
+/// without them, not).
+async fn release(
+    inner: &Inner,
+    id: Option<&Bson>,
+    lease_id: &LeaseId,
+    granted: Option<(u64, SystemTime)>,
+) -> Result<bool> {
     let field = inner.field.as_str();
     let (mut filter, pipeline) = release_update(&format!("{field}."), lease_id.as_str(), None);
     if let Some(id) = id {
@@ -119,10 +132,17 @@ async fn release(inner: &Inner, id: Option<&Bson>, lease_id: &LeaseId) -> Result
         return Ok(true);
     }
     // Not ours any more: released by an earlier try of this release, or ended by someone else.
-    let mut before = released_before(&format!("{field}."), lease_id.as_str());
-    if let Some(id) = id {
-        before.insert("_id", id.clone());
-    }
+    let (Some(id), Some((token, acquired_at))) = (id, granted) else {
+        return Ok(false);
+    };
+    let mut before = released_by_holder(&format!("{field}."), token);
+    before.insert("_id", id.clone());
+    // The record of this lifetime of the document (not of one re-inserted since our grant,
+    // whose tokens start again at 1).
+    before.insert(
+        format!("{field}.{SINCE}"),
+        doc! { "$lte": mongodb::bson::DateTime::from_system_time(acquired_at) },
+    );
     let found = inner
         .reads
         .find_one(before)
@@ -151,7 +171,7 @@ pub(super) fn abandon(
     runtime.spawn(async move {
         after.wait().await;
         let limit = inner.options.release_timeout;
-        let outcome = tokio::time::timeout(limit, release(&inner, id.as_ref(), &lease_id)).await;
+        let outcome = tokio::time::timeout(limit, release(&inner, id.as_ref(), &lease_id, None)).await;
         match outcome {
             Ok(Ok(released)) => tracing::debug!(%lease_id, released, "released the lease id of an abandoned document lock attempt"),
             Ok(Err(e)) => tracing::warn!(%lease_id, error = %e, "could not release the lease id of an abandoned document lock attempt; if it was granted, it expires by itself"),

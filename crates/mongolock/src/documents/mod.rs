@@ -106,11 +106,16 @@
 //! ```text
 //! { _id: 42, <your fields>..., _lock: { leaseId, fencingToken, acquiredAt, expiresAt,
 //!                                       holder: { host, pid, app },
-//!                                       released: [{ id, at }], lastReleased } }
+//!                                       ended: [<token>], endedFrom, since, lastReleased } }
 //! ```
 //!
-//! (`released` lists the lease ids their holders released recently, so that a release retried
-//! after a lost reply reports success; grants keep it.)
+//! (`ended` lists the tokens of the last 64 leases that someone other than their holder ended,
+//! a takeover after expiry, `endedFrom` is the token from which that list is complete and
+//! `since` the time of the first lock since the document was inserted, so that a release
+//! retried after a lost reply is told from a lost lease, also when the document was deleted
+//! and inserted again meanwhile; grants keep all three, and a busy document's traffic does
+//! not grow them. See "Release is idempotent for the holder" in
+//! the MongoDB backend's docs.)
 //!
 //! Locking, extending and releasing write only this sub-document (update-pipeline `$set` of the
 //! field itself, or of `_lock.<subfield>` paths): every other field of your document stays
@@ -502,6 +507,8 @@ impl Attempts for DocumentAttempts<'_> {
                             key,
                             name: name.clone(),
                             lease_id: lease_id.clone(),
+                            token: lease.fencing_token,
+                            acquired_at: lease.acquired_at,
                         };
                         let guard = LockGuard::from_control(
                             Box::new(control),

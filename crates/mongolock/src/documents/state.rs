@@ -7,10 +7,16 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{Lease, LeaseId, LockInfo};
 use crate::backends::mongo::document::{self as codec, LockSite};
 pub(super) use crate::backends::mongo::document::{
-    date, holder_doc, lease_id, ttl_millis, ACQUIRED_AT, EXPIRES_AT, HOLDER, LEASE_ID, OBSERVED_AT,
-    RELEASED, TOKEN,
+    date, holder_doc, lease_id, ttl_millis, ACQUIRED_AT, ENDED, ENDED_FROM, EXPIRES_AT, HOLDER,
+    LAST_RELEASED, LEASE_ID, OBSERVED_AT, TOKEN,
 };
 use crate::error::{Error, Result};
+
+/// The server time of the first grant of the lock sub-document's current lifetime (the
+/// document was inserted, or re-inserted, since): a release that finds its lease gone counts
+/// only the record of a lifetime that began no later than its own grant (`control.rs`), since
+/// a re-inserted document starts its tokens again at 1.
+pub(super) const SINCE: &str = "since";
 
 /// The lock sub-document that [`DocumentLocks`](super::DocumentLocks) embeds in a user's
 /// document under its lock field (default `_lock`), as stored:

@@ -87,6 +87,7 @@ macro_rules! contract_suite {
             semaphore_never_exceeds_its_limit,
             semaphore_tokens_grow_across_slots,
             semaphore_slot_returns_after_a_crashed_holders_lease,
+            an_expired_slot_taken_by_a_lock_reports_its_loss,
             semaphore_bad_limits_are_typed_errors,
             semaphore_and_lock_on_one_name_exclude_each_other,
             semaphore_slots_are_separate_leases,

@@ -11,12 +11,13 @@ use mongodb::options::{ReturnDocument, UpdateModifications};
 use mongodb::Collection;
 
 use super::document::{
-    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EPOCH, EXPIRES_AT, HOLDER, LEASE_ID, TOKEN,
+    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, ENDED, ENDED_FROM, EPOCH, EXPIRES_AT,
+    HOLDER, LEASE_ID, TOKEN,
 };
 use super::errors::{self, classify, DUPLICATE_KEY};
 use super::index::Checks;
 use super::queue::{self, Queueing, RESERVED, WAITERS};
-use super::slots::LIMIT;
+use super::slots::{self, LIMIT, SLOTS};
 use crate::backend::{AcquireRequest, Attempt};
 use crate::error::{Error, Result};
 
@@ -143,8 +144,11 @@ fn acquire_pipeline(
             { "$isNumber": "$epoch" },
             { "$lt": ["$fencingToken", { "$multiply": ["$epoch", EPOCH_TOKENS] }] },
         ] },
+        // The leases this grant ends without their holders' release (`document.rs`).
+        "ending": ended_by_grant(Some(&mine)),
     };
-    let (token, epoch) = match new_lifetime {
+    // The token this grant issues, or null when it must be stamped (`$$fresh`, bound below).
+    let (fresh, epoch) = match new_lifetime {
         Some(n) => {
             // Created by this upsert (a new document has nothing but `_id`), in time.
             vars.insert(
@@ -155,37 +159,61 @@ fn acquire_pipeline(
                 ] },
             );
             (
+                doc! { "$cond": [
+                    "$$inRange",
+                    { "$add": ["$fencingToken", 1_i64] },
+                    { "$cond": ["$$creating", { "$literal": token_floor(n.epoch) }, Bson::Null] },
+                ] },
                 Bson::Document(doc! { "$cond": [
-                    "$$creating",
-                    { "$literal": token_floor(n.epoch) },
-                    "$fencingToken",
+                    "$$inRange",
+                    "$epoch",
+                    { "$cond": ["$$creating", { "$literal": n.epoch }, Bson::Null] },
                 ] }),
-                Bson::Document(
-                    doc! { "$cond": ["$$creating", { "$literal": n.epoch }, Bson::Null] },
-                ),
             )
         }
-        None => (Bson::String("$fencingToken".into()), Bson::Null),
+        None => (
+            doc! { "$cond": ["$$inRange", { "$add": ["$fencingToken", 1_i64] }, Bson::Null] },
+            Bson::Document(doc! { "$cond": ["$$inRange", "$epoch", Bson::Null] }),
+        ),
     };
-    let lease = doc! { "$let": {
+    let lease = doc! {
+        LEASE_ID: { "$literal": mine },
+        TOKEN: { "$ifNull": ["$$fresh", "$fencingToken"] },
+        EPOCH: epoch,
+        ACQUIRED_AT: "$$NOW",
+        EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
+        HOLDER: { "$literal": holder_doc(&req.holder) },
+        // Exclusive mode: the name's semaphore slots, if any, are over (`slots.rs`).
+        LIMIT: Bson::Null,
+        SLOTS: { "$cond": [slots::slot_mode(), [], "$$REMOVE"] },
+        WAITERS: queue::on_grant(
+            queueing.mark,
+            &req.holder,
+            ttl_millis(req.ttl),
+            queueing.requeue,
+        ),
+        RESERVED: queue::clear_reservation(),
+        ENDED_FROM: document::ended_from_after(
+            "$ended",
+            "$endedFrom",
+            Bson::String("$$ending".into()),
+            Bson::String("$$fresh".into()),
+        ),
+    };
+    let granted = doc! { "$let": {
         "vars": vars,
-        "in": {
-            LEASE_ID: { "$literal": mine },
-            TOKEN: { "$cond": ["$$inRange", { "$add": ["$fencingToken", 1_i64] }, token] },
-            EPOCH: { "$cond": ["$$inRange", "$epoch", epoch] },
-            ACQUIRED_AT: "$$NOW",
-            EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
-            HOLDER: { "$literal": holder_doc(&req.holder) },
-            // Exclusive mode: the name's semaphore slots, if any, no longer count (`slots.rs`).
-            LIMIT: Bson::Null,
-            WAITERS: queue::on_grant(
-                queueing.mark,
-                &req.holder,
-                ttl_millis(req.ttl),
-                queueing.requeue,
-            ),
-            RESERVED: queue::clear_reservation(),
-        },
+        "in": { "$let": {
+            "vars": { "fresh": fresh },
+            "in": { "$mergeObjects": [
+                "$$ROOT",
+                lease,
+                { "$cond": [
+                    { "$gt": [{ "$size": "$$ending" }, 0_i64] },
+                    { ENDED: document::ended_after("$ended", Bson::String("$$ending".into())) },
+                    {},
+                ] },
+            ] },
+        } },
     } };
     let busy = if queueing.register {
         Bson::Document(doc! { "$mergeObjects": [
@@ -198,13 +226,39 @@ fn acquire_pipeline(
     vec![doc! {
         "$replaceWith": { "$cond": [
             free,
-            { "$mergeObjects": ["$$ROOT", lease] },
+            granted,
             busy,
         ] }
     }]
 }
 
-/// Only what the client reads back: the holder and the released ids stay on the server.
+/// Aggregation expression: the fencing tokens of the leases that a grant (to `mine`; `None`
+/// for a force-release) ends without their holders' release, evaluated on the document before
+/// the write: in slot mode every slot left in `slots` (a holder's release removes its slot,
+/// so these expired, or are force-released, unreleased); otherwise the exclusive lease, when
+/// there is one, it has a token (`epoch` set: not waiting for its stamp), it is not `mine`
+/// (a retry of our own grant) and its holder did not release it with a minimum hold (its id
+/// in `lastReleased`). Recorded in `ended` (`document.rs`, [`document::released_by_holder`]).
+pub(super) fn ended_by_grant(mine: Option<&Bson>) -> Document {
+    let mut unreleased = vec![
+        Bson::Document(doc! { "$eq": [{ "$type": "$leaseId" }, "string"] }),
+        Bson::Document(doc! { "$ne": ["$leaseId", { "$ifNull": ["$lastReleased", Bson::Null] }] }),
+        Bson::Document(doc! { "$isNumber": "$epoch" }),
+    ];
+    if let Some(mine) = mine {
+        unreleased.push(Bson::Document(
+            doc! { "$ne": ["$leaseId", { "$literal": mine }] },
+        ));
+    }
+    doc! { "$cond": [
+        slots::slot_mode(),
+        { "$map": { "input": { "$ifNull": ["$slots", []] }, "in": "$$this.token" } },
+        { "$cond": [{ "$and": unreleased }, ["$fencingToken"], []] },
+    ] }
+}
+
+/// Only what the client reads back: the holder and the record of ended leases stay on the
+/// server.
 fn reply_fields() -> Document {
     doc! { LEASE_ID: 1, TOKEN: 1, EPOCH: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1, "reserved.until": 1 }
 }
@@ -358,15 +412,17 @@ async fn stamp_token(coll: &Collection<Document>, req: &AcquireRequest) -> Resul
                 LIMIT: Bson::Null,
                 "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
             },
-            vec![doc! {
-                "$set": {
+            vec![
+                doc! { "$set": {
                     TOKEN: { "$max": [
                         { "$add": [{ "$ifNull": ["$fencingToken", 0_i64] }, 1_i64] },
                         token_floor(epoch),
                     ] },
                     EPOCH: epoch,
-                }
-            }],
+                } },
+                // The lifetime's first token, when it is (`document::released_by_holder`).
+                doc! { "$set": { ENDED_FROM: { "$ifNull": ["$endedFrom", "$fencingToken"] } } },
+            ],
         )
         .return_document(ReturnDocument::After)
         .projection(reply_fields())

@@ -23,11 +23,17 @@ pub(crate) const EPOCH: &str = "epoch";
 pub(crate) const ACQUIRED_AT: &str = "acquiredAt";
 pub(crate) const EXPIRES_AT: &str = "expiresAt";
 pub(crate) const HOLDER: &str = "holder";
-/// The lease ids that their own holders released, as `{id, at: <server time>}`, oldest first:
-/// those of the last [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) (at most
-/// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX); see [`released_after`]). Entries written
-/// before ids were kept by time are plain strings; they are kept (within the cap) and found.
-pub(crate) const RELEASED: &str = "released";
+/// The fencing tokens of leases that someone other than their holder ended: taken over after
+/// they expired unreleased, or force-released (the last [`ENDED_KEPT`], in the order they
+/// were ended). See [`released_by_holder`].
+pub(crate) const ENDED: &str = "ended";
+/// The floor of [`ENDED`]: every lease of the document's current lifetime with a token at or
+/// above it that someone else ended is listed there. Set to the first token issued after the
+/// document was created (or after it lacked one), raised when entries leave the list.
+pub(crate) const ENDED_FROM: &str = "endedFrom";
+/// How many tokens [`ENDED`] keeps. Leases end that way only after a crash, a stall past
+/// expiry or an operator's force-release, so the list is usually empty.
+pub(crate) const ENDED_KEPT: i64 = 64;
 /// The lease id of the last release (a scalar, so that a change stream's `$match` can tell
 /// whose release an event reports; see `watch.rs`).
 pub(crate) const LAST_RELEASED: &str = "lastReleased";
@@ -77,19 +83,13 @@ pub(crate) fn ttl_millis(ttl: Duration) -> i64 {
 ///
 /// The filter matches the document only while `leaseId` is ours, so the pipeline is
 /// unconditional: `leaseId: null`, `expiresAt: min(expiresAt, $$NOW)`, the fencing token kept;
-/// our lease id appended to `released` (the last [`RELEASED_KEPT`]) and recorded in
-/// [`LAST_RELEASED`].
+/// our lease id recorded in [`LAST_RELEASED`]. A release writes nothing that grows with the
+/// lock's traffic.
 ///
 /// When it matches nothing, the lease is not ours any more: either someone else ended it
 /// (expiry and takeover, force-release), or this is a retry of a release whose first try was
-/// applied but whose reply was lost. [`released_before`] tells them apart: only the holder's
-/// own release ever writes its id into `released`, so a retry finds it there and reports
-/// success, while a lease that someone else ended never appears. The ids are kept by time
-/// ([`released_after`]), and grants keep the list (document locks too, whose grant rewrites
-/// the lock sub-document), so a retry reports a spurious loss only when it comes more than
-/// [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) after the release, or after more than
-/// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX) other releases of the lock in that time (or
-/// after the document was removed by TTL cleanup): the safe direction.
+/// applied but whose reply was lost. [`released_by_holder`] tells them apart by the lease's
+/// fencing token.
 ///
 /// With `queue` (named locks, whose `prefix` is empty: `Some(reserve)`), the release also pops
 /// the first waiting process of the lock's queue into `next`, and with `reserve` reserves the
@@ -102,14 +102,12 @@ pub(crate) fn release_update(
 ) -> (Document, Vec<Document>) {
     let lease_path = format!("{prefix}{LEASE_ID}");
     let expires_path = format!("{prefix}{EXPIRES_AT}");
-    let released_path = format!("{prefix}{RELEASED}");
     let last_released_path = format!("{prefix}{LAST_RELEASED}");
     let ours = doc! { "$literal": lease_id };
     let filter = doc! { lease_path.as_str(): lease_id };
     let set = doc! {
         lease_path.as_str(): Bson::Null,
         expires_path.as_str(): { "$min": [format!("${expires_path}"), "$$NOW"] },
-        released_path.as_str(): released_after(&released_path, lease_id),
         last_released_path.as_str(): ours,
     };
     match queue {
@@ -126,38 +124,74 @@ pub(crate) fn release_update(
     }
 }
 
-/// Aggregation expression: the released ids at `path` (a field path without `$`) after the
-/// release of `lease_id`: the entries of the last
-/// [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) by server time (and the untimed entries of
-/// older versions), then `{id: lease_id, at: $$NOW}`, the last
-/// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX) of them. Shared by exclusive releases,
-/// document locks and semaphore slots.
-pub(crate) fn released_after(path: &str, lease_id: &str) -> Document {
-    let kept_for = i64::try_from(crate::RELEASED_KEPT_FOR.as_millis()).unwrap_or(i64::MAX);
-    let kept_max = i64::try_from(crate::RELEASED_KEPT_MAX).unwrap_or(i64::MAX);
-    doc! { "$slice": [
-        { "$concatArrays": [
-            { "$filter": {
-                "input": { "$ifNull": [format!("${path}"), []] },
-                "cond": { "$or": [
-                    { "$eq": [{ "$type": "$$this" }, "string"] },
-                    { "$gt": ["$$this.at", { "$subtract": ["$$NOW", kept_for] }] },
-                ] },
-            } },
-            [{ "id": { "$literal": lease_id }, "at": "$$NOW" }],
-        ] },
-        -kept_max,
-    ] }
+/// The filter (to add to the document's `_id`, if known) that finds a lock whose lease with
+/// fencing token `token` was ended by its own holder: the check after a [`release_update`]
+/// that matched nothing (the lease is not current any more).
+///
+/// Why it is exact, in the safe direction. A lease of the document's current lifetime ends in
+/// one of three ways: its holder's release, a takeover after it expired unreleased (a grant
+/// to someone else), or a force-release. Every takeover and force-release appends the ended
+/// lease's token to [`ENDED`] in the same write that ends it (grants of every kind, slot
+/// grants and slot releases that discard expired slots, force-releases by name or token;
+/// never for a lease its holder released with a minimum hold, whose id is `lastReleased`),
+/// and the list loses entries only together with raising [`ENDED_FROM`] above them. So when
+/// `endedFrom <= token <= fencingToken` (the token belongs to this lifetime: a later lifetime
+/// starts its floor above every earlier token) and `token` is not in `ended`, the lease was
+/// ended by its holder. Otherwise the retry reports the loss: correctly, or spuriously when
+/// the token fell below the floor (more than [`ENDED_KEPT`] leases ended by others since) or
+/// the document was deleted by TTL cleanup meanwhile.
+pub(crate) fn released_by_holder(prefix: &str, token: u64) -> Document {
+    let token = i64::try_from(token).unwrap_or(i64::MAX);
+    doc! {
+        format!("{prefix}{ENDED_FROM}"): { "$lte": token },
+        format!("{prefix}{TOKEN}"): { "$gte": token },
+        format!("{prefix}{ENDED}"): { "$ne": token },
+    }
 }
 
-/// The filter (to add to the document's `_id`, if known) that finds a lock whose holder
-/// released `lease_id` itself: the check after a [`release_update`] that matched nothing.
-pub(crate) fn released_before(prefix: &str, lease_id: &str) -> Document {
-    let path = format!("{prefix}{RELEASED}");
-    doc! { "$or": [
-        { format!("{path}.id"): lease_id },
-        // An entry of an older version (a plain string).
-        { path: lease_id },
+/// Aggregation expression: the tokens of `tokens` (an array expression; nulls, tokens never
+/// issued, are left out) appended to the ended list at `path` (`$`-prefixed field path), the
+/// last [`ENDED_KEPT`] kept.
+pub(crate) fn ended_after(path: &str, tokens: Bson) -> Document {
+    doc! { "$slice": [all_ended(path, tokens), -ENDED_KEPT] }
+}
+
+/// Aggregation expression: the floor at `from_path` after appending `tokens` to the list at
+/// `path` (both `$`-prefixed): raised above every token that leaves the list, and
+/// `if_missing` when the document has no floor yet (`$$REMOVE` to leave it unset).
+pub(crate) fn ended_from_after(
+    path: &str,
+    from_path: &str,
+    tokens: Bson,
+    if_missing: Bson,
+) -> Document {
+    let all = all_ended(path, tokens);
+    let dropped = doc! { "$slice": [
+        "$$all",
+        0,
+        { "$max": [1_i64, { "$subtract": [{ "$size": "$$all" }, ENDED_KEPT] }] },
+    ] };
+    doc! { "$let": {
+        "vars": { "all": all },
+        "in": { "$cond": [
+            { "$and": [
+                { "$gt": [{ "$size": "$$all" }, ENDED_KEPT] },
+                { "$isNumber": from_path },
+            ] },
+            { "$reduce": {
+                "input": dropped,
+                "initialValue": from_path,
+                "in": { "$max": ["$$value", { "$add": ["$$this", 1_i64] }] },
+            } },
+            { "$ifNull": [from_path, if_missing] },
+        ] },
+    } }
+}
+
+fn all_ended(path: &str, tokens: Bson) -> Document {
+    doc! { "$concatArrays": [
+        { "$ifNull": [path, []] },
+        { "$filter": { "input": tokens, "cond": { "$isNumber": "$$this" } } },
     ] }
 }
 

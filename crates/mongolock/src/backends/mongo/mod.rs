@@ -6,7 +6,7 @@
 //! ```text
 //! { _id: <name>, leaseId: <string|null>, fencingToken: <int64>, epoch: <int64|null>,
 //!   acquiredAt: <date>, expiresAt: <date>, holder: { host, pid, app },
-//!   released: [{ id: <released lease id>, at: <date> }], lastReleased: <string>,
+//!   ended: [<token>], endedFrom: <int64>, lastReleased: <string>,
 //!   waiters: [{ m: <backend mark>, until: <date> }], next: <string>,
 //!   reserved: { m: <backend mark>, until: <date> } | null }
 //! ```
@@ -120,9 +120,9 @@
 //!   [backend contract](crate::backend#minimum-hold-at-most-once-per-interval)): the same
 //!   filter and one `$replaceWith` whose `$cond` decides by `$$NOW`: while the lease is
 //!   unexpired and `acquiredAt + min_hold` is ahead, the lease stays (same `leaseId`, token,
-//!   holder, `acquiredAt`) with `expiresAt = acquiredAt + min_hold`, its id appended to
-//!   `released` (once) and written to `lastReleased`; otherwise the plain release above.
-//!   Extend's filter has `released.id: {$ne: ours}`, so a lease kept on is never extended
+//!   holder, `acquiredAt`) with `expiresAt = acquiredAt + min_hold` and its id written to
+//!   `lastReleased`; otherwise the plain release above.
+//!   Extend's filter has `lastReleased: {$ne: ours}`, so a lease kept on is never extended
 //!   (a late extension cannot move the end of the hold). The write changes `lastReleased`,
 //!   which other backends' change streams pass (`watch.rs`), so their waiters retry and learn
 //!   the new expiry; this backend's own waiters are told in-process.
@@ -171,13 +171,23 @@
 //!
 //! # Release is idempotent for the holder
 //! A release whose reply was lost (and whose driver retry failed too) is retried by the core.
-//! Release therefore records the released lease id in `released` in the same write, where it
-//! stays for [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) (at most the
-//! [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX) most recent ids; grants keep the list). The release matches the document only while the lease is ours (one command); when it
-//! matches nothing, one read looks for the id in `released`: a retry finds it there and reports
-//! success, while a lease that someone else ended never appears there, so
-//! [`Error::LeaseLost`] means just that. The filter and pipeline are in
-//! `document.rs` (`release_update`), shared with document locks.
+//! The release matches the document only while the lease is ours (one command); when it
+//! matches nothing, the lease ended either by an earlier try of this release or by someone
+//! else. The document tells them apart by fencing token, with a record that does not grow
+//! with the name's traffic: every write that ends a lease *without* its holder's release — a
+//! grant that takes over an expired lease, a slot discarded after its expiry, a force-release
+//! — appends that lease's token to `ended` (the last 64), and `endedFrom` is a floor above
+//! which that list is complete (the lifetime's first token, raised when entries leave the
+//! list). So one read decides: the lease was released by its holder when its token is at or
+//! above the floor, at most the document's token, and not in `ended` (the argument is at
+//! `document::released_by_holder`). The backend remembers the token of each lease it
+//! granted (`leases.rs`) until 1024 of its releases after the lease's release; a release of a
+//! lease id it never saw granted (an abandoned attempt's) counts a gone lease as not ours.
+//! So [`Error::LeaseLost`] means someone else really ended the lease (or, the safe way
+//! round, that more than 64 leases of the name were ended by others meanwhile, or the
+//! document was deleted by TTL cleanup). Nothing a release writes grows with the name's
+//! traffic. The filter and pipeline are in `document.rs` (`release_update`), shared with
+//! document locks.
 //!
 //! # Errors
 //! Network errors, server selection timeouts, pool clears, the retryable error labels and the
@@ -192,14 +202,14 @@ mod acquire;
 pub(crate) mod document;
 pub(crate) mod errors;
 mod index;
+mod leases;
 mod operator;
 mod ops;
 mod queue;
 mod slots;
 pub(crate) mod watch;
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -214,6 +224,7 @@ use crate::backend::{
     LockInfo,
 };
 use crate::error::{Error, Result};
+use leases::Granted;
 
 /// Default lock collection, as DistributedLock.MongoDB.
 pub const DEFAULT_COLLECTION: &str = "distributed.locks";
@@ -247,9 +258,8 @@ pub struct MongoBackend {
     fair_handoff: bool,
     /// The change stream shared by all clones (see `watch.rs`).
     watch: Arc<watch::Watcher>,
-    /// The semaphore slots this backend (and its clones) granted and has not released: their
-    /// extend, release and loss checks take the slot path (`slots.rs`).
-    slot_leases: Arc<Mutex<HashSet<LeaseId>>>,
+    /// The leases this backend (and its clones) granted (`leases.rs`).
+    leases: Arc<leases::Leases>,
     /// Whether the collection is ours, and what its TTL indexes allow (`index.rs`).
     checks: Arc<index::Checks>,
 }
@@ -353,7 +363,7 @@ impl MongoBackendBuilder {
             cleanup_after: self.cleanup_after,
             create_ttl_index: self.create_ttl_index,
             fair_handoff: self.fair_handoff,
-            slot_leases: Arc::default(),
+            leases: Arc::default(),
             checks: Arc::default(),
         })
     }
@@ -481,20 +491,22 @@ impl MongoBackend {
         ]
     }
 
-    fn slot_leases(&self) -> MutexGuard<'_, HashSet<LeaseId>> {
-        // Single inserts and removals: a poisoned set is still consistent.
-        self.slot_leases.lock().unwrap_or_else(|e| e.into_inner())
+    fn is_slot(&self, lease_id: &LeaseId) -> bool {
+        self.leases.is_slot(lease_id)
     }
 
-    fn is_slot(&self, lease_id: &LeaseId) -> bool {
-        self.slot_leases().contains(lease_id)
+    fn token(&self, lease_id: &LeaseId) -> Option<u64> {
+        self.leases.get(lease_id).map(|g| g.token)
     }
 
     /// Releases a semaphore slot and wakes one of this backend's waiters of the name (the
     /// stream leaves out this backend's own writes).
     async fn release_slot(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
-        let released = slots::release(&self.coll, &self.reads, name, lease_id).await;
-        self.slot_leases().remove(lease_id);
+        let token = self.token(lease_id);
+        let released = slots::release(&self.coll, &self.reads, name, lease_id, token).await;
+        if released.is_ok() {
+            self.leases.released(lease_id);
+        }
         self.watch.released_name(name, &queue::Handoff::Unknown);
         released
     }
@@ -528,8 +540,14 @@ impl LockBackend for MongoBackend {
                 None => Duration::ZERO,
             };
             let attempt = slots::try_acquire(&self.coll, req, limit, cleanup_after).await?;
-            if matches!(attempt, Attempt::Acquired(_)) {
-                self.slot_leases().insert(req.lease_id.clone());
+            if let Attempt::Acquired(lease) = &attempt {
+                self.leases.granted(
+                    &req.lease_id,
+                    Granted {
+                        slot: true,
+                        token: lease.fencing_token,
+                    },
+                );
             }
             return Ok(attempt);
         }
@@ -550,6 +568,13 @@ impl LockBackend for MongoBackend {
         )
         .await?;
         if let Attempt::Acquired(lease) = &attempt {
+            self.leases.granted(
+                &req.lease_id,
+                Granted {
+                    slot: false,
+                    token: lease.fencing_token,
+                },
+            );
             self.watch
                 .granted(&req.name, &req.lease_id, lease.fencing_token);
         }
@@ -572,8 +597,19 @@ impl LockBackend for MongoBackend {
         if self.is_slot(lease_id) {
             return self.release_slot(name, lease_id).await;
         }
-        let released =
-            ops::release(&self.coll, &self.reads, name, lease_id, self.fair_handoff).await;
+        let token = self.token(lease_id);
+        let released = ops::release(
+            &self.coll,
+            &self.reads,
+            name,
+            lease_id,
+            token,
+            self.fair_handoff,
+        )
+        .await;
+        if matches!(released, Ok(Some(_))) {
+            self.leases.released(lease_id);
+        }
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.watch.released(lease_id);
         // The stream leaves out this backend's own releases: its waiters are told here (after
@@ -604,15 +640,20 @@ impl LockBackend for MongoBackend {
                 reason: "semaphore slots and read-write lock readers cannot be held on".into(),
             });
         }
+        let token = self.token(lease_id);
         let ended = ops::release_after(
             &self.coll,
             &self.reads,
             name,
             lease_id,
+            token,
             min_hold,
             self.fair_handoff,
         )
         .await;
+        if ended.is_ok() {
+            self.leases.released(lease_id);
+        }
         // Ended or given up on: no more loss detection for it.
         self.watch.released(lease_id);
         // The stream leaves out this backend's own writes: its waiters are told here.

@@ -7,7 +7,10 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
-use super::document::{self, ttl_millis, EXPIRES_AT, LAST_RELEASED, LEASE_ID, OBSERVED_AT};
+use super::acquire;
+use super::document::{
+    self, ttl_millis, ENDED, ENDED_FROM, EXPIRES_AT, LAST_RELEASED, LEASE_ID, OBSERVED_AT,
+};
 use super::errors::classify;
 use super::queue;
 use super::slots::{self, LIMIT, SLOTS};
@@ -25,9 +28,15 @@ use crate::error::Result;
 /// own release and filter it out (`watch.rs`), so its waiters would sleep until the old
 /// expiry. It also lets a replace event's `next` be recognised as this force-release's
 /// designation (`Handoff::of`).
+///
+/// The tokens of the leases it ends (the exclusive lease, or every slot) are recorded in
+/// `ended` (`document.rs`), so that their holders' releases report the loss.
 pub(super) fn end_lease(reserve: bool) -> Vec<Document> {
     let forced = format!("force-release-{}", LeaseId::random().as_str());
+    let ending = Bson::Document(acquire::ended_by_grant(None));
     let set = doc! {
+        ENDED: document::ended_after("$ended", ending.clone()),
+        ENDED_FROM: document::ended_from_after("$ended", "$endedFrom", ending, "$$REMOVE".into()),
         LEASE_ID: null,
         EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
         LAST_RELEASED: { "$literal": forced.as_str() },
@@ -54,7 +63,7 @@ pub(super) async fn extend(
                 // Not a semaphore's document, whose `leaseId` only marks its last write.
                 LIMIT: Bson::Null,
                 // Not a lease its holder ended with a minimum hold (`release_after`).
-                "released.id": { "$ne": lease_id.as_str() },
+                LAST_RELEASED: { "$ne": lease_id.as_str() },
                 "$expr": { "$gt": ["$expiresAt", "$$NOW"] },
             },
             vec![doc! { "$set": { EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(ttl)] } } }],
@@ -89,13 +98,16 @@ pub(super) fn release_command(
 
 /// Ends our lease. `Ok(None)`: it was not ours (any more). `Ok(Some(handoff))`: released (or
 /// released before, for a retry), and whom the release handed the lock to. One command when
-/// the lease was ours; otherwise a second one, a read through `reads` (the primary, majority
-/// read concern), looks for the lease id among those released by their holders.
+/// the lease was ours; otherwise, when its fencing token `token` is known, a second one, a
+/// read through `reads` (the primary, majority read concern), tells whether its holder ended
+/// it ([`document::released_by_holder`]). Without the token (a lease id whose grant this
+/// backend never saw) a lease that is not current counts as not ours.
 pub(super) async fn release(
     coll: &Collection<Document>,
     reads: &Collection<Document>,
     name: &str,
     lease_id: &LeaseId,
+    token: Option<u64>,
     reserve: bool,
 ) -> Result<Option<queue::Handoff>> {
     let (filter, pipeline, projection) = release_command(name, lease_id, reserve);
@@ -112,14 +124,29 @@ pub(super) async fn release(
         )));
     }
     // Not ours any more: released by an earlier try of this release, or ended by someone else.
-    let mut before = document::released_before("", lease_id.as_str());
-    before.insert("_id", name);
+    let before = released_before(reads, name, token, "release (find)").await?;
+    Ok(before.then_some(queue::Handoff::Unknown))
+}
+
+/// Whether the holder of the lease with fencing token `token` (if known) of `name` ended it
+/// ([`document::released_by_holder`]): one read through `reads`.
+pub(super) async fn released_before(
+    reads: &Collection<Document>,
+    name: &str,
+    token: Option<u64>,
+    op: &str,
+) -> Result<bool> {
+    let Some(token) = token else {
+        return Ok(false);
+    };
+    let mut filter = document::released_by_holder("", token);
+    filter.insert("_id", name);
     let found = reads
-        .find_one(before)
+        .find_one(filter)
         .projection(doc! { "_id": 1 })
         .await
-        .map_err(|e| classify(e, "release (find)"))?;
-    Ok(found.map(|_| queue::Handoff::Unknown))
+        .map_err(|e| classify(e, op))?;
+    Ok(found.is_some())
 }
 
 /// What a `release_after` did.
@@ -135,9 +162,9 @@ pub(super) enum EndedAfter {
 
 /// The `release_after`'s `findAndModify`: filter, pipeline and reply projection. One
 /// `$replaceWith` decides, by `$$NOW`, between keeping the lease on (still unexpired, and its
-/// `acquiredAt + min_hold` ahead: `expiresAt` set to that, the id recorded in `released` and
-/// `lastReleased` — so that extensions are refused, a retry succeeds and change streams see
-/// the write) and the plain release of [`release_command`] (the same fields, the same
+/// `acquiredAt + min_hold` ahead: `expiresAt` set to that, the id recorded in `lastReleased` —
+/// so that extensions are refused, a takeover at its end does not count as ending it, a retry
+/// succeeds and change streams see the write) and the plain release of [`release_command`] (the same fields, the same
 /// handoff).
 pub(super) fn release_after_command(
     name: &str,
@@ -157,15 +184,8 @@ pub(super) fn release_after_command(
         { "$gt": ["$expiresAt", "$$NOW"] },
         { "$gt": [hold_until.clone(), "$$NOW"] },
     ] };
-    // Kept on by an earlier try: the list is left as it is (no second entry).
-    let recorded = doc! { "$in": [{ "$literal": id }, { "$ifNull": ["$released.id", []] }] };
     let held_on = doc! { "$mergeObjects": ["$$ROOT", {
         EXPIRES_AT: hold_until,
-        document::RELEASED: { "$cond": [
-            recorded,
-            "$released",
-            document::released_after(document::RELEASED, id),
-        ] },
         LAST_RELEASED: { "$literal": id },
     }] };
     let pipeline = vec![doc! { "$replaceWith": { "$cond": [holding, held_on, released] } }];
@@ -180,6 +200,7 @@ pub(super) async fn release_after(
     reads: &Collection<Document>,
     name: &str,
     lease_id: &LeaseId,
+    token: Option<u64>,
     min_hold: Duration,
     reserve: bool,
 ) -> Result<Option<EndedAfter>> {
@@ -199,14 +220,8 @@ pub(super) async fn release_after(
             Some(lease_id.as_str()),
         ))));
     }
-    let mut before = document::released_before("", lease_id.as_str());
-    before.insert("_id", name);
-    let found = reads
-        .find_one(before)
-        .projection(doc! { "_id": 1 })
-        .await
-        .map_err(|e| classify(e, "release with a minimum hold (find)"))?;
-    Ok(found.map(|_| EndedAfter::Before))
+    let before = released_before(reads, name, token, "release with a minimum hold (find)").await?;
+    Ok(before.then_some(EndedAfter::Before))
 }
 
 pub(super) async fn force_release(

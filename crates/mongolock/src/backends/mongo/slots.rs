@@ -7,13 +7,14 @@
 //! ```text
 //! { _id: <name>, limit: <int>, slots: [{ id: <lease id>, token: <int64|null>, at: <date>,
 //!   exp: <date>, holder: {...} }], leaseId: <last writer's mark>, fencingToken, epoch,
-//!   acquiredAt, expiresAt: <at least every unexpired slot's exp>, holder, released: [...] }
+//!   acquiredAt, expiresAt: <at least every unexpired slot's exp>, holder, ended, endedFrom }
 //! ```
 //!
-//! Exclusive grants set `limit: null` (exclusive mode) and leave `slots` as it was: those
-//! slots no longer count (every reader and writer of slots requires slot mode, and an
-//! exclusive grant requires every slot expired), and the next slot grant discards them.
-//! Force-release sets `limit: null, slots: []`.
+//! Exclusive grants (which require every slot expired) and force-release set `limit: null`
+//! (exclusive mode) and `slots: []`. Every write that drops a slot its holder did not release
+//! (an expired slot discarded by a grant, a busy attempt or a release; a force-released one)
+//! records the slot's token in `ended`, so that a retried release of a slot is told from a
+//! lost one exactly as an exclusive lease's (`document::released_by_holder`).
 //! In slot mode `leaseId` is never null: a grant sets it to the new slot's lease id (the change
 //! stream reports a grant: observers learn of it, no acquirer is woken) and a release to
 //! `{released: <lease id>}`, which the stream reports as a change it cannot describe, so one
@@ -69,8 +70,8 @@ use mongodb::Collection;
 
 use super::acquire::{self, NewLifetime, EPOCH_TOKENS};
 use super::document::{
-    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, EPOCH, EXPIRES_AT, HOLDER, LEASE_ID,
-    RELEASED, TOKEN,
+    self, holder_doc, ttl_millis, LockSite, ACQUIRED_AT, ENDED, ENDED_FROM, EPOCH, EXPIRES_AT,
+    HOLDER, LEASE_ID, TOKEN,
 };
 use super::errors::classify;
 use crate::backend::{AcquireRequest, Attempt, Lease, LeaseHolder, LeaseId};
@@ -87,8 +88,28 @@ const FREE: &str = "__mongolockFree";
 const NEW_TOKEN: &str = "__mongolockToken";
 const NEW_EPOCH: &str = "__mongolockEpoch";
 const OK: &str = "__mongolockOk";
+const ENDING: &str = "__mongolockEnding";
 
-fn slot_mode() -> Document {
+/// The tokens of the slots for which `cond` (on `$$s`) holds (an array expression).
+fn slot_tokens(cond: Document) -> Document {
+    doc! { "$map": {
+        "input": { "$filter": { "input": { "$ifNull": ["$slots", []] }, "as": "s", "cond": cond } },
+        "in": "$$this.token",
+    } }
+}
+
+/// The `ended` and `endedFrom` fields after recording the tokens in the scratch field
+/// [`ENDING`] as ended by someone other than their holders (`document::released_by_holder`);
+/// `if_missing` is the floor when the document has none yet.
+fn ended_fields(if_missing: Bson) -> Document {
+    let ending = Bson::String(format!("${ENDING}"));
+    doc! {
+        ENDED: document::ended_after("$ended", ending.clone()),
+        ENDED_FROM: document::ended_from_after("$ended", "$endedFrom", ending, if_missing),
+    }
+}
+
+pub(super) fn slot_mode() -> Document {
     doc! { "$isNumber": "$limit" }
 }
 
@@ -174,19 +195,37 @@ fn acquire_pipeline(
         EXPIRES_AT: latest_exp(Bson::String(format!("${LIVE}")), Bson::Document(new_exp)),
         HOLDER: { "$literal": holder_doc(&req.holder) },
     };
+    // The leases this attempt ends unreleased, if it writes: the slots it discards (expired,
+    // and our own earlier one), or, outside slot mode, the exclusive lease a grant takes over.
+    let ending = doc! { "$cond": [
+        slot_mode(),
+        slot_tokens(doc! { "$or": [
+            { "$lte": ["$$s.exp", "$$NOW"] },
+            { "$eq": ["$$s.id", { "$literal": mine }] },
+        ] }),
+        acquire::ended_by_grant(None),
+    ] };
     vec![
-        doc! { "$set": { LIVE: live_slots(mine) } },
+        doc! { "$set": { LIVE: live_slots(mine), ENDING: ending } },
         doc! { "$set": { FREE: free, NEW_TOKEN: token, NEW_EPOCH: epoch } },
         doc! { "$replaceWith": { "$cond": [
             format!("${FREE}"),
-            { "$mergeObjects": ["$$ROOT", grant] },
+            { "$mergeObjects": [
+                "$$ROOT",
+                grant,
+                ended_fields(Bson::String(format!("${NEW_TOKEN}"))),
+            ] },
             { "$cond": [
                 slot_mode(),
-                { "$mergeObjects": ["$$ROOT", { SLOTS: format!("${LIVE}") }] },
+                { "$mergeObjects": [
+                    "$$ROOT",
+                    { SLOTS: format!("${LIVE}") },
+                    ended_fields(Bson::String("$$REMOVE".into())),
+                ] },
                 "$$ROOT",
             ] },
         ] } },
-        doc! { "$unset": [LIVE, FREE, NEW_TOKEN, NEW_EPOCH] },
+        doc! { "$unset": [LIVE, FREE, NEW_TOKEN, NEW_EPOCH, ENDING] },
     ]
 }
 
@@ -393,6 +432,8 @@ async fn stamp(coll: &Collection<Document>, req: &AcquireRequest) -> Result<Atte
                             "$epoch",
                             { "$literal": epoch },
                         ] },
+                        // The lifetime's first token, when it is.
+                        ENDED_FROM: { "$ifNull": ["$endedFrom", format!("${NEW_TOKEN}")] },
                         SLOTS: { "$map": {
                             "input": "$slots",
                             "as": "s",
@@ -477,15 +518,17 @@ pub(super) async fn extend(
     }
 }
 
-/// Ends our slot: removes it (and expired ones), records our id among the released ones,
-/// lowers `expiresAt` to the latest remaining slot's `exp` (or now), and sets `leaseId` to
-/// `{released: <id>}` so that the change stream reports the release. `Ok(true)` also for a retry
-/// of our own earlier release; `Ok(false)` when the slot was not ours (any more).
+/// Ends our slot: removes it (and expired ones, whose tokens go to `ended`), lowers
+/// `expiresAt` to the latest remaining slot's `exp` (or now), and sets `leaseId` to
+/// `{released: <id>}` so that the change stream reports the release. `Ok(true)` also for a
+/// retry of our own earlier release (told by the slot's token `token`, when known:
+/// `document::released_by_holder`); `Ok(false)` when the slot was not ours (any more).
 pub(super) async fn release(
     coll: &Collection<Document>,
     reads: &Collection<Document>,
     name: &str,
     lease_id: &LeaseId,
+    token: Option<u64>,
 ) -> Result<bool> {
     let mine = lease_id.as_str();
     let rest = doc! { "$filter": {
@@ -500,7 +543,14 @@ pub(super) async fn release(
         .find_one_and_update(
             doc! { "_id": name, "slots.id": mine, "$expr": slot_mode() },
             vec![
-                doc! { "$set": { OK: rest } },
+                doc! { "$set": {
+                    OK: rest,
+                    // Expired slots of others, discarded unreleased.
+                    ENDING: slot_tokens(doc! { "$and": [
+                        { "$ne": ["$$s.id", { "$literal": mine }] },
+                        { "$lte": ["$$s.exp", "$$NOW"] },
+                    ] }),
+                } },
                 doc! { "$set": {
                     SLOTS: format!("${OK}"),
                     LEASE_ID: { "$literal": { "released": mine } },
@@ -509,9 +559,9 @@ pub(super) async fn release(
                         latest_exp(Bson::String(format!("${OK}")), Bson::Null),
                         { "$min": ["$expiresAt", "$$NOW"] },
                     ] },
-                    RELEASED: document::released_after(RELEASED, mine),
                 } },
-                doc! { "$unset": [OK] },
+                doc! { "$set": ended_fields(Bson::String("$$REMOVE".into())) },
+                doc! { "$unset": [OK, ENDING] },
             ],
         )
         .projection(doc! { "_id": 1 })
@@ -520,14 +570,7 @@ pub(super) async fn release(
     if doc.is_some() {
         return Ok(true);
     }
-    let mut before = document::released_before("", mine);
-    before.insert("_id", name);
-    let found = reads
-        .find_one(before)
-        .projection(doc! { "_id": 1 })
-        .await
-        .map_err(|e| classify(e, "semaphore release (find)"))?;
-    Ok(found.is_some())
+    super::ops::released_before(reads, name, token, "semaphore release (find)").await
 }
 
 /// Whether `lease_id` still has a slot of `name` (expired or not): the check a slot holder
@@ -552,8 +595,8 @@ pub(super) async fn still_holds(
 /// `$$NOW`. Like a release, it removes the slot (and expired ones), lowers `expiresAt` to the
 /// latest remaining slot's `exp` (or now), and sets `leaseId` to `{released: <unique string>}`
 /// so that the change stream of every backend reports it (the string is in no backend's
-/// lease-id range); unlike a release it records no released id, so the holder's own release
-/// reports the loss. Returns whether a slot was ended.
+/// lease-id range); unlike a release it records the slot's token in `ended`, so the holder's
+/// own release reports the loss. Returns whether a slot was ended.
 pub(super) async fn force_release_token(
     coll: &Collection<Document>,
     name: &str,
@@ -586,7 +629,14 @@ pub(super) async fn force_release_token(
                 } }] },
             ] } },
             vec![
-                doc! { "$set": { OK: rest } },
+                doc! { "$set": {
+                    OK: rest,
+                    // The forced slot and the expired ones, ended unreleased.
+                    ENDING: slot_tokens(doc! { "$or": [
+                        { "$eq": ["$$s.token", token] },
+                        { "$lte": ["$$s.exp", "$$NOW"] },
+                    ] }),
+                } },
                 doc! { "$set": {
                     SLOTS: format!("${OK}"),
                     LEASE_ID: { "$literal": { "released": forced.as_str() } },
@@ -596,7 +646,8 @@ pub(super) async fn force_release_token(
                         { "$min": ["$expiresAt", "$$NOW"] },
                     ] },
                 } },
-                doc! { "$unset": [OK] },
+                doc! { "$set": ended_fields(Bson::String("$$REMOVE".into())) },
+                doc! { "$unset": [OK, ENDING] },
             ],
         )
         .await

@@ -153,6 +153,51 @@ pub async fn semaphore_slot_returns_after_a_crashed_holders_lease(backend: Arc<d
     c.release().await.unwrap();
 }
 
+/// A slot that expired unreleased and whose name was then taken as a lock (an exclusive
+/// grant, which ends every slot) reports the loss when its holder releases it, and so does a
+/// slot whose holder releases it twice after that.
+pub async fn an_expired_slot_taken_by_a_lock_reports_its_loss(backend: Arc<dyn LockBackend>) {
+    let name = unique_name("sem-then-lock");
+    let crashed = builder(&backend)
+        .auto_extend(false)
+        .expiry(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let live = provider(&backend);
+    let a = crashed
+        .semaphore(name.clone(), 1)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let lock = live
+        .lock(name.clone())
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name}: not taken as a lock after a slot's lease of 600 ms"));
+    assert!(
+        lock.fencing_token() > a.fencing_token(),
+        "{name}: lock token {} after slot token {}",
+        lock.fencing_token(),
+        a.fencing_token()
+    );
+    let slot_token = a.fencing_token();
+    let lease_id = a.lease_id().clone();
+    match a.release().await {
+        Err(Error::LeaseLost { .. }) => {}
+        other => panic!("{name}: release of the expired slot (token {}) after the lock's grant (token {}): {other:?}",
+            slot_token, lock.fencing_token()),
+    }
+    assert!(
+        !backend.release(&name, &lease_id).await.unwrap(),
+        "{name}: a repeated release of the lost slot reported success"
+    );
+    assert!(!lock.is_lost());
+    lock.release().await.unwrap();
+}
+
 /// A limit of 0 and a limit other than the holders' are typed errors with clear messages;
 /// once every slot is released a new limit applies.
 pub async fn semaphore_bad_limits_are_typed_errors(backend: Arc<dyn LockBackend>) {
