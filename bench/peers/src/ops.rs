@@ -5,11 +5,10 @@
 //! here and the library's own row in the main table is what the library adds around its
 //! commands.
 //!
-//! Three more rows price a candidate cheap path for the uncontended case: an acquire with the
+//! Two more rows price a candidate cheap path for the uncontended case: an acquire with the
 //! "free" test in the filter and one small `$set` ([`fast_acquire`]), with mongolock's release
-//! as sent, and with a one-`$set` release ([`fast_release`]) that keeps, or does not keep, the
-//! list of released lease ids. Every pair runs on one name, so that list is at its cap (the
-//! last [`mongolock::RELEASED_KEPT_MAX`] ids), as on any busy name.
+//! as sent, and with a one-`$set` release ([`fast_release`]). Every pair runs on one name, as
+//! on any busy name.
 
 use std::time::{Duration, Instant};
 
@@ -86,29 +85,14 @@ async fn fast_acquire(coll: &Collection<Document>, name: &str, mine: &str) {
     assert_eq!(d.get_str("leaseId").unwrap(), mine);
 }
 
-/// A candidate cheap release: one `$set`, keeping (`keep_released`) or not the released ids.
-async fn fast_release(coll: &Collection<Document>, name: &str, mine: &str, keep_released: bool) {
-    let mut set = doc! {
+/// A candidate cheap release for the uncontended case (no queue): one `$set`.
+async fn fast_release(coll: &Collection<Document>, name: &str, mine: &str) {
+    let set = doc! {
         "leaseId": Bson::Null,
         "expiresAt": { "$min": ["$expiresAt", "$$NOW"] },
         "lastReleased": { "$literal": mine },
         "next": { "$literal": format!("/{mine}") },
     };
-    if keep_released {
-        set.insert(
-            "released",
-            doc! { "$slice": [
-                { "$concatArrays": [
-                    { "$filter": {
-                        "input": { "$ifNull": ["$released", []] },
-                        "cond": { "$gt": ["$$this.at", { "$subtract": ["$$NOW", 60_000_i64] }] },
-                    } },
-                    [{ "id": { "$literal": mine }, "at": "$$NOW" }],
-                ] },
-                -256_i64,
-            ] },
-        );
-    }
     let r = coll
         .find_one_and_update(
             doc! { "_id": name, "leaseId": mine, "waiters": { "$in": [Bson::Null, []] } },
@@ -189,11 +173,7 @@ pub fn ops(pairs: usize) {
             // The first acquisition creates the lock document (with its fencing epoch).
             let as_sent = "ops-as-sent";
             let provider = LockProvider::builder(backend.clone()).build().unwrap();
-            for name in [
-                as_sent,
-                "ops-fast acquire + fast release",
-                "ops-fast acquire + fast release, no released list",
-            ] {
+            for name in [as_sent, "ops-fast acquire + one-$set release"] {
                 let lock = provider.lock(name).unwrap();
                 lock.acquire().await.unwrap().release().await.unwrap();
             }
@@ -201,8 +181,7 @@ pub fn ops(pairs: usize) {
             for variant in [
                 "mongolock's, as sent",
                 "fast acquire + release as sent",
-                "fast acquire + fast release",
-                "fast acquire + fast release, no released list",
+                "fast acquire + one-$set release",
                 "findAndModify, operators",
                 "minimal (peer-like)",
             ] {
@@ -238,12 +217,10 @@ pub fn ops(pairs: usize) {
                                         .unwrap();
                                     assert!(r.is_some(), "released");
                                 }
-                                "fast acquire + fast release"
-                                | "fast acquire + fast release, no released list" => {
+                                "fast acquire + one-$set release" => {
                                     let mine = lease_id();
                                     fast_acquire(&coll, &name, &mine).await;
-                                    let keep = variant == "fast acquire + fast release";
-                                    fast_release(&coll, &name, &mine, keep).await;
+                                    fast_release(&coll, &name, &mine).await;
                                 }
                                 "findAndModify, operators" => {
                                     pair_fam_operators(&coll, &name).await
