@@ -139,6 +139,8 @@ pub enum WorkerEvent {
         /// `false` (`None` in logs of older versions).
         checked_us: Option<i64>,
     },
+    /// The worker's `release()` of the lease with this token returned `Ok`.
+    Released { name: String, token: u64 },
 }
 
 /// What kind of rule was broken.
@@ -166,11 +168,15 @@ pub enum ViolationKind {
     SlotOverLimit,
     /// A slot token was not larger than every token granted before for its name.
     SlotTokenNotIncreasing,
+    /// A worker's `release()` returned `Ok` for a lease that ended without a release (taken
+    /// over after expiry, or its document deleted): the library told its holder that nothing
+    /// overlapped when someone else had the lock.
+    FalseRelease,
 }
 
 impl ViolationKind {
     /// Every kind, in report order.
-    pub const ALL: [ViolationKind; 10] = [
+    pub const ALL: [ViolationKind; 11] = [
         ViolationKind::Overlap,
         ViolationKind::TokenNotIncreasing,
         ViolationKind::StaleWriteAccepted,
@@ -181,6 +187,7 @@ impl ViolationKind {
         ViolationKind::CliOverlap,
         ViolationKind::SlotOverLimit,
         ViolationKind::SlotTokenNotIncreasing,
+        ViolationKind::FalseRelease,
     ];
 
     /// Short name used in the summary.
@@ -196,6 +203,7 @@ impl ViolationKind {
             ViolationKind::CliOverlap => "cli_overlap",
             ViolationKind::SlotOverLimit => "slot_over_limit",
             ViolationKind::SlotTokenNotIncreasing => "slot_token_not_increasing",
+            ViolationKind::FalseRelease => "false_release",
         }
     }
 }
@@ -244,6 +252,9 @@ pub struct Checker {
     slot_counts: SlotCounts,
     /// Per (name, token) of a grant that ended without a release: its end (µs) and lease.
     unreleased_end: HashMap<(String, u64), (i64, String)>,
+    /// The (name, token) of grants that someone else ended (taken over or deleted; not those
+    /// still open when the recording ended), with their lease: rule (11).
+    ended_by_others: HashMap<(String, u64), String>,
     /// How far (µs) a worker's clock may be ahead of the server's for rule (9); `None`: the
     /// rule is off (a server on another host, whose clock is not the workers').
     expiry_tolerance_us: Option<i64>,
@@ -343,9 +354,25 @@ impl Checker {
                     (grant.name.clone(), token),
                     (grant.end_us, grant.lease.clone()),
                 );
+                self.ended_by_others
+                    .insert((grant.name.clone(), token), grant.lease.clone());
             }
         }
         self.last_grant.insert(grant.name.clone(), grant);
+    }
+
+    /// A grant still open when the recording ended (`LockHistory::finish`): checked like any
+    /// other, but how it ended is unknown, so it never counts as ended by someone else.
+    pub fn open_at_end(&mut self, grant: Grant) {
+        let keys: Vec<(String, u64)> = grant
+            .tokens
+            .iter()
+            .map(|t| (grant.name.clone(), *t))
+            .collect();
+        self.grant(grant);
+        for key in keys {
+            self.ended_by_others.remove(&key);
+        }
     }
 
     /// One slot event of a semaphore name, in write order per name. Checks (7): at the grant
@@ -554,6 +581,16 @@ impl Checker {
                         self.violate(ViolationKind::WriteAfterLost, evidence);
                     }
                     self.logged_ids.insert(write_id);
+                }
+                WorkerEvent::Released { name, token } => {
+                    if let Some(lease) = self.ended_by_others.get(&(name.clone(), token)) {
+                        let evidence = format!(
+                            "worker {worker}: release() of {name:?} (token {token}, lease \
+                             {lease}) returned Ok, but the lease ended without a release (taken \
+                             over after expiry, or its document deleted)"
+                        );
+                        self.violate(ViolationKind::FalseRelease, evidence);
+                    }
                 }
             }
         }
@@ -832,6 +869,34 @@ mod tests {
             released,
             end_us: end,
         }
+    }
+
+    #[test]
+    fn a_release_reported_for_a_lease_someone_else_ended_is_a_violation() {
+        let mut c = Checker::new();
+        // a (token 1) released; b (token 2) taken over by c (token 3), which was released;
+        // d (token 4) still open when the recording ended.
+        c.grant(grant("n", "a", 1, 0, 100));
+        let mut b = grant("n", "b", 2, 200, 300);
+        b.released = false;
+        c.grant(b);
+        c.grant(grant("n", "c", 3, 300, 400));
+        let mut d = grant("n", "d", 4, 500, 600);
+        d.released = false;
+        c.open_at_end(d);
+        let released = |token| WorkerEvent::Released {
+            name: "n".into(),
+            token,
+        };
+        c.worker_log("w1", [released(1), released(4)]);
+        assert_eq!(c.total(), 0, "{:?}", c.first());
+        c.worker_log("w2", [released(2)]);
+        assert_eq!(c.counts().get(&ViolationKind::FalseRelease), Some(&1));
+        let evidence = &c.first()[0].evidence;
+        assert!(
+            evidence.contains("worker w2") && evidence.contains("token 2"),
+            "{evidence}"
+        );
     }
 
     #[test]

@@ -290,7 +290,7 @@ pub async fn read_histories(
         }
     }
     for grant in history.finish() {
-        checker.grant(grant);
+        checker.open_at_end(grant);
     }
     totals.grants = history.grants_opened();
     totals.deletes = history.deletes();

@@ -228,11 +228,13 @@ pub fn read_log(path: &Path) -> std::io::Result<(Vec<WorkerEvent>, LogTotals)> {
                 totals.lost_seen += 1;
                 events.push(WorkerEvent::Lost { name, token });
             }
-            LogLine::End { how, .. } => {
-                if how == EndHow::RanOut {
-                    totals.ran_out += 1;
-                }
-            }
+            LogLine::End {
+                how, name, token, ..
+            } => match how {
+                EndHow::RanOut => totals.ran_out += 1,
+                EndHow::Released => events.push(WorkerEvent::Released { name, token }),
+                _ => {}
+            },
             LogLine::Dropped { what, .. } => {
                 if what == "acquire" {
                     totals.dropped_acquires += 1;
