@@ -3,15 +3,16 @@
 //! which a release that finds the lease gone tells its own earlier try from a loss
 //! (`document::released_by_holder`).
 //!
-//! A lease is remembered from its grant until its release has had an outcome and
-//! [`KEPT_AFTER_RELEASE`] more releases of this backend followed: so a repeated release (a
-//! caller's retry after a reply it never saw) is still recognised, and a release whose outcome
-//! was an error stays recognisable for as long as the caller retries it.
+//! A lease is remembered from its grant until [`RELEASED_KEPT_FOR`] after its release had an
+//! outcome (success, loss or error), and at most [`KEPT_RELEASED_MAX`] released leases are
+//! kept: so a repeated release (a caller's retry after a reply it never saw, or after an
+//! error) is still recognised within the release timeout, and memory stays bounded.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
-use crate::backend::LeaseId;
+use crate::backend::{LeaseId, RELEASED_KEPT_FOR};
 
 /// What a backend remembers of one lease it granted.
 #[derive(Clone, Copy, Debug)]
@@ -27,8 +28,9 @@ pub(super) struct Granted {
 /// direction). Slots are always remembered: their path depends on it.
 const MAX_REMEMBERED: usize = 1 << 16;
 
-/// How many later releases a released lease is remembered for.
-const KEPT_AFTER_RELEASE: usize = 1024;
+/// At most this many released leases are remembered (the oldest are forgotten first): at
+/// 2,000 releases a second by one process, still 8 s, above the default release timeout.
+const KEPT_RELEASED_MAX: usize = 1 << 14;
 
 #[derive(Debug, Default)]
 pub(super) struct Leases {
@@ -39,8 +41,8 @@ pub(super) struct Leases {
 struct Inner {
     /// Each lease, and whether its release had an outcome.
     granted: HashMap<LeaseId, (Granted, bool)>,
-    /// Released leases, oldest first (each forgotten [`KEPT_AFTER_RELEASE`] releases later).
-    released: VecDeque<LeaseId>,
+    /// Released leases, oldest first, with the time of their release's outcome.
+    released: VecDeque<(LeaseId, Instant)>,
 }
 
 impl Leases {
@@ -65,17 +67,24 @@ impl Leases {
         self.get(lease_id).is_some_and(|g| g.slot)
     }
 
-    /// The release of `lease_id` had an outcome: it is forgotten after
-    /// [`KEPT_AFTER_RELEASE`] more.
+    /// The release of `lease_id` had an outcome (success, loss or error): it is forgotten
+    /// [`RELEASED_KEPT_FOR`] later, or earlier when [`KEPT_RELEASED_MAX`] leases were
+    /// released since.
     pub(super) fn released(&self, lease_id: &LeaseId) {
+        let now = Instant::now();
         let mut inner = self.inner();
         match inner.granted.get_mut(lease_id) {
             Some((_, released)) if !*released => *released = true,
             _ => return,
         }
-        inner.released.push_back(lease_id.clone());
-        while inner.released.len() > KEPT_AFTER_RELEASE {
-            if let Some(old) = inner.released.pop_front() {
+        inner.released.push_back((lease_id.clone(), now));
+        while let Some((_, at)) = inner.released.front() {
+            if inner.released.len() <= KEPT_RELEASED_MAX
+                && now.saturating_duration_since(*at) <= RELEASED_KEPT_FOR
+            {
+                break;
+            }
+            if let Some((old, _)) = inner.released.pop_front() {
                 inner.granted.remove(&old);
             }
         }
@@ -88,6 +97,7 @@ mod tests {
 
     #[test]
     fn a_released_lease_is_remembered_for_the_next_releases_then_forgotten() {
+        // (Forgetting after `RELEASED_KEPT_FOR` is the same loop, by time.)
         let leases = Leases::default();
         let first = LeaseId::random();
         leases.granted(
@@ -101,7 +111,7 @@ mod tests {
         leases.released(&first);
         assert_eq!(leases.get(&first).map(|g| g.token), Some(7));
         assert!(leases.is_slot(&first));
-        for token in 0..KEPT_AFTER_RELEASE as u64 - 1 {
+        for token in 0..KEPT_RELEASED_MAX as u64 - 1 {
             let id = LeaseId::random();
             leases.granted(&id, Granted { slot: false, token });
             leases.released(&id);
@@ -118,6 +128,6 @@ mod tests {
         leases.released(&last);
         assert!(leases.get(&first).is_none(), "kept too long");
         assert!(leases.get(&last).is_some());
-        assert_eq!(leases.inner().granted.len(), KEPT_AFTER_RELEASE);
+        assert_eq!(leases.inner().granted.len(), KEPT_RELEASED_MAX);
     }
 }

@@ -181,8 +181,9 @@
 //! list). So one read decides: the lease was released by its holder when its token is at or
 //! above the floor, at most the document's token, and not in `ended` (the argument is at
 //! `document::released_by_holder`). The backend remembers the token of each lease it
-//! granted (`leases.rs`) until 1024 of its releases after the lease's release; a release of a
-//! lease id it never saw granted (an abandoned attempt's) counts a gone lease as not ours.
+//! granted (`leases.rs`) until a minute after the lease's release (at most the 16,384 most
+//! recently released); a release of a lease id it never saw granted (an abandoned attempt's)
+//! counts a gone lease as not ours.
 //! So [`Error::LeaseLost`] means someone else really ended the lease (or, the safe way
 //! round, that more than 64 leases of the name were ended by others meanwhile, or the
 //! document was deleted by TTL cleanup). Nothing a release writes grows with the name's
@@ -504,9 +505,7 @@ impl MongoBackend {
     async fn release_slot(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
         let token = self.token(lease_id);
         let released = slots::release(&self.coll, &self.reads, name, lease_id, token).await;
-        if released.is_ok() {
-            self.leases.released(lease_id);
-        }
+        self.leases.released(lease_id);
         self.watch.released_name(name, &queue::Handoff::Unknown);
         released
     }
@@ -607,9 +606,7 @@ impl LockBackend for MongoBackend {
             self.fair_handoff,
         )
         .await;
-        if matches!(released, Ok(Some(_))) {
-            self.leases.released(lease_id);
-        }
+        self.leases.released(lease_id);
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.watch.released(lease_id);
         // The stream leaves out this backend's own releases: its waiters are told here (after
@@ -651,9 +648,7 @@ impl LockBackend for MongoBackend {
             self.fair_handoff,
         )
         .await;
-        if ended.is_ok() {
-            self.leases.released(lease_id);
-        }
+        self.leases.released(lease_id);
         // Ended or given up on: no more loss detection for it.
         self.watch.released(lease_id);
         // The stream leaves out this backend's own writes: its waiters are told here.
