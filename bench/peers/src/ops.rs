@@ -30,25 +30,35 @@ fn rand_u128() -> u128 {
     (u128::from(h.finish()) << 64) | u128::from(h.finish().rotate_left(17))
 }
 
-/// mongolock's own acquire and release commands, as its MongoDB backend sends them for an
-/// uncontended pair (`MongoBackend::command_shapes`), on a lock document that exists.
-async fn pair_as_sent(coll: &Collection<Document>, backend: &MongoBackend, name: &str) {
-    let req = AcquireRequest {
+/// An uncontended exclusive request for `name` with a lease id of `backend`.
+fn request(backend: &MongoBackend, name: &str) -> AcquireRequest {
+    AcquireRequest {
         name: name.to_owned(),
         lease_id: backend.new_lease_id(),
         ttl: Duration::from_secs(30),
         holder: HolderInfo::current(None),
         mode: LeaseMode::Exclusive,
-    };
+    }
+}
+
+/// mongolock's own acquire and release commands, as its MongoDB backend sends them for an
+/// uncontended pair (`MongoBackend::command_shapes`), on a lock document that exists; with
+/// `fast`, the acquire is [`fast_acquire`] instead.
+async fn pair_as_sent(coll: &Collection<Document>, backend: &MongoBackend, name: &str, fast: bool) {
+    let req = request(backend, name);
     let [(f, p, proj), (rf, rp, rproj)] = backend.command_shapes(&req);
-    let d = coll
-        .find_one_and_update(f, p)
-        .return_document(ReturnDocument::After)
-        .projection(proj)
-        .await
-        .unwrap()
-        .expect("the lock document exists");
-    assert_eq!(d.get_str("leaseId").unwrap(), req.lease_id.as_str());
+    if fast {
+        fast_acquire(coll, name, req.lease_id.as_str()).await;
+    } else {
+        let d = coll
+            .find_one_and_update(f, p)
+            .return_document(ReturnDocument::After)
+            .projection(proj)
+            .await
+            .unwrap()
+            .expect("the lock document exists");
+        assert_eq!(d.get_str("leaseId").unwrap(), req.lease_id.as_str());
+    }
     let r = coll
         .find_one_and_update(rf, rp)
         .return_document(ReturnDocument::After)
@@ -197,25 +207,10 @@ pub fn ops(pairs: usize) {
                         for _ in 0..n {
                             match variant {
                                 "mongolock's, as sent" => {
-                                    pair_as_sent(&coll, &backend, &name).await
+                                    pair_as_sent(&coll, &backend, &name, false).await
                                 }
                                 "fast acquire + release as sent" => {
-                                    let req = AcquireRequest {
-                                        name: name.clone(),
-                                        lease_id: backend.new_lease_id(),
-                                        ttl: Duration::from_secs(30),
-                                        holder: HolderInfo::current(None),
-                                        mode: LeaseMode::Exclusive,
-                                    };
-                                    fast_acquire(&coll, &name, req.lease_id.as_str()).await;
-                                    let [_, (rf, rp, rproj)] = backend.command_shapes(&req);
-                                    let r = coll
-                                        .find_one_and_update(rf, rp)
-                                        .return_document(ReturnDocument::After)
-                                        .projection(rproj)
-                                        .await
-                                        .unwrap();
-                                    assert!(r.is_some(), "released");
+                                    pair_as_sent(&coll, &backend, &name, true).await
                                 }
                                 "fast acquire + one-$set release" => {
                                     let mine = lease_id();

@@ -106,22 +106,27 @@ pub async fn semaphore_tokens_grow_across_slots(backend: Arc<dyn LockBackend>) {
     e.release().await.unwrap();
 }
 
+/// A slot of `name` (of `limit`) whose holder never extends it: a 600 ms lease, as a crashed
+/// holder's.
+async fn crashed_slot(backend: &Arc<dyn LockBackend>, name: &str, limit: u32) -> crate::LockGuard {
+    builder(backend)
+        .auto_extend(false)
+        .expiry(Duration::from_millis(600))
+        .build()
+        .unwrap()
+        .semaphore(name, limit)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap()
+}
+
 /// A holder that stops extending (a crash) frees its slot when its lease expires by server
 /// time, not before; its guard reports the loss.
 pub async fn semaphore_slot_returns_after_a_crashed_holders_lease(backend: Arc<dyn LockBackend>) {
     let name = unique_name("sem-crash");
-    let crashed = builder(&backend)
-        .auto_extend(false)
-        .expiry(Duration::from_millis(600))
-        .build()
-        .unwrap();
+    let a = crashed_slot(&backend, &name, 2).await;
     let live = provider(&backend);
-    let a = crashed
-        .semaphore(name.clone(), 2)
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
     let b = live
         .semaphore(name.clone(), 2)
         .unwrap()
@@ -158,18 +163,8 @@ pub async fn semaphore_slot_returns_after_a_crashed_holders_lease(backend: Arc<d
 /// slot whose holder releases it twice after that.
 pub async fn an_expired_slot_taken_by_a_lock_reports_its_loss(backend: Arc<dyn LockBackend>) {
     let name = unique_name("sem-then-lock");
-    let crashed = builder(&backend)
-        .auto_extend(false)
-        .expiry(Duration::from_millis(600))
-        .build()
-        .unwrap();
+    let a = crashed_slot(&backend, &name, 1).await;
     let live = provider(&backend);
-    let a = crashed
-        .semaphore(name.clone(), 1)
-        .unwrap()
-        .acquire()
-        .await
-        .unwrap();
     let lock = live
         .lock(name.clone())
         .unwrap()
