@@ -361,9 +361,11 @@ impl Checker {
         self.last_grant.insert(grant.name.clone(), grant);
     }
 
-    /// A grant still open when the recording ended (`LockHistory::finish`): checked like any
-    /// other, but how it ended is unknown, so it never counts as ended by someone else.
-    pub fn open_at_end(&mut self, grant: Grant) {
+    /// A grant whose way of ending is unknown: still open when the recording ended
+    /// (`LockHistory::finish`), or recorded by its own worker (the memory backend, whose
+    /// grants end at a lower bound taken before the release). Checked like any other, but it
+    /// never counts as ended by someone else (rule `false_release`).
+    pub fn grant_ended_unknown(&mut self, grant: Grant) {
         let keys: Vec<(String, u64)> = grant
             .tokens
             .iter()
@@ -883,7 +885,7 @@ mod tests {
         c.grant(grant("n", "c", 3, 300, 400));
         let mut d = grant("n", "d", 4, 500, 600);
         d.released = false;
-        c.open_at_end(d);
+        c.grant_ended_unknown(d);
         let released = |token| WorkerEvent::Released {
             name: "n".into(),
             token,

@@ -290,7 +290,7 @@ pub async fn read_histories(
         }
     }
     for grant in history.finish() {
-        checker.open_at_end(grant);
+        checker.grant_ended_unknown(grant);
     }
     totals.grants = history.grants_opened();
     totals.deletes = history.deletes();

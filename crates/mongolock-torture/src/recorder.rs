@@ -190,7 +190,7 @@ pub async fn follow(
         if let Followed::Locks { history, .. } = &mut followed {
             let mut c = lock(&checker);
             for g in history.finish() {
-                c.open_at_end(g);
+                c.grant_ended_unknown(g);
             }
         }
     }))
