@@ -124,7 +124,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "\nFencing tokens only grow. The first lock document of a collection starts at 1, each \
-         later one at (epoch - 1) * 2^32 + 1, so tokens keep growing even after the TTL index \
+         later one at (epoch - 1) * 2^20 + 1, so tokens keep growing even after the TTL index \
          removed an unused document."
     );
     Ok(())

@@ -216,11 +216,12 @@
 //! 3. **Fencing tokens only grow.** Every acquisition of a name returns a token larger than every
 //!    token issued for that name before — across release, expiry, takeover, force-release and
 //!    cleanup of the lock document. Pass it to the resource you protect; it refuses smaller
-//!    tokens. On MongoDB a new name starts at 1 (or a multiple of 2²⁰ plus 1 when it shares its
-//!    epoch counter with earlier names), tokens never exceed 2⁵³ (exact in JSON and JavaScript;
-//!    [`Error::FencingTokensExhausted`] long before, in practice never), and dropping the lock
-//!    collection restarts them at 1. On PostgreSQL every token comes from the table's one
-//!    sequence (unique across names, with gaps).
+//!    tokens. On MongoDB a new name starts at 1, or at a multiple of 2²⁰ plus 1 when it shares
+//!    its epoch counter with earlier names or several processes raced to create it (each racer
+//!    takes an epoch first; the winner's may be a later one), tokens never exceed 2⁵³ (exact in
+//!    JSON and JavaScript; [`Error::FencingTokensExhausted`] long before, in practice never), and
+//!    dropping the lock collection restarts them at 1. On PostgreSQL every token comes from the
+//!    table's one sequence (unique across names, with gaps).
 //! 4. **Ownership is checked.** Extend and release act only on the caller's own lease (a unique
 //!    lease id); an expired lease is never extended. Release is idempotent for the owner: a
 //!    release retried after a lost reply reports success — however many others took and released
