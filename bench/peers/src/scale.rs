@@ -276,10 +276,21 @@ pub fn scale(quick: bool) {
         &[1, 100, 10_000]
     };
     let secs = if quick { 1.0 } else { 3.0 };
+    // `BENCH_SCALE_PROCS` / `BENCH_SCALE_NAMES` (comma-separated) replace the rows / columns.
+    let list = |var: &str, default: &[usize]| -> Vec<usize> {
+        std::env::var(var).map_or_else(
+            |_| default.to_vec(),
+            |v| v.split(',').map(|n| n.trim().parse().expect(var)).collect(),
+        )
+    };
+    let (procs, names) = (
+        list("BENCH_SCALE_PROCS", procs),
+        list("BENCH_SCALE_NAMES", names),
+    );
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let mut cells = Vec::new();
-    for &p in procs {
-        for &n in names {
+    for &p in &procs {
+        for &n in &names {
             eprintln!("scale: {p} processes × {n} names ...");
             cells.push(cell(p, n, secs, &rt));
         }

@@ -337,9 +337,13 @@
 //!   attempt fails), so a release does not start a stampede.
 //! * **A handoff costs one attempt across processes.** A waiter whose attempt finds the lock busy
 //!   queues its process in the lock document (row) in the same write; a release pops the first
-//!   live process of the queue and names it, and only that process wakes an acquirer (the others
-//!   stay asleep, and try once 500 ms later only if the designated process did not take the lock,
-//!   e.g. because it died). With [`MongoBackendBuilder::fair_handoff`]`(true)` the release also
+//!   live process of the queue and names it, and only that process wakes an acquirer. The others
+//!   stay asleep: on MongoDB the release also names the next queued process as backup, which
+//!   tries once 500 ms later only if nothing else happened to the name (the designated process
+//!   died, or its acquirers gave up), and the other processes' streams do not even receive the
+//!   release; on PostgreSQL every other process tries once 500 ms later on the same condition.
+//!   (If both the designated process and the backup died, the other MongoDB waiters try at the
+//!   holder's reported expiry.) With [`MongoBackendBuilder::fair_handoff`]`(true)` the release also
 //!   reserves the lock for the designated process for 500 ms, so processes are served strictly in
 //!   turn; the price is that a queued process that died or gave up holds the lock up for those
 //!   500 ms. The queue only orders who tries first: every grant is still the same atomic "free or
@@ -347,7 +351,9 @@
 //!   slots are not queued.
 //! * **Each process's stream carries only the names it uses** (MongoDB): its `$match` lists the
 //!   names the process waits on, observes or holds, so other processes' work on other names costs
-//!   it nothing. When an acquirer finds a name busy that the stream does not cover yet, it polls for
+//!   it nothing; of a name it only waits on, it receives only the releases that designate it
+//!   (first or as backup) or nobody, so with 100 processes waiting on one name each acquisition
+//!   costs about two change events in all, not one per process and write. When an acquirer finds a name busy that the stream does not cover yet, it polls for
 //!   a moment while the stream is reopened from its resume token with the name added (nothing it
 //!   covered is missed). A name held for more than about a second is added too, so a holder's lost
 //!   signal fires as soon as the stream shows another holder (or a force-release) on its name; a

@@ -870,6 +870,7 @@ async fn handoffs_among_processes(t: mongo::TestDb, processes: usize, rounds: us
     let name = unique("queue");
     let mut providers = Vec::new();
     let mut counters = Vec::new();
+    let mut backends = Vec::new();
     for _ in 0..processes {
         let (client, sent) = counting_client(&t.uri, None).await;
         let backend = MongoBackend::builder(&client.database(t.db.name()))
@@ -877,6 +878,7 @@ async fn handoffs_among_processes(t: mongo::TestDb, processes: usize, rounds: us
             .fair_handoff(fair)
             .build()
             .unwrap();
+        backends.push(backend.clone());
         providers.push(
             LockProvider::builder(backend)
                 .expiry(Duration::from_secs(60))
@@ -900,6 +902,8 @@ async fn handoffs_among_processes(t: mongo::TestDb, processes: usize, rounds: us
             .sum::<usize>()
     };
     let before = fam();
+    let events = || backends.iter().map(|b| b.stream_events()).sum::<u64>();
+    let events_before = events();
     let holders = Arc::new(AtomicUsize::new(0));
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -927,6 +931,10 @@ async fn handoffs_among_processes(t: mongo::TestDb, processes: usize, rounds: us
     let acquisitions = processes * rounds;
     // Every acquisition and every release is one findAndModify; the rest are busy attempts.
     let attempts = fam() - before - acquisitions;
+    // Events still on their way have arrived after a getMore period.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let delivered = events() - events_before;
+    let events_per_acquisition = delivered as f64 / acquisitions as f64;
     let per_handoff = attempts as f64 / acquisitions as f64;
     let order = order.lock().unwrap().clone();
     assert!(
@@ -944,7 +952,8 @@ async fn handoffs_among_processes(t: mongo::TestDb, processes: usize, rounds: us
         .map_or(usize::MAX, |p| p + 1);
     eprintln!(
         "{processes} processes (fair handoff {fair}), {acquisitions} acquisitions: {attempts} \
-         acquire attempts ({per_handoff:.2} per handoff); every process held the lock within \
+         acquire attempts ({per_handoff:.2} per handoff), {delivered} change events delivered \
+         ({events_per_acquisition:.2} per acquisition); every process held the lock within \
          the first {first_round} acquisitions"
     );
     if fair {
@@ -962,6 +971,17 @@ async fn handoffs_among_processes(t: mongo::TestDb, processes: usize, rounds: us
         per_handoff <= 4.0,
         "{attempts} attempts for {acquisitions} acquisitions ({per_handoff:.2} per handoff)"
     );
+    // A release reaches only the streams of the processes it designates, first and backup
+    // (a grant reaches none that only wait): about 2 events per acquisition, not one per
+    // waiting process and write. MongoDB 4.4's replace events (every write, whole) are not
+    // narrowed this way. The bound leaves room for held names a stream covers fully.
+    if !mongo::pipeline_updates_are_replace_events(&t.db).await {
+        assert!(
+            events_per_acquisition <= 3.0,
+            "{delivered} change events delivered for {acquisitions} acquisitions \
+             ({events_per_acquisition:.2} per acquisition) among {processes} processes"
+        );
+    }
 }
 
 /// With fair handoff, a process that died while first in the queue holds the lock up only for
@@ -969,6 +989,17 @@ async fn handoffs_among_processes(t: mongo::TestDb, processes: usize, rounds: us
 /// not after a lease or a registration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_process_at_the_head_of_the_queue_holds_nobody_up_for_long() {
+    dead_process_at_the_head_of_the_queue(true).await;
+}
+
+/// Without fair handoff the release reaches only the streams of the processes it designates:
+/// the dead first one, and the waiter's as backup, which tries after the handoff fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_backup_designee_serves_when_the_first_one_is_dead() {
+    dead_process_at_the_head_of_the_queue(false).await;
+}
+
+async fn dead_process_at_the_head_of_the_queue(fair: bool) {
     let t = test_database().await;
     let coll = unique("locks");
     let name = unique("dead-head");
@@ -976,7 +1007,7 @@ async fn a_dead_process_at_the_head_of_the_queue_holds_nobody_up_for_long() {
         LockProvider::builder(
             MongoBackend::builder(db)
                 .collection(coll.clone())
-                .fair_handoff(true)
+                .fair_handoff(fair)
                 .build()
                 .unwrap(),
         )
@@ -1027,13 +1058,28 @@ async fn a_dead_process_at_the_head_of_the_queue_holds_nobody_up_for_long() {
     let held_token = guard.fencing_token();
     guard.release().await.unwrap();
     let d = lock_doc().await;
-    assert_eq!(
-        d.get_document("reserved")
-            .ok()
-            .and_then(|r| r.get_str("m").ok()),
-        Some(dead),
+    // The waiter's process is the backup designee (its lease ids start with its mark).
+    let id = waiter.backend().new_lease_id();
+    let waiter_mark = &id.as_str()[..=id.as_str().find('-').unwrap()];
+    assert!(
+        d.get_str("backup")
+            .is_ok_and(|b| b.starts_with(&format!("{waiter_mark}/"))),
+        "the release made the waiter's process the backup: {d}"
+    );
+    assert!(
+        d.get_str("next")
+            .is_ok_and(|n| n.starts_with(&format!("{dead}/"))),
         "the release designated the dead process: {d}"
     );
+    if fair {
+        assert_eq!(
+            d.get_document("reserved")
+                .ok()
+                .and_then(|r| r.get_str("m").ok()),
+            Some(dead),
+            "the release reserved the lock for the dead process: {d}"
+        );
+    }
     let token = waiting.await.unwrap();
     let waited = released_at.elapsed();
     eprintln!("the waiter took the lock {waited:?} after the release (reservation 500 ms)");

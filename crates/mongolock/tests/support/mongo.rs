@@ -146,3 +146,32 @@ pub fn docs_with<T: Send + Sync>(
     .expect("valid provider options")
     .documents(coll)
 }
+
+/// Whether the deployment reports an update made with a pipeline as a `replace` event (MongoDB
+/// 4.4, or mongo-testserver built with `pipeline_updates_as_replace`) rather than an `update`
+/// event with an update description: asked of the deployment itself, with one change stream
+/// on a scratch collection.
+pub async fn pipeline_updates_are_replace_events(db: &Database) -> bool {
+    let coll = db.collection::<Document>(&unique("probe"));
+    coll.insert_one(doc! { "_id": 1, "v": 0 }).await.unwrap();
+    let mut stream = coll.watch().await.unwrap();
+    coll.update_one(
+        doc! { "_id": 1 },
+        vec![doc! { "$set": { "v": { "$add": ["$v", 1] } } }],
+    )
+    .await
+    .unwrap();
+    let kind = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match stream.next_if_any().await {
+                Ok(Some(ev)) => break ev.operation_type,
+                Ok(None) => {}
+                Err(e) => panic!("the probe's change stream failed: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("the probe's change event arrived within 30 s");
+    coll.drop().await.unwrap();
+    kind == mongodb::change_stream::event::OperationType::Replace
+}

@@ -7,11 +7,12 @@
 //! { _id: <name>, leaseId: <string|null>, fencingToken: <int64>, epoch: <int64|null>,
 //!   acquiredAt: <date>, expiresAt: <date>, holder: { host, pid, app },
 //!   ended: [<token>], endedFrom: <int64>, lastReleased: <string>,
-//!   waiters: [{ m: <backend mark>, until: <date> }], next: <string>,
+//!   waiters: [{ m: <backend mark>, until: <date> }], next: <string>, backup: <string>,
 //!   reserved: { m: <backend mark>, until: <date> } | null }
 //! ```
 //!
-//! (`waiters`, `next` and `reserved` order the handoff between processes: `queue.rs`.)
+//! (`waiters`, `next`, `backup` and `reserved` order the handoff between processes:
+//! `queue.rs`.)
 //!
 //! plus up to 4096 small fencing epoch counters, `{ _id: { mongolock: "fencing-epoch", bucket:
 //! <0..4095> }, epoch, takenAt }` (their `_id` is not a string, so
@@ -114,8 +115,8 @@
 //!   "$$NOW"]}}` and pipeline `$set expiresAt = $$NOW + ttl`; returns the new expiry. An expired
 //!   lease is never extended.
 //! * Release: `findAndModify` `{_id, leaseId: ours}` → `leaseId: null`, `expiresAt:
-//!   min(expiresAt, $$NOW)`, the handoff to the first queued process (`queue.rs`), whose mark
-//!   the reply returns (projected to `next`).
+//!   min(expiresAt, $$NOW)`, the handoff to the first queued process and the second as backup
+//!   (`queue.rs`), whose marks the reply returns (projected to `next`).
 //! * Release with a minimum hold (`release_after`, see the
 //!   [backend contract](crate::backend#minimum-hold-at-most-once-per-interval)): the same
 //!   filter and one `$replaceWith` whose `$cond` decides by `$$NOW`: while the lease is

@@ -19,7 +19,8 @@
 //! * A release (and a force-release) pops the first live entry and records it in
 //!   `next: "<mark>/<released lease id>"` (an empty mark when nobody is queued; the lease id
 //!   makes every release's `next` new, so a change stream always reports it, and a scalar is
-//!   reported whole, never as dotted sub-fields).
+//!   reported whole, never as dotted sub-fields), and the entry after it, which stays queued,
+//!   in `backup: "<mark>/<released lease id>"` (an empty mark when there is none).
 //! * With **fair handoff** (`MongoBackendBuilder::fair_handoff`, off by default) the release
 //!   also reserves the lock for the designated process for [`HANDOFF_FALLBACK`] of server time
 //!   (`reserved: {m, until}`): until then an attempt of another process finds the lock busy
@@ -34,9 +35,12 @@
 //!   designated process died, busy until that process's expiry (and woken by its release) if it
 //!   took the lock.
 //! * A process's change stream then wakes one of its acquirers only when `next` names its
-//!   backend (or names nobody). Other processes wake nobody at once, and one acquirer each
-//!   after [`HANDOFF_FALLBACK`] if nothing else happened to the name meanwhile: the designated
-//!   process died or its acquirers gave up. The releasing backend learns `next` from its
+//!   backend (or names nobody). The backup wakes one after [`HANDOFF_FALLBACK`] if nothing else
+//!   happened to the name meanwhile: the designated process died or its acquirers gave up.
+//!   Other processes that only wait on the name do not receive the release at all (their
+//!   streams pass only the releases that designate them, `watch.rs`, "Only the releases meant
+//!   for this process"); processes whose stream covers the name fully (they hold or observe it)
+//!   receive it and act as the backup does. The releasing backend learns `next` from its
 //!   release's reply and does the same in-process.
 //!
 //! The queue only orders who may try first: acquisition stays one atomic test of "free or
@@ -60,6 +64,8 @@ use crate::QueuedWaiter;
 pub(super) const WAITERS: &str = "waiters";
 /// The designation of the last release.
 pub(super) const NEXT: &str = "next";
+/// The backup designation of the last release (the second live entry).
+pub(super) const BACKUP: &str = "backup";
 /// The designated process's head start: `{m: <mark>, until: <date>}` or null.
 pub(super) const RESERVED: &str = "reserved";
 
@@ -136,6 +142,7 @@ fn after_grant(mark: &str, holder: &HolderInfo, ttl_ms: i64, requeue: bool) -> D
 pub(super) fn pop(released: &str, reserve: bool) -> Document {
     let mut fields = doc! {
         NEXT: { "$concat": [{ "$ifNull": ["$$first", ""] }, "/", { "$literal": released }] },
+        BACKUP: { "$concat": [{ "$ifNull": ["$$second", ""] }, "/", { "$literal": released }] },
         WAITERS: { "$slice": ["$$live", 1, MAX_WAITERS] },
     };
     if reserve {
@@ -155,7 +162,10 @@ pub(super) fn pop(released: &str, reserve: bool) -> Document {
         { "$let": {
             "vars": { "live": live() },
             "in": { "$let": {
-                "vars": { "first": { "$arrayElemAt": [marks("$$live"), 0] } },
+                "vars": {
+                    "first": { "$arrayElemAt": [marks("$$live"), 0] },
+                    "second": { "$arrayElemAt": [marks("$$live"), 1] },
+                },
                 "in": fields,
             } },
         } },

@@ -117,6 +117,51 @@
 //!   covered, so a release never designates a process whose stream would not tell it.
 //! * Documents locked in place keep an unfiltered stream (only holders use it).
 //!
+//! # Only the releases meant for this process (flat cost with many waiting processes)
+//! Narrowed to its names, a stream still received every grant and release of a name that many
+//! processes wait on: with P processes on one name, about 2·P events per acquisition, although
+//! the handoff queue (`queue.rs`) lets only the designated process try. So the stream covers a
+//! name in one of two ways ([`Narrowed`], `backends/notify/coverage.rs`):
+//!
+//! * **fully** (the `$match` above): the names observed here, and the names held here for
+//!   [`COVER_HELD_AFTER`] (or held and covered fully already) — a holder needs takeovers and
+//!   force-releases, an observer every change;
+//! * **for handoffs**: every other name in use (only waited on) and the names kept covered
+//!   after use. Of these the stream delivers only what an acquirer must act on:
+//!
+//!   ```text
+//!   documentKey._id in [names for handoffs] and (
+//!       operationType in [insert, replace, delete]
+//!    or updateDescription.updatedFields.next   in [<mark>, <mark>.)    -- designated first
+//!    or updateDescription.updatedFields.backup in [<mark>, <mark>.)    -- designated as backup
+//!    or updateDescription.updatedFields.next   in ["/", "0")           -- nobody was queued
+//!    or (updatedFields.leaseId is null and no updatedFields.next)      -- a lock without a queue
+//!    or updatedFields["leaseId.released"] exists                       -- a semaphore slot's release
+//!    or (updatedFields.lastReleased exists, no updatedFields.leaseId)) -- kept on with a minimum hold
+//!   ```
+//!
+//! A release pops the first live entry of the queue into `next` and names the second in
+//! `backup` (`queue.rs`), both as `"<mark>/<released id>"`, so each release reaches the
+//! streams of two processes. The first wakes one acquirer at once; the backup one after the
+//! handoff fallback, if nothing else reached it for the name meanwhile (the first died or its
+//! acquirers gave up). Grants reach no stream that only waits (they free nothing; an acquirer
+//! that lost the race sleeps until the winner's expiry or its own designation). Why no
+//! acquirer waits for ever:
+//!
+//! * a queued process is designated in turn (each release pops one entry; a busy attempt
+//!   re-registers);
+//! * a process that is not queued (the queue is full, or its name was not covered when it
+//!   tried) wakes at the holder's reported expiry, as a process always did when nothing was
+//!   written;
+//! * if the first and the backup both died or gave up, the lock is free and the others wake at
+//!   the holder's reported expiry (capped at a minute), as after a crash — the price of not
+//!   sending every release to every process. Before, every other process tried after the
+//!   fallback. Queue entries of dead processes end two seconds after the holder's expiry.
+//!
+//! Releases of a lock without a queue, semaphore slot releases (slots are not queued), leases
+//! kept on with a minimum hold, deletions and inserts reach every waiting process as before;
+//! so does everything on MongoDB 4.4, whose replace events carry no update description.
+//!
 //! # MongoDB 4.4: pipeline updates are replace events
 //! MongoDB 4.4 reports an update made with a pipeline (all of ours) as a `replace` event with
 //! the whole document and no `updateDescription`, so other backends' *extensions* pass the
@@ -133,8 +178,8 @@
 //! retries at once. Grants, this backend's or another's, wake no acquirer (the name is held
 //! again; the release or expiry before a grant is what lets a waiter in); observers and holders
 //! hear of them. A release wakes one only when its handoff (`next`) designates this backend or
-//! nobody; otherwise one after the fallback delay, if nothing else happened to the name
-//! meanwhile (`queue.rs`). With the stream healthy, a busy acquirer otherwise sleeps until the
+//! nobody; otherwise (this backend is the backup, or the name is covered fully) one after the
+//! fallback delay, if nothing else happened to the name meanwhile (`queue.rs`). With the stream healthy, a busy acquirer otherwise sleeps until the
 //! holder's reported expiry (a crashed holder writes nothing). Observers
 //! ([`wait_for_change`](crate::LockBackendExt::wait_for_change)) are all woken.
 //!
@@ -188,10 +233,10 @@ use mongodb::Collection;
 
 use super::document::{self, LAST_RELEASED, LEASE_ID, TOKEN};
 use super::errors;
-use super::queue::{Handoff, NEXT};
+use super::queue::{Handoff, BACKUP, NEXT};
 use crate::backend::{ChangeWaiter, LeaseId};
 use crate::backends::notify::handoff::new_mark;
-use crate::backends::notify::hub::{Change, Covered, Hub};
+use crate::backends::notify::hub::{Change, Covered, Hub, Narrowed};
 use crate::backends::notify::{Broke, Feed, Notifier, OpenFailed, Opened};
 
 /// How long the server holds an empty `getMore` open (`maxAwaitTimeMS`).
@@ -424,6 +469,13 @@ impl Watcher {
     }
 }
 
+/// The names of `set`, sorted (a stable pipeline for a stable set).
+fn sorted(set: &HashSet<Arc<str>>) -> Vec<&str> {
+    let mut names: Vec<&str> = set.iter().map(|n| &**n).collect();
+    names.sort_unstable();
+    names
+}
+
 /// The stream's pipeline; see the [module docs](self).
 fn pipeline(target: &Target, own: &str, covered: &Covered) -> Vec<Document> {
     match target {
@@ -463,12 +515,26 @@ fn names_pipeline(own: &str, covered: &Covered) -> Vec<Document> {
             ],
     };
     if let Covered::Only(names) = covered {
-        let mut names: Vec<&str> = names.iter().map(|n| &**n).collect();
-        names.sort_unstable();
+        // The releases meant for this process: `next` (first) or `backup` names its mark
+        // (`"<mark>/<released id>"`, in the range of its lease ids), or `next` names nobody
+        // (`"/<released id>"`); a release of a lock without a queue (no `next` written) and a
+        // semaphore slot's release (not queued) designate nobody either; a lease kept on with
+        // a minimum hold (`lastReleased` written, `leaseId` unchanged) tells every waiter its
+        // new expiry. Deletions, inserts and MongoDB 4.4's replace events pass as before.
+        let handoffs = vec![
+            doc! { "operationType": { "$in": ["insert", "replace", "delete"] } },
+            doc! { updated(NEXT): ours() },
+            doc! { updated(BACKUP): ours() },
+            doc! { updated(NEXT): { "$gte": "/", "$lt": "0" } },
+            doc! { updated(LEASE_ID): { "$type": "null" }, updated(NEXT): { "$exists": false } },
+            doc! { updated(&released_slot): { "$exists": true } },
+            doc! { updated(LAST_RELEASED): { "$exists": true }, updated(LEASE_ID): { "$exists": false } },
+        ];
         filter.insert(
             "$and",
             vec![doc! { "$or": [
-                { "documentKey._id": { "$in": names } },
+                { "documentKey._id": { "$in": sorted(&names.full) } },
+                { "documentKey._id": { "$in": sorted(&names.handoffs) }, "$or": handoffs },
                 { "operationType": { "$in": ["drop", "dropDatabase", "rename", "invalidate"] } },
             ] }],
         );
@@ -734,23 +800,45 @@ impl ChangeFeed {
     /// What the next stream covers: every name for document locks; for lock names, the names
     /// in use here plus those covered now (a name stays covered while the set is small, so
     /// that contention moving between a few names does not reopen the stream each time), or
-    /// every name past [`MAX_NARROWED`].
+    /// every name past [`MAX_NARROWED`]. Fully: the names observed here, and those held here
+    /// for [`COVER_HELD_AFTER`] or held and covered fully now; the others for handoffs only
+    /// (see "Only the releases meant for this process").
     fn coverage(&self, hub: &Hub) -> Covered {
         if *self.target != Target::Names {
             return Covered::All;
         }
-        let interest = hub.interest();
-        let mut names: HashSet<Arc<str>> = interest.into_iter().collect();
-        let in_use = names.len();
-        if let Covered::Only(now) = &self.covered {
-            if now.len() <= 2 * in_use + KEEP_COVERED {
-                names.extend(now.iter().cloned());
+        let now = Instant::now();
+        let narrowed_now = match &self.covered {
+            Covered::Only(n) => Some(n),
+            Covered::All => None,
+        };
+        let mut next = Narrowed::default();
+        for (name, interest) in hub.interest() {
+            let held_long = interest.held_since.is_some_and(|since| {
+                now.duration_since(since) >= COVER_HELD_AFTER
+                    || narrowed_now.is_some_and(|n| n.full.contains(&name))
+            });
+            if interest.observed || held_long {
+                next.full.insert(name);
+            } else {
+                next.handoffs.insert(name);
             }
         }
-        if names.len() > MAX_NARROWED {
+        let in_use = next.len();
+        if let Some(n) = narrowed_now {
+            if n.len() <= 2 * in_use + KEEP_COVERED {
+                // Names no longer in use here stay covered, for handoffs only.
+                for name in n.full.iter().chain(&n.handoffs) {
+                    if !next.full.contains(name) {
+                        next.handoffs.insert(name.clone());
+                    }
+                }
+            }
+        }
+        if next.len() > MAX_NARROWED {
             return Covered::All;
         }
-        Covered::Only(names)
+        Covered::Only(next)
     }
 
     /// Whether the stream should be reopened to cover more names: an acquirer or observer
@@ -796,7 +884,7 @@ impl Feed for ChangeFeed {
                 self.stream = Some(ManuallyDrop::new(stream));
                 self.opened_at = Instant::now();
                 if let Covered::Only(names) = &covered {
-                    tracing::debug!(namespace = %ns, names = names.len(), "the lock change stream covers the names in use here");
+                    tracing::debug!(namespace = %ns, fully = names.full.len(), handoffs = names.handoffs.len(), "the lock change stream covers the names in use here");
                 }
                 self.covered = covered.clone();
                 hub.cover(covered);

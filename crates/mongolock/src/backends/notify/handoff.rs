@@ -7,9 +7,12 @@
 //! wait for a change, while the backend's feed delivers the changes of the name, registers the
 //! mark in the lock's queue; a grant removes it, or moves it to the end when more of the
 //! backend's acquirers wait ([`Queueing`]). A release pops the first live entry: the
-//! **designated** backend ([`Handoff`]) wakes one acquirer at once, every other backend one
-//! only after [`HANDOFF_FALLBACK`](crate::backends::notify::hub::HANDOFF_FALLBACK) if nothing else
-//! happened to the name (`backends/notify/hub.rs`, `Hub::deliver`). Entries live until the
+//! **designated** backend ([`Handoff`]) wakes one acquirer at once, every other backend that
+//! receives the release one only after
+//! [`HANDOFF_FALLBACK`](crate::backends::notify::hub::HANDOFF_FALLBACK) if nothing else happened
+//! to the name (`backends/notify/hub.rs`, `Hub::deliver`). (MongoDB's change streams deliver a
+//! release only to the designated backend and a backup, the next in the queue, among the
+//! processes that only wait on the name: `mongo/watch.rs`.) Entries live until the
 //! holder's expiry plus [`REGISTRATION`] (a waiter re-registers each time it wakes at the
 //! holder's expiry and finds the lease extended), so a process that died leaves the queue by
 //! itself; a queue holds at most [`MAX_WAITERS`] entries.

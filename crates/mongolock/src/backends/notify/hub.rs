@@ -101,20 +101,53 @@ pub(crate) struct Hub {
 /// Which names the open feed delivers changes of.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Covered {
-    /// Every name.
+    /// Every change of every name.
     #[default]
     All,
-    /// These names only (narrowed feeds: MongoDB only, `coverage.rs`).
+    /// Some names only (narrowed feeds: MongoDB only, `coverage.rs`).
     #[cfg(feature = "mongodb")]
-    Only(std::collections::HashSet<Arc<str>>),
+    Only(Narrowed),
+}
+
+/// The names a narrowed feed covers, and how (`coverage.rs`).
+#[cfg(feature = "mongodb")]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Narrowed {
+    /// Names of which every change is delivered: what holders and observers need.
+    pub(crate) full: std::collections::HashSet<Arc<str>>,
+    /// Names of which only the releases that concern this process's acquirers are delivered:
+    /// those that designate this process, first or as backup, or nobody (MongoDB's handoff
+    /// queue, `mongo/queue.rs`).
+    pub(crate) handoffs: std::collections::HashSet<Arc<str>>,
+}
+
+#[cfg(feature = "mongodb")]
+impl Narrowed {
+    /// How many names are covered, either way.
+    pub(crate) fn len(&self) -> usize {
+        self.full.len() + self.handoffs.len()
+    }
 }
 
 impl Covered {
+    /// Whether the acquirers of `name` hear of the releases meant for them.
     pub(super) fn covers(&self, name: &str) -> bool {
         match self {
-            Covered::All => true,
+            Covered::All => {
+                let _ = name;
+                true
+            }
             #[cfg(feature = "mongodb")]
-            Covered::Only(names) => names.contains(name),
+            Covered::Only(n) => n.full.contains(name) || n.handoffs.contains(name),
+        }
+    }
+
+    /// Whether every change of `name` is delivered (what holders and observers need).
+    #[cfg(feature = "mongodb")]
+    pub(crate) fn covers_fully(&self, name: &str) -> bool {
+        match self {
+            Covered::All => true,
+            Covered::Only(n) => n.full.contains(name),
         }
     }
 }
@@ -151,6 +184,55 @@ pub(crate) struct NameState {
     /// `Hub::uncovered_since`).
     #[cfg(feature = "mongodb")]
     pub(super) since: std::time::Instant,
+    /// Leases of the name this backend granted and holds ([`Hub::holder`]).
+    pub(super) holders: AtomicUsize,
+    /// When `holders` last went from 0 to 1 (a narrowed feed covers held names fully only
+    /// after a while, `coverage.rs`).
+    pub(super) held_since: Mutex<Option<std::time::Instant>>,
+    /// Observers waiting in [`Hub::wait_for_change`].
+    pub(super) observers: AtomicUsize,
+}
+
+#[cfg(feature = "mongodb")]
+impl NameState {
+    /// Since when the name has been held here without a break (`None`: not held).
+    pub(crate) fn held_since(&self) -> Option<std::time::Instant> {
+        if self.holders.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        *self.held_since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether an observer waits for a change of the name.
+    pub(crate) fn is_observed(&self) -> bool {
+        self.observers.load(Ordering::SeqCst) > 0
+    }
+}
+
+/// Counts one lease of a name held here for as long as it lives; holds the name's entry.
+pub(crate) struct HolderRef(NameRef);
+
+impl HolderRef {
+    /// The name's entry.
+    pub(crate) fn entry(&self) -> &NameRef {
+        &self.0
+    }
+}
+
+impl Drop for HolderRef {
+    fn drop(&mut self) {
+        // Before the entry handle itself is dropped (fields drop after this).
+        self.0.state().holders.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Counts one observer of a name while it waits.
+struct Observer<'a>(&'a NameState);
+
+impl Drop for Observer<'_> {
+    fn drop(&mut self) {
+        self.0.observers.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Counts one registered acquirer of a name for as long as it lives; holds the name's entry.
@@ -170,9 +252,10 @@ impl Drop for Acquirer {
     }
 }
 
-/// How long the processes that were not designated by a handoff wait for the designated one
-/// to take the lock before one acquirer of theirs per process tries (see
-/// [`Hub::dispatch_handoff_elsewhere`]).
+/// How long a process that received a release designating another process waits for that
+/// one to take the lock before one acquirer of its own tries (see
+/// [`Hub::dispatch_handoff_elsewhere`]): on MongoDB the backup designee (and processes whose
+/// stream covers the name fully), on PostgreSQL every other listening process.
 pub(crate) const HANDOFF_FALLBACK: Duration = Duration::from_millis(500);
 
 impl NameState {
@@ -250,6 +333,9 @@ impl Hub {
                     acquirers: AtomicUsize::new(0),
                     #[cfg(feature = "mongodb")]
                     since: std::time::Instant::now(),
+                    holders: AtomicUsize::new(0),
+                    held_since: Mutex::new(None),
+                    observers: AtomicUsize::new(0),
                 });
                 names.map.insert(key.clone(), state.clone());
                 (key, state)
@@ -423,9 +509,24 @@ impl Hub {
     /// Waits until `name` changes or `max_wait` passed; every waiter is woken.
     pub(crate) async fn wait_for_change(self: &Arc<Self>, name: &str, max_wait: Duration) {
         let entry = self.name(name);
-        let notified = entry.state().all.notified();
-        self.want(name);
+        let state = entry.state();
+        let notified = state.all.notified();
+        state.observers.fetch_add(1, Ordering::SeqCst);
+        let _observer = Observer(state);
+        self.want_fully(name);
         let _ = tokio::time::timeout(max_wait, notified).await;
+    }
+
+    /// A counted handle on a lease of `name` that this backend granted and holds.
+    pub(crate) fn holder(self: &Arc<Self>, name: &str) -> HolderRef {
+        let entry = self.name(name);
+        let st = entry.state();
+        let mut since = st.held_since.lock().unwrap_or_else(|e| e.into_inner());
+        if st.holders.fetch_add(1, Ordering::SeqCst) == 0 {
+            *since = Some(std::time::Instant::now());
+        }
+        drop(since);
+        HolderRef(entry)
     }
 
     /// Whether the feed is live and covers `name`.
@@ -437,6 +538,10 @@ impl Hub {
     /// name is covered, so there is nothing to ask.
     #[cfg(not(feature = "mongodb"))]
     pub(crate) fn want(&self, _name: &str) {}
+
+    /// Asks the feed to deliver every change of `name`: without narrowed feeds, nothing to ask.
+    #[cfg(not(feature = "mongodb"))]
+    pub(crate) fn want_fully(&self, _name: &str) {}
 }
 
 /// A counted handle on one name's entry; the entry is removed with the last handle.

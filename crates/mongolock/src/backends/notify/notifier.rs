@@ -51,7 +51,7 @@ use tokio::sync::oneshot;
 
 use super::feed::{self, Feed};
 use crate::backend::{ChangeWaiter, LeaseId};
-use crate::backends::notify::hub::{Change, Hub, NameRef, Status};
+use crate::backends::notify::hub::{Change, HolderRef, Hub, Status};
 
 /// Leases remembered for loss detection; beyond this (leaked guards), new grants are not
 /// remembered and their changes are checked with a read instead.
@@ -59,8 +59,9 @@ const MAX_REMEMBERED_LEASES: usize = 1 << 20;
 
 /// A lease granted by this backend, remembered until it is released.
 struct Held {
-    /// Keeps the name's entry (and so its latest change) while the lease is held.
-    entry: NameRef,
+    /// Keeps the name's entry (and so its latest change) while the lease is held, and counts
+    /// the lease among the name's holders.
+    entry: HolderRef,
     token: u64,
     /// The last change judged for this lease.
     seen: u64,
@@ -211,7 +212,7 @@ impl<F: Feed> Notifier<F> {
         if self.hub.status() == Status::Unavailable {
             return;
         }
-        let entry = self.hub.name(name);
+        let entry = self.hub.holder(name);
         let seen = self.hub.seq();
         let mut held = self.held();
         if held.len() < MAX_REMEMBERED_LEASES || held.contains_key(lease_id) {
@@ -240,7 +241,7 @@ impl<F: Feed> Notifier<F> {
         let remembered = self
             .held()
             .get(lease_id)
-            .filter(|h| h.entry.name() == name)
+            .filter(|h| h.entry.entry().name() == name)
             .map(|h| (h.token, h.seen));
         let (token, mut seen) = match remembered {
             Some((token, seen)) => (Some(token), seen),
