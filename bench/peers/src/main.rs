@@ -39,7 +39,8 @@
 //! two databases.
 //!
 //! `--scale` prints the scale table (processes × names, see `scale.rs`; `BENCH_SCALE_PROCS` and
-//! `BENCH_SCALE_NAMES`, comma-separated, choose the rows and columns); `--ops` prices the
+//! `BENCH_SCALE_NAMES`, comma-separated, choose the rows and columns, `BENCH_SCALE_SECS` the
+//! seconds per cell); `--ops` prices the
 //! shapes of the acquire and release commands with the driver alone (`ops.rs`); `--faults` runs
 //! every library through one workload under the same faults and checks what the server accepted
 //! (`faults.rs`).

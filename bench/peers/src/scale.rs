@@ -275,8 +275,11 @@ pub fn scale(quick: bool) {
     } else {
         &[1, 100, 10_000]
     };
-    let secs = if quick { 1.0 } else { 3.0 };
-    // `BENCH_SCALE_PROCS` / `BENCH_SCALE_NAMES` (comma-separated) replace the rows / columns.
+    let secs = std::env::var("BENCH_SCALE_SECS").map_or(if quick { 1.0 } else { 3.0 }, |v| {
+        v.parse().expect("BENCH_SCALE_SECS")
+    });
+    // `BENCH_SCALE_PROCS` / `BENCH_SCALE_NAMES` (comma-separated) replace the rows / columns,
+    // `BENCH_SCALE_SECS` the seconds each cell runs.
     let list = |var: &str, default: &[usize]| -> Vec<usize> {
         std::env::var(var).map_or_else(
             |_| default.to_vec(),

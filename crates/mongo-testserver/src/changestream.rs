@@ -7,25 +7,29 @@
 //! # Filtering before building an event
 //! Every write is read by every open stream of its namespace. Building a change event costs
 //! (the resume token, a copy of the full document, the `updateDescription`, an `updateLookup`
-//! read of the collection), and a stream narrowed by its `$match` to a few documents drops
-//! most of them. So, as mongod 5.1 and later does during its oplog read, a stream first tests
-//! part of its leading `$match` against the event's *key fields* alone — `operationType`,
-//! `ns` and `documentKey`, built at most once per write — and builds the full event only when that
-//! test passes. The events a stream returns are exactly those it returned without the test:
+//! read of the collection), and a stream narrowed by its `$match` to a few documents (or to a
+//! few kinds of update) drops most of them. So, as mongod 5.1 and later does during its oplog
+//! read (it rewrites predicates on `operationType`, `ns`, `documentKey` and
+//! `updateDescription` into its oplog filter: `jstests/change_streams/`
+//! `change_stream_match_pushdown_*_rewrite.js`), a stream first tests part of its leading
+//! `$match` against the event's *key fields* alone — `operationType`, `ns`, `documentKey` and
+//! `updateDescription`, built at most once per write — and builds the full event only when that
+//! test passes. (Which predicate shapes mongod rewrites differs by version; a predicate it does
+//! not rewrite costs it a built event, never a different result.) The events a stream returns
+//! are exactly those it returned without the test:
 //!
 //! * Only a stream whose first stage is a `$match` (and whose stages all parse) is tested, so
 //!   the `$match` sees the event as built, before any other stage changes it.
 //! * The `$match` filter is split into its top-level conjuncts (`$and`s flattened). A conjunct
 //!   is *pushed down* only if every field path it reads, through `$and`/`$or`/`$nor`, starts with
-//!   `operationType`, `ns` or `documentKey`, and it uses no top-level operator other than
+//!   `operationType`, `ns`, `documentKey` or `updateDescription`, and it uses no top-level operator other than
 //!   `$and`, `$or`, `$nor`, `$comment`, `$alwaysTrue`, `$alwaysFalse` (so not `$expr`, which may
 //!   read anything). A query predicate on a path reads only the values at that path, and the
-//!   partial event holds those three fields with the very values the full event holds (and
+//!   partial event holds those four fields with the very values the full event holds (and
 //!   lacks them exactly when the full event does). So a pushed-down conjunct is true of the
 //!   partial event exactly when it is true of the full one: it cannot depend on a field the
-//!   partial event lacks. A conjunct that reads anything else (`fullDocument`,
-//!   `updateDescription`, `clusterTime`, an `$or` with one such branch...) is never evaluated
-//!   early.
+//!   partial event lacks. A conjunct that reads anything else (`fullDocument`, `clusterTime`,
+//!   an `$or` with one such branch...) is never evaluated early.
 //! * The partial event is used only to *reject*: when a pushed-down conjunct is false, the
 //!   whole conjunction is false on the full event too, and the event is skipped. Otherwise the
 //!   full event is built and the whole `$match` (and every later stage) runs on it as before.
@@ -153,6 +157,9 @@ fn key_fields(e: &NewEvent) -> Document {
     };
     if let Some(k) = &e.document_key {
         d.insert("documentKey", k.clone());
+    }
+    if let Some(u) = &e.update_description {
+        d.insert("updateDescription", u.clone());
     }
     d
 }
@@ -694,7 +701,7 @@ impl StreamCursor {
 }
 
 /// The fields of a change event that [`push_down`] conjuncts may read.
-const KEY_FIELDS: &[&str] = &["operationType", "ns", "documentKey"];
+const KEY_FIELDS: &[&str] = &["operationType", "ns", "documentKey", "updateDescription"];
 
 /// A stream whose stages nest deeper than this runs its `getMore`s on a thread with a large
 /// stack (the level at which the server moves a request there).
@@ -951,6 +958,18 @@ mod tests {
                         {"operationType": {"$in": everywhere.clone()}},
                     ]}],
                 },
+                2,
+            ),
+            // Names covered for handoffs only: updateDescription is tested before the event is
+            // built.
+            (
+                doc! {"$or": [
+                    {"documentKey._id": 1},
+                    {"documentKey._id": {"$in": names.clone()}, "$or": [
+                        {"updateDescription.updatedFields.a": {"$gte": 6, "$lt": 8}},
+                        {"updateDescription.updatedFields.a": {"$type": "null"}, "updateDescription.updatedFields.b": {"$exists": false}},
+                    ]},
+                ]},
                 1,
             ),
             // An $or with a branch on a field the partial event lacks is not pushed down.
@@ -964,6 +983,10 @@ mod tests {
             ),
             (
                 doc! {"$nor": [{"ns.coll": "d"}, {"updateDescription.updatedFields.a": 5}]},
+                1,
+            ),
+            (
+                doc! {"$nor": [{"ns.coll": "d"}, {"fullDocument.a": 5}]},
                 0,
             ),
             (
@@ -987,8 +1010,9 @@ mod tests {
             ),
             (
                 doc! {"updateDescription.updatedFields.a": {"$exists": true}},
-                0,
+                1,
             ),
+            (doc! {"updateDescription": {"$exists": false}}, 1),
             (doc! {"documentKey._id": {"$elemMatch": {"$gt": 1}}}, 1),
             // $expr anywhere: nothing is pushed down.
             (
