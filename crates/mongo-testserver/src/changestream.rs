@@ -985,10 +985,7 @@ mod tests {
                 doc! {"$nor": [{"ns.coll": "d"}, {"updateDescription.updatedFields.a": 5}]},
                 1,
             ),
-            (
-                doc! {"$nor": [{"ns.coll": "d"}, {"fullDocument.a": 5}]},
-                0,
-            ),
+            (doc! {"$nor": [{"ns.coll": "d"}, {"fullDocument.a": 5}]}, 0),
             (
                 doc! {"fullDocument.a": {"$gt": 2}, "operationType": "insert"},
                 1,

@@ -61,6 +61,8 @@ struct Sent {
     all: AtomicUsize,
     stream_opens: AtomicUsize,
     find_and_modify: AtomicUsize,
+    /// `findAndModify`s of the uncontended shortcut (its filter requires `leaseId: null`).
+    cheap_acquires: AtomicUsize,
     get_more: AtomicUsize,
     kill_cursors: AtomicUsize,
     /// Failed getMore/aggregate commands (injected faults that hit the stream).
@@ -89,6 +91,13 @@ async fn counting_client(uri: &str, app: Option<&str>) -> (Client, Arc<Sent>) {
                 };
                 if let Some(c) = counter {
                     c.fetch_add(1, Ordering::SeqCst);
+                }
+                let cheap = s.command_name == "findAndModify"
+                    && s.command
+                        .get_document("query")
+                        .is_ok_and(|q| q.get("leaseId") == Some(&Bson::Null));
+                if cheap {
+                    sink.cheap_acquires.fetch_add(1, Ordering::SeqCst);
                 }
             }
             CommandEvent::Failed(f) => {
@@ -136,6 +145,7 @@ async fn uncontended_pairs_cost_two_commands_with_the_stream_open() {
     let all_before = sent.all.load(Ordering::SeqCst);
     let get_more_before = sent.get_more.load(Ordering::SeqCst);
     let fam_before = sent.find_and_modify.load(Ordering::SeqCst);
+    let cheap_before = sent.cheap_acquires.load(Ordering::SeqCst);
     let started = Instant::now();
     for _ in 0..PAIRS {
         let g = lock.acquire().await.unwrap();
@@ -153,6 +163,12 @@ async fn uncontended_pairs_cost_two_commands_with_the_stream_open() {
         "one findAndModify per acquisition and one per release"
     );
     assert_eq!(
+        sent.cheap_acquires.load(Ordering::SeqCst) - cheap_before,
+        PAIRS,
+        "every acquisition after the backend's own unqueued release takes the uncontended \
+         shortcut"
+    );
+    assert_eq!(
         all - get_more,
         2 * PAIRS,
         "exactly one acquire and one release command per pair ({all} commands, {get_more} getMore)"
@@ -163,6 +179,91 @@ async fn uncontended_pairs_cost_two_commands_with_the_stream_open() {
         "{get_more} getMore in {elapsed:?} for {PAIRS} pairs: the stream answered our own writes"
     );
     assert_eq!(sent.stream_opens.load(Ordering::SeqCst), 1);
+}
+
+/// The uncontended shortcut is only a shortcut: when another process took the name after this
+/// backend's release, the short command matches nothing and the full attempt decides (busy);
+/// tokens keep growing through both kinds of grant, and an expired lease is taken over by the
+/// full attempt, which records it as ended by someone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_uncontended_shortcut_falls_back_to_the_full_attempt() {
+    let t = test_database().await;
+    let coll = unique("locks");
+    let name = unique("shortcut");
+    let (client_a, sent_a) = counting_client(&t.uri, None).await;
+    let backend = |client: &Client| {
+        MongoBackend::builder(&client.database(t.db.name()))
+            .collection(coll.clone())
+            .build()
+            .unwrap()
+    };
+    let a = backend(&client_a);
+    let b = backend(&mongo::client(&t.uri, None).await);
+    // No automatic extension: a lease below is left to expire.
+    let (pa, pb) = (
+        LockProvider::builder(a.clone())
+            .auto_extend(false)
+            .build()
+            .unwrap(),
+        LockProvider::builder(b.clone()).build().unwrap(),
+    );
+    let cheap = || sent_a.cheap_acquires.load(Ordering::SeqCst);
+    let ga = pa.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    let t1 = ga.fencing_token();
+    ga.release().await.unwrap();
+    // B takes the name after A's unqueued release: A's shortcut misses, its full attempt is
+    // busy.
+    let gb = pb.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    let t2 = gb.fencing_token();
+    assert!(t2 > t1, "tokens {t1} then {t2}");
+    let before = cheap();
+    let busy = pa.lock(name.as_str()).unwrap().try_acquire().await.unwrap();
+    assert!(busy.is_none(), "A got {name} while B holds it");
+    assert_eq!(cheap() - before, 1, "A tried the shortcut once");
+    // Its next attempt is the full one (one shortcut per release).
+    let before = cheap();
+    assert!(pa
+        .lock(name.as_str())
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(cheap(), before, "no shortcut without a release of A's own");
+    gb.release().await.unwrap();
+    // Full attempt, then the shortcut after A's own release: tokens still grow by one.
+    let g = pa.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    let t3 = g.fencing_token();
+    assert!(t3 > t2, "tokens {t2} then {t3}");
+    g.release().await.unwrap();
+    let before = cheap();
+    let g = pa
+        .lock(name.as_str())
+        .unwrap()
+        .with_expiry(Duration::from_millis(300))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(cheap() - before, 1, "granted by the shortcut");
+    let t4 = g.fencing_token();
+    assert_eq!(
+        t4,
+        t3 + 1,
+        "the shortcut issues the next token of the epoch"
+    );
+    // A lease left to expire is taken over by the full attempt (the shortcut needs a released
+    // lease), which records the expired lease as ended by someone else: its holder's release
+    // reports the loss.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let gb = pb.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    assert!(gb.fencing_token() > t4);
+    let lost = g.release().await;
+    assert!(
+        matches!(lost, Err(mongolock::Error::LeaseLost { .. })),
+        "the release of the taken-over lease {t4} reported {lost:?}"
+    );
+    gb.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -18,7 +18,7 @@ use super::errors::{self, classify, DUPLICATE_KEY};
 use super::index::Checks;
 use super::queue::{self, Queueing, RESERVED, WAITERS};
 use super::slots::{self, LIMIT, SLOTS};
-use crate::backend::{AcquireRequest, Attempt};
+use crate::backend::{AcquireRequest, Attempt, Lease};
 use crate::error::{Error, Result};
 
 /// Tokens of one fencing epoch: epoch `e` owns the tokens `(e - 1) · 2²⁰ + 1 ..= e · 2²⁰`.
@@ -261,6 +261,89 @@ pub(super) fn ended_by_grant(mine: Option<&Bson>) -> Document {
 /// server.
 fn reply_fields() -> Document {
     doc! { LEASE_ID: 1, TOKEN: 1, EPOCH: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1, "reserved.until": 1 }
+}
+
+/// The names whose document this backend's own last release left released, with nobody
+/// queued: a first attempt on one of them tries [`try_acquire_cheap`] first. Each release
+/// earns one cheap attempt (taken whether it grants or not), so a name that another process
+/// took meanwhile costs one missed command, then full attempts until this backend releases it
+/// unqueued again.
+#[derive(Debug, Default)]
+pub(super) struct CheapNames {
+    names: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// At most this many names are remembered (then the set starts over: a forgotten name costs
+/// nothing but its shortcut).
+const CHEAP_NAMES_MAX: usize = 4096;
+
+impl CheapNames {
+    fn names(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        // Single inserts and removals: a poisoned set is still consistent.
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This backend released `name`, and the reply showed nobody queued.
+    pub(super) fn released_unqueued(&self, name: &str) {
+        let mut names = self.names();
+        if names.len() >= CHEAP_NAMES_MAX {
+            names.clear();
+        }
+        names.insert(name.to_owned());
+    }
+
+    /// Whether to try the cheap attempt on `name` (once per release).
+    pub(super) fn take(&self, name: &str) -> bool {
+        self.names().remove(name)
+    }
+}
+
+/// The cheap attempt's command (see [`try_acquire_cheap`]): filter and update.
+pub(super) fn cheap_command(req: &AcquireRequest) -> (Document, Vec<Document>) {
+    let filter = doc! {
+        "_id": req.name.as_str(),
+        // Released by its holder (or force-released): no lease to end, nothing for `ended`.
+        LEASE_ID: Bson::Null,
+        // Exclusive mode, nobody queued, no reservation.
+        LIMIT: Bson::Null,
+        WAITERS: { "$in": [Bson::Null, []] },
+        RESERVED: Bson::Null,
+        // The document's epoch has a token left (a missing or null epoch has none).
+        EPOCH: { "$type": "number" },
+        "$expr": { "$lt": ["$fencingToken", { "$multiply": ["$epoch", EPOCH_TOKENS] }] },
+    };
+    let update = vec![doc! { "$set": {
+        LEASE_ID: { "$literal": req.lease_id.as_str() },
+        TOKEN: { "$add": ["$fencingToken", 1_i64] },
+        ACQUIRED_AT: "$$NOW",
+        EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
+        HOLDER: { "$literal": holder_doc(&req.holder) },
+    } }];
+    (filter, update)
+}
+
+/// The uncontended case in one small command: grants the lease only when the name's document
+/// shows it released, in exclusive mode, with nobody queued or reserved and a token left in
+/// its epoch — then the grant of [`acquire_pipeline`] comes down to these fields (the next
+/// token of the same epoch; no lease ended, so nothing for `ended`; no queue or reservation
+/// to update). `Ok(None)`: the document is not in that state (or missing); the caller makes
+/// the full attempt. See "The uncontended shortcut" in the [module docs](super).
+pub(super) async fn try_acquire_cheap(
+    coll: &Collection<Document>,
+    req: &AcquireRequest,
+) -> Result<Option<Lease>> {
+    let (filter, update) = cheap_command(req);
+    let Some(doc) = find_and_modify(coll, &filter, update, false).await? else {
+        return Ok(None);
+    };
+    let token = document::token(&doc, LockSite::Named, &req.name)?
+        .ok_or_else(|| LockSite::Named.bad(&req.name, "a grant without a fencingToken"))?;
+    Ok(Some(document::lease(
+        &doc,
+        token,
+        LockSite::Named,
+        &req.name,
+    )?))
 }
 
 /// One acquisition attempt. `checks` tells (through `reads`) whether a first acquisition may

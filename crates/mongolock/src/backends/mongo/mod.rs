@@ -32,6 +32,22 @@
 //! DistributedLock's single-round-trip scheme; we prefer it to a filter + duplicate-key scheme
 //! because a busy attempt costs no error round trip and leaves the document untouched.
 //!
+//! **The uncontended shortcut.** When this backend's own last release of a name found nobody
+//! queued (`acquire::CheapNames`; one use per release), its next attempt on the name first
+//! sends a smaller command: the "free" test in the filter — `leaseId: null` (released by its
+//! holder or force-released), `limit: null` (exclusive mode), `waiters` null or empty,
+//! `reserved` null, `epoch` a number and `fencingToken < epoch · 2²⁰` — and a one-stage `$set`
+//! of `leaseId`, `fencingToken + 1`, `acquiredAt: $$NOW`, `expiresAt: $$NOW + ttl` and the
+//! holder. On such a document the full pipeline would write exactly these fields: the lease
+//! is free (so `free` holds), the epoch has a token left (so the token is `fencingToken + 1`
+//! and the epoch stays), no lease ends (`leaseId` is null: its holder released it, or a
+//! force-release already recorded its token in `ended`), and there is no queue, reservation
+//! or slot to update. So a grant by the shortcut is a grant of the full pipeline, and every
+//! argument below (exclusion, tokens, the record of ended leases) covers it. When the filter
+//! matches nothing (someone else took the name, or it is queued, reserved, in slot mode, at
+//! the end of its epoch, or gone), the full attempt follows: one more command, once per
+//! release.
+//!
 //! # Fencing tokens: epochs of 2²⁰ tokens
 //! Tokens are issued in **epochs**: epoch `e` owns the tokens `(e - 1) · 2²⁰ + 1 ..= e · 2²⁰`.
 //! A document's `epoch`, when set, is the epoch its next grant may draw from: a grant takes
@@ -264,6 +280,8 @@ pub struct MongoBackend {
     leases: Arc<leases::Leases>,
     /// Whether the collection is ours, and what its TTL indexes allow (`index.rs`).
     checks: Arc<index::Checks>,
+    /// Names this backend released with nobody queued (the uncontended shortcut, `acquire.rs`).
+    cheap: Arc<acquire::CheapNames>,
 }
 
 /// Builds a [`MongoBackend`]; see [`MongoBackend::builder`].
@@ -367,6 +385,7 @@ impl MongoBackendBuilder {
             fair_handoff: self.fair_handoff,
             leases: Arc::default(),
             checks: Arc::default(),
+            cheap: Arc::default(),
         })
     }
 }
@@ -551,22 +570,35 @@ impl LockBackend for MongoBackend {
             }
             return Ok(attempt);
         }
-        // This attempt's own acquirer is registered before it (when the call will wait).
-        let acquirers = self.watch.acquirers(&req.name);
-        let queueing = queue::Queueing::new(
-            self.watch.own_mark(),
-            acquirers,
-            self.watch.is_live_for(&req.name),
-        );
-        let attempt = acquire::try_acquire(
-            &self.coll,
-            &self.reads,
-            &self.checks,
-            req,
-            self.cleanup_after,
-            queueing,
-        )
-        .await?;
+        // The uncontended shortcut, when this backend's last release left the name free and
+        // unqueued; otherwise (or when it finds the name otherwise) the full attempt.
+        let cheap = if self.cheap.take(&req.name) {
+            acquire::try_acquire_cheap(&self.coll, req).await?
+        } else {
+            None
+        };
+        let attempt = match cheap {
+            Some(lease) => Attempt::Acquired(lease),
+            None => {
+                // This attempt's own acquirer is registered before it (when the call will
+                // wait).
+                let acquirers = self.watch.acquirers(&req.name);
+                let queueing = queue::Queueing::new(
+                    self.watch.own_mark(),
+                    acquirers,
+                    self.watch.is_live_for(&req.name),
+                );
+                acquire::try_acquire(
+                    &self.coll,
+                    &self.reads,
+                    &self.checks,
+                    req,
+                    self.cleanup_after,
+                    queueing,
+                )
+                .await?
+            }
+        };
         if let Attempt::Acquired(lease) = &attempt {
             self.leases.granted(
                 &req.lease_id,
@@ -616,6 +648,9 @@ impl LockBackend for MongoBackend {
             Ok(Some(handoff)) => handoff.clone(),
             Ok(None) | Err(_) => queue::Handoff::Unknown,
         };
+        if let Ok(Some(queue::Handoff::Nobody | queue::Handoff::Unknown)) = &released {
+            self.cheap.released_unqueued(name);
+        }
         self.watch.released_name(name, &handoff);
         match released? {
             Some(_) => Ok(true),
