@@ -63,6 +63,8 @@ struct Sent {
     find_and_modify: AtomicUsize,
     /// `findAndModify`s of the uncontended shortcut (its filter requires `leaseId: null`).
     cheap_acquires: AtomicUsize,
+    /// Short releases (their filter requires an empty queue).
+    short_releases: AtomicUsize,
     get_more: AtomicUsize,
     kill_cursors: AtomicUsize,
     /// Failed getMore/aggregate commands (injected faults that hit the stream).
@@ -98,6 +100,13 @@ async fn counting_client(uri: &str, app: Option<&str>) -> (Client, Arc<Sent>) {
                         .is_ok_and(|q| q.get("leaseId") == Some(&Bson::Null));
                 if cheap {
                     sink.cheap_acquires.fetch_add(1, Ordering::SeqCst);
+                }
+                let short = s.command_name == "findAndModify"
+                    && s.command
+                        .get_document("query")
+                        .is_ok_and(|q| q.contains_key("waiters"));
+                if short {
+                    sink.short_releases.fetch_add(1, Ordering::SeqCst);
                 }
             }
             CommandEvent::Failed(f) => {
@@ -146,6 +155,7 @@ async fn uncontended_pairs_cost_two_commands_with_the_stream_open() {
     let get_more_before = sent.get_more.load(Ordering::SeqCst);
     let fam_before = sent.find_and_modify.load(Ordering::SeqCst);
     let cheap_before = sent.cheap_acquires.load(Ordering::SeqCst);
+    let short_before = sent.short_releases.load(Ordering::SeqCst);
     let started = Instant::now();
     for _ in 0..PAIRS {
         let g = lock.acquire().await.unwrap();
@@ -167,6 +177,11 @@ async fn uncontended_pairs_cost_two_commands_with_the_stream_open() {
         PAIRS,
         "every acquisition after the backend's own unqueued release takes the uncontended \
          shortcut"
+    );
+    assert_eq!(
+        sent.short_releases.load(Ordering::SeqCst) - short_before,
+        PAIRS,
+        "every lease granted by the shortcut is released by the short release"
     );
     assert_eq!(
         all - get_more,
@@ -263,6 +278,45 @@ async fn the_uncontended_shortcut_falls_back_to_the_full_attempt() {
         matches!(lost, Err(mongolock::Error::LeaseLost { .. })),
         "the release of the taken-over lease {t4} reported {lost:?}"
     );
+    gb.release().await.unwrap();
+    // A lease granted by the shortcut, and a process that queues while it is held: the short
+    // release matches nothing (the queue is not empty) and the full release hands the lock
+    // to the queued process.
+    let g = pa.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    g.release().await.unwrap();
+    let before = cheap();
+    let g = pa.lock(name.as_str()).unwrap().acquire().await.unwrap();
+    assert_eq!(cheap() - before, 1, "granted by the shortcut");
+    until_live(&b).await;
+    let waiter = {
+        let lock = pb.lock(name.as_str()).unwrap();
+        tokio::spawn(async move {
+            lock.acquire_timeout(Duration::from_secs(60))
+                .await
+                .unwrap()
+                .expect("B got the lock within 60 s of A's release")
+        })
+    };
+    let queued = eventually(Duration::from_secs(20), || async {
+        t.db.collection::<Document>(&coll)
+            .find_one(doc! { "_id": name.as_str() })
+            .await
+            .unwrap()
+            .and_then(|d| d.get_array("waiters").ok().map(|w| w.len()))
+            == Some(1)
+    })
+    .await;
+    assert!(queued, "B's process did not queue for {name}");
+    let short_before = sent_a.short_releases.load(Ordering::SeqCst);
+    let token = g.fencing_token();
+    g.release().await.unwrap();
+    assert_eq!(
+        sent_a.short_releases.load(Ordering::SeqCst) - short_before,
+        1,
+        "the short release was tried"
+    );
+    let gb = waiter.await.unwrap();
+    assert!(gb.fencing_token() > token);
     gb.release().await.unwrap();
 }
 

@@ -21,6 +21,9 @@ pub(super) struct Granted {
     pub(super) slot: bool,
     /// The lease's fencing token.
     pub(super) token: u64,
+    /// Granted by the uncontended shortcut (nobody was queued then): its release tries the
+    /// short command first (`ops::release`).
+    pub(super) shortcut: bool,
 }
 
 /// At most this many exclusive leases are remembered (a process holding more at once, or
@@ -105,6 +108,7 @@ mod tests {
             Granted {
                 slot: true,
                 token: 7,
+                shortcut: false,
             },
         );
         leases.released(&first);
@@ -113,7 +117,14 @@ mod tests {
         assert!(leases.is_slot(&first));
         for token in 0..KEPT_RELEASED_MAX as u64 - 1 {
             let id = LeaseId::random();
-            leases.granted(&id, Granted { slot: false, token });
+            leases.granted(
+                &id,
+                Granted {
+                    slot: false,
+                    token,
+                    shortcut: false,
+                },
+            );
             leases.released(&id);
         }
         assert!(leases.get(&first).is_some(), "forgotten too early");
@@ -123,6 +134,7 @@ mod tests {
             Granted {
                 slot: false,
                 token: 1,
+                shortcut: false,
             },
         );
         leases.released(&last);

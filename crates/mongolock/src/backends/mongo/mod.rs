@@ -46,7 +46,11 @@
 //! argument below (exclusion, tokens, the record of ended leases) covers it. When the filter
 //! matches nothing (someone else took the name, or it is queued, reserved, in slot mode, at
 //! the end of its epoch, or gone), the full attempt follows: one more command, once per
-//! release.
+//! release. A lease granted this way is released the same way first (`ops::release`): filter
+//! `{_id, leaseId: ours, limit: null, waiters: null or []}`, `$set` of `leaseId: null`,
+//! `expiresAt: min(expiresAt, $$NOW)` and `lastReleased` — what the full release writes when
+//! nobody is queued; when someone queued meanwhile (or the lease is not ours any more) it
+//! matches nothing and the full release follows.
 //!
 //! # Fencing tokens: epochs of 2²⁰ tokens
 //! Tokens are issued in **epochs**: epoch `e` owns the tokens `(e - 1) · 2²⁰ + 1 ..= e · 2²⁰`.
@@ -565,6 +569,7 @@ impl LockBackend for MongoBackend {
                     Granted {
                         slot: true,
                         token: lease.fencing_token,
+                        shortcut: false,
                     },
                 );
             }
@@ -577,6 +582,7 @@ impl LockBackend for MongoBackend {
         } else {
             None
         };
+        let shortcut = cheap.is_some();
         let attempt = match cheap {
             Some(lease) => Attempt::Acquired(lease),
             None => {
@@ -605,6 +611,7 @@ impl LockBackend for MongoBackend {
                 Granted {
                     slot: false,
                     token: lease.fencing_token,
+                    shortcut,
                 },
             );
             self.watch
@@ -629,14 +636,15 @@ impl LockBackend for MongoBackend {
         if self.is_slot(lease_id) {
             return self.release_slot(name, lease_id).await;
         }
-        let token = self.token(lease_id);
+        let granted = self.leases.get(lease_id);
         let released = ops::release(
             &self.coll,
             &self.reads,
             name,
             lease_id,
-            token,
+            granted.map(|g| g.token),
             self.fair_handoff,
+            granted.is_some_and(|g| g.shortcut),
         )
         .await;
         self.leases.released(lease_id);

@@ -96,12 +96,34 @@ pub(super) fn release_command(
     (filter, pipeline, doc! { queue::NEXT: 1 })
 }
 
+/// The short release of a lease granted by the uncontended shortcut (`acquire.rs`): filter and
+/// update. It matches only while nobody is queued (`waiters` null or empty), when the full
+/// release ([`release_command`]) writes exactly these fields: its queue part adds nothing to
+/// a lock without a queue.
+pub(super) fn short_release_command(name: &str, lease_id: &LeaseId) -> (Document, Vec<Document>) {
+    let filter = doc! {
+        "_id": name,
+        LEASE_ID: lease_id.as_str(),
+        LIMIT: Bson::Null,
+        queue::WAITERS: { "$in": [Bson::Null, []] },
+    };
+    let update = vec![doc! { "$set": {
+        LEASE_ID: Bson::Null,
+        EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
+        LAST_RELEASED: { "$literal": lease_id.as_str() },
+    } }];
+    (filter, update)
+}
+
 /// Ends our lease. `Ok(None)`: it was not ours (any more). `Ok(Some(handoff))`: released (or
 /// released before, for a retry), and whom the release handed the lock to. One command when
 /// the lease was ours; otherwise, when its fencing token `token` is known, a second one, a
 /// read through `reads` (the primary, majority read concern), tells whether its holder ended
 /// it ([`document::released_by_holder`]). Without the token (a lease id whose grant this
-/// backend never saw) a lease that is not current counts as not ours.
+/// backend never saw) a lease that is not current counts as not ours. With `short` (the lease
+/// was granted by the uncontended shortcut) the short release is tried first; when it matches
+/// nothing (someone queued meanwhile, or the lease is not ours any more) the full release
+/// follows.
 pub(super) async fn release(
     coll: &Collection<Document>,
     reads: &Collection<Document>,
@@ -109,7 +131,20 @@ pub(super) async fn release(
     lease_id: &LeaseId,
     token: Option<u64>,
     reserve: bool,
+    short: bool,
 ) -> Result<Option<queue::Handoff>> {
+    if short {
+        let (filter, update) = short_release_command(name, lease_id);
+        let done = coll
+            .find_one_and_update(filter, update)
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(|e| classify(e, "release (findAndModify)"))?;
+        if done.is_some() {
+            // Nobody was queued: no designation (as the full release of an unqueued lock).
+            return Ok(Some(queue::Handoff::Unknown));
+        }
+    }
     let (filter, pipeline, projection) = release_command(name, lease_id, reserve);
     let doc = coll
         .find_one_and_update(filter, pipeline)
