@@ -46,6 +46,8 @@
 //!
 //! The task ends when the last clone of the backend is dropped.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -72,13 +74,15 @@ pub(crate) type Listener = Notifier<Listening>;
 
 impl Listener {
     /// A listener whose connection opens on first need; `enabled: false` means never (poll).
-    /// `own` is the backend's mark (`queue.rs`).
+    /// `own` is the backend's mark (`queue.rs`); `received` counts every notification the
+    /// listening connection receives.
     pub(crate) fn new(
         config: Config,
         tls: MakeTls,
         channel: String,
         enabled: bool,
         own: String,
+        received: Arc<AtomicU64>,
     ) -> Listener {
         Notifier::with_feed(enabled, move || Listening {
             label: format!("lock notification connection (channel {channel})"),
@@ -86,6 +90,7 @@ impl Listener {
             tls: tls.clone(),
             channel: channel.clone(),
             own: own.clone(),
+            received: received.clone(),
             conn: None,
         })
     }
@@ -114,6 +119,8 @@ pub(crate) struct Listening {
     channel: String,
     /// The backend's mark.
     own: String,
+    /// Notifications received, ever (shared with the backend: diagnostics).
+    received: Arc<AtomicU64>,
     conn: Option<Open>,
 }
 
@@ -145,7 +152,10 @@ impl Feed for Listening {
         let error = loop {
             tokio::select! {
                 n = conn.notifications.recv() => match n {
-                    Some(Ok(n)) => dispatch(hub, &self.own, n.payload()),
+                    Some(Ok(n)) => {
+                        self.received.fetch_add(1, Ordering::Relaxed);
+                        dispatch(hub, &self.own, n.payload());
+                    }
                     Some(Err(e)) => break errors::describe(&e),
                     None => break "the connection was closed".to_owned(),
                 },

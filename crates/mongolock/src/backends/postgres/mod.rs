@@ -228,7 +228,7 @@ mod schema;
 mod tls;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -303,6 +303,8 @@ struct Inner {
     /// Serializes this backend's migration checks.
     migrating: tokio::sync::Mutex<()>,
     listener: Listener,
+    /// Notifications the listening connection received, ever (diagnostics).
+    received: Arc<AtomicU64>,
     /// This backend's mark: the prefix of its lease ids and its name in handoff queues
     /// (`queue.rs`).
     mark: String,
@@ -493,12 +495,14 @@ impl PostgresBackendBuilder {
         );
         listen_config.application_name(&listen_name);
         let mark = handoff::new_mark();
+        let received = Arc::new(AtomicU64::new(0));
         let listener = Listener::new(
             listen_config,
             tls,
             schema.channel.clone(),
             self.notifications,
             mark.clone(),
+            received.clone(),
         );
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
@@ -507,6 +511,7 @@ impl PostgresBackendBuilder {
                 ready: AtomicBool::new(false),
                 migrating: tokio::sync::Mutex::new(()),
                 listener,
+                received,
                 mark,
                 cleanup_after: self.cleanup_after,
                 cleanup_every: self.cleanup_every,
@@ -640,6 +645,15 @@ impl PostgresBackend {
     #[doc(hidden)]
     pub fn watched_names(&self) -> usize {
         self.inner.listener.watched_names()
+    }
+
+    /// How many notifications this backend's listening connection has received since the
+    /// backend was built (every `NOTIFY` delivered to it, its own releases' included, whether
+    /// or not somebody here used the name): the PostgreSQL counterpart of
+    /// `MongoBackend::stream_events`. For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn notifications_received(&self) -> u64 {
+        self.inner.received.load(Ordering::Relaxed)
     }
 
     /// A pooled connection, without the migration check.
