@@ -1,8 +1,9 @@
-//! Narrowed feeds (MongoDB only): the [`Hub`] part for a feed that delivers the changes of
-//! some names only.
+//! Narrowed feeds (MongoDB, PostgreSQL): the [`Hub`] part for a feed that delivers the changes
+//! of some names only.
 //!
 //! A feed may deliver the changes of some names only (MongoDB narrows its change stream to the
-//! names this process waits on or holds, `mongo/watch.rs`). The hub records which names the
+//! names this process waits on or holds, `mongo/watch.rs`; PostgreSQL listens on the channels
+//! of their buckets, `postgres/listen.rs`). The hub records which names the
 //! open feed covers ([`Hub::cover`]; every name unless a feed says otherwise) and the rules
 //! that keep a narrowed feed from losing a wake-up:
 //!

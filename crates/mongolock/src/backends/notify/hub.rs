@@ -21,10 +21,12 @@
 //! lookup.
 //!
 //! # Coverage
-//! A feed may deliver the changes of some names only (MongoDB's narrowed change stream): the
+//! A feed may deliver the changes of some names only (MongoDB's narrowed change stream,
+//! PostgreSQL's bucket channels): the
 //! hub records which names the open feed covers (every name unless a feed says otherwise) and
 //! an acquirer is [live](ChangeWaiter::is_live) only when the feed is live and covers its name.
-//! How a narrowed feed is widened without losing a wake-up is in `coverage.rs` (MongoDB only).
+//! How a narrowed feed is widened without losing a wake-up is in `coverage.rs` (MongoDB,
+//! PostgreSQL).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -94,7 +96,7 @@ pub(crate) struct Hub {
     pub(super) names: Mutex<Names>,
     status: AtomicU8,
     /// Told when a name that is not covered is wanted (see `Hub::want`).
-    #[cfg(feature = "mongodb")]
+    #[cfg(any(feature = "mongodb", feature = "postgres"))]
     pub(super) widen: Notify,
 }
 
@@ -104,8 +106,8 @@ pub(crate) enum Covered {
     /// Every name.
     #[default]
     All,
-    /// These names only (narrowed feeds: MongoDB only, `coverage.rs`).
-    #[cfg(feature = "mongodb")]
+    /// These names only (narrowed feeds: MongoDB, PostgreSQL, `coverage.rs`).
+    #[cfg(any(feature = "mongodb", feature = "postgres"))]
     Only(std::collections::HashSet<Arc<str>>),
 }
 
@@ -113,7 +115,7 @@ impl Covered {
     pub(super) fn covers(&self, name: &str) -> bool {
         match self {
             Covered::All => true,
-            #[cfg(feature = "mongodb")]
+            #[cfg(any(feature = "mongodb", feature = "postgres"))]
             Covered::Only(names) => names.contains(name),
         }
     }
@@ -133,7 +135,7 @@ pub(super) struct Names {
     /// What the open feed covers.
     pub(super) covered: Covered,
     /// Whether a name that is not covered was wanted since the last `Hub::interest`.
-    #[cfg(feature = "mongodb")]
+    #[cfg(any(feature = "mongodb", feature = "postgres"))]
     pub(super) wanted: bool,
 }
 
@@ -149,7 +151,7 @@ pub(crate) struct NameState {
     acquirers: AtomicUsize,
     /// When the entry was created (a narrowed feed covers holders' names lazily, see
     /// `Hub::uncovered_since`).
-    #[cfg(feature = "mongodb")]
+    #[cfg(any(feature = "mongodb", feature = "postgres"))]
     pub(super) since: std::time::Instant,
 }
 
@@ -196,7 +198,7 @@ impl Hub {
         Arc::new(Hub {
             names: Mutex::new(Names::default()),
             status: AtomicU8::new(status as u8),
-            #[cfg(feature = "mongodb")]
+            #[cfg(any(feature = "mongodb", feature = "postgres"))]
             widen: Notify::new(),
         })
     }
@@ -248,7 +250,7 @@ impl Hub {
                     all: Notify::new(),
                     changes: watch::channel((0, Change::Nothing)).0,
                     acquirers: AtomicUsize::new(0),
-                    #[cfg(feature = "mongodb")]
+                    #[cfg(any(feature = "mongodb", feature = "postgres"))]
                     since: std::time::Instant::now(),
                 });
                 names.map.insert(key.clone(), state.clone());
@@ -433,9 +435,9 @@ impl Hub {
         self.is_live() && self.names().covered.covers(name)
     }
 
-    /// Asks the feed to cover `name`: without narrowed feeds (MongoDB's, `coverage.rs`) every
+    /// Asks the feed to cover `name`: without narrowed feeds (`coverage.rs`) every
     /// name is covered, so there is nothing to ask.
-    #[cfg(not(feature = "mongodb"))]
+    #[cfg(not(any(feature = "mongodb", feature = "postgres")))]
     pub(crate) fn want(&self, _name: &str) {}
 }
 

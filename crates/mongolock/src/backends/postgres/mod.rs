@@ -57,7 +57,7 @@
 //!
 //! plus a sequence `<table>_fencing_token` (the source of every fencing token of the table), an
 //! index on `expires_at` (for cleanup) and a trigger that publishes lease changes with
-//! `pg_notify` (`listen.rs`). The migration runs in one transaction under an advisory lock, so
+//! `pg_notify` on the name's bucket channel and the table channel (`listen.rs`). The migration runs in one transaction under an advisory lock, so
 //! processes starting together do not race; a backend checks once (one query) whether it ran:
 //! whether the table has every column and its trigger calls this version's function. Tables
 //! created by earlier versions get the columns added since (`slot_limit`/`slots`, then
@@ -196,9 +196,14 @@
 //! One `LISTEN` connection per backend wakes waiting acquirers within milliseconds of a
 //! release — one in the process that the release designated (the first in the row's queue),
 //! the other processes one each only if the lock was not taken within the handoff fallback
-//! (`queue.rs`) — lets busy waiters sleep until the holder's expiry otherwise, tells holders at
-//! once when their lease was taken or force-released, and falls back to polling (and
-//! re-checks) while it reconnects. Behind PgBouncer in transaction pooling mode `LISTEN`
+//! (`queue.rs`) — lets busy waiters sleep until the holder's expiry otherwise, tells holders
+//! when their lease was taken or force-released, and falls back to polling (and re-checks)
+//! while it reconnects. The trigger publishes each change on the channel of its name's bucket
+//! (4096 buckets, by SHA-256 of the name) and on the table's channel; the connection listens
+//! only on the buckets of the names this backend waits on, observes or has held for a second,
+//! so a write reaches only the processes that use its name (or a name of its bucket), not
+//! every process of the table. Earlier versions, listening on the table channel, keep
+//! working during a rolling upgrade. Behind PgBouncer in transaction pooling mode `LISTEN`
 //! does not work: turn notifications off ([`PostgresBackendBuilder::notifications`]) or point
 //! the backend at the server directly.
 //!
@@ -654,6 +659,14 @@ impl PostgresBackend {
     #[doc(hidden)]
     pub fn notifications_received(&self) -> u64 {
         self.inner.received.load(Ordering::Relaxed)
+    }
+
+    /// The channel on which the changes of `name` are published besides the table's own
+    /// channel (see `listen.rs`): `mongolock_<hash of schema.table>_<bucket of name>`. For
+    /// tests and diagnostics.
+    #[doc(hidden)]
+    pub fn notification_channel(&self, name: &str) -> String {
+        self.inner.schema.bucket_channel(name)
     }
 
     /// A pooled connection, without the migration check.
