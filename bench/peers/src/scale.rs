@@ -512,7 +512,9 @@ pub fn pg_notify(args: &[String]) {
     let procs: Vec<usize> = if args.is_empty() {
         vec![32, 100]
     } else {
-        args.iter().map(|a| a.parse().expect("a process count")).collect()
+        args.iter()
+            .map(|a| a.parse().expect("a process count"))
+            .collect()
     };
     let secs = std::env::var("BENCH_HANDOFF_SECS")
         .ok()
@@ -524,7 +526,10 @@ pub fn pg_notify(args: &[String]) {
         eprintln!("pg-notify: {p} processes, one name ...");
         rows.push(("one name, all processes", handoff_procs_pg(&pg, p, secs)));
         eprintln!("pg-notify: {p} processes, a name each ...");
-        rows.push(("a name per process (2 tasks each)", names_procs_pg(&pg, p, secs)));
+        rows.push((
+            "a name per process (2 tasks each)",
+            names_procs_pg(&pg, p, secs),
+        ));
     }
     println!(
         "\nmongolock on PostgreSQL (LISTEN/NOTIFY), {secs} s per row; each acquisition holds \

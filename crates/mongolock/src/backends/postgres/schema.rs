@@ -1,4 +1,4 @@
-//! Where the locks live (schema, table, sequence, notification channel), the SQL of every
+//! Where the locks live (schema, table, sequence, notification channels), the SQL of every
 //! operation, and the migration that creates them.
 //!
 //! The migration creates only what is missing, and alters or indexes only a table that is
