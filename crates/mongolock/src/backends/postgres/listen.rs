@@ -73,8 +73,8 @@
 //!   next `LISTEN` (not on every release), and the new coverage is installed after both, so a
 //!   name losing coverage is woken to poll.
 //! * Past [`MAX_LISTENED_BUCKETS`] buckets the connection listens on the table channel instead
-//!   (and on no bucket: one statement list switches, so no change is missed or delivered
-//!   twice) and covers every name; once the names in use fit in half that many buckets again,
+//!   (and on no bucket: one statement list switches, in one transaction, so no change is
+//!   missed) and covers every name; once the names in use fit in half that many buckets again,
 //!   it narrows back the same way.
 //! * The cross-process handoff queue (`queue.rs`) registers an acquirer only while its name is
 //!   covered, so a release never designates a process that would not hear of it.
