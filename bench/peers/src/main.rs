@@ -8,6 +8,7 @@
 //! cargo run --release --manifest-path bench/peers/Cargo.toml -- --scale [--quick]
 //! cargo run --release --manifest-path bench/peers/Cargo.toml -- --ops
 //! cargo run --release --manifest-path bench/peers/Cargo.toml -- --faults
+//! cargo run --release --manifest-path bench/peers/Cargo.toml -- --pg-notify 32 100   # PostgreSQL notifications per acquisition
 //! ```
 //!
 //! The server runs in a child process (this binary re-executed with `--serve`), so the client
@@ -368,6 +369,8 @@ fn main() {
         Some("--serve") => return serve(),
         Some("--scale-worker") => return scale::scale_worker(&args[1..]),
         Some("--handoff-worker") => return scale::handoff_worker(&args[1..]),
+        Some("--names-worker") => return scale::names_worker(&args[1..]),
+        Some("--pg-notify") => return scale::pg_notify(&args[1..]),
         Some("--scale") => return scale::scale(args.iter().any(|a| a == "--quick")),
         Some("--faults") => return faults::faults(),
         Some("--fault-worker") => return faults::fault_worker(&args[1..]),
@@ -499,14 +502,18 @@ fn main() {
              {} s (each holds it 1 ms, then sits out 5 ms):\n",
             h.procs, h.secs
         );
-        println!("| handoffs/s | acquire statements per handoff | statements per handoff |");
-        println!("|---:|---:|---:|");
+        println!(
+            "| handoffs/s | acquire statements per handoff | statements per handoff | \
+             notifications received per handoff (all processes) |"
+        );
+        println!("|---:|---:|---:|---:|");
         let n = h.acquisitions.max(1) as f64;
         println!(
-            "| {:.0} | {:.2} | {:.2} |",
+            "| {:.0} | {:.2} | {:.2} | {:.2} |",
             h.acquisitions as f64 / h.secs,
             h.attempts as f64 / n,
-            h.get_mores as f64 / n
+            h.get_mores as f64 / n,
+            h.notifications as f64 / n
         );
     }
 }

@@ -268,9 +268,18 @@ impl PgStats {
 
 /// A provider on `PostgresBackend` (LISTEN/NOTIFY on), table `table`.
 pub fn provider(url: &str, table: &str) -> LockProvider {
+    provider_and_backend(url, table).0
+}
+
+/// [`provider`] and its backend (to read how many notifications its listening connection
+/// received).
+pub fn provider_and_backend(url: &str, table: &str) -> (LockProvider, PostgresBackend) {
     let backend = PostgresBackend::builder(url)
         .table(table)
         .build()
         .expect("PostgresBackend");
-    LockProvider::builder(backend).build().expect("provider")
+    let provider = LockProvider::builder(backend.clone())
+        .build()
+        .expect("provider");
+    (provider, backend)
 }

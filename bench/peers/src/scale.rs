@@ -345,46 +345,85 @@ pub fn scale(quick: bool) {
 }
 
 /// `--handoff-worker URI`: after "go", acquire the contended name, hold it 1 ms, release, sit
-/// out 5 ms (so the next holder is another process), until "stop"; report the count.
+/// out 5 ms (so the next holder is another process), until "stop"; report the count and (on
+/// PostgreSQL) the notifications its listening connection received meanwhile.
 pub fn handoff_worker(args: &[String]) {
-    let uri = args[0].clone();
+    loop_worker(&args[0], "bench_handoff", "contended".into(), 1);
+}
+
+/// `--names-worker URI INDEX`: as `--handoff-worker`, but two tasks of this process contend
+/// for a name of its own (`own-INDEX`), so every process waits on (and listens for) one name
+/// that no other process uses.
+pub fn names_worker(args: &[String]) {
+    loop_worker(&args[0], "bench_names", format!("own-{}", args[1]), 2);
+}
+
+/// `tasks` tasks acquire `name`, hold it 1 ms, release, sit out 5 ms, from "go" until "stop";
+/// then prints `count <acquisitions> <notifications received>`.
+fn loop_worker(uri: &str, table: &str, name: String, tasks: usize) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let provider = rt.block_on(provider(&uri, "bench_handoff"));
+    let (provider, pg_backend) = if uri.starts_with("postgres") {
+        let (p, b) = crate::pg::provider_and_backend(uri, table);
+        (p, Some(b))
+    } else {
+        (rt.block_on(provider(uri, table)), None)
+    };
+    let received = || {
+        pg_backend
+            .as_ref()
+            .map_or(0, mongolock::PostgresBackend::notifications_received)
+    };
     rt.block_on(async {
         let g = provider.lock("warm").unwrap().acquire().await.unwrap();
         g.release().await.unwrap();
     });
     println!("ready");
     wait_line();
+    let received_before = received();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let s = stop.clone();
-    let p = provider.clone();
-    let task = rt.spawn(async move {
-        let mut count = 0_u64;
-        while !s.load(std::sync::atomic::Ordering::Relaxed) {
-            let g = p.lock("contended").unwrap().acquire().await.unwrap();
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            g.release().await.unwrap();
-            count += 1;
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        count
-    });
+    let tasks: Vec<_> = (0..tasks)
+        .map(|_| {
+            let s = stop.clone();
+            let p = provider.clone();
+            let name = name.clone();
+            rt.spawn(async move {
+                let mut count = 0_u64;
+                while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                    let g = p.lock(&name).unwrap().acquire().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    g.release().await.unwrap();
+                    count += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                count
+            })
+        })
+        .collect();
     wait_line();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     // A waiter may wait for a release that never comes once the others stopped: give up after
     // a while.
-    let count = rt
-        .block_on(async { tokio::time::timeout(Duration::from_secs(3), task).await })
-        .map(|r| r.unwrap())
-        .unwrap_or(0);
-    println!("count {count}");
+    let count: u64 = rt.block_on(async {
+        let mut count = 0;
+        for task in tasks {
+            count += tokio::time::timeout(Duration::from_secs(3), task)
+                .await
+                .map(|r| r.unwrap())
+                .unwrap_or(0);
+        }
+        count
+    });
+    // Notifications of the last writes are on their way.
+    std::thread::sleep(Duration::from_millis(300));
+    println!("count {count} {}", received() - received_before);
 }
 
 /// Acquire attempts per handoff with `procs` waiting processes (one name, change streams on).
 pub struct HandoffProcs {
     pub procs: usize,
     pub acquisitions: u64,
+    /// Notifications the processes' listening connections received (PostgreSQL; 0 on MongoDB).
+    pub notifications: u64,
     pub attempts: u64,
     pub get_mores: u64,
     pub secs: f64,
@@ -417,6 +456,7 @@ pub fn handoff_procs(uri: &str, procs: usize, secs: f64) -> HandoffProcs {
     HandoffProcs {
         procs,
         acquisitions,
+        notifications: 0,
         attempts: s1.find_and_modify - s0.find_and_modify,
         get_mores: s1.get_more - s0.get_more,
         secs,
@@ -426,11 +466,28 @@ pub fn handoff_procs(uri: &str, procs: usize, secs: f64) -> HandoffProcs {
 /// [`handoff_procs`] on PostgreSQL: `attempts` counts executions of the acquire statement and
 /// `get_mores` (reused field) every statement, both from `pg_stat_statements`.
 pub fn handoff_procs_pg(pg: &crate::pg::PgServer, procs: usize, secs: f64) -> HandoffProcs {
+    procs_pg(pg, procs, secs, |_| {
+        vec!["--handoff-worker".into(), pg.url().to_owned()]
+    })
+}
+
+/// `procs` processes, each with two tasks contending for a name of its own
+/// (`--names-worker`): what a write of one name costs the listeners of the others.
+pub fn names_procs_pg(pg: &crate::pg::PgServer, procs: usize, secs: f64) -> HandoffProcs {
+    procs_pg(pg, procs, secs, |i| {
+        vec!["--names-worker".into(), pg.url().to_owned(), i.to_string()]
+    })
+}
+
+fn procs_pg(
+    pg: &crate::pg::PgServer,
+    procs: usize,
+    secs: f64,
+    args: impl Fn(usize) -> Vec<String>,
+) -> HandoffProcs {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let stats = rt.block_on(crate::pg::PgStats::connect(pg.url()));
-    let mut workers: Vec<Worker> = (0..procs)
-        .map(|_| Worker::spawn(&["--handoff-worker".into(), pg.url().to_owned()]))
-        .collect();
+    let mut workers: Vec<Worker> = (0..procs).map(|i| Worker::spawn(&args(i))).collect();
     for w in &mut workers {
         assert_eq!(w.recv()[0], "ready");
     }
@@ -443,17 +500,71 @@ pub fn handoff_procs_pg(pg: &crate::pg::PgServer, procs: usize, secs: f64) -> Ha
     for w in &mut workers {
         w.send("stop");
     }
-    let mut acquisitions = 0;
+    let (mut acquisitions, mut notifications) = (0, 0);
     for w in &mut workers {
-        acquisitions += w.recv()[1].parse::<u64>().unwrap();
+        let r = w.recv();
+        acquisitions += r[1].parse::<u64>().unwrap();
+        notifications += r[2].parse::<u64>().unwrap();
     }
     let (a1, s1) =
         rt.block_on(async { (stats.acquire_attempts().await, stats.statements().await) });
     HandoffProcs {
         procs,
         acquisitions,
+        notifications,
         attempts: a1 - a0,
         get_mores: s1 - s0,
         secs,
     }
+}
+
+/// `--pg-notify PROCS...`: on one PostgreSQL the benchmark starts (or `POSTGRES_URL`), for
+/// each process count: the one-name handoff ([`handoff_procs_pg`]) and one name per process
+/// ([`names_procs_pg`]), each for `BENCH_HANDOFF_SECS` (5) seconds; prints the notifications
+/// the processes' listening connections received per acquisition.
+pub fn pg_notify(args: &[String]) {
+    let procs: Vec<usize> = if args.is_empty() {
+        vec![32, 100]
+    } else {
+        args.iter()
+            .map(|a| a.parse().expect("a process count"))
+            .collect()
+    };
+    let secs = std::env::var("BENCH_HANDOFF_SECS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(5.0);
+    let pg = crate::pg::PgServer::start();
+    let mut rows = Vec::new();
+    for &p in &procs {
+        eprintln!("pg-notify: {p} processes, one name ...");
+        rows.push(("one name, all processes", handoff_procs_pg(&pg, p, secs)));
+        eprintln!("pg-notify: {p} processes, a name each ...");
+        rows.push((
+            "a name per process (2 tasks each)",
+            names_procs_pg(&pg, p, secs),
+        ));
+    }
+    println!(
+        "\nmongolock on PostgreSQL (LISTEN/NOTIFY), {secs} s per row; each acquisition holds \
+         the name 1 ms, then its task sits out 5 ms:\n"
+    );
+    println!("| processes | names | acquisitions/s | acquire statements / acquisition | statements / acquisition | notifications received / acquisition (all processes) |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    for (what, h) in &rows {
+        let n = h.acquisitions.max(1) as f64;
+        println!(
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
+            h.procs,
+            what,
+            h.acquisitions as f64 / h.secs,
+            h.attempts as f64 / n,
+            h.get_mores as f64 / n,
+            h.notifications as f64 / n,
+        );
+    }
+    println!(
+        "\nNotifications received counts every NOTIFY the processes' listening connections \
+         received (PostgresBackend::notifications_received), their own releases' included."
+    );
 }

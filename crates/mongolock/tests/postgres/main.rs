@@ -12,6 +12,7 @@ mod support {
 }
 
 mod backend;
+mod buckets;
 mod contract;
 mod handoff;
 mod min_hold;

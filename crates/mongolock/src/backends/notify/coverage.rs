@@ -1,16 +1,16 @@
-//! Narrowed feeds (MongoDB only): the [`Hub`] part for a feed that delivers the changes of
-//! some names only, or only some changes of them.
+//! Narrowed feeds (MongoDB, PostgreSQL): the [`Hub`] part for a feed that delivers the changes
+//! of some names only, or only some changes of them.
 //!
 //! A feed may deliver the changes of some names only (MongoDB narrows its change stream to the
-//! names this process waits on or holds, `mongo/watch.rs`). The hub records which names the
-//! open feed covers and how ([`Hub::cover`]; every change of every name unless a feed says
-//! otherwise):
+//! names this process waits on or holds, `mongo/watch.rs`; PostgreSQL listens on the channels
+//! of their buckets, `postgres/listen.rs`). The hub records which names the open feed covers
+//! and how ([`Hub::cover`]; every change of every name unless a feed says otherwise):
 //!
 //! * **fully**: every change of the name is delivered — what holders (a takeover, a
 //!   force-release) and observers need;
-//! * **for handoffs**: only the releases that concern this process's acquirers are delivered —
-//!   those that designate this process, first or as backup, or nobody, and the writes that
-//!   designate no one at all (the handoff queue, `mongo/queue.rs`). That is all an acquirer
+//! * **for handoffs** (MongoDB only): only the releases that concern this process's acquirers
+//!   are delivered — those that designate this process, first or as backup, or nobody, and the
+//!   writes that designate no one at all (the handoff queue, `mongo/queue.rs`). That is all an acquirer
 //!   needs: a grant frees nothing, and a release that designates two other processes is theirs
 //!   to act on.
 //!

@@ -21,10 +21,12 @@
 //! lookup.
 //!
 //! # Coverage
-//! A feed may deliver the changes of some names only (MongoDB's narrowed change stream): the
+//! A feed may deliver the changes of some names only (MongoDB's narrowed change stream,
+//! PostgreSQL's bucket channels): the
 //! hub records which names the open feed covers (every name unless a feed says otherwise) and
 //! an acquirer is [live](ChangeWaiter::is_live) only when the feed is live and covers its name.
-//! How a narrowed feed is widened without losing a wake-up is in `coverage.rs` (MongoDB only).
+//! How a narrowed feed is widened without losing a wake-up is in `coverage.rs` (MongoDB,
+//! PostgreSQL).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -94,7 +96,7 @@ pub(crate) struct Hub {
     pub(super) names: Mutex<Names>,
     status: AtomicU8,
     /// Told when a name that is not covered is wanted (see `Hub::want`).
-    #[cfg(feature = "mongodb")]
+    #[cfg(any(feature = "mongodb", feature = "postgres"))]
     pub(super) widen: Notify,
 }
 
@@ -104,13 +106,13 @@ pub(crate) enum Covered {
     /// Every change of every name.
     #[default]
     All,
-    /// Some names only (narrowed feeds: MongoDB only, `coverage.rs`).
-    #[cfg(feature = "mongodb")]
+    /// Some names only (narrowed feeds: MongoDB, PostgreSQL, `coverage.rs`).
+    #[cfg(any(feature = "mongodb", feature = "postgres"))]
     Only(Narrowed),
 }
 
 /// The names a narrowed feed covers, and how (`coverage.rs`).
-#[cfg(feature = "mongodb")]
+#[cfg(any(feature = "mongodb", feature = "postgres"))]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Narrowed {
     /// Names of which every change is delivered: what holders and observers need.
@@ -121,7 +123,7 @@ pub(crate) struct Narrowed {
     pub(crate) handoffs: std::collections::HashSet<Arc<str>>,
 }
 
-#[cfg(feature = "mongodb")]
+#[cfg(any(feature = "mongodb", feature = "postgres"))]
 impl Narrowed {
     /// How many names are covered, either way.
     pub(crate) fn len(&self) -> usize {
@@ -137,13 +139,13 @@ impl Covered {
                 let _ = name;
                 true
             }
-            #[cfg(feature = "mongodb")]
+            #[cfg(any(feature = "mongodb", feature = "postgres"))]
             Covered::Only(n) => n.full.contains(name) || n.handoffs.contains(name),
         }
     }
 
     /// Whether every change of `name` is delivered (what holders and observers need).
-    #[cfg(feature = "mongodb")]
+    #[cfg(any(feature = "mongodb", feature = "postgres"))]
     pub(crate) fn covers_fully(&self, name: &str) -> bool {
         match self {
             Covered::All => true,
@@ -166,7 +168,7 @@ pub(super) struct Names {
     /// What the open feed covers.
     pub(super) covered: Covered,
     /// Whether a name that is not covered was wanted since the last `Hub::interest`.
-    #[cfg(feature = "mongodb")]
+    #[cfg(any(feature = "mongodb", feature = "postgres"))]
     pub(super) wanted: bool,
 }
 
@@ -182,7 +184,7 @@ pub(crate) struct NameState {
     acquirers: AtomicUsize,
     /// When the entry was created (a narrowed feed covers holders' names lazily, see
     /// `Hub::uncovered_since`).
-    #[cfg(feature = "mongodb")]
+    #[cfg(any(feature = "mongodb", feature = "postgres"))]
     pub(super) since: std::time::Instant,
     /// Leases of the name this backend granted and holds ([`Hub::holder`]).
     pub(super) holders: AtomicUsize,
@@ -193,7 +195,7 @@ pub(crate) struct NameState {
     pub(super) observers: AtomicUsize,
 }
 
-#[cfg(feature = "mongodb")]
+#[cfg(any(feature = "mongodb", feature = "postgres"))]
 impl NameState {
     /// Since when the name has been held here without a break (`None`: not held).
     pub(crate) fn held_since(&self) -> Option<std::time::Instant> {
@@ -279,7 +281,7 @@ impl Hub {
         Arc::new(Hub {
             names: Mutex::new(Names::default()),
             status: AtomicU8::new(status as u8),
-            #[cfg(feature = "mongodb")]
+            #[cfg(any(feature = "mongodb", feature = "postgres"))]
             widen: Notify::new(),
         })
     }
@@ -331,7 +333,7 @@ impl Hub {
                     all: Notify::new(),
                     changes: watch::channel((0, Change::Nothing)).0,
                     acquirers: AtomicUsize::new(0),
-                    #[cfg(feature = "mongodb")]
+                    #[cfg(any(feature = "mongodb", feature = "postgres"))]
                     since: std::time::Instant::now(),
                     holders: AtomicUsize::new(0),
                     held_since: Mutex::new(None),
@@ -534,13 +536,13 @@ impl Hub {
         self.is_live() && self.names().covered.covers(name)
     }
 
-    /// Asks the feed to cover `name`: without narrowed feeds (MongoDB's, `coverage.rs`) every
+    /// Asks the feed to cover `name`: without narrowed feeds (`coverage.rs`) every
     /// name is covered, so there is nothing to ask.
-    #[cfg(not(feature = "mongodb"))]
+    #[cfg(not(any(feature = "mongodb", feature = "postgres")))]
     pub(crate) fn want(&self, _name: &str) {}
 
     /// Asks the feed to deliver every change of `name`: without narrowed feeds, nothing to ask.
-    #[cfg(not(feature = "mongodb"))]
+    #[cfg(not(any(feature = "mongodb", feature = "postgres")))]
     pub(crate) fn want_fully(&self, _name: &str) {}
 }
 

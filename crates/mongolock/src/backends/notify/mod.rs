@@ -9,7 +9,7 @@
 //!   name wakes (one acquirer per change and process — the no-stampede rule —, every observer,
 //!   every holder), whether the wake-ups are live, and the handoff fallback timer. The memory
 //!   backend uses it directly; the others through a [`Notifier`].
-//! * `coverage` (MongoDB only): which names a narrowed feed delivers the changes of, and the
+//! * `coverage` (MongoDB, PostgreSQL): which names a narrowed feed delivers the changes of, and the
 //!   rules that keep a narrowed feed from losing a wake-up (asking for a name, re-checking the
 //!   names newly covered); an `impl Hub` block.
 //! * `notifier` (MongoDB, PostgreSQL): the [`Notifier`] of a backend with a feed: the hub, the
@@ -44,7 +44,7 @@
 #[cfg_attr(not(any(feature = "mongodb", feature = "postgres")), allow(dead_code))]
 pub(crate) mod hub;
 
-#[cfg(feature = "mongodb")]
+#[cfg(any(feature = "mongodb", feature = "postgres"))]
 mod coverage;
 #[cfg(any(feature = "mongodb", feature = "postgres"))]
 mod feed;

@@ -57,7 +57,7 @@
 //!
 //! plus a sequence `<table>_fencing_token` (the source of every fencing token of the table), an
 //! index on `expires_at` (for cleanup) and a trigger that publishes lease changes with
-//! `pg_notify` (`listen.rs`). The migration runs in one transaction under an advisory lock, so
+//! `pg_notify` on the name's bucket channel and the table channel (`listen.rs`). The migration runs in one transaction under an advisory lock, so
 //! processes starting together do not race; a backend checks once (one query) whether it ran:
 //! whether the table has every column and its trigger calls this version's function. Tables
 //! created by earlier versions get the columns added since (`slot_limit`/`slots`, then
@@ -196,9 +196,14 @@
 //! One `LISTEN` connection per backend wakes waiting acquirers within milliseconds of a
 //! release — one in the process that the release designated (the first in the row's queue),
 //! the other processes one each only if the lock was not taken within the handoff fallback
-//! (`queue.rs`) — lets busy waiters sleep until the holder's expiry otherwise, tells holders at
-//! once when their lease was taken or force-released, and falls back to polling (and
-//! re-checks) while it reconnects. Behind PgBouncer in transaction pooling mode `LISTEN`
+//! (`queue.rs`) — lets busy waiters sleep until the holder's expiry otherwise, tells holders
+//! when their lease was taken or force-released, and falls back to polling (and re-checks)
+//! while it reconnects. The trigger publishes each change on the channel of its name's bucket
+//! (4096 buckets, by SHA-256 of the name) and on the table's channel; the connection listens
+//! only on the buckets of the names this backend waits on, observes or has held for a second,
+//! so a write reaches only the processes that use its name (or a name of its bucket), not
+//! every process of the table. Earlier versions, listening on the table channel, keep
+//! working during a rolling upgrade. Behind PgBouncer in transaction pooling mode `LISTEN`
 //! does not work: turn notifications off ([`PostgresBackendBuilder::notifications`]) or point
 //! the backend at the server directly.
 //!
@@ -228,7 +233,7 @@ mod schema;
 mod tls;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -303,6 +308,8 @@ struct Inner {
     /// Serializes this backend's migration checks.
     migrating: tokio::sync::Mutex<()>,
     listener: Listener,
+    /// Notifications the listening connection received, ever (diagnostics).
+    received: Arc<AtomicU64>,
     /// This backend's mark: the prefix of its lease ids and its name in handoff queues
     /// (`queue.rs`).
     mark: String,
@@ -493,12 +500,14 @@ impl PostgresBackendBuilder {
         );
         listen_config.application_name(&listen_name);
         let mark = handoff::new_mark();
+        let received = Arc::new(AtomicU64::new(0));
         let listener = Listener::new(
             listen_config,
             tls,
             schema.channel.clone(),
             self.notifications,
             mark.clone(),
+            received.clone(),
         );
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
@@ -507,6 +516,7 @@ impl PostgresBackendBuilder {
                 ready: AtomicBool::new(false),
                 migrating: tokio::sync::Mutex::new(()),
                 listener,
+                received,
                 mark,
                 cleanup_after: self.cleanup_after,
                 cleanup_every: self.cleanup_every,
@@ -640,6 +650,23 @@ impl PostgresBackend {
     #[doc(hidden)]
     pub fn watched_names(&self) -> usize {
         self.inner.listener.watched_names()
+    }
+
+    /// How many notifications this backend's listening connection has received since the
+    /// backend was built (every `NOTIFY` delivered to it, its own releases' included, whether
+    /// or not somebody here used the name): the PostgreSQL counterpart of
+    /// `MongoBackend::stream_events`. For tests and diagnostics.
+    #[doc(hidden)]
+    pub fn notifications_received(&self) -> u64 {
+        self.inner.received.load(Ordering::Relaxed)
+    }
+
+    /// The channel on which the changes of `name` are published besides the table's own
+    /// channel (see `listen.rs`): `mongolock_<hash of schema.table>_<bucket of name>`. For
+    /// tests and diagnostics.
+    #[doc(hidden)]
+    pub fn notification_channel(&self, name: &str) -> String {
+        self.inner.schema.bucket_channel(name)
     }
 
     /// A pooled connection, without the migration check.

@@ -1,4 +1,4 @@
-//! Where the locks live (schema, table, sequence, notification channel), the SQL of every
+//! Where the locks live (schema, table, sequence, notification channels), the SQL of every
 //! operation, and the migration that creates them.
 //!
 //! The migration creates only what is missing, and alters or indexes only a table that is
@@ -21,10 +21,41 @@ pub(crate) const MAX_SCHEMA_LEN: usize = 63;
 /// publish every change of a lease with `pg_notify`.
 const NOTIFY: &str = "mongolock_notify";
 
-/// A comment in the body of the trigger function of this version (handoff designations in the
-/// payload): a table whose trigger calls an older function (replaced by an older build's
-/// migration) is migrated again.
-const NOTIFY_VERSION: &str = "mongolock payload v2";
+/// A comment in the body of the trigger function of this version (bucket channels): a table
+/// whose trigger calls an older function (replaced by an older build's migration) is migrated
+/// again.
+const NOTIFY_VERSION: &str = "mongolock payload v3";
+
+/// The previous version's mark, also in the body of this version's function: builds of that
+/// version look for it, and finding it they leave the function alone instead of replacing it
+/// with theirs (which publishes on the table channel only). This version publishes everything
+/// the previous one did, on the same channel (see [`Schema::ddl`]).
+const NOTIFY_VERSION_V2: &str = "mongolock payload v2";
+
+/// How many hex digits of a name's SHA-256 name its notification bucket: 3, so 4096 buckets.
+const BUCKET_HEX_DIGITS: usize = 3;
+
+/// The notification bucket of a lock name: the first [`BUCKET_HEX_DIGITS`] hex digits of the
+/// SHA-256 of its UTF-8 bytes, exactly as [`bucket_sql`] computes it on the server.
+pub(crate) fn bucket(name: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(name.as_bytes());
+    let hex: String = digest.iter().take(2).map(|b| format!("{b:02x}")).collect();
+    hex[..BUCKET_HEX_DIGITS].to_owned()
+}
+
+/// The channel of `name`'s bucket for the table channel `channel`:
+/// `<channel>_<`[`bucket`]`(name)>` (at most 30 bytes: a plain identifier).
+pub(crate) fn bucket_channel(channel: &str, name: &str) -> String {
+    format!("{channel}_{}", bucket(name))
+}
+
+/// The SQL of [`bucket`] for the `text` expression `name`: `convert_to` gives its UTF-8 bytes
+/// whatever the database's encoding, `sha256` (PostgreSQL 11+, a documented builtin that works
+/// on FIPS-mode servers, unlike `md5`) hashes them.
+fn bucket_sql(name: &str) -> String {
+    format!("substr(encode(sha256(convert_to({name}, 'UTF8')), 'hex'), 1, {BUCKET_HEX_DIGITS})")
+}
 
 /// The columns of the lock table since its first version: a table named like the lock table
 /// without all of them is not mongolock's, and is refused rather than altered.
@@ -95,7 +126,9 @@ fn fnv1a(text: &str) -> u64 {
 pub(crate) struct Schema {
     /// `schema.table`, unquoted, for messages.
     pub(crate) display: String,
-    /// The `LISTEN` channel: `mongolock_` and 16 hex digits of a hash of `schema.table`.
+    /// The table channel: `mongolock_` and 16 hex digits of a hash of `schema.table`. Every
+    /// change of the table is published on it, and on the channel of the name's bucket,
+    /// [`bucket_channel`](Self::bucket_channel).
     pub(crate) channel: String,
     schema_q: String,
     table_q: String,
@@ -341,8 +374,9 @@ impl Schema {
         // (unexpired, and `acquired_at + $4` ahead: the same lease id, token and holder, the
         // expiry set to that, the id recorded as released once) and the plain release above.
         // A kept lease is published with `pg_notify` (the trigger publishes only lease id or
-        // token changes) as `<token> - <name>`, so that every waiter retries and learns the new
-        // expiry. `is_slot`: the lease id is a semaphore slot's (refused by the caller).
+        // token changes) as `<token> - <name>`, on the channels the trigger uses (the name's
+        // bucket channel and the table channel), so that every waiter retries and learns the
+        // new expiry. `is_slot`: the lease id is a semaphore slot's (refused by the caller).
         let channel = format!("mongolock_{:016x}", fnv1a(&format!("{schema}.{table}")));
         let release_after = format!(
             "WITH ended AS (
@@ -368,7 +402,8 @@ impl Schema {
                     (SELECT CASE WHEN held_on THEN NULL ELSE handoff END FROM ended) AS handoff,
                     (SELECT fencing_token FROM ended) AS fencing_token,
                     (SELECT count(*) FROM (
-                       SELECT pg_notify({channel_lit}, fencing_token || ' - ' || name)
+                       SELECT pg_notify({channel_lit} || '_' || {bucket}, fencing_token || ' - ' || name),
+                              pg_notify({channel_lit}, fencing_token || ' - ' || name)
                          FROM ended WHERE held_on) n) AS notified,
                     EXISTS (SELECT 1 FROM {t}
                              WHERE name = $1 AND slot_limit IS NOT NULL AND EXISTS (
@@ -382,6 +417,7 @@ impl Schema {
             live = queue::live("l", "clock_timestamp()"),
             min_hold = micros(4),
             channel_lit = literal(&channel),
+            bucket = bucket_sql("name"),
         );
         // An exclusive lease forced out hands off like a release (by nobody's mark).
         let force_release = format!(
@@ -459,6 +495,12 @@ impl Schema {
             sequence_q,
             index_q,
         }
+    }
+
+    /// The channel on which the changes of `name` are published besides the table channel:
+    /// the table channel, `_` and the name's [`bucket`].
+    pub(crate) fn bucket_channel(&self, name: &str) -> String {
+        bucket_channel(&self.channel, name)
     }
 
     /// The lock table as a quoted SQL name (`"schema"."table"`).
@@ -610,9 +652,13 @@ impl Schema {
             // Payload: `<token> <lease id, or - for none> <name>`, and for a release with a
             // new designation `<token>/<designated mark>/<releasing mark> - <name>`
             // (`queue.rs`); a deleted row reports no lease. Extensions and queue registrations
-            // (neither lease id nor token changes) publish nothing. The function is shared by
-            // the tables of the schema, so it reads `handoff` through `to_jsonb`, which also
-            // works for a table that does not have the column yet.
+            // (neither lease id nor token changes) publish nothing. Each payload goes to the
+            // channel of the name's bucket (`<table channel>_<bucket>`, which this version's
+            // backends listen on: `listen.rs`) and to the table channel (`TG_ARGV[0]`, which
+            // earlier versions listen on, and a backend that uses too many names to listen on
+            // their buckets). The function is shared by the tables of the schema, so it reads
+            // `handoff` through `to_jsonb`, which also works for a table that does not have the
+            // column yet.
             (
                 None,
                 format!(
@@ -620,27 +666,37 @@ impl Schema {
                      DECLARE
                        h text;
                        d text := '';
+                       p text;
+                       n text;
                      BEGIN
-                       -- {NOTIFY_VERSION}
+                       -- {NOTIFY_VERSION}: bucket channels, and everything {NOTIFY_VERSION_V2}
+                       -- published on the table channel
                        IF TG_OP = 'DELETE' THEN
-                         PERFORM pg_notify(TG_ARGV[0], OLD.fencing_token || ' - ' || OLD.name);
+                         n := OLD.name;
+                         p := OLD.fencing_token || ' - ' || n;
+                       ELSE
+                         IF TG_OP = 'UPDATE' THEN
+                           IF OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
+                              AND OLD.fencing_token = NEW.fencing_token THEN
+                             RETURN NEW;
+                           END IF;
+                           h := to_jsonb(NEW)->>'handoff';
+                           IF h IS NOT NULL AND h IS DISTINCT FROM to_jsonb(OLD)->>'handoff' THEN
+                             d := '/' || split_part(h, '/', 1) || '/' || split_part(h, '/', 2);
+                           END IF;
+                         END IF;
+                         n := NEW.name;
+                         p := NEW.fencing_token || d || ' ' || coalesce(NEW.lease_id, '-') || ' ' || n;
+                       END IF;
+                       PERFORM pg_notify(TG_ARGV[0] || '_' || {bucket}, p);
+                       PERFORM pg_notify(TG_ARGV[0], p);
+                       IF TG_OP = 'DELETE' THEN
                          RETURN OLD;
                        END IF;
-                       IF TG_OP = 'UPDATE' THEN
-                         IF OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
-                            AND OLD.fencing_token = NEW.fencing_token THEN
-                           RETURN NEW;
-                         END IF;
-                         h := to_jsonb(NEW)->>'handoff';
-                         IF h IS NOT NULL AND h IS DISTINCT FROM to_jsonb(OLD)->>'handoff' THEN
-                           d := '/' || split_part(h, '/', 1) || '/' || split_part(h, '/', 2);
-                         END IF;
-                       END IF;
-                       PERFORM pg_notify(TG_ARGV[0], NEW.fencing_token || d || ' '
-                         || coalesce(NEW.lease_id, '-') || ' ' || NEW.name);
                        RETURN NEW;
                      END
-                     $fn$"
+                     $fn$",
+                    bucket = bucket_sql("n"),
                 ),
             ),
             (
@@ -679,5 +735,17 @@ mod tests {
         assert!(s.channel.starts_with("mongolock_") && s.channel.len() == 26);
         assert_eq!(s.channel, Schema::new("my schema", "Locks").channel);
         assert_ne!(s.channel, Schema::new("my schema", "locks").channel);
+    }
+
+    #[test]
+    fn buckets_are_the_first_hex_digits_of_sha256() {
+        // sha256('') = e3b0c442..., sha256('abc') = ba7816bf... (FIPS 180-2 test vectors).
+        assert_eq!(bucket(""), "e3b");
+        assert_eq!(bucket("abc"), "ba7");
+        let s = Schema::new("public", "locks");
+        assert_eq!(s.bucket_channel("abc"), format!("{}_ba7", s.channel));
+        // A channel is an identifier: at most 63 bytes.
+        assert!(s.bucket_channel("abc").len() <= 63);
+        assert!(bucket_sql("n").contains("sha256(convert_to(n, 'UTF8'))"));
     }
 }
