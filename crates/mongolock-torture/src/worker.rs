@@ -529,10 +529,13 @@ async fn one_op(env: &Env, rng: &mut StdRng) {
             let before = env.memory_now();
             env.record_grant(l.guard(), before);
             if rng.random_bool(0.5) {
-                if let Err(e) = l.resign().await {
-                    env.error("resign", e);
+                match l.resign().await {
+                    Ok(()) => end(env, &name, token, EndHow::Released),
+                    Err(e) => {
+                        env.error("resign", e);
+                        end(env, &name, token, EndHow::ReleaseFailed);
+                    }
                 }
-                end(env, &name, token, EndHow::Released);
             } else {
                 drop(l);
                 end(env, &name, token, EndHow::Dropped);
