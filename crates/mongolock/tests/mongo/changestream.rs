@@ -63,7 +63,7 @@ struct Sent {
     find_and_modify: AtomicUsize,
     /// `findAndModify`s of the uncontended shortcut (its filter requires `leaseId: null`).
     cheap_acquires: AtomicUsize,
-    /// Short releases (their filter requires an empty queue).
+    /// Short releases (their filter requires our lease id and an empty queue).
     short_releases: AtomicUsize,
     get_more: AtomicUsize,
     kill_cursors: AtomicUsize,
@@ -104,7 +104,7 @@ async fn counting_client(uri: &str, app: Option<&str>) -> (Client, Arc<Sent>) {
                 let short = s.command_name == "findAndModify"
                     && s.command
                         .get_document("query")
-                        .is_ok_and(|q| q.contains_key("waiters"));
+                        .is_ok_and(|q| q.contains_key("waiters") && q.get_str("leaseId").is_ok());
                 if short {
                     sink.short_releases.fetch_add(1, Ordering::SeqCst);
                 }
