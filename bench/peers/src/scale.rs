@@ -80,9 +80,12 @@ async fn mongo_provider(uri: &str, db: &str) -> (LockProvider, Option<MongoBacke
         return (crate::pg::provider(uri, db), None);
     }
     let client = Client::with_uri_str(uri).await.expect("client");
+    // `BENCH_FAIR=1`: fair handoff (a release reserves the lock for the designated process).
+    let fair = std::env::var("BENCH_FAIR").is_ok_and(|v| v == "1");
     let backend = MongoBackend::builder(&client.database(db))
         .collection("locks")
         .notifications(true)
+        .fair_handoff(fair)
         .build()
         .expect("backend");
     let provider = LockProvider::builder(backend.clone())
