@@ -66,6 +66,7 @@ struct Sent {
     /// Short releases (their filter requires our lease id and an empty queue).
     short_releases: AtomicUsize,
     get_more: AtomicUsize,
+    find: AtomicUsize,
     kill_cursors: AtomicUsize,
     /// Failed getMore/aggregate commands (injected faults that hit the stream).
     stream_failures: AtomicUsize,
@@ -88,6 +89,7 @@ async fn counting_client(uri: &str, app: Option<&str>) -> (Client, Arc<Sent>) {
                 let counter = match s.command_name.as_str() {
                     "findAndModify" => Some(&sink.find_and_modify),
                     "getMore" => Some(&sink.get_more),
+                    "find" => Some(&sink.find),
                     "killCursors" => Some(&sink.kill_cursors),
                     _ => None,
                 };
@@ -273,10 +275,24 @@ async fn the_uncontended_shortcut_falls_back_to_the_full_attempt() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     let gb = pb.lock(name.as_str()).unwrap().acquire().await.unwrap();
     assert!(gb.fencing_token() > t4);
+    let (fam, finds) = (
+        sent_a.find_and_modify.load(Ordering::SeqCst),
+        sent_a.find.load(Ordering::SeqCst),
+    );
     let lost = g.release().await;
     assert!(
         matches!(lost, Err(mongolock::Error::LeaseLost { .. })),
         "the release of the taken-over lease {t4} reported {lost:?}"
+    );
+    // The short release and the full one match nothing, one read tells the loss; a lease the
+    // backend knows as exclusive is not tried as a semaphore slot too.
+    let (fam, finds) = (
+        sent_a.find_and_modify.load(Ordering::SeqCst) - fam,
+        sent_a.find.load(Ordering::SeqCst) - finds,
+    );
+    assert!(
+        fam == 2 && finds == 1,
+        "the lost release cost {fam} findAndModify and {finds} find"
     );
     gb.release().await.unwrap();
     // A lease granted by the shortcut, and a process that queues while it is held: the short

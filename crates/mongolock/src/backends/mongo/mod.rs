@@ -662,6 +662,8 @@ impl LockBackend for MongoBackend {
         self.watch.released_name(name, &handoff);
         match released? {
             Some(_) => Ok(true),
+            // An exclusive lease this backend granted, ended by someone else: lost.
+            None if granted.is_some() => Ok(false),
             // Not an exclusive lease: perhaps a slot whose grant's reply was lost (an abandoned
             // acquire releases its lease id without knowing what was granted).
             None => self.release_slot(name, lease_id).await,
