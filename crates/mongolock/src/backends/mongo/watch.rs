@@ -124,7 +124,8 @@
 //! name in one of two ways ([`Narrowed`], `backends/notify/coverage.rs`):
 //!
 //! * **fully** (the `$match` above): the names observed here, and the names held here for
-//!   [`COVER_HELD_AFTER`] (or held and covered fully already) — a holder needs takeovers and
+//!   [`COVER_HELD_AFTER`] (which asks for a reopen; the reopen also covers every name held for
+//!   [`COVER_HELD_WITH`], and keeps a held name covered fully) — a holder needs takeovers and
 //!   force-releases, an observer every change;
 //! * **for handoffs**: every other name in use (only waited on) and the names kept covered
 //!   after use. Of these the stream delivers only what an acquirer must act on:
@@ -258,6 +259,11 @@ const KEEP_COVERED: usize = 64;
 /// A name held here this long without coverage is added (leases released sooner cost the
 /// stream nothing).
 const COVER_HELD_AFTER: Duration = Duration::from_secs(1);
+
+/// At a reopen, a name held here at least this long is covered fully too (not only those held
+/// for [`COVER_HELD_AFTER`], which ask for the reopen): so one reopen covers a batch of held
+/// names, and a lease released within milliseconds of its grant still costs nothing.
+const COVER_HELD_WITH: Duration = Duration::from_millis(100);
 
 /// The stream is reopened at most this often to widen it.
 const MIN_WIDEN_INTERVAL: Duration = Duration::from_millis(20);
@@ -801,7 +807,7 @@ impl ChangeFeed {
     /// in use here plus those covered now (a name stays covered while the set is small, so
     /// that contention moving between a few names does not reopen the stream each time), or
     /// every name past [`MAX_NARROWED`]. Fully: the names observed here, and those held here
-    /// for [`COVER_HELD_AFTER`] or held and covered fully now; the others for handoffs only
+    /// for [`COVER_HELD_WITH`] or held and covered fully now; the others for handoffs only
     /// (see "Only the releases meant for this process").
     fn coverage(&self, hub: &Hub) -> Covered {
         if *self.target != Target::Names {
@@ -815,7 +821,7 @@ impl ChangeFeed {
         let mut next = Narrowed::default();
         for (name, interest) in hub.interest() {
             let held_long = interest.held_since.is_some_and(|since| {
-                now.duration_since(since) >= COVER_HELD_AFTER
+                now.duration_since(since) >= COVER_HELD_WITH
                     || narrowed_now.is_some_and(|n| n.full.contains(&name))
             });
             if interest.observed || held_long {
