@@ -56,19 +56,19 @@ impl Hub {
     /// Asks the feed to cover `name` (which must have an entry, held by the caller) if it does
     /// not yet: an acquirer about to wait.
     pub(crate) fn want(&self, name: &str) {
-        let mut names = self.names();
-        if !names.covered.covers(name) {
-            names.wanted = true;
-            drop(names);
-            self.widen.notify_one();
-        }
+        self.ask_unless(name, Covered::covers);
     }
 
     /// Asks the feed to deliver every change of `name` (which must have an entry, held by the
     /// caller) if it does not yet: an observer.
     pub(crate) fn want_fully(&self, name: &str) {
+        self.ask_unless(name, Covered::covers_fully);
+    }
+
+    /// Asks the feed to widen unless `covered` says the open feed already covers `name`.
+    fn ask_unless(&self, name: &str, covered: fn(&Covered, &str) -> bool) {
         let mut names = self.names();
-        if !names.covered.covers_fully(name) {
+        if !covered(&names.covered, name) {
             names.wanted = true;
             drop(names);
             self.widen.notify_one();
