@@ -536,14 +536,17 @@ fn names_pipeline(own: &str, covered: &Covered) -> Vec<Document> {
             doc! { updated(&released_slot): { "$exists": true } },
             doc! { updated(LAST_RELEASED): { "$exists": true }, updated(LEASE_ID): { "$exists": false } },
         ];
-        filter.insert(
-            "$and",
-            vec![doc! { "$or": [
+        // First, so that a server testing the conjuncts in order drops other names' events
+        // before anything else (mongo-testserver does; mongod plans the whole `$match`).
+        let mut narrowed = doc! {
+            "$and": [{ "$or": [
                 { "documentKey._id": { "$in": sorted(&names.full) } },
                 { "documentKey._id": { "$in": sorted(&names.handoffs) }, "$or": handoffs },
                 { "operationType": { "$in": ["drop", "dropDatabase", "rename", "invalidate"] } },
             ] }],
-        );
+        };
+        narrowed.extend(filter);
+        filter = narrowed;
     }
     vec![
         doc! { "$match": filter },
