@@ -5,10 +5,10 @@
 //! here and the library's own row in the main table is what the library adds around its
 //! commands.
 //!
-//! Two more rows price a candidate cheap path for the uncontended case: an acquire with the
-//! "free" test in the filter and one small `$set` ([`fast_acquire`]), with mongolock's release
-//! as sent, and with a one-`$set` release ([`fast_release`]). Every pair runs on one name, as
-//! on any busy name.
+//! mongolock's commands come in two rows: its full acquire and release pipelines, and its
+//! uncontended shortcut (the "free" test in the filter and one small `$set`, then a one-`$set`
+//! release), which it sends after its own release found nobody queued. Every pair runs on one
+//! name, as on any busy name.
 
 use std::time::{Duration, Instant};
 
@@ -42,73 +42,29 @@ fn request(backend: &MongoBackend, name: &str) -> AcquireRequest {
 }
 
 /// mongolock's own acquire and release commands, as its MongoDB backend sends them for an
-/// uncontended pair (`MongoBackend::command_shapes`), on a lock document that exists; with
-/// `fast`, the acquire is [`fast_acquire`] instead.
-async fn pair_as_sent(coll: &Collection<Document>, backend: &MongoBackend, name: &str, fast: bool) {
+/// uncontended pair (`MongoBackend::command_shapes`), on a lock document that exists: the full
+/// pipelines, or with `shortcut` the uncontended shortcut's commands (what the library sends
+/// after its own release found nobody queued).
+async fn pair_as_sent(
+    coll: &Collection<Document>,
+    backend: &MongoBackend,
+    name: &str,
+    shortcut: bool,
+) {
     let req = request(backend, name);
-    let [(f, p, proj), (rf, rp, rproj)] = backend.command_shapes(&req);
-    if fast {
-        fast_acquire(coll, name, req.lease_id.as_str()).await;
-    } else {
-        let d = coll
-            .find_one_and_update(f, p)
-            .return_document(ReturnDocument::After)
-            .projection(proj)
-            .await
-            .unwrap()
-            .expect("the lock document exists");
-        assert_eq!(d.get_str("leaseId").unwrap(), req.lease_id.as_str());
-    }
+    let [(f, p, proj), (rf, rp, rproj)] = backend.command_shapes(&req, shortcut);
+    let d = coll
+        .find_one_and_update(f, p)
+        .return_document(ReturnDocument::After)
+        .projection(proj)
+        .await
+        .unwrap()
+        .expect("the lock document exists (and is free)");
+    assert_eq!(d.get_str("leaseId").unwrap(), req.lease_id.as_str());
     let r = coll
         .find_one_and_update(rf, rp)
         .return_document(ReturnDocument::After)
         .projection(rproj)
-        .await
-        .unwrap();
-    assert!(r.is_some(), "released");
-}
-
-/// A candidate cheap acquire for the uncontended case: the "free" test in the filter (released,
-/// no queue, no reservation, exclusive mode, a token left in the document's epoch) and a
-/// pipeline of one small `$set`.
-async fn fast_acquire(coll: &Collection<Document>, name: &str, mine: &str) {
-    let d = coll
-        .find_one_and_update(
-            doc! {
-                "_id": name, "leaseId": Bson::Null, "limit": Bson::Null, "reserved": Bson::Null,
-                "waiters": { "$in": [Bson::Null, []] },
-                "$expr": { "$lt": ["$fencingToken", { "$multiply": ["$epoch", 1_i64 << 20] }] },
-            },
-            vec![doc! { "$set": {
-                "leaseId": { "$literal": mine },
-                "fencingToken": { "$add": ["$fencingToken", 1_i64] },
-                "acquiredAt": "$$NOW",
-                "expiresAt": { "$add": ["$$NOW", 30_000_i64] },
-                "holder": { "$literal": { "host": "bench", "pid": 1_i64, "app": Bson::Null } },
-            } }],
-        )
-        .return_document(ReturnDocument::After)
-        .projection(doc! { "leaseId": 1, "fencingToken": 1, "acquiredAt": 1, "expiresAt": 1 })
-        .await
-        .unwrap()
-        .expect("free");
-    assert_eq!(d.get_str("leaseId").unwrap(), mine);
-}
-
-/// A candidate cheap release for the uncontended case (no queue): one `$set`.
-async fn fast_release(coll: &Collection<Document>, name: &str, mine: &str) {
-    let set = doc! {
-        "leaseId": Bson::Null,
-        "expiresAt": { "$min": ["$expiresAt", "$$NOW"] },
-        "lastReleased": { "$literal": mine },
-        "next": { "$literal": format!("/{mine}") },
-    };
-    let r = coll
-        .find_one_and_update(
-            doc! { "_id": name, "leaseId": mine, "waiters": { "$in": [Bson::Null, []] } },
-            vec![doc! { "$set": set }],
-        )
-        .projection(doc! { "_id": 1 })
         .await
         .unwrap();
     assert!(r.is_some(), "released");
@@ -183,20 +139,20 @@ pub fn ops(pairs: usize) {
             // The first acquisition creates the lock document (with its fencing epoch).
             let as_sent = "ops-as-sent";
             let provider = LockProvider::builder(backend.clone()).build().unwrap();
-            for name in [as_sent, "ops-fast acquire + one-$set release"] {
+            for name in [as_sent, "ops-shortcut"] {
                 let lock = provider.lock(name).unwrap();
                 lock.acquire().await.unwrap().release().await.unwrap();
             }
             let mut rows = Vec::new();
             for variant in [
-                "mongolock's, as sent",
-                "fast acquire + release as sent",
-                "fast acquire + one-$set release",
+                "mongolock's full pipelines, as sent",
+                "mongolock's uncontended shortcut, as sent",
                 "findAndModify, operators",
                 "minimal (peer-like)",
             ] {
                 let name = match variant {
-                    "mongolock's, as sent" | "fast acquire + release as sent" => as_sent.to_owned(),
+                    "mongolock's full pipelines, as sent" => as_sent.to_owned(),
+                    "mongolock's uncontended shortcut, as sent" => "ops-shortcut".to_owned(),
                     _ => format!("ops-{variant}"),
                 };
                 let run = |n: usize| {
@@ -206,16 +162,11 @@ pub fn ops(pairs: usize) {
                     async move {
                         for _ in 0..n {
                             match variant {
-                                "mongolock's, as sent" => {
+                                "mongolock's full pipelines, as sent" => {
                                     pair_as_sent(&coll, &backend, &name, false).await
                                 }
-                                "fast acquire + release as sent" => {
+                                "mongolock's uncontended shortcut, as sent" => {
                                     pair_as_sent(&coll, &backend, &name, true).await
-                                }
-                                "fast acquire + one-$set release" => {
-                                    let mine = lease_id();
-                                    fast_acquire(&coll, &name, &mine).await;
-                                    fast_release(&coll, &name, &mine).await;
                                 }
                                 "findAndModify, operators" => {
                                     pair_fam_operators(&coll, &name).await

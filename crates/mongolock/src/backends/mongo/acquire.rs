@@ -298,8 +298,9 @@ impl CheapNames {
     }
 }
 
-/// The cheap attempt's command (see [`try_acquire_cheap`]): filter and update.
-pub(super) fn cheap_command(req: &AcquireRequest) -> (Document, Vec<Document>) {
+/// The cheap attempt's command (see [`try_acquire_cheap`]): filter, update and reply
+/// projection.
+pub(super) fn cheap_command(req: &AcquireRequest) -> (Document, Vec<Document>, Document) {
     let filter = doc! {
         "_id": req.name.as_str(),
         // Released by its holder (or force-released): no lease to end, nothing for `ended`.
@@ -319,7 +320,7 @@ pub(super) fn cheap_command(req: &AcquireRequest) -> (Document, Vec<Document>) {
         EXPIRES_AT: { "$add": ["$$NOW", ttl_millis(req.ttl)] },
         HOLDER: { "$literal": holder_doc(&req.holder) },
     } }];
-    (filter, update)
+    (filter, update, reply_fields())
 }
 
 /// The uncontended case in one small command: grants the lease only when the name's document
@@ -332,7 +333,8 @@ pub(super) async fn try_acquire_cheap(
     coll: &Collection<Document>,
     req: &AcquireRequest,
 ) -> Result<Option<Lease>> {
-    let (filter, update) = cheap_command(req);
+    // `find_and_modify` projects the reply to `reply_fields()`, as `cheap_command` says.
+    let (filter, update, _) = cheap_command(req);
     let Some(doc) = find_and_modify(coll, &filter, update, false).await? else {
         return Ok(None);
     };

@@ -504,10 +504,21 @@ impl MongoBackend {
 
     /// The commands of an uncontended exclusive acquire + release of `req`, exactly as this
     /// backend sends them (filter, update pipeline and reply projection of each
-    /// `findAndModify`), for the peer benchmark's `--ops`, which prices their shape with the
+    /// `findAndModify`): the full pipelines, or with `shortcut` the uncontended shortcut's
+    /// (`acquire.rs`), for the peer benchmark's `--ops`, which prices their shape with the
     /// driver alone. Not a stable API.
     #[doc(hidden)]
-    pub fn command_shapes(&self, req: &AcquireRequest) -> [(Document, Vec<Document>, Document); 2] {
+    pub fn command_shapes(
+        &self,
+        req: &AcquireRequest,
+        shortcut: bool,
+    ) -> [(Document, Vec<Document>, Document); 2] {
+        if shortcut {
+            return [
+                acquire::cheap_command(req),
+                ops::short_release_command(&req.name, &req.lease_id),
+            ];
+        }
         // Uncontended: no acquirer of this backend waits for the name.
         let queueing = queue::Queueing::new(self.watch.own_mark(), 0, false);
         [

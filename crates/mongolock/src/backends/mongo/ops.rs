@@ -96,11 +96,14 @@ pub(super) fn release_command(
     (filter, pipeline, doc! { queue::NEXT: 1 })
 }
 
-/// The short release of a lease granted by the uncontended shortcut (`acquire.rs`): filter and
-/// update. It matches only while nobody is queued (`waiters` null or empty), when the full
+/// The short release of a lease granted by the uncontended shortcut (`acquire.rs`): filter,
+/// update and reply projection. It matches only while nobody is queued (`waiters` null or empty), when the full
 /// release ([`release_command`]) writes exactly these fields: its queue part adds nothing to
 /// a lock without a queue.
-pub(super) fn short_release_command(name: &str, lease_id: &LeaseId) -> (Document, Vec<Document>) {
+pub(super) fn short_release_command(
+    name: &str,
+    lease_id: &LeaseId,
+) -> (Document, Vec<Document>, Document) {
     let filter = doc! {
         "_id": name,
         LEASE_ID: lease_id.as_str(),
@@ -112,7 +115,7 @@ pub(super) fn short_release_command(name: &str, lease_id: &LeaseId) -> (Document
         EXPIRES_AT: { "$min": ["$expiresAt", "$$NOW"] },
         LAST_RELEASED: { "$literal": lease_id.as_str() },
     } }];
-    (filter, update)
+    (filter, update, doc! { "_id": 1 })
 }
 
 /// Ends our lease. `Ok(None)`: it was not ours (any more). `Ok(Some(handoff))`: released (or
@@ -134,10 +137,10 @@ pub(super) async fn release(
     short: bool,
 ) -> Result<Option<queue::Handoff>> {
     if short {
-        let (filter, update) = short_release_command(name, lease_id);
+        let (filter, update, projection) = short_release_command(name, lease_id);
         let done = coll
             .find_one_and_update(filter, update)
-            .projection(doc! { "_id": 1 })
+            .projection(projection)
             .await
             .map_err(|e| classify(e, "release (findAndModify)"))?;
         if done.is_some() {
