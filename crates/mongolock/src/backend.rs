@@ -138,7 +138,9 @@ use crate::holder::HolderInfo;
 
 /// How long a backend at least remembers, per name, that a lease's holder released it: a
 /// release retried within this time after its first try was applied (a lost reply) reports
-/// success. (The MongoDB backend's record has no time limit; see its module docs.)
+/// success. (The MongoDB and PostgreSQL backends keep a record in the lock that has no time
+/// limit, and remember the fencing token of each lease they granted for this long after its
+/// release; see their module docs.)
 /// Well above the default [release timeout](crate::LockProviderBuilder::release_timeout) (5 s),
 /// within which the core retries a release; with a longer release timeout, a retry later than
 /// this may report [`Error::LeaseLost`](crate::Error::LeaseLost).
@@ -147,7 +149,7 @@ pub const RELEASED_KEPT_FOR: Duration = Duration::from_secs(60);
 /// At most this many released lease ids are remembered per name (the most recent ones): a
 /// retried release after more than this many other releases of the same name within
 /// [`RELEASED_KEPT_FOR`] may report [`Error::LeaseLost`](crate::Error::LeaseLost) (the safe
-/// direction). Bounds the stored list (about 70 bytes an id on MongoDB).
+/// direction). Bounds the list the in-memory backend keeps.
 pub const RELEASED_KEPT_MAX: usize = 256;
 
 /// Unique identifier of one lease (one successful acquire call). Extension and release are
@@ -435,10 +437,10 @@ pub trait LockBackend: Send + Sync + 'static {
     /// Idempotent for the owner: returns `true` when this call ended the lease *and* when the
     /// lease id had already been released by its owner (a retry after a lost reply). Every
     /// backend recognises a lease released by its holder for at least [`RELEASED_KEPT_FOR`]
-    /// after the release, whatever else happens to the name meanwhile: the PostgreSQL and
-    /// in-memory backends keep the released ids (at most the [`RELEASED_KEPT_MAX`] most recent
-    /// per name); the MongoDB backend instead records, by fencing token, the leases that
-    /// someone *else* ended (see its module docs), which a busy name's traffic does not grow.
+    /// after the release, whatever else happens to the name meanwhile: the in-memory backend
+    /// keeps the released ids (at most the [`RELEASED_KEPT_MAX`] most recent per name); the
+    /// MongoDB and PostgreSQL backends instead record, by fencing token, the leases that
+    /// someone *else* ended (see their module docs), which a busy name's traffic does not grow.
     /// Returns `false` only when someone else ended or took the lease (expiry and takeover,
     /// force-release) or the backend has no record of it any more (a retry later than that):
     /// a false loss, never a false success. Never affects another lease id.

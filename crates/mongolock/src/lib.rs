@@ -225,11 +225,11 @@
 //! 4. **Ownership is checked.** Extend and release act only on the caller's own lease (a unique
 //!    lease id); an expired lease is never extended. Release is idempotent for the owner: a
 //!    release retried after a lost reply reports success — however many others took and released
-//!    the lock meanwhile (on MongoDB for as long as the lock document lives, unless more than 64
-//!    leases of the name were taken over or force-released meanwhile; on PostgreSQL and in
-//!    memory for a minute after the release, [`RELEASED_KEPT_FOR`], the last 256 releases of a
-//!    name, [`RELEASED_KEPT_MAX`]) — so [`Error::LeaseLost`] means someone else really ended or
-//!    took the lease.
+//!    the lock meanwhile (on MongoDB and PostgreSQL unless more than 64 leases of the name were
+//!    taken over or force-released meanwhile, the lock was cleaned up, or the retry comes more
+//!    than a minute, [`RELEASED_KEPT_FOR`], after the release's outcome; in memory for a minute
+//!    after the release and the last 256 releases of a name, [`RELEASED_KEPT_MAX`]) — so
+//!    [`Error::LeaseLost`] means someone else really ended or took the lease.
 //! 5. **Only its own data.** Named locks, semaphores, read-write locks and elections write only
 //!    to a collection that is empty or holds only mongolock's own documents (checked once per
 //!    backend, before the first write or index), and on PostgreSQL alter only a table mongolock

@@ -9,5 +9,8 @@ pub mod memory;
 pub mod mongo;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+// What a database backend remembers of the leases it granted.
+#[cfg(any(feature = "mongodb", feature = "postgres"))]
+pub(crate) mod leases;
 // Change notifications: the in-process hub, the feeds' task, the handoff queue rule.
 pub(crate) mod notify;

@@ -224,7 +224,6 @@ mod acquire;
 pub(crate) mod document;
 pub(crate) mod errors;
 mod index;
-mod leases;
 mod operator;
 mod ops;
 mod queue;
@@ -245,8 +244,8 @@ use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LeaseMode, LockBackend,
     LockInfo,
 };
+use crate::backends::leases::{self, Granted};
 use crate::error::{Error, Result};
-use leases::Granted;
 
 /// Default lock collection, as DistributedLock.MongoDB.
 pub const DEFAULT_COLLECTION: &str = "distributed.locks";

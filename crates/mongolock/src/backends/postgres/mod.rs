@@ -50,9 +50,10 @@
 //! name text PRIMARY KEY, lease_id text, fencing_token bigint NOT NULL,
 //! acquired_at timestamptz NOT NULL, expires_at timestamptz NOT NULL,
 //! holder_host text, holder_pid bigint, holder_app text,
-//! released text[] NOT NULL DEFAULT '{}',      -- '<id> <ms>' of recently released lease ids
+//! released text[] NOT NULL DEFAULT '{}',      -- the lease id kept on by a minimum hold
 //! slot_limit integer, slots jsonb NOT NULL DEFAULT '[]',   -- semaphores (below)
 //! waiters jsonb NOT NULL DEFAULT '[]', handoff text        -- the handoff queue (`queue.rs`)
+//! ended bigint[] NOT NULL DEFAULT '{}', ended_from bigint  -- leases ended by others (below)
 //! ```
 //!
 //! plus a sequence `<table>_fencing_token` (the source of every fencing token of the table), an
@@ -61,7 +62,7 @@
 //! processes starting together do not race; a backend checks once (one query) whether it ran:
 //! whether the table has every column and its trigger calls this version's function. Tables
 //! created by earlier versions get the columns added since (`slot_limit`/`slots`, then
-//! `waiters`/`handoff`: `ALTER TABLE .. ADD COLUMN IF NOT EXISTS`) and the current trigger
+//! `waiters`/`handoff`, then `ended`/`ended_from`: `ALTER TABLE .. ADD COLUMN IF NOT EXISTS`) and the current trigger
 //! function; rows written before keep their tokens.
 //!
 //! # One statement per operation, on the server's clock
@@ -91,24 +92,31 @@
 //!   ours AND expires_at > clock_timestamp()` (and not kept on by a minimum hold, below): an
 //!   expired lease is never extended.
 //! * **Release**: `UPDATE ... SET lease_id = NULL, expires_at = least(expires_at,
-//!   clock_timestamp()), released = <the ids released in the last RELEASED_KEPT_FOR, ours
-//!   appended, at most RELEASED_KEPT_MAX> WHERE lease_id = ours`, popping the first queued
-//!   backend into `handoff` (returned with the reply); in the same statement, an id already in
-//!   `released` reports success (a retry after a lost reply, even after many other releases:
-//!   ids are kept by time, [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR)). A lease someone
-//!   else ended never appears there, so `false` means just that.
+//!   clock_timestamp()) WHERE lease_id = ours`, popping the first queued backend into
+//!   `handoff` (returned with the reply). When it matches nothing, the same statement tells an
+//!   earlier try of this release (a retry after a lost reply, however many other releases
+//!   came between) from a loss by the lease's fencing token, which the backend remembers from
+//!   the grant until a minute after the release: the row records the tokens of the leases
+//!   that someone *other* than their holder ended (`ended`, the last 64, complete from
+//!   `ended_from`), so a token of the row's lifetime that is not there was released by its
+//!   holder. The argument, with the care the statement's snapshot needs, is at
+//!   `ops::released_by_holder`. Nothing in the row grows with a busy name's traffic: a
+//!   release writes the same few columns however many came before it.
 //! * **Release with a minimum hold** (`release_after`, see the
 //!   [backend contract](crate::backend#minimum-hold-at-most-once-per-interval)): the release's
 //!   `UPDATE` whose `SET` decides with one `clock_timestamp()`: while the lease is unexpired and
 //!   `acquired_at + min_hold` is ahead, it keeps the lease (same `lease_id`, token, holder,
 //!   `acquired_at`), sets `expires_at = acquired_at + min_hold` and records the id in
-//!   `released` (once); otherwise it is the plain release. Extend's `WHERE` refuses a lease
-//!   whose id is in `released`, so a late extension cannot move the end of the hold. The
+//!   `released`; otherwise it is the plain release. Extend's `WHERE` refuses a lease
+//!   whose id is in `released`, so a late extension cannot move the end of the hold, and the
+//!   grant that takes the name at the end of the hold does not record it as ended by others. The
 //!   trigger publishes only lease id or token changes, so the statement publishes a kept lease
 //!   itself (`pg_notify`, `<token> - <name>`): waiters retry and learn the new expiry. A
 //!   semaphore slot's lease id is reported (`is_slot`) and refused.
-//! * **Force-release**: clears an unexpired lease (popping the queue likewise); the token is
-//!   kept.
+//! * **Force-release**: clears an unexpired lease (popping the queue likewise) and records its
+//!   token (a semaphore's: every slot's) in `ended`; the row's token is kept. Grants that take
+//!   over an expired lease, and slot grants and releases that discard expired slots, record
+//!   those tokens likewise, in the same write.
 //! * **Inspect / list**: one `SELECT` each; `held` is judged with one `clock_timestamp()`.
 //!   `list` is sorted by name bytewise (`COLLATE "C"`), as Rust sorts strings.
 //!
@@ -246,6 +254,7 @@ use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LeaseMode, LockBackend,
     LockInfo,
 };
+use crate::backends::leases::{Granted, Leases};
 use crate::backends::notify::handoff;
 use crate::backends::notify::hub::Change;
 use crate::error::{Error, Result};
@@ -313,6 +322,10 @@ struct Inner {
     /// This backend's mark: the prefix of its lease ids and its name in handoff queues
     /// (`queue.rs`).
     mark: String,
+    /// The leases this backend granted, with their fencing tokens: a release that finds its
+    /// lease gone tells an earlier try of its own from a loss by the token
+    /// (`ops::released_by_holder`).
+    leases: Leases,
     cleanup_after: Duration,
     cleanup_every: Option<Duration>,
     cleanup_started: AtomicBool,
@@ -518,6 +531,7 @@ impl PostgresBackendBuilder {
                 listener,
                 received,
                 mark,
+                leases: Leases::default(),
                 cleanup_after: self.cleanup_after,
                 cleanup_every: self.cleanup_every,
                 cleanup_started: AtomicBool::new(false),
@@ -731,6 +745,29 @@ impl PostgresBackend {
         });
     }
 
+    /// Remembers the lease of a granted attempt.
+    fn granted(&self, req: &AcquireRequest, attempt: &Attempt, slot: bool) {
+        if let Attempt::Acquired(lease) = attempt {
+            self.inner.leases.granted(
+                &req.lease_id,
+                Granted {
+                    slot,
+                    token: lease.fencing_token,
+                    shortcut: false,
+                },
+            );
+        }
+    }
+
+    /// The fencing token of a lease this backend granted, as the release statements take it
+    /// (`NULL` when forgotten: the release then reports a lease it finds gone as lost).
+    fn token_of(&self, lease_id: &LeaseId) -> Option<i64> {
+        self.inner
+            .leases
+            .get(lease_id)
+            .and_then(|g| i64::try_from(g.token).ok())
+    }
+
     /// One read: whether `lease_id` is still the lease of `name`. A failed read counts as
     /// "still held" (the next extension decides).
     async fn still_holds(&self, name: &str, lease_id: &LeaseId) -> bool {
@@ -845,7 +882,9 @@ impl LockBackend for PostgresBackend {
                 .await?;
             // Not remembered by the listener: a slot holder judges every change by reading
             // (`still_holds`), since other slots' grants do not end its lease.
-            return ops::slot_attempt(&rows, &req.name, limit);
+            let attempt = ops::slot_attempt(&rows, &req.name, limit)?;
+            self.granted(req, &attempt, true);
+            return Ok(attempt);
         }
         // This attempt's own acquirer is registered before it (when the call will wait).
         let listener = &self.inner.listener;
@@ -877,6 +916,7 @@ impl LockBackend for PostgresBackend {
                 .listener
                 .granted(&req.name, &req.lease_id, lease.fencing_token);
         }
+        self.granted(req, &attempt, false);
         Ok(attempt)
     }
 
@@ -907,10 +947,16 @@ impl LockBackend for PostgresBackend {
             .query(
                 "release",
                 &self.inner.schema.release,
-                &[&name, &lease_id.as_str(), &self.inner.mark],
+                &[
+                    &name,
+                    &lease_id.as_str(),
+                    &self.inner.mark,
+                    &self.token_of(lease_id),
+                ],
             )
             .await
             .and_then(|rows| ops::released(&rows));
+        self.inner.leases.released(lease_id);
         // The listener ignores the notifications of this backend's own exclusive releases
         // (`queue.rs`): they are delivered here, with the reply's designation. A slot's
         // release (no designation) is left to the listener; one whose outcome is unknown is
@@ -948,10 +994,12 @@ impl LockBackend for PostgresBackend {
                     &lease_id.as_str(),
                     &self.inner.mark,
                     &ops::micros(min_hold),
+                    &self.token_of(lease_id),
                 ],
             )
             .await
             .and_then(|rows| ops::released_after_reply(&rows));
+        self.inner.leases.released(lease_id);
         if let Ok(r) = &reply {
             if r.is_slot && !r.released.released {
                 return Err(crate::Error::MinHoldUnsupported {

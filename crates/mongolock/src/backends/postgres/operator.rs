@@ -100,13 +100,18 @@ impl PostgresBackend {
         let Ok(token) = i64::try_from(token) else {
             return Ok(false);
         };
+        // With one clock reading `c.now`: the slots kept (the others, unexpired), and the
+        // tokens of the slots it ends (that one, and the expired ones it discards), recorded as
+        // ended by someone else (`ops::released_by_holder`); the exclusive lease's likewise,
+        // unless its holder kept it on.
         let rest = "(SELECT coalesce(jsonb_agg(s), '[]'::jsonb)
                        FROM jsonb_array_elements(l.slots) s
                       WHERE (s->>'token')::bigint IS DISTINCT FROM $2::bigint
-                        AND (s->>'exp')::timestamptz > clock_timestamp())";
+                        AND (s->>'exp')::timestamptz > c.now)";
+        let (ended, ended_from) = ops::ended_after("e.a", "NULL::bigint");
         let sql = format!(
             "UPDATE {t} AS l SET
-               (lease_id, expires_at, fencing_token, slots, waiters, handoff) = (
+               (lease_id, expires_at, fencing_token, slots, waiters, handoff, ended, ended_from) = (
                  SELECT NULL::text,
                         CASE WHEN l.slot_limit IS NULL OR jsonb_array_length(r.rest) = 0
                              THEN least(l.expires_at, clock_timestamp())
@@ -116,8 +121,20 @@ impl PostgresBackend {
                              ELSE nextval({seq}) END,
                         CASE WHEN l.slot_limit IS NULL THEN l.slots ELSE r.rest END,
                         CASE WHEN l.slot_limit IS NULL THEN {popped} ELSE l.waiters END,
-                        CASE WHEN l.slot_limit IS NULL THEN {designation} ELSE l.handoff END
-                   FROM (SELECT {rest} AS rest) r, (SELECT {live} AS live) q)
+                        CASE WHEN l.slot_limit IS NULL THEN {designation} ELSE l.handoff END,
+                        {ended}, {ended_from}
+                   FROM (SELECT clock_timestamp() AS now) c,
+                        LATERAL (SELECT {rest} AS rest) r, (SELECT {live} AS live) q,
+                        LATERAL (SELECT l.ended || CASE
+                                   WHEN l.slot_limit IS NOT NULL THEN (
+                                     SELECT coalesce(array_agg((s->>'token')::bigint),
+                                                     '{{}}'::bigint[])
+                                       FROM jsonb_array_elements(l.slots) s
+                                      WHERE s->>'token' IS NOT NULL
+                                        AND ((s->>'token')::bigint = $2::bigint
+                                             OR (s->>'exp')::timestamptz <= c.now))
+                                   WHEN {kept_on} THEN '{{}}'::bigint[]
+                                   ELSE ARRAY[l.fencing_token] END AS a) e)
               WHERE name = $1
                 AND ((l.slot_limit IS NULL AND l.lease_id IS NOT NULL
                       AND l.fencing_token = $2::bigint AND l.expires_at > clock_timestamp())
@@ -131,6 +148,7 @@ impl PostgresBackend {
             popped = queue::popped("q.live"),
             designation = queue::designation("q.live", "''", "l.lease_id"),
             live = queue::live("l", "clock_timestamp()"),
+            kept_on = ops::kept_on("l"),
         );
         let rows = self
             .query("force release by token", &sql, &[&name, &token])

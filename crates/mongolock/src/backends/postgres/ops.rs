@@ -16,34 +16,73 @@ pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// SQL expression (in the release statement, on the row `l`, `$2` the released lease id): the
-/// `released` column after the release. Its entries are `<lease id> <server time in Unix
-/// milliseconds>`, oldest first; the release keeps those of the last
-/// [`RELEASED_KEPT_FOR`](crate::RELEASED_KEPT_FOR) (and untimed entries written by older
-/// versions), appends its own, and keeps the last
-/// [`RELEASED_KEPT_MAX`](crate::RELEASED_KEPT_MAX). Kept by time, not by count alone: on a hot
-/// lock many releases happen before a release whose reply was lost is retried.
-pub(crate) fn released_after() -> String {
-    let now_ms = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-    format!(
-        "(SELECT coalesce(array_agg(k.r ORDER BY k.o), '{{}}'::text[]) FROM (
-           SELECT u.r, u.o
-             FROM unnest(array_append(l.released, $2::text || ' ' || {now_ms}))
-                  WITH ORDINALITY AS u(r, o)
-            WHERE coalesce(substring(u.r FROM ' ([0-9]+)$')::bigint, {now_ms}) > {now_ms} - {kept_for}
-            ORDER BY u.o DESC LIMIT {kept_max}) k)",
-        kept_for = crate::RELEASED_KEPT_FOR.as_millis(),
-        kept_max = crate::RELEASED_KEPT_MAX,
+/// How many fencing tokens the `ended` column keeps (as the MongoDB backend's record).
+pub(crate) const ENDED_KEPT: i32 = 64;
+
+/// SQL expressions for the `ended` and `ended_from` columns of a write to the row `l` that
+/// ends some leases without their holders' release. `all` is the old list with the ended
+/// leases' tokens appended (`l.ended || <tokens>`, in the order they ended), given as a column
+/// of a `FROM` item so that it is computed once. The list keeps its last [`ENDED_KEPT`]
+/// tokens; when some leave it, the floor `ended_from` rises above every token that left.
+/// `if_missing` is the floor of a row that has none yet (written by an earlier version): a
+/// grant passes a value above every token issued before it, other writes `NULL` (leave it).
+/// See [`released_by_holder`] for what the two columns prove.
+pub(crate) fn ended_after(all: &str, if_missing: &str) -> (String, String) {
+    let n = format!("cardinality({all})");
+    let floor = format!("coalesce(l.ended_from, {if_missing})");
+    (
+        format!(
+            "CASE WHEN {n} <= {ENDED_KEPT} THEN {all} ELSE {all}[{n} - {}:] END",
+            ENDED_KEPT - 1
+        ),
+        format!(
+            "CASE WHEN {n} <= {ENDED_KEPT} THEN {floor}
+                  ELSE greatest({floor},
+                                (SELECT max(x) FROM unnest({all}[:{n} - {ENDED_KEPT}]) x) + 1) END"
+        ),
     )
 }
 
-/// SQL condition on a `released` array column `column` (see [`released_after`]): it holds the
-/// lease id `$2`.
-pub(crate) fn was_released(column: &str) -> String {
+/// SQL condition on the row `row`: the lease `lease_id` (a `text` expression) with fencing
+/// token `token` (a `bigint` expression; `NULL` when the backend no longer knows the token:
+/// never true) was ended by its own holder. The check of a release whose `UPDATE` found the
+/// lease gone: an earlier try of the same release (whose reply was lost), or a loss?
+///
+/// Why it is exact, in the safe direction. A lease of the row's current lifetime ends in one
+/// of three ways: its holder's release (with or without a minimum hold), a takeover after it
+/// expired unreleased (an exclusive or slot grant; or a slot discarded as expired by another
+/// slot's grant or release), or a force-release (by name or token). Every takeover, discard and
+/// force-release appends the ended lease's token to `ended` in the same `UPDATE` that ends it,
+/// under the row lock (never for a lease its holder released with a minimum hold, whose id is
+/// in `released`); the list loses entries only together with raising `ended_from` above them.
+/// `ended_from` is set when the row is inserted (to its first token) or first granted by this
+/// version (above every earlier token), and a row deleted by cleanup and inserted again starts
+/// a new lifetime whose tokens, from the table's one sequence, are all above the old ones. So
+/// when `ended_from <= token <= fencing_token` (the token belongs to this lifetime) and `token`
+/// is not in `ended`, the lease was ended by its holder, provided that the row read shows it
+/// ended at all. That proviso matters because the release statement reads the row in its
+/// snapshot, which can be older than the version its `UPDATE` found (after waiting for the row
+/// lock): if the lease is still current in the snapshot (`lease_id`, or one of the slots),
+/// the snapshot cannot say how it ended, and the release reports the loss. (The lease was
+/// granted before the release began, so once it ended before the snapshot, the write that
+/// ended it, and what it appended to `ended`, is in the snapshot.) Otherwise the release
+/// reports the loss: correctly, or spuriously when the token fell below the floor (more than
+/// [`ENDED_KEPT`] leases of the name ended by others since), or the row was cleaned up.
+pub(crate) fn released_by_holder(row: &str, lease_id: &str, token: &str) -> String {
     format!(
-        "EXISTS (SELECT 1 FROM unnest({column}) AS r(id)
-                  WHERE r.id = $2::text OR left(r.id, length($2::text) + 1) = $2::text || ' ')"
+        "({row}.ended_from <= {token} AND {token} <= {row}.fencing_token
+          AND NOT ({token} = ANY({row}.ended))
+          AND {row}.lease_id IS DISTINCT FROM {lease_id}
+          AND NOT ({row}.slot_limit IS NOT NULL AND EXISTS (
+                SELECT 1 FROM jsonb_array_elements({row}.slots) s WHERE s->>'id' = {lease_id})))"
     )
+}
+
+/// SQL condition on the row `row`: its lease is kept on by its holder's release with a minimum
+/// hold (its id is in `released`): ended by its holder, so extensions are refused and a
+/// takeover at its end does not count as ending it.
+pub(crate) fn kept_on(row: &str) -> String {
+    format!("({row}.lease_id = ANY({row}.released))")
 }
 
 /// PostgreSQL `text` cannot hold NUL characters: such a lock name is refused before it is

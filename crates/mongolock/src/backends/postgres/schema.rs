@@ -7,6 +7,7 @@
 //! ([`CORE_COLUMNS`]). Another table of that name (an application's) is refused with
 //! [`Error::ForeignCollection`] and left exactly as it was.
 
+use super::ops::{ended_after, kept_on, released_by_holder};
 use super::queue;
 use crate::error::{Error, Result};
 
@@ -155,6 +156,15 @@ pub(crate) struct Schema {
 const WAITER_HOLDER: &str =
     "jsonb_build_object('host', $4::text, 'pid', $5::bigint, 'app', $6::text)";
 
+/// The fencing tokens (a `bigint[]`, possibly empty) of the slots of `source` (a set-returning
+/// expression of slot objects named `s`) that satisfy `cond`.
+fn slot_tokens(source: &str, cond: &str) -> String {
+    format!(
+        "(SELECT coalesce(array_agg((s->>'token')::bigint), '{{}}'::bigint[]) FROM {source} s
+           WHERE s->>'token' IS NOT NULL AND {cond})"
+    )
+}
+
 /// `$n` (microseconds, bigint) as an interval.
 fn micros(n: u8) -> String {
     format!("(${n}::bigint * interval '1 microsecond')")
@@ -187,22 +197,38 @@ impl Schema {
         let keep = |column: &str, granted: &str| {
             format!("CASE WHEN g.ok THEN {granted} ELSE l.{column} END")
         };
+        // The leases a grant ends without their holders' release (`ops::released_by_holder`):
+        // a semaphore's slots (all expired, or the grant would not be free), or an expired
+        // exclusive lease of someone else that its holder did not keep on.
+        let (ended, ended_from) = ended_after("e.a", "CASE WHEN g.ok THEN l.fencing_token + 1 END");
+        let ended_by_grant = format!(
+            "CASE WHEN NOT g.ok THEN '{{}}'::bigint[]
+                  WHEN l.slot_limit IS NOT NULL THEN {slots}
+                  WHEN l.lease_id IS NOT NULL AND l.lease_id <> EXCLUDED.lease_id
+                       AND NOT {kept_on} THEN ARRAY[l.fencing_token]
+                  ELSE '{{}}'::bigint[] END",
+            slots = slot_tokens("jsonb_array_elements(l.slots)", "true"),
+            kept_on = kept_on("l"),
+        );
         let acquire = format!(
             "WITH granted AS (
-               INSERT INTO {t} AS l ({columns}, waiters)
-               SELECT $1::text, $2::text, {next}, c.now, c.now + {ttl}, $4::text, $5::bigint,
-                      $6::text, {first}
-                 FROM (SELECT clock_timestamp() AS now) c
+               INSERT INTO {t} AS l ({columns}, waiters, ended_from)
+               SELECT $1::text, $2::text, c.v, c.now, c.now + {ttl}, $4::text, $5::bigint,
+                      $6::text, {first}, c.v
+                 FROM (SELECT clock_timestamp() AS now, {next} AS v) c
                ON CONFLICT (name) DO UPDATE SET
                  (lease_id, fencing_token, acquired_at, expires_at, holder_host, holder_pid,
-                  holder_app, slot_limit, waiters) =
+                  holder_app, slot_limit, slots, waiters, ended, ended_from) =
                  (SELECT {lease}, {token}, {acquired}, {expires}, {host}, {pid}, {app},
                          CASE WHEN g.ok THEN NULL ELSE l.slot_limit END,
+                         CASE WHEN g.ok THEN '[]'::jsonb ELSE l.slots END,
                          CASE WHEN g.ok THEN {after_grant}
                               WHEN $8::boolean THEN {after_busy}
-                              ELSE l.waiters END
+                              ELSE l.waiters END,
+                         {ended}, {ended_from}
                     FROM (SELECT c.now, {free_c} AS ok
-                            FROM (SELECT clock_timestamp() AS now) c) g)
+                            FROM (SELECT clock_timestamp() AS now) c) g,
+                         LATERAL (SELECT l.ended || {ended_by_grant} AS a) e)
                WHERE {free_now} OR ($8::boolean AND NOT {queued})
                RETURNING l.lease_id IS NOT DISTINCT FROM $2::text AS acquired, l.fencing_token,
                          l.acquired_at, l.expires_at
@@ -249,12 +275,22 @@ impl Schema {
         // The unexpired slots other than the caller's (a retry after a lost reply replaces
         // the caller's earlier slot with a new one).
         let live_where = "(s->>'exp')::timestamptz > clock_timestamp() AND s->>'id' <> $2::text";
-        let live = |row: &str| {
-            format!(
-                "(SELECT coalesce(jsonb_agg(s), '[]'::jsonb) FROM {} s WHERE {live_where})",
-                slots_of(row)
-            )
-        };
+        // In the grant, judged with the one clock reading `c.now`: the slots kept, and the
+        // tokens of those discarded as expired (ended without their holders' release).
+        let live_at_c = format!(
+            "(SELECT coalesce(jsonb_agg(s), '[]'::jsonb) FROM {} s
+               WHERE (s->>'exp')::timestamptz > c.now AND s->>'id' <> $2::text)",
+            slots_of("l")
+        );
+        let expired_at_c = slot_tokens(&slots_of("l"), "(s->>'exp')::timestamptz <= c.now");
+        // An expired exclusive lease taken by the slot (the grant needs it expired), unless
+        // its holder kept it on.
+        let slot_takes_lease = format!(
+            "CASE WHEN l.slot_limit IS NULL AND l.lease_id IS NOT NULL AND NOT {}
+                  THEN ARRAY[l.fencing_token] ELSE '{{}}'::bigint[] END",
+            kept_on("l")
+        );
+        let (slot_ended, slot_ended_from) = ended_after("e.a", "l.fencing_token + 1");
         let live_count = |row: &str| {
             format!(
                 "(SELECT count(*) FROM {} s WHERE {live_where})",
@@ -269,22 +305,23 @@ impl Schema {
         };
         let acquire_slot = format!(
             "WITH granted AS (
-               INSERT INTO {t} AS l ({columns}, slot_limit, slots)
+               INSERT INTO {t} AS l ({columns}, slot_limit, slots, ended_from)
                SELECT $1::text, NULL::text, n.v, c.now, c.now + {ttl}, $4::text, $5::bigint,
                       $6::text, $7::integer,
                       jsonb_build_array(jsonb_build_object('id', $2::text, 'token', n.v,
-                        'at', c.now, 'exp', c.now + {ttl}, 'holder', {slot_holder}))
+                        'at', c.now, 'exp', c.now + {ttl}, 'holder', {slot_holder})), n.v
                  FROM (SELECT {next} AS v) n, (SELECT clock_timestamp() AS now) c
                ON CONFLICT (name) DO UPDATE SET
                  (fencing_token, acquired_at, expires_at, slots, lease_id, slot_limit,
-                  holder_host, holder_pid, holder_app) =
+                  holder_host, holder_pid, holder_app, ended, ended_from) =
                  (SELECT n.v, c.now, greatest(c.now + {ttl}, l.expires_at),
-                         {live_l} || jsonb_build_array(jsonb_build_object('id', $2::text,
+                         {live_at_c} || jsonb_build_array(jsonb_build_object('id', $2::text,
                            'token', n.v, 'at', c.now, 'exp', c.now + {ttl},
                            'holder', {slot_holder})),
                          NULL::text, EXCLUDED.slot_limit, EXCLUDED.holder_host,
-                         EXCLUDED.holder_pid, EXCLUDED.holder_app
-                    FROM (SELECT {next} AS v) n, (SELECT clock_timestamp() AS now) c)
+                         EXCLUDED.holder_pid, EXCLUDED.holder_app, {slot_ended}, {slot_ended_from}
+                    FROM (SELECT {next} AS v) n, (SELECT clock_timestamp() AS now) c,
+                         LATERAL (SELECT l.ended || {expired_at_c} || {slot_takes_lease} AS a) e)
                WHERE NOT (l.slot_limit IS NULL AND l.lease_id IS NOT NULL
                           AND l.expires_at > clock_timestamp())
                  AND {count_l} < $7::integer
@@ -301,7 +338,6 @@ impl Schema {
                FROM {t}
               WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
                 AND NOT EXISTS (SELECT 1 FROM granted)",
-            live_l = live("l"),
             count_l = live_count("l"),
             slot_holder =
                 "jsonb_build_object('host', $4::text, 'pid', $5::bigint, 'app', $6::text)",
@@ -330,18 +366,35 @@ impl Schema {
                                      FROM jsonb_array_elements(l.slots) s
                                     WHERE s->>'id' = $2 LIMIT 1) END AS expires_at",
             // A lease kept on by its holder with a minimum hold is never extended.
-            kept_on = super::ops::was_released("l.released"),
+            kept_on = kept_on("l"),
         );
         // The slots left after the caller's release: the others that have not expired.
+        // Judged with one clock reading `c.now`: the slots left after the caller's release (the
+        // others that have not expired), and the tokens of the others it discards as expired
+        // (ended without their holders' release).
         let rest =
             "(SELECT coalesce(jsonb_agg(s), '[]'::jsonb) FROM jsonb_array_elements(l.slots) s
-                      WHERE s->>'id' <> $2 AND (s->>'exp')::timestamptz > clock_timestamp())";
+                      WHERE s->>'id' <> $2 AND (s->>'exp')::timestamptz > c.now)";
+        let discarded = slot_tokens(
+            "jsonb_array_elements(l.slots)",
+            "s->>'id' <> $2 AND (s->>'exp')::timestamptz <= c.now",
+        );
+        let (release_ended, release_ended_from) = ended_after("e.a", "NULL::bigint");
+        // Whether an earlier try of this release ended the lease `$2` (fencing token `$4` or
+        // `$5`, as the backend remembers it; `NULL` if it does not).
+        let by_holder = |token: &str| {
+            format!(
+                "EXISTS (SELECT 1 FROM {t} AS l WHERE l.name = $1 AND {})",
+                released_by_holder("l", "$2::text", token)
+            )
+        };
         // An exclusive release also pops the first queued backend into `handoff` (`queue.rs`;
         // `$3` is the releasing backend's mark); a slot's leaves the queue alone.
         let release = format!(
             "WITH ended AS (
                UPDATE {t} AS l SET
-                 (lease_id, fencing_token, slots, expires_at, waiters, handoff) = (
+                 (lease_id, fencing_token, slots, expires_at, waiters, handoff, released, ended,
+                  ended_from) = (
                    SELECT NULL::text,
                           CASE WHEN l.slot_limit IS NULL THEN l.fencing_token ELSE {next} END,
                           CASE WHEN l.slot_limit IS NULL THEN l.slots ELSE r.rest END,
@@ -350,29 +403,30 @@ impl Schema {
                                ELSE (SELECT max((s->>'exp')::timestamptz)
                                        FROM jsonb_array_elements(r.rest) s) END,
                           CASE WHEN l.slot_limit IS NULL THEN {popped} ELSE l.waiters END,
-                          CASE WHEN l.slot_limit IS NULL THEN {designation} ELSE l.handoff END
-                     FROM (SELECT {rest} AS rest) r, (SELECT {live} AS live) q),
-                 released = {released_after}
+                          CASE WHEN l.slot_limit IS NULL THEN {designation} ELSE l.handoff END,
+                          '{{}}'::text[], {release_ended}, {release_ended_from}
+                     FROM (SELECT clock_timestamp() AS now) c,
+                          LATERAL (SELECT {rest} AS rest) r, (SELECT {live} AS live) q,
+                          LATERAL (SELECT l.ended || CASE WHEN l.slot_limit IS NULL
+                                     THEN '{{}}'::bigint[] ELSE {discarded} END AS a) e)
                WHERE name = $1
                  AND ((l.slot_limit IS NULL AND lease_id = $2)
                    OR (l.slot_limit IS NOT NULL AND EXISTS (
                          SELECT 1 FROM jsonb_array_elements(l.slots) s WHERE s->>'id' = $2)))
                RETURNING l.fencing_token, CASE WHEN l.slot_limit IS NULL THEN l.handoff END AS handoff
              )
-             SELECT EXISTS (SELECT 1 FROM ended)
-                 OR EXISTS (SELECT 1 FROM {t} WHERE name = $1 AND {was_released}) AS released,
+             SELECT EXISTS (SELECT 1 FROM ended) OR {by_holder} AS released,
                     (SELECT handoff FROM ended) AS handoff,
                     (SELECT fencing_token FROM ended) AS fencing_token",
             popped = queue::popped("q.live"),
             designation = queue::designation("q.live", "$3::text", "$2::text"),
-            released_after = super::ops::released_after(),
-            was_released = super::ops::was_released("released"),
+            by_holder = by_holder("$4::bigint"),
             live = queue::live("l", "clock_timestamp()"),
         );
         // A release with a minimum hold (see "Minimum hold" in the backend's module docs):
         // one UPDATE decides, with one reading of the clock (`h`), between keeping the lease
         // (unexpired, and `acquired_at + $4` ahead: the same lease id, token and holder, the
-        // expiry set to that, the id recorded as released once) and the plain release above.
+        // expiry set to that, the id recorded in `released`) and the plain release above.
         // A kept lease is published with `pg_notify` (the trigger publishes only lease id or
         // token changes) as `<token> - <name>`, on the channels the trigger uses (the name's
         // bucket channel and the table channel), so that every waiter retries and learns the
@@ -386,8 +440,7 @@ impl Schema {
                           CASE WHEN h.hold THEN h.until ELSE least(l.expires_at, h.now) END,
                           CASE WHEN h.hold THEN l.waiters ELSE {popped} END,
                           CASE WHEN h.hold THEN l.handoff ELSE {designation} END,
-                          CASE WHEN h.hold AND {was_released_l} THEN l.released
-                               ELSE {released_after} END
+                          CASE WHEN h.hold THEN ARRAY[$2::text] ELSE '{{}}'::text[] END
                      FROM (SELECT c.now, l.acquired_at + {min_hold} AS until,
                                   l.expires_at > c.now AND l.acquired_at + {min_hold} > c.now
                                     AS hold
@@ -396,8 +449,7 @@ impl Schema {
                WHERE name = $1 AND l.slot_limit IS NULL AND lease_id = $2
                RETURNING l.name, l.lease_id IS NOT NULL AS held_on, l.fencing_token, l.handoff
              )
-             SELECT EXISTS (SELECT 1 FROM ended)
-                 OR EXISTS (SELECT 1 FROM {t} WHERE name = $1 AND {was_released}) AS released,
+             SELECT EXISTS (SELECT 1 FROM ended) OR {by_holder} AS released,
                     coalesce((SELECT held_on FROM ended), false) AS held_on,
                     (SELECT CASE WHEN held_on THEN NULL ELSE handoff END FROM ended) AS handoff,
                     (SELECT fencing_token FROM ended) AS fencing_token,
@@ -411,30 +463,38 @@ impl Schema {
                                     WHERE s->>'id' = $2)) AS is_slot",
             popped = queue::popped("q.live"),
             designation = queue::designation("q.live", "$3::text", "$2::text"),
-            released_after = super::ops::released_after(),
-            was_released = super::ops::was_released("released"),
-            was_released_l = super::ops::was_released("l.released"),
+            by_holder = by_holder("$5::bigint"),
             live = queue::live("l", "clock_timestamp()"),
             min_hold = micros(4),
             channel_lit = literal(&channel),
             bucket = bucket_sql("name"),
         );
-        // An exclusive lease forced out hands off like a release (by nobody's mark).
+        // An exclusive lease forced out hands off like a release (by nobody's mark). The leases
+        // it ends are recorded: every slot, or the exclusive lease unless its holder kept it on.
+        let (forced_ended, forced_ended_from) = ended_after("e.a", "NULL::bigint");
         let force_release = format!(
             "UPDATE {t} AS l SET
-               (lease_id, expires_at, fencing_token, slot_limit, slots, waiters, handoff) = (
+               (lease_id, expires_at, fencing_token, slot_limit, slots, waiters, handoff, ended,
+                ended_from) = (
                  SELECT NULL::text, least(l.expires_at, clock_timestamp()),
                         CASE WHEN l.slot_limit IS NULL THEN l.fencing_token ELSE {next} END,
                         NULL::integer, '[]'::jsonb,
                         CASE WHEN l.slot_limit IS NULL THEN {popped} ELSE l.waiters END,
-                        CASE WHEN l.slot_limit IS NULL THEN {designation} ELSE l.handoff END
-                   FROM (SELECT {live} AS live) q)
+                        CASE WHEN l.slot_limit IS NULL THEN {designation} ELSE l.handoff END,
+                        {forced_ended}, {forced_ended_from}
+                   FROM (SELECT {live} AS live) q,
+                        LATERAL (SELECT l.ended || CASE
+                                   WHEN l.slot_limit IS NOT NULL THEN {all_slots}
+                                   WHEN {kept_on} THEN '{{}}'::bigint[]
+                                   ELSE ARRAY[l.fencing_token] END AS a) e)
               WHERE name = $1 AND (lease_id IS NOT NULL OR slot_limit IS NOT NULL)
                 AND expires_at > clock_timestamp()
               RETURNING 1",
             popped = queue::popped("q.live"),
             designation = queue::designation("q.live", "''", "l.lease_id"),
             live = queue::live("l", "clock_timestamp()"),
+            all_slots = slot_tokens("jsonb_array_elements(l.slots)", "true"),
+            kept_on = kept_on("l"),
         );
         let select = format!(
             "SELECT name, lease_id, fencing_token, acquired_at, expires_at, holder_host,
@@ -522,7 +582,8 @@ impl Schema {
                              WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2
                                AND p.prosrc LIKE '%' || $3 || '%')
                 AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1)
-                      AND attname IN ('slots', 'waiters', 'handoff') AND NOT attisdropped) = 3",
+                      AND attname IN ('slots', 'waiters', 'handoff', 'ended', 'ended_from')
+                      AND NOT attisdropped) = 5",
             self.table_q.clone(),
             NOTIFY,
             NOTIFY_VERSION,
@@ -538,7 +599,8 @@ impl Schema {
 
     /// One query reporting which objects exist: schema, sequence, table, index, trigger, the
     /// semaphore columns, the queue columns (seven booleans, in that order); then whether the
-    /// table, if it exists, is mongolock's ([`OURS`](Self::OURS)).
+    /// table, if it exists, is mongolock's ([`OURS`](Self::OURS)); then whether it has the
+    /// columns of the record of ended leases.
     pub(crate) fn existing_query(&self) -> String {
         let s = &self.schema_q;
         let core = CORE_COLUMNS
@@ -558,7 +620,9 @@ impl Schema {
                     to_regclass({t}) IS NULL
                       OR ((SELECT relkind FROM pg_class WHERE oid = to_regclass({t})) = 'r'
                           AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass({t})
-                                AND attname IN ({core}) AND NOT attisdropped) = {n})",
+                                AND attname IN ({core}) AND NOT attisdropped) = {n}),
+                    (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass({t})
+                      AND attname IN ('ended', 'ended_from') AND NOT attisdropped) = 2",
             literal(s),
             literal(&self.sequence_q),
             literal(&self.table_q),
@@ -643,6 +707,16 @@ impl Schema {
                 format!(
                     "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS waiters jsonb NOT NULL DEFAULT '[]',
                        ADD COLUMN IF NOT EXISTS handoff text"
+                ),
+            ),
+            // The record of leases ended by someone other than their holder
+            // (`ops::released_by_holder`; added after the queue). Rows written before have no
+            // floor (`ended_from`): their next grant sets it.
+            (
+                Some(8),
+                format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS ended bigint[] NOT NULL DEFAULT '{{}}',
+                       ADD COLUMN IF NOT EXISTS ended_from bigint"
                 ),
             ),
             (

@@ -1,7 +1,8 @@
-//! What a backend remembers of the leases it granted: whether each is a semaphore slot (its
-//! extend, release and loss checks take the slot path, `slots.rs`) and its fencing token, by
-//! which a release that finds the lease gone tells its own earlier try from a loss
-//! (`document::released_by_holder`).
+//! What a database backend remembers of the leases it granted: whether each is a semaphore
+//! slot (MongoDB's extend, release and loss checks take the slot path, `mongo/slots.rs`) and
+//! its fencing token, by which a release that finds the lease gone tells its own earlier try
+//! from a loss (MongoDB: `mongo/document.rs` `released_by_holder`; PostgreSQL: "Release" in
+//! its module docs).
 //!
 //! A lease is remembered from its grant until [`RELEASED_KEPT_FOR`] after its release had an
 //! outcome (success, loss or error), and at most [`KEPT_RELEASED_MAX`] released leases are
@@ -16,14 +17,14 @@ use crate::backend::{LeaseId, RELEASED_KEPT_FOR};
 
 /// What a backend remembers of one lease it granted.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Granted {
+pub(crate) struct Granted {
     /// A semaphore slot (else an exclusive lease).
-    pub(super) slot: bool,
+    pub(crate) slot: bool,
     /// The lease's fencing token.
-    pub(super) token: u64,
-    /// Granted by the uncontended shortcut (nobody was queued then): its release tries the
-    /// short command first (`ops::release`).
-    pub(super) shortcut: bool,
+    pub(crate) token: u64,
+    /// Granted by MongoDB's uncontended shortcut (nobody was queued then): its release tries
+    /// the short command first (`mongo/ops.rs` `release`). Always false on PostgreSQL.
+    pub(crate) shortcut: bool,
 }
 
 /// At most this many exclusive leases are remembered (a process holding more at once, or
@@ -36,7 +37,7 @@ const MAX_REMEMBERED: usize = 1 << 16;
 const KEPT_RELEASED_MAX: usize = 1 << 14;
 
 #[derive(Debug, Default)]
-pub(super) struct Leases {
+pub(crate) struct Leases {
     inner: Mutex<Inner>,
 }
 
@@ -55,25 +56,25 @@ impl Leases {
     }
 
     /// Remembers a lease this backend granted.
-    pub(super) fn granted(&self, lease_id: &LeaseId, granted: Granted) {
+    pub(crate) fn granted(&self, lease_id: &LeaseId, granted: Granted) {
         let mut inner = self.inner();
         if granted.slot || inner.granted.len() < MAX_REMEMBERED {
             inner.granted.insert(lease_id.clone(), (granted, false));
         }
     }
 
-    pub(super) fn get(&self, lease_id: &LeaseId) -> Option<Granted> {
+    pub(crate) fn get(&self, lease_id: &LeaseId) -> Option<Granted> {
         self.inner().granted.get(lease_id).map(|(g, _)| *g)
     }
 
-    pub(super) fn is_slot(&self, lease_id: &LeaseId) -> bool {
+    pub(crate) fn is_slot(&self, lease_id: &LeaseId) -> bool {
         self.get(lease_id).is_some_and(|g| g.slot)
     }
 
     /// The release of `lease_id` had an outcome (success, loss or error): it is forgotten
     /// [`RELEASED_KEPT_FOR`] later, or earlier when [`KEPT_RELEASED_MAX`] leases were
     /// released since.
-    pub(super) fn released(&self, lease_id: &LeaseId) {
+    pub(crate) fn released(&self, lease_id: &LeaseId) {
         let now = Instant::now();
         let mut inner = self.inner();
         match inner.granted.get_mut(lease_id) {
