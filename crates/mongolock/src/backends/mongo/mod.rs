@@ -202,7 +202,7 @@
 //! list). So one read decides: the lease was released by its holder when its token is at or
 //! above the floor, at most the document's token, and not in `ended` (the argument is at
 //! `document::released_by_holder`). The backend remembers the token of each lease it
-//! granted (`leases.rs`) until a minute after the lease's release (at most the 16,384 most
+//! granted (`backends/leases.rs`) until a minute after the lease's release (at most the 16,384 most
 //! recently released); a release of a lease id it never saw granted (an abandoned attempt's)
 //! counts a gone lease as not ours.
 //! So [`Error::LeaseLost`] means someone else really ended the lease (or, the safe way
@@ -279,7 +279,7 @@ pub struct MongoBackend {
     fair_handoff: bool,
     /// The change stream shared by all clones (see `watch.rs`).
     watch: Arc<watch::Watcher>,
-    /// The leases this backend (and its clones) granted (`leases.rs`).
+    /// The leases this backend (and its clones) granted (`backends/leases.rs`).
     leases: Arc<leases::Leases>,
     /// Whether the collection is ours, and what its TTL indexes allow (`index.rs`).
     checks: Arc<index::Checks>,
