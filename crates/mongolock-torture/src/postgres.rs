@@ -356,7 +356,7 @@ pub async fn read_histories(
     for row in &rows {
         let op: String = row.try_get("op")?;
         let name: String = row.try_get("name")?;
-        let (state, slot_state) = if op == "delete" {
+        let (state, slots_written) = if op == "delete" {
             (None, None)
         } else {
             (Some(lock_state(row)?), Some(slot_state(row)?))
@@ -364,7 +364,7 @@ pub async fn read_histories(
         for grant in history.apply_state(&name, state) {
             checker.grant(grant);
         }
-        for event in slots.apply_state(&name, slot_state) {
+        for event in slots.apply_state(&name, slots_written) {
             if matches!(event, SlotEvent::Granted { .. }) {
                 totals.slot_grants += 1;
             }

@@ -144,7 +144,10 @@ async fn planted_slot_over_the_limit_and_repeated_slot_token_are_reported() {
     let sem = provider.semaphore("sem-0", 2).unwrap();
     let first = sem.acquire().await.unwrap();
     let second = sem.acquire().await.unwrap();
-    assert!(sem.try_acquire().await.unwrap().is_none(), "limit 2 is full");
+    assert!(
+        sem.try_acquire().await.unwrap().is_none(),
+        "limit 2 is full"
+    );
 
     // Every slot still live is held (rule `held_after_end`).
     let held = postgres::still_held(&client, &schema).await.unwrap();
