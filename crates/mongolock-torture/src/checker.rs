@@ -3,7 +3,7 @@
 //! their logs, the final state of the lock collections and what the CLI's commands observed.
 //! It never asks the library anything.
 //!
-//! Semaphore slots ([`SlotEvent`], MongoDB) are checked too: at most `limit` live at any grant,
+//! Semaphore slots ([`SlotEvent`], MongoDB and PostgreSQL) are checked too: at most `limit` live at any grant,
 //! slot tokens growing per name. A released slot ends at its release *in write order* (the
 //! release is not timed), like an exclusive release; one pruned after expiry ends at its last
 //! `exp`.

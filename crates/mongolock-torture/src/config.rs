@@ -92,7 +92,7 @@ pub fn pick_cold(rng: &mut impl Rng, cfg: &WorkerConfig) -> String {
 /// Prefix of the semaphore names (distinct from every lock name).
 pub const SEM_PREFIX: &str = "sem-";
 
-/// Semaphore names of the mix (MongoDB).
+/// Semaphore names of the mix (MongoDB, PostgreSQL).
 pub const SEMAPHORES: usize = 3;
 
 /// The slot limit of every semaphore of the mix.

@@ -12,6 +12,11 @@
 //!   *now*, not as the write left it).
 //! * PostgreSQL: the rows of the history table filled by the harness's own trigger on the lock
 //!   table (`postgres.rs`), each already a [`LockState`] with microsecond times.
+//!
+//! The slots of semaphore names are rebuilt the same way by [`SlotHistory`]: its core,
+//! [`SlotHistory::apply_state`], takes each written version of a name's slots ([`SlotState`]),
+//! read from MongoDB's change events ([`SlotHistory::apply`]) or from the same PostgreSQL
+//! history rows (their `slot_limit` and `slots`).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -424,16 +429,105 @@ struct SeenSlot {
     exp_us: i64,
 }
 
-/// The slot history of the semaphore documents of a lock collection (names with
-/// [`crate::config::SEM_PREFIX`]), read from the documented shape only: `limit` and
-/// `slots: [{id, token, at, exp, holder}]`; a release writes `leaseId: {released: <id>}`.
+/// One slot of one written version of a semaphore document or row.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlotEntry {
+    /// The slot's lease id.
+    pub id: String,
+    /// Its fencing token (`None`: not stamped yet).
+    pub token: Option<u64>,
+    /// Server time (µs) of its grant (`at`; `None`: missing).
+    pub at_us: Option<i64>,
+    /// Server time (µs) of its expiry (`exp`; `None`: missing, taken as its `at`).
+    pub exp_us: Option<i64>,
+    /// The holder's application name.
+    pub holder: String,
+}
+
+/// How a write of a semaphore tells which slot its holder released.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotRelease {
+    /// The write names the released slot, or none (MongoDB: `leaseId: {released: <id>}`).
+    Marked(Option<String>),
+    /// The write names none (PostgreSQL's row keeps no such mark); the release is inferred
+    /// from what the write did, `write_us` being a server time at or after the write's own
+    /// clock reading (the history trigger's `clock_timestamp()`). A release removes the
+    /// caller's slot and, at most, slots already expired, grants none and leaves the row in
+    /// slot mode. So in a write that grants no slot and keeps a limit, the slot that
+    /// disappeared while unexpired at `write_us` is the released one when there is exactly
+    /// one such (else, when one slot disappeared in all, that one: its holder released it
+    /// after its expiry). Any other disappearance (more than one unexpired slot gone, or in a
+    /// write that grants, drops the limit or deletes the row) counts as not released: those
+    /// slots stay counted until their `exp`, so a grant that a wrongly removed slot made room
+    /// for is reported.
+    Inferred {
+        /// Server time (µs) at or after the write.
+        write_us: i64,
+    },
+}
+
+/// The semaphore fields of one written version of a document or row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotState {
+    /// The slot limit (`None`: not in slot mode, or no limit written).
+    pub limit: Option<u64>,
+    /// The slots, in stored order.
+    pub slots: Vec<SlotEntry>,
+    /// Which slot the write released.
+    pub release: SlotRelease,
+}
+
+impl SlotState {
+    /// The semaphore fields of a MongoDB document: `limit`, `slots: [{id, token, at, exp,
+    /// holder}]` and the release mark `leaseId: {released: <id>}`.
+    pub fn of_document(doc: &Document) -> SlotState {
+        let released = match get_path(doc, "leaseId.released") {
+            Some(Bson::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        let mut slots = Vec::new();
+        if let Some(Bson::Array(array)) = doc.get("slots") {
+            for s in array {
+                let Bson::Document(s) = s else { continue };
+                let Ok(id) = s.get_str("id") else { continue };
+                slots.push(SlotEntry {
+                    id: id.to_owned(),
+                    token: uint(s.get("token")),
+                    at_us: micros(s.get("at")),
+                    exp_us: micros(s.get("exp")),
+                    holder: match get_path(s, "holder.app") {
+                        Some(Bson::String(h)) => h.clone(),
+                        _ => String::new(),
+                    },
+                });
+            }
+        }
+        SlotState {
+            limit: uint(doc.get("limit")),
+            slots,
+            release: SlotRelease::Marked(released),
+        }
+    }
+}
+
+/// The slot history of the semaphore names of a lock collection or table.
 ///
-/// Per change event of a name it compares the `slots` array the write left with the one
-/// before: a slot id that appears is a grant (from its `at`), one whose `at` changed is a
-/// grant again (a retry replaces its own slot), a changed `token` is a stamp, a changed `exp`
-/// an extension; one that disappears ended: *released* when the same write marks its id
-/// released (its end is that write, in write order), else pruned after expiry (or deleted with
-/// the document) and its end is its last `exp` seen.
+/// The core, [`SlotHistory::apply_state`], takes each written version of a name's semaphore
+/// fields ([`SlotState`]) or its deletion, in write order per name. Two inputs feed it:
+///
+/// * MongoDB: [`SlotHistory::apply`] reads the change events of the semaphore documents
+///   (names with [`crate::config::SEM_PREFIX`]) into a stored copy of each, as
+///   [`LockHistory::apply`] does, relying on the documented shape only: `limit`,
+///   `slots: [{id, token, at, exp, holder}]`; a release writes `leaseId: {released: <id>}`.
+/// * PostgreSQL: the `slot_limit` and `slots` columns recorded by the harness's trigger on the
+///   lock table (`postgres.rs`), the release inferred ([`SlotRelease::Inferred`]).
+///
+/// Per write of a name it compares the slots the write left with the ones before: a slot id
+/// that appears is a grant (from its `at`), one whose `at` changed is a grant again (a retry
+/// replaces its own slot), a changed `token` is a stamp, a changed `exp` an extension; one that
+/// disappears ended: *released* when the write released it (its end is that write, in write
+/// order), else pruned after expiry (or deleted with the document or row) and its end is its
+/// last `exp` seen.
 #[derive(Default)]
 pub struct SlotHistory {
     docs: HashMap<String, Document>,
@@ -446,23 +540,13 @@ impl SlotHistory {
         Self::default()
     }
 
-    /// One change of the semaphore document `name`; returns what happened to its slots, in an
-    /// order the checker can apply (ends before grants).
+    /// One change of the semaphore document `name` (a MongoDB change event); returns what
+    /// happened to its slots, in an order the checker can apply (ends before grants).
     pub fn apply(&mut self, name: &str, change: Change) -> Vec<SlotEvent> {
-        let mut events = Vec::new();
-        let before = self.open.remove(name).unwrap_or_default();
         let doc = match change {
             Change::Delete => {
                 self.docs.remove(name);
-                for (id, slot) in before {
-                    events.push(SlotEvent::Ended {
-                        name: name.to_owned(),
-                        id,
-                        released: false,
-                        end_us: slot.exp_us,
-                    });
-                }
-                return events;
+                return self.apply_state(name, None);
             }
             Change::Full(doc) => doc,
             Change::Update {
@@ -475,38 +559,72 @@ impl SlotHistory {
                 doc
             }
         };
-        let released = match get_path(&doc, "leaseId.released") {
-            Some(Bson::String(s)) => Some(s.clone()),
-            _ => None,
-        };
-        let limit = uint(doc.get("limit")).unwrap_or(0);
-        let mut now: BTreeMap<String, (SeenSlot, String)> = BTreeMap::new();
-        if let Some(Bson::Array(slots)) = doc.get("slots") {
-            for s in slots {
-                let Bson::Document(s) = s else { continue };
-                let Ok(id) = s.get_str("id") else { continue };
-                let at_us = micros(s.get("at")).unwrap_or(i64::MIN);
-                let holder = match get_path(s, "holder.app") {
-                    Some(Bson::String(h)) => h.clone(),
-                    _ => String::new(),
-                };
-                let seen = SeenSlot {
-                    token: uint(s.get("token")),
-                    at_us,
-                    exp_us: micros(s.get("exp")).unwrap_or(at_us),
-                };
-                now.insert(id.to_owned(), (seen, holder));
-            }
-        }
-        for (id, slot) in &before {
-            if !now.contains_key(id) {
+        let state = SlotState::of_document(&doc);
+        self.docs.insert(name.to_owned(), doc);
+        self.apply_state(name, Some(state))
+    }
+
+    /// One written version of the semaphore fields of `name` (`None`: the document or row was
+    /// deleted), in write order per name; returns what happened to its slots, in an order the
+    /// checker can apply (ends before grants).
+    pub fn apply_state(&mut self, name: &str, written: Option<SlotState>) -> Vec<SlotEvent> {
+        let mut events = Vec::new();
+        let before = self.open.remove(name).unwrap_or_default();
+        let Some(written) = written else {
+            for (id, slot) in before {
                 events.push(SlotEvent::Ended {
                     name: name.to_owned(),
-                    id: id.clone(),
-                    released: released.as_deref() == Some(id.as_str()),
+                    id,
+                    released: false,
                     end_us: slot.exp_us,
                 });
             }
+            return events;
+        };
+        let limit = written.limit;
+        let mut now: BTreeMap<String, (SeenSlot, String)> = BTreeMap::new();
+        for s in written.slots {
+            let at_us = s.at_us.unwrap_or(i64::MIN);
+            let seen = SeenSlot {
+                token: s.token,
+                at_us,
+                exp_us: s.exp_us.unwrap_or(at_us),
+            };
+            now.insert(s.id, (seen, s.holder));
+        }
+        let gone: Vec<(&String, &SeenSlot)> = before
+            .iter()
+            .filter(|(id, _)| !now.contains_key(*id))
+            .collect();
+        let released = match written.release {
+            SlotRelease::Marked(id) => id,
+            SlotRelease::Inferred { write_us } => {
+                let grants = now.iter().any(|(id, (seen, _))| {
+                    before.get(id).is_none_or(|old| old.at_us != seen.at_us)
+                });
+                let unexpired: Vec<&String> = gone
+                    .iter()
+                    .filter(|(_, s)| s.exp_us > write_us)
+                    .map(|(id, _)| *id)
+                    .collect();
+                if grants || limit.is_none() {
+                    None
+                } else if let [id] = unexpired.as_slice() {
+                    Some((*id).clone())
+                } else if let ([], [(id, _)]) = (unexpired.as_slice(), gone.as_slice()) {
+                    Some((*id).clone())
+                } else {
+                    None
+                }
+            }
+        };
+        for (id, slot) in gone {
+            events.push(SlotEvent::Ended {
+                name: name.to_owned(),
+                id: id.clone(),
+                released: released.as_deref() == Some(id.as_str()),
+                end_us: slot.exp_us,
+            });
         }
         let mut open = BTreeMap::new();
         for (id, (seen, holder)) in now {
@@ -533,14 +651,15 @@ impl SlotHistory {
                     token: seen.token,
                     at_us: seen.at_us,
                     exp_us: seen.exp_us,
-                    limit,
+                    limit: limit.unwrap_or(0),
                     holder,
                 }),
             }
             open.insert(id, seen);
         }
-        self.open.insert(name.to_owned(), open);
-        self.docs.insert(name.to_owned(), doc);
+        if !open.is_empty() {
+            self.open.insert(name.to_owned(), open);
+        }
         events
     }
 }
@@ -771,5 +890,90 @@ mod tests {
             c.counts().get(&ViolationKind::SlotTokenNotIncreasing),
             Some(&1)
         );
+    }
+
+    fn pg_slot(id: &str, token: u64, at_us: i64, exp_us: i64) -> SlotEntry {
+        SlotEntry {
+            id: id.into(),
+            token: Some(token),
+            at_us: Some(at_us),
+            exp_us: Some(exp_us),
+            holder: "torture w1".into(),
+        }
+    }
+
+    fn pg_row(limit: Option<u64>, slots: Vec<SlotEntry>, write_us: i64) -> Option<SlotState> {
+        Some(SlotState {
+            limit,
+            slots,
+            release: SlotRelease::Inferred { write_us },
+        })
+    }
+
+    fn run_slots(rows: Vec<Option<SlotState>>) -> Checker {
+        let mut h = SlotHistory::new();
+        let mut c = Checker::strict_release_order();
+        for r in rows {
+            for ev in h.apply_state("sem-0", r) {
+                c.slot(ev);
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn slot_history_infers_postgres_releases() {
+        // a and b granted; a released (b expired at 60 and pruned by the same write, 70);
+        // c granted into the room; c released after its expiry (the only slot gone); d and
+        // e granted; the row deleted.
+        let c = run_slots(vec![
+            pg_row(Some(2), vec![pg_slot("a", 1, 0, 100)], 1),
+            pg_row(
+                Some(2),
+                vec![pg_slot("a", 1, 0, 100), pg_slot("b", 2, 10, 60)],
+                11,
+            ),
+            pg_row(Some(2), vec![], 70),
+            pg_row(Some(2), vec![pg_slot("c", 4, 80, 180)], 81),
+            pg_row(Some(2), vec![], 200),
+            pg_row(
+                Some(2),
+                vec![pg_slot("d", 6, 210, 310), pg_slot("e", 7, 220, 320)],
+                221,
+            ),
+            None,
+        ]);
+        assert_eq!(c.total(), 0, "{:?}", c.first());
+        let n = c.slot_counts();
+        assert_eq!((n.granted, n.released, n.expired), (5, 2, 3), "{n:?}");
+
+        // A write that removes two unexpired slots is not a release: both stay counted until
+        // their expiry, so the grant they made room for is over the limit.
+        let c = run_slots(vec![
+            pg_row(
+                Some(2),
+                vec![pg_slot("a", 1, 0, 100), pg_slot("b", 2, 10, 100)],
+                11,
+            ),
+            pg_row(Some(2), vec![], 20),
+            pg_row(Some(2), vec![pg_slot("c", 4, 30, 130)], 31),
+        ]);
+        assert_eq!(c.counts().get(&ViolationKind::SlotOverLimit), Some(&1));
+        assert_eq!(c.slot_counts().released, 0);
+
+        // Nor is a grant that drops an unexpired slot to make room for its own.
+        let c = run_slots(vec![
+            pg_row(
+                Some(2),
+                vec![pg_slot("a", 1, 0, 100), pg_slot("b", 2, 10, 100)],
+                11,
+            ),
+            pg_row(
+                Some(2),
+                vec![pg_slot("b", 2, 10, 100), pg_slot("c", 3, 20, 120)],
+                21,
+            ),
+        ]);
+        assert_eq!(c.counts().get(&ViolationKind::SlotOverLimit), Some(&1));
     }
 }

@@ -26,15 +26,22 @@
 //!   overlap ([`checker::Checker::strict_release_order`]).
 //! * `memory`: one process, many tasks, dropped futures only.
 //!
-//! Semaphores (MongoDB only): about 12% of a worker's operations take one slot of `sem-0..2`
+//! Semaphores (MongoDB and PostgreSQL; not the memory backend, which has no independent
+//! history): about 12% of a worker's operations take one slot of `sem-0..2`
 //! (limit 3) through `acquire` / `try_acquire` / `acquire_timeout`, under the
 //! same faults, and end it by release, a dropped release, a dropped guard or (2%, not
-//! extended) running out; no fenced writes. The recorder sends those names' documents to
-//! [`history::SlotHistory`], which reads each write's `slots` array, and the checker verifies
-//! that no more than `limit` slots of a name are live at any grant and that slot tokens only
-//! grow per name. PostgreSQL runs no semaphore operations: its history trigger records the
-//! exclusive lock columns only, not `slots` / `slot_limit`. The summary counts slots granted,
-//! released, expired and the most live at once; the workers' logged grants include slot grants.
+//! extended) running out; no fenced writes. Each write of those names goes to
+//! [`history::SlotHistory`], which compares the slots it left with the ones before: on MongoDB
+//! the recorder sends the documents' change events (a release marks the released slot's id);
+//! on PostgreSQL the history trigger records each row's `slot_limit` and `slots` too, and the
+//! released slot is inferred from the write ([`history::SlotRelease::Inferred`]: the row keeps
+//! no mark). The checker verifies that no more than `limit` slots of a name are live at any
+//! grant and that slot tokens only grow per name, and a slot still live after the end is
+//! `held_after_end`. The summary counts slots granted, released, expired and the most live at
+//! once; the workers' logged grants include slot grants. Slot grants are not counted in
+//! `acquisitions` (nor towards `--acquisitions`), and the checker's worker-log rules
+//! (`false_release`, the fenced-write rules) do not apply to slots, which take no fenced
+//! writes.
 //!
 //! `--faults` takes the kinds of the chosen backend ([`faults::FaultKind::of_backend`]); a kind
 //! of another backend is refused with an error listing the applicable ones.
@@ -50,7 +57,7 @@
 //! * `supervisor.rs`: worker processes; `worker.rs`: what a worker does; `worklog.rs`: its log;
 //! * `faults.rs`: fault injection; `netns.rs`: the network namespaces of the partitions; `resource.rs`: the fenced resource (MongoDB, memory);
 //! * `recorder.rs` + `history.rs`: the independent history (MongoDB change streams; the grant
-//!   reconstruction is shared with PostgreSQL); `postgres.rs`: the PostgreSQL history triggers,
+//!   and slot reconstructions are shared with PostgreSQL); `postgres.rs`: the PostgreSQL history triggers,
 //!   resource table and connection faults; `checker.rs`: the rules;
 //! * `cli_check.rs`: `mongolock exec` overlap check; `summary.rs`: the summary line.
 #![allow(missing_docs)] // the harness program's own modules (publish = false): no API for others

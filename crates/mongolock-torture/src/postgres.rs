@@ -5,15 +5,20 @@
 //!   table [`LOCK_HISTORY`] and an `AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW` trigger on
 //!   the lock table that appends every row change to it: a `bigserial` sequence number, the
 //!   operation, `clock_timestamp()`, the name, the old and new lease id and token, the new
-//!   `acquired_at` / `expires_at` and the holder's application name (an update that changes
-//!   none of the lease's columns, only the library's handoff queue, is left out). The trigger is the
+//!   `acquired_at` / `expires_at`, the holder's application name and the semaphore columns
+//!   `slot_limit` and `slots` (an update that changes none of the lease's or the slots'
+//!   columns, only the library's handoff queue, is left out). The trigger is the
 //!   harness's SQL, not the library's, and relies only on the table's documented columns. It
 //!   runs in the transaction of the change, so the history holds exactly the committed changes.
 //!   The lock statement holds the row lock of the name while the trigger draws the sequence
 //!   number, and the next write of that name waits for that lock, so sequence order is write
 //!   order per name (a deletion by cleanup excludes every lock write by a table lock). After
 //!   the run the history is read in sequence order into [`LockHistory::apply_state`] and the
-//!   checker, with microsecond times.
+//!   checker, with microsecond times, and each row's slots (`{id, token, at, exp, holder}`)
+//!   into [`SlotHistory::apply_state`], as the MongoDB recorder's are. The row keeps no mark
+//!   of which slot a release removed (in slot mode `lease_id` stays null and every slot grant
+//!   or release draws a new `fencing_token`): the release is inferred from the write
+//!   ([`SlotRelease::Inferred`]).
 //! * **Resource.** A table [`RESOURCE_TABLE`] with one row per name, `max_token` and the last
 //!   accepted write. A fenced write is one `INSERT ... ON CONFLICT DO UPDATE ... WHERE
 //!   max_token <= token`: accepted only when its token is at least every token accepted
@@ -29,9 +34,9 @@ use mongolock::PostgresBackend;
 use rand::Rng;
 use tokio_postgres::{Client, Config, NoTls};
 
-use crate::checker::{AcceptedWrite, Checker};
+use crate::checker::{AcceptedWrite, Checker, SlotEvent};
 use crate::config::{LOCK_COLLECTION, WORKER_APP_NAME};
-use crate::history::{LockHistory, LockState};
+use crate::history::{LockHistory, LockState, SlotEntry, SlotHistory, SlotRelease, SlotState};
 use crate::resource::FencedWrite;
 use crate::worker::system_us;
 
@@ -103,7 +108,9 @@ pub async fn install(client: &Client, url: &str, schema: &str) -> Result<(), Any
            new_token bigint,
            acquired_at timestamptz,
            expires_at timestamptz,
-           holder_app text
+           holder_app text,
+           slot_limit integer,
+           slots jsonb
          );
          CREATE FUNCTION {s}.torture_record_lock() RETURNS trigger LANGUAGE plpgsql AS $fn$
          BEGIN
@@ -114,20 +121,24 @@ pub async fn install(client: &Client, url: &str, schema: &str) -> Result<(), Any
              RETURN OLD;
            ELSIF TG_OP = 'UPDATE' AND OLD.lease_id IS NOT DISTINCT FROM NEW.lease_id
                  AND OLD.fencing_token = NEW.fencing_token
-                 AND OLD.expires_at = NEW.expires_at AND OLD.acquired_at = NEW.acquired_at THEN
-             -- Nothing of the lease changed (a busy attempt queued its process): no history.
+                 AND OLD.expires_at = NEW.expires_at AND OLD.acquired_at = NEW.acquired_at
+                 AND OLD.slot_limit IS NOT DISTINCT FROM NEW.slot_limit
+                 AND OLD.slots IS NOT DISTINCT FROM NEW.slots THEN
+             -- Nothing of the lease or the slots changed (a busy attempt queued its
+             -- process): no history.
              RETURN NEW;
            ELSIF TG_OP = 'UPDATE' THEN
              INSERT INTO {history} (op, at, name, old_lease, new_lease, old_token, new_token,
-                                    acquired_at, expires_at, holder_app)
+                                    acquired_at, expires_at, holder_app, slot_limit, slots)
                VALUES ('update', clock_timestamp(), NEW.name, OLD.lease_id, NEW.lease_id,
                        OLD.fencing_token, NEW.fencing_token, NEW.acquired_at, NEW.expires_at,
-                       NEW.holder_app);
+                       NEW.holder_app, NEW.slot_limit, NEW.slots);
            ELSE
              INSERT INTO {history} (op, at, name, new_lease, new_token, acquired_at,
-                                    expires_at, holder_app)
+                                    expires_at, holder_app, slot_limit, slots)
                VALUES ('insert', clock_timestamp(), NEW.name, NEW.lease_id, NEW.fencing_token,
-                       NEW.acquired_at, NEW.expires_at, NEW.holder_app);
+                       NEW.acquired_at, NEW.expires_at, NEW.holder_app, NEW.slot_limit,
+                       NEW.slots);
            END IF;
            RETURN NEW;
          END
@@ -236,6 +247,8 @@ pub struct HistoryTotals {
     pub grants: u64,
     /// Rows deleted by cleanup.
     pub deletes: u64,
+    /// Semaphore slots granted (each grant and each retry that replaced its own slot).
+    pub slot_grants: u64,
 }
 
 fn token(v: Option<i64>, what: &str) -> Result<Option<u64>, AnyError> {
@@ -243,24 +256,99 @@ fn token(v: Option<i64>, what: &str) -> Result<Option<u64>, AnyError> {
         .transpose()
 }
 
-/// Reads both histories, in sequence order, into `checker`.
+/// The lock history in sequence order, with each row's `slots` taken apart into arrays (in
+/// stored order) of the documented fields `id`, `token`, `at`, `exp` and `holder.app`.
+fn lock_history_query(schema: &str) -> String {
+    format!(
+        "SELECT h.op, h.at, h.name, h.new_lease, h.new_token, h.acquired_at, h.expires_at,
+                h.holder_app, h.slot_limit, sl.ids AS slot_ids, sl.tokens AS slot_tokens,
+                sl.ats AS slot_ats, sl.exps AS slot_exps, sl.holders AS slot_holders
+           FROM {}.{} h
+           LEFT JOIN LATERAL (
+             SELECT array_agg(e.s->>'id' ORDER BY e.i) AS ids,
+                    array_agg((e.s->>'token')::bigint ORDER BY e.i) AS tokens,
+                    array_agg((e.s->>'at')::timestamptz ORDER BY e.i) AS ats,
+                    array_agg((e.s->>'exp')::timestamptz ORDER BY e.i) AS exps,
+                    array_agg(e.s->'holder'->>'app' ORDER BY e.i) AS holders
+               FROM jsonb_array_elements(CASE WHEN jsonb_typeof(h.slots) = 'array'
+                                              THEN h.slots ELSE '[]'::jsonb END)
+                    WITH ORDINALITY AS e(s, i)) sl ON true
+          ORDER BY h.seq",
+        quote(schema),
+        quote(LOCK_HISTORY)
+    )
+}
+
+/// The lock fields of a lock history row (not a deletion).
+fn lock_state(row: &tokio_postgres::Row) -> Result<LockState, AnyError> {
+    let at = |col: &str| -> Result<Option<i64>, tokio_postgres::Error> {
+        let t: Option<std::time::SystemTime> = row.try_get(col)?;
+        Ok(t.map(system_us))
+    };
+    Ok(LockState {
+        lease: row.try_get("new_lease")?,
+        token: token(row.try_get("new_token")?, "fencing token")?,
+        acquired_us: at("acquired_at")?,
+        expires_us: at("expires_at")?,
+        holder: row
+            .try_get::<_, Option<String>>("holder_app")?
+            .unwrap_or_default(),
+    })
+}
+
+/// The semaphore fields of a lock history row (not a deletion): `slot_limit` and the slots,
+/// the release inferred from the write ([`SlotRelease::Inferred`], at the trigger's time).
+fn slot_state(row: &tokio_postgres::Row) -> Result<SlotState, AnyError> {
+    let limit: Option<i32> = row.try_get("slot_limit")?;
+    let at: std::time::SystemTime = row.try_get("at")?;
+    let ids: Vec<Option<String>> = row.try_get::<_, Option<_>>("slot_ids")?.unwrap_or_default();
+    let tokens: Vec<Option<i64>> = row
+        .try_get::<_, Option<_>>("slot_tokens")?
+        .unwrap_or_default();
+    let times = |col: &str| -> Result<Vec<Option<i64>>, tokio_postgres::Error> {
+        let t: Option<Vec<Option<std::time::SystemTime>>> = row.try_get(col)?;
+        Ok(t.unwrap_or_default()
+            .into_iter()
+            .map(|t| t.map(system_us))
+            .collect())
+    };
+    let (ats, exps) = (times("slot_ats")?, times("slot_exps")?);
+    let holders: Vec<Option<String>> = row
+        .try_get::<_, Option<_>>("slot_holders")?
+        .unwrap_or_default();
+    let mut slots = Vec::new();
+    for (i, id) in ids.into_iter().enumerate() {
+        // An element without an id is not a slot (the documented shape has one).
+        let Some(id) = id else { continue };
+        slots.push(SlotEntry {
+            id,
+            token: token(tokens.get(i).copied().flatten(), "slot token")?,
+            at_us: ats.get(i).copied().flatten(),
+            exp_us: exps.get(i).copied().flatten(),
+            holder: holders.get(i).cloned().flatten().unwrap_or_default(),
+        });
+    }
+    Ok(SlotState {
+        limit: limit.and_then(|l| u64::try_from(l).ok()),
+        slots,
+        release: SlotRelease::Inferred {
+            write_us: system_us(at),
+        },
+    })
+}
+
+/// Reads both histories, in sequence order, into `checker`: each lock history row's lock
+/// columns into a [`LockHistory`] (grants), its `slot_limit` and `slots` into a
+/// [`SlotHistory`] (semaphore slots; rows of exclusive locks have none).
 pub async fn read_histories(
     client: &Client,
     schema: &str,
     checker: &mut Checker,
 ) -> Result<HistoryTotals, AnyError> {
     let s = quote(schema);
-    let rows = client
-        .query(
-            &format!(
-                "SELECT op, name, new_lease, new_token, acquired_at, expires_at, holder_app
-                   FROM {s}.{} ORDER BY seq",
-                quote(LOCK_HISTORY)
-            ),
-            &[],
-        )
-        .await?;
+    let rows = client.query(&lock_history_query(schema), &[]).await?;
     let mut history = LockHistory::new(None);
+    let mut slots = SlotHistory::new();
     let mut totals = HistoryTotals {
         rows: rows.len() as u64,
         ..HistoryTotals::default()
@@ -268,25 +356,19 @@ pub async fn read_histories(
     for row in &rows {
         let op: String = row.try_get("op")?;
         let name: String = row.try_get("name")?;
-        let state = if op == "delete" {
-            None
+        let (state, slots_written) = if op == "delete" {
+            (None, None)
         } else {
-            let at = |col: &str| -> Result<Option<i64>, tokio_postgres::Error> {
-                let t: Option<std::time::SystemTime> = row.try_get(col)?;
-                Ok(t.map(system_us))
-            };
-            Some(LockState {
-                lease: row.try_get("new_lease")?,
-                token: token(row.try_get("new_token")?, "fencing token")?,
-                acquired_us: at("acquired_at")?,
-                expires_us: at("expires_at")?,
-                holder: row
-                    .try_get::<_, Option<String>>("holder_app")?
-                    .unwrap_or_default(),
-            })
+            (Some(lock_state(row)?), Some(slot_state(row)?))
         };
         for grant in history.apply_state(&name, state) {
             checker.grant(grant);
+        }
+        for event in slots.apply_state(&name, slots_written) {
+            if matches!(event, SlotEvent::Granted { .. }) {
+                totals.slot_grants += 1;
+            }
+            checker.slot(event);
         }
     }
     for grant in history.finish() {
@@ -322,7 +404,8 @@ pub async fn dump_history(client: &Client, schema: &str, path: &Path) -> Result<
         .query(
             &format!(
                 "SELECT seq, op, at::text, name, old_lease, new_lease, old_token, new_token,
-                        acquired_at::text, expires_at::text, holder_app
+                        acquired_at::text, expires_at::text, holder_app, slot_limit::text,
+                        slots::text
                    FROM {}.{} ORDER BY seq",
                 quote(schema),
                 quote(LOCK_HISTORY)
@@ -331,7 +414,7 @@ pub async fn dump_history(client: &Client, schema: &str, path: &Path) -> Result<
         )
         .await?;
     let mut text = String::from(
-        "seq\top\tat\tname\told_lease\tnew_lease\told_token\tnew_token\tacquired_at\texpires_at\tholder_app\n",
+        "seq\top\tat\tname\told_lease\tnew_lease\told_token\tnew_token\tacquired_at\texpires_at\tholder_app\tslot_limit\tslots\n",
     );
     for row in &rows {
         let cols: Vec<String> = (0..row.len())
@@ -355,7 +438,8 @@ pub async fn dump_history(client: &Client, schema: &str, path: &Path) -> Result<
     Ok(())
 }
 
-/// Leases held now (server time): name, lease id, expiry (µs).
+/// Leases held now (server time): name, lease id, expiry (µs); exclusive leases and semaphore
+/// slots (by slot id).
 pub async fn still_held(
     client: &Client,
     schema: &str,
@@ -363,10 +447,15 @@ pub async fn still_held(
     let rows = client
         .query(
             &format!(
-                "SELECT name, lease_id, expires_at FROM {}.{}
-                  WHERE lease_id IS NOT NULL AND expires_at > clock_timestamp()",
-                quote(schema),
-                quote(LOCK_COLLECTION)
+                "SELECT name, lease_id, expires_at FROM {t}
+                  WHERE lease_id IS NOT NULL AND expires_at > clock_timestamp()
+                 UNION ALL
+                 SELECT l.name, coalesce(s->>'id', '?'), (s->>'exp')::timestamptz
+                   FROM {t} l, jsonb_array_elements(CASE WHEN jsonb_typeof(l.slots) = 'array'
+                                                        THEN l.slots ELSE '[]'::jsonb END) s
+                  WHERE l.slot_limit IS NOT NULL
+                    AND (s->>'exp')::timestamptz > clock_timestamp()",
+                t = format!("{}.{}", quote(schema), quote(LOCK_COLLECTION))
             ),
             &[],
         )

@@ -158,8 +158,8 @@ impl Store {
                 let mut checker = Checker::strict_release_order();
                 let totals = postgres::read_histories(&p.control, &p.schema, &mut checker).await?;
                 eprintln!(
-                    "torture: PostgreSQL history: {} lock row changes, {} grants, {} rows deleted by cleanup",
-                    totals.rows, totals.grants, totals.deletes
+                    "torture: PostgreSQL history: {} lock row changes, {} grants, {} slot grants, {} rows deleted by cleanup",
+                    totals.rows, totals.grants, totals.slot_grants, totals.deletes
                 );
                 Ok(Recorded {
                     checker,

@@ -51,8 +51,9 @@ pub struct Summary {
     /// Kinds selected but not injected in this run, with the reason (not root, no `ip`,
     /// no `--cli-faults`, ...).
     pub faults_skipped: BTreeMap<String, String>,
-    /// Semaphore slots recorded (MongoDB: from the lock collection's change stream; zero on
-    /// other backends, which run no semaphore operations).
+    /// Semaphore slots recorded (MongoDB: from the lock collection's change stream;
+    /// PostgreSQL: from the lock table's history trigger; zero on the memory backend, which
+    /// runs no semaphore operations).
     pub slots: SlotCounts,
     /// Violations by kind.
     pub violations: BTreeMap<String, u64>,

@@ -407,7 +407,7 @@ async fn hold_slot(env: &Env, rng: &mut StdRng, guard: LockGuard, via: &str, can
     }
 }
 
-/// A semaphore operation (MongoDB): one slot of `sem-0..` (limit [`SEM_LIMIT`]) through
+/// A semaphore operation (MongoDB, PostgreSQL): one slot of `sem-0..` (limit [`SEM_LIMIT`]) through
 /// `acquire`, `try_acquire` or `acquire_timeout` (long or short), sometimes not extended.
 async fn sem_op(env: &Env, rng: &mut StdRng) {
     let name = pick_sem(rng);
@@ -447,9 +447,10 @@ async fn sem_op(env: &Env, rng: &mut StdRng) {
 
 /// One operation of the mix.
 async fn one_op(env: &Env, rng: &mut StdRng) {
-    // MongoDB: some operations are on semaphores (the recorder reads their slots from the
-    // change stream; PostgreSQL's history trigger does not record slots).
-    if matches!(env.sink, Sink::Mongo(_)) && rng.random_bool(0.12) {
+    // MongoDB and PostgreSQL: some operations are on semaphores (the recorder reads their
+    // slots from the change stream, or from the history trigger's rows). Not on the memory
+    // backend, which has no independent history of slots.
+    if matches!(env.sink, Sink::Mongo(_) | Sink::Postgres(_)) && rng.random_bool(0.12) {
         return sem_op(env, rng).await;
     }
     let roll: f64 = rng.random();

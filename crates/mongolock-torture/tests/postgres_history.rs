@@ -109,3 +109,120 @@ async fn planted_overlap_repeated_token_and_stale_write_are_reported() {
     drop(guard);
     postgres::drop_schema(&client, &schema).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_slot_over_the_limit_and_repeated_slot_token_are_reported() {
+    let url = match shared_url() {
+        Ok(Some(url)) => url,
+        Ok(None) => {
+            eprintln!("skipped: {NO_BINARIES}");
+            return;
+        }
+        Err(e) => panic!("start PostgreSQL: {e}"),
+    };
+    let schema = format!("history_test_{:x}", rand::random::<u32>());
+    let client = postgres::connect(&postgres::config(&url, "history-test").unwrap())
+        .await
+        .unwrap();
+    postgres::install(&client, &url, &schema).await.unwrap();
+    let locks = format!("{}.locks", quote(&schema));
+
+    // Two real slots of a semaphore of limit 2 through the library, held (not extended) for
+    // 30 s.
+    let backend = PostgresBackend::builder(&url)
+        .schema(schema.clone())
+        .table("locks")
+        .notifications(false)
+        .cleanup_every(None)
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend)
+        .expiry(Duration::from_secs(30))
+        .auto_extend(false)
+        .build()
+        .unwrap();
+    let sem = provider.semaphore("sem-0", 2).unwrap();
+    let first = sem.acquire().await.unwrap();
+    let second = sem.acquire().await.unwrap();
+    assert!(
+        sem.try_acquire().await.unwrap().is_none(),
+        "limit 2 is full"
+    );
+
+    // Every slot still live is held (rule `held_after_end`).
+    let held = postgres::still_held(&client, &schema).await.unwrap();
+    for guard in [&first, &second] {
+        assert!(
+            held.iter()
+                .any(|(n, id, _)| n == "sem-0" && id == guard.lease_id().as_str()),
+            "{held:?}"
+        );
+    }
+
+    // An intruder adds a third slot while both run (over the limit), and leaves again.
+    client
+        .batch_execute(&format!(
+            "UPDATE {locks} SET fencing_token = fencing_token + 1,
+                    slots = slots || jsonb_build_array(jsonb_build_object(
+                      'id', 'intruder', 'token', fencing_token + 1, 'at', clock_timestamp(),
+                      'exp', clock_timestamp() + interval '1 s',
+                      'holder', jsonb_build_object('app', 'intruder')))
+              WHERE name = 'sem-0';
+             UPDATE {locks} SET slots = (SELECT jsonb_agg(s) FROM jsonb_array_elements(slots) s
+                                          WHERE s->>'id' <> 'intruder')
+              WHERE name = 'sem-0';"
+        ))
+        .await
+        .unwrap();
+    // A real release, then a slot granted with the first slot's token again (not larger than
+    // every token granted before for the name), within the limit.
+    second.release().await.unwrap();
+    let first_token = first.fencing_token() as i64;
+    client
+        .batch_execute(&format!(
+            "UPDATE {locks} SET slots = slots || jsonb_build_array(jsonb_build_object(
+                      'id', 'repeat', 'token', {first_token}, 'at', clock_timestamp(),
+                      'exp', clock_timestamp() + interval '1 s',
+                      'holder', jsonb_build_object('app', 'repeat')))
+              WHERE name = 'sem-0';"
+        ))
+        .await
+        .unwrap();
+
+    let mut checker = Checker::strict_release_order();
+    let totals = postgres::read_histories(&client, &schema, &mut checker)
+        .await
+        .unwrap();
+    assert_eq!(totals.slot_grants, 4, "{totals:?}");
+    assert_eq!(totals.grants, 0, "{totals:?}");
+    let counts = checker.counts();
+    let evidence: Vec<String> = checker.first().iter().map(|v| v.to_string()).collect();
+    assert_eq!(
+        counts.get(&ViolationKind::SlotOverLimit),
+        Some(&1),
+        "{evidence:#?}"
+    );
+    assert_eq!(
+        counts.get(&ViolationKind::SlotTokenNotIncreasing),
+        Some(&1),
+        "{evidence:#?}"
+    );
+    assert_eq!(checker.total(), 2, "{evidence:#?}");
+    assert!(
+        evidence
+            .iter()
+            .any(|e| e.starts_with("slot_over_limit") && e.contains("slot intruder")),
+        "{evidence:#?}"
+    );
+    assert!(
+        evidence
+            .iter()
+            .any(|e| e.starts_with("slot_token_not_increasing") && e.contains("slot repeat")),
+        "{evidence:#?}"
+    );
+    // The intruder's removal and the library's release are both told apart as releases.
+    let slots = checker.slot_counts();
+    assert_eq!((slots.granted, slots.released), (4, 2), "{slots:?}");
+    drop(first);
+    postgres::drop_schema(&client, &schema).await.unwrap();
+}

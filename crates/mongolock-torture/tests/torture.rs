@@ -5,7 +5,8 @@
 //! summary says why it was skipped (`partition` / `netem` where network namespaces cannot be
 //! made: not root, no `ip` / `tc`). The checker's ability to detect violations
 //! is tested by its unit tests (planted overlaps, repeated tokens, stale writes, writes after
-//! loss) and, for the PostgreSQL history, by `tests/postgres_history.rs`.
+//! loss, slots over the limit) and, for the PostgreSQL history, by `tests/postgres_history.rs`
+//! (planted overlap, repeated token, stale write, slot over the limit, repeated slot token).
 
 use std::path::Path;
 use std::process::Command;
@@ -213,7 +214,7 @@ fn short_postgres_run_with_every_fault_kind_has_no_violation() {
         return;
     }
     // The CLI faults run `mongolock --uri postgres://... exec` (when the binary was built).
-    short_process_run(
+    let json = short_process_run(
         "postgres",
         "150ms",
         &["--cli-faults"],
@@ -227,6 +228,14 @@ fn short_postgres_run_with_every_fault_kind_has_no_violation() {
             "exec_setsid",
         ],
     );
+    // Semaphore slots were recorded from the history trigger's rows (zero violations were
+    // checked by the run), released and left to expire, and some names had more than one
+    // live slot at once.
+    let slots = &json["slots"];
+    assert!(slots["granted"].as_u64().unwrap() >= 20, "{json:#}");
+    assert!(slots["released"].as_u64().unwrap() >= 1, "{json:#}");
+    assert!(slots["expired"].as_u64().unwrap() >= 1, "{json:#}");
+    assert!(slots["max_live"].as_u64().unwrap() >= 2, "{json:#}");
 }
 
 #[test]
