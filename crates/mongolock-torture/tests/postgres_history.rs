@@ -10,13 +10,22 @@ use mongolock_torture::checker::{Checker, ViolationKind};
 use mongolock_torture::postgres::{self, quote};
 use mongolock_torture::resource::FencedWrite;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn planted_overlap_repeated_token_and_stale_write_are_reported() {
+/// A schema with the harness's history installed, and a provider on its lock table whose
+/// leases last 30 s and are not extended; `None` (skipped, reason printed) without PostgreSQL.
+struct Planted {
+    url: String,
+    schema: String,
+    client: tokio_postgres::Client,
+    locks: String,
+    provider: LockProvider,
+}
+
+async fn planted() -> Option<Planted> {
     let url = match shared_url() {
         Ok(Some(url)) => url,
         Ok(None) => {
             eprintln!("skipped: {NO_BINARIES}");
-            return;
+            return None;
         }
         Err(e) => panic!("start PostgreSQL: {e}"),
     };
@@ -26,8 +35,6 @@ async fn planted_overlap_repeated_token_and_stale_write_are_reported() {
         .unwrap();
     postgres::install(&client, &url, &schema).await.unwrap();
     let locks = format!("{}.locks", quote(&schema));
-
-    // A real grant through the library, held (not extended) for 30 s.
     let backend = PostgresBackend::builder(&url)
         .schema(schema.clone())
         .table("locks")
@@ -40,6 +47,28 @@ async fn planted_overlap_repeated_token_and_stale_write_are_reported() {
         .auto_extend(false)
         .build()
         .unwrap();
+    Some(Planted {
+        url,
+        schema,
+        client,
+        locks,
+        provider,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_overlap_repeated_token_and_stale_write_are_reported() {
+    let Some(Planted {
+        url,
+        schema,
+        client,
+        locks,
+        provider,
+    }) = planted().await
+    else {
+        return;
+    };
+    // A real grant through the library, held (not extended) for 30 s.
     let guard = provider.lock("n").unwrap().acquire().await.unwrap();
     let token = guard.fencing_token() as i64;
 
@@ -106,41 +135,27 @@ async fn planted_overlap_repeated_token_and_stale_write_are_reported() {
         evidence.iter().any(|e| e.contains("intruder")),
         "{evidence:#?}"
     );
-    drop(guard);
+    // Released before the schema is dropped: a guard dropped instead releases in the background,
+    // and that statement can deadlock with `DROP SCHEMA`. (The planted rows may have ended the
+    // lease; either outcome will do.)
+    let _ = guard.release().await;
     postgres::drop_schema(&client, &schema).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_slot_over_the_limit_and_repeated_slot_token_are_reported() {
-    let url = match shared_url() {
-        Ok(Some(url)) => url,
-        Ok(None) => {
-            eprintln!("skipped: {NO_BINARIES}");
-            return;
-        }
-        Err(e) => panic!("start PostgreSQL: {e}"),
+    let Some(Planted {
+        url: _,
+        schema,
+        client,
+        locks,
+        provider,
+    }) = planted().await
+    else {
+        return;
     };
-    let schema = format!("history_test_{:x}", rand::random::<u32>());
-    let client = postgres::connect(&postgres::config(&url, "history-test").unwrap())
-        .await
-        .unwrap();
-    postgres::install(&client, &url, &schema).await.unwrap();
-    let locks = format!("{}.locks", quote(&schema));
-
     // Two real slots of a semaphore of limit 2 through the library, held (not extended) for
     // 30 s.
-    let backend = PostgresBackend::builder(&url)
-        .schema(schema.clone())
-        .table("locks")
-        .notifications(false)
-        .cleanup_every(None)
-        .build()
-        .unwrap();
-    let provider = LockProvider::builder(backend)
-        .expiry(Duration::from_secs(30))
-        .auto_extend(false)
-        .build()
-        .unwrap();
     let sem = provider.semaphore("sem-0", 2).unwrap();
     let first = sem.acquire().await.unwrap();
     let second = sem.acquire().await.unwrap();
@@ -223,6 +238,7 @@ async fn planted_slot_over_the_limit_and_repeated_slot_token_are_reported() {
     // The intruder's removal and the library's release are both told apart as releases.
     let slots = checker.slot_counts();
     assert_eq!((slots.granted, slots.released), (4, 2), "{slots:?}");
-    drop(first);
+    // Released before the schema is dropped (see the test above).
+    let _ = first.release().await;
     postgres::drop_schema(&client, &schema).await.unwrap();
 }
