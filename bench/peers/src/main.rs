@@ -39,7 +39,8 @@
 //! starts itself (`pg.rs`; `POSTGRES_URL` for an existing server), measured the same way, with
 //! statements counted by `pg_stat_statements` in place of commands, and its own 32-process
 //! handoff run (acquire statements per handoff). A different server: not a comparison of the
-//! two databases.
+//! two databases. `BENCH_PG_STATEMENTS=1` also prints the server's time per statement of the
+//! uncontended pairs (`pg_stat_statements`).
 //!
 //! `--scale` prints the scale table (processes × names, see `scale.rs`; `BENCH_SCALE_PROCS` and
 //! `BENCH_SCALE_NAMES`, comma-separated, choose the rows and columns, `BENCH_SCALE_SECS` the
@@ -294,6 +295,14 @@ async fn measure(
     }
     // Let background work of the warm-up (a lingering stream, background releases) settle.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // BENCH_PG_STATEMENTS=1: the server's time per statement of the uncontended pairs.
+    let breakdown = match meter {
+        Meter::Pg { stats, .. } if std::env::var("BENCH_PG_STATEMENTS").is_ok_and(|v| v == "1") => {
+            stats.reset().await;
+            Some(*stats)
+        }
+        _ => None,
+    };
     let n0 = meter.commands().await;
     let (c0, s0) = (own_cpu(), meter.server_cpu());
     let t0 = Instant::now();
@@ -303,6 +312,12 @@ async fn measure(
     let elapsed = t0.elapsed();
     let (c1, s1) = (own_cpu(), meter.server_cpu());
     let n1 = meter.commands().await;
+    if let Some(stats) = breakdown {
+        eprintln!("{name}: statements of the uncontended pairs (pg_stat_statements)");
+        for line in stats.breakdown().await {
+            eprintln!("  {line}");
+        }
+    }
     let n = pairs as f64;
     let server_us = match (s0, s1) {
         (Some(a), Some(b)) => Some((b - a).as_secs_f64() * 1e6 / n),

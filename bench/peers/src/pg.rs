@@ -255,6 +255,43 @@ impl PgStats {
         })
     }
 
+    /// Forgets the statistics gathered so far (`pg_stat_statements_reset()`).
+    pub async fn reset(&self) {
+        if self.available {
+            let _ = self
+                .client
+                .simple_query("SELECT pg_stat_statements_reset()")
+                .await;
+        }
+    }
+
+    /// One line per statement since the last [`reset`](Self::reset), the most time first:
+    /// calls, mean execution time in µs (triggers included; the commit's work, such as
+    /// queueing notifications, is not), and the start of its text.
+    pub async fn breakdown(&self) -> Vec<String> {
+        if !self.available {
+            return Vec::new();
+        }
+        let sql = "SELECT calls::text, round((mean_exec_time * 1000)::numeric)::text,
+                          left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
+                     FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
+                    ORDER BY total_exec_time DESC LIMIT 8";
+        let Ok(msgs) = self.client.simple_query(sql).await else {
+            return Vec::new();
+        };
+        msgs.iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(format!(
+                    "{:>8} calls {:>6} us  {}",
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// All statements the libraries sent.
     pub async fn statements(&self) -> u64 {
         self.calls("%").await.unwrap_or(0)
