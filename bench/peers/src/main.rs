@@ -39,8 +39,8 @@
 //! starts itself (`pg.rs`; `POSTGRES_URL` for an existing server), measured the same way, with
 //! statements counted by `pg_stat_statements` in place of commands, and its own 32-process
 //! handoff run (acquire statements per handoff). A different server: not a comparison of the
-//! two databases. `BENCH_PG_STATEMENTS=1` also prints the server's time per statement of the
-//! uncontended pairs (`pg_stat_statements`).
+//! two databases. `BENCH_PG_STATEMENTS=1` also prints the server's planning and execution time per
+//! statement of the uncontended pairs (`pg_stat_statements`, with `track_planning` on).
 //!
 //! `--scale` prints the scale table (processes × names, see `scale.rs`; `BENCH_SCALE_PROCS` and
 //! `BENCH_SCALE_NAMES`, comma-separated, choose the rows and columns, `BENCH_SCALE_SECS` the

@@ -136,6 +136,9 @@ impl PgServer {
         if std::env::var("BENCH_PG_DURABLE").is_ok_and(|v| v == "0") {
             options.push_str(" -c fsync=off -c synchronous_commit=off");
         }
+        if std::env::var("BENCH_PG_STATEMENTS").is_ok_and(|v| v == "1") {
+            options.push_str(" -c pg_stat_statements.track_planning=on");
+        }
         run(
             &bin,
             run_as,
@@ -266,14 +269,18 @@ impl PgStats {
     }
 
     /// One line per statement since the last [`reset`](Self::reset), the most time first:
-    /// calls, mean execution time in µs (triggers included; the commit's work, such as
-    /// queueing notifications, is not), and the start of its text.
+    /// calls, plans, mean planning and execution time in µs (triggers included; the commit's
+    /// work, such as queueing notifications, is not), and the start of its text. Planning is
+    /// timed only on a server started with `pg_stat_statements.track_planning` (ours, under
+    /// `BENCH_PG_STATEMENTS=1`).
     pub async fn breakdown(&self) -> Vec<String> {
         if !self.available {
             return Vec::new();
         }
-        let sql = "SELECT calls::text, round((mean_exec_time * 1000)::numeric)::text,
-                          left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
+        let sql = "SELECT calls::text, plans::text,
+                          round((mean_plan_time * 1000)::numeric)::text,
+                          round((mean_exec_time * 1000)::numeric)::text,
+                          left(regexp_replace(query, '\\s+', ' ', 'g'), 70)
                      FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
                     ORDER BY total_exec_time DESC LIMIT 8";
         let Ok(msgs) = self.client.simple_query(sql).await else {
@@ -282,10 +289,12 @@ impl PgStats {
         msgs.iter()
             .filter_map(|m| match m {
                 tokio_postgres::SimpleQueryMessage::Row(r) => Some(format!(
-                    "{:>8} calls {:>6} us  {}",
+                    "{:>8} calls {:>8} plans {:>6} us planning {:>6} us executing  {}",
                     r.get(0)?,
                     r.get(1)?,
-                    r.get(2)?
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?
                 )),
                 _ => None,
             })
