@@ -62,8 +62,8 @@
 //! processes starting together do not race; a backend checks once (one query) whether it ran:
 //! whether the table has every column and its trigger calls this version's function. Tables
 //! created by earlier versions get the columns added since (`slot_limit`/`slots`, then
-//! `waiters`/`handoff`, then `ended`/`ended_from`: `ALTER TABLE .. ADD COLUMN IF NOT EXISTS`) and the current trigger
-//! function; rows written before keep their tokens.
+//! `waiters`/`handoff`, then `ended`/`ended_from`: `ALTER TABLE .. ADD COLUMN IF NOT EXISTS`)
+//! and the current trigger function; rows written before keep their tokens.
 //!
 //! # One statement per operation, on the server's clock
 //! Every operation is one SQL statement in its own (autocommit) transaction: one round trip.
@@ -109,8 +109,8 @@
 //!   `acquired_at`), sets `expires_at = acquired_at + min_hold` and records the id in
 //!   `released`; otherwise it is the plain release. Extend's `WHERE` refuses a lease
 //!   whose id is in `released`, so a late extension cannot move the end of the hold, and the
-//!   grant that takes the name at the end of the hold does not record it as ended by others. The
-//!   trigger publishes only lease id or token changes, so the statement publishes a kept lease
+//!   grant that takes the name at the end of the hold does not record it as ended by others.
+//!   The trigger publishes only lease id or token changes, so the statement publishes a kept lease
 //!   itself (`pg_notify`, `<token> - <name>`): waiters retry and learn the new expiry. A
 //!   semaphore slot's lease id is reported (`is_slot`) and refused.
 //! * **Force-release**: clears an unexpired lease (popping the queue likewise) and records its

@@ -5,8 +5,8 @@
 
 use std::time::SystemTime;
 
-use super::queue;
 use super::{ops, PostgresBackend};
+use super::{queue, schema};
 use crate::backend::LockInfo;
 use crate::error::Result;
 use crate::holder::HolderInfo;
@@ -126,13 +126,7 @@ impl PostgresBackend {
                    FROM (SELECT clock_timestamp() AS now) c,
                         LATERAL (SELECT {rest} AS rest) r, (SELECT {live} AS live) q,
                         LATERAL (SELECT l.ended || CASE
-                                   WHEN l.slot_limit IS NOT NULL THEN (
-                                     SELECT coalesce(array_agg((s->>'token')::bigint),
-                                                     '{{}}'::bigint[])
-                                       FROM jsonb_array_elements(l.slots) s
-                                      WHERE s->>'token' IS NOT NULL
-                                        AND ((s->>'token')::bigint = $2::bigint
-                                             OR (s->>'exp')::timestamptz <= c.now))
+                                   WHEN l.slot_limit IS NOT NULL THEN {slots_ended}
                                    WHEN {kept_on} THEN '{{}}'::bigint[]
                                    ELSE ARRAY[l.fencing_token] END AS a) e)
               WHERE name = $1
@@ -149,6 +143,10 @@ impl PostgresBackend {
             designation = queue::designation("q.live", "''", "l.lease_id"),
             live = queue::live("l", "clock_timestamp()"),
             kept_on = ops::kept_on("l"),
+            slots_ended = schema::slot_tokens(
+                "jsonb_array_elements(l.slots)",
+                "((s->>'token')::bigint = $2::bigint OR (s->>'exp')::timestamptz <= c.now)",
+            ),
         );
         let rows = self
             .query("force release by token", &sql, &[&name, &token])

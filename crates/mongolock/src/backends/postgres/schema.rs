@@ -158,7 +158,7 @@ const WAITER_HOLDER: &str =
 
 /// The fencing tokens (a `bigint[]`, possibly empty) of the slots of `source` (a set-returning
 /// expression of slot objects named `s`) that satisfy `cond`.
-fn slot_tokens(source: &str, cond: &str) -> String {
+pub(crate) fn slot_tokens(source: &str, cond: &str) -> String {
     format!(
         "(SELECT coalesce(array_agg((s->>'token')::bigint), '{{}}'::bigint[]) FROM {source} s
            WHERE s->>'token' IS NOT NULL AND {cond})"
