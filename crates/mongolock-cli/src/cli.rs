@@ -204,7 +204,10 @@ pub enum Command {
                       its own, so they hold even if mongolock is stopped or starved; if mongolock \
                       dies (kill -9, OOM killer), the supervisor SIGKILLs CMD at once. On Linux CMD \
                       also dies with the supervisor (parent-death signal); other platforms have no \
-                      parent-death signal.\n\n\
+                      parent-death signal. On Linux the SIGTERM of a deadline reaches every \
+                      process CMD started as well, also one in a session of its own (setsid), \
+                      and when CMD exits or must die the supervisor SIGKILLs whatever of its tree \
+                      is left.\n\n\
                       SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to mongolock are passed on to CMD; the lock is released once CMD \
                       has exited.\n\n\
                       Outside an interactive terminal, CMD runs in its own process group and \

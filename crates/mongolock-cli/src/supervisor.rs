@@ -81,8 +81,11 @@
 //! exits, when a SIGKILL deadline passes and when mongolock goes away, the supervisor SIGKILLs
 //! every descendant it finds by walking `/proc/*/stat` parent links, reaps, and repeats until
 //! none is left; only then does it report CMD's exit, so mongolock releases the lease after the
-//! tree is gone. A process is signalled through a pidfd opened and then checked against the
-//! start time seen in the walk, so a recycled pid is never hit.
+//! tree is gone. When the SIGTERM deadline passes, every descendant gets SIGTERM as well (found
+//! by the same walk; those in the process group that was signalled with CMD get it once), so a
+//! descendant in a session of its own can clean up before the SIGKILL deadline too. A process
+//! is signalled through a pidfd opened and then checked against the start time seen in the
+//! walk, so a recycled pid is never hit.
 //!
 //! mongolock is a subreaper too. When the supervisor dies without reporting CMD's exit —
 //! mongolock killed it for being late (stopped, starved, or still walking the tree at the lease's
@@ -431,6 +434,10 @@ impl<'a> Supervisor<'a> {
             self.report(FromSupervisor::SentSigkill);
         } else if !self.sent_term && self.term.passed() {
             self.signal(pid, libc::SIGTERM);
+            // The whole tree gets the warning that SIGKILL will reach: also descendants that
+            // left CMD's process group, and without `--own-group` (CMD alone was signalled) the
+            // rest of it.
+            term_tree(pid, self.signalled_group(libc::SIGTERM));
             self.sent_term = true;
             self.report(FromSupervisor::SentSigterm);
         }
@@ -477,13 +484,20 @@ impl<'a> Supervisor<'a> {
     /// group is mongolock's, and only CMD is signalled. CMD is our unreaped child whenever this
     /// is called, so its pid cannot have been reused.
     fn signal(&self, pid: i32, sig: i32) {
-        let target = if self.args.own_group && PASSED_ON.contains(&sig) {
+        let target = if self.signalled_group(sig).is_some() {
             0
         } else {
             pid
         };
         // SAFETY: kill has no memory-safety preconditions.
         unsafe { libc::kill(target, sig) };
+    }
+
+    /// The process group that [`signal`](Self::signal) sends `sig` to (the supervisor's own,
+    /// which it leads), or `None` when it signals CMD alone.
+    fn signalled_group(&self, sig: i32) -> Option<i32> {
+        // SAFETY: getpgrp has no preconditions.
+        (self.args.own_group && PASSED_ON.contains(&sig)).then(|| unsafe { libc::getpgrp() })
     }
 
     /// SIGKILLs CMD and every descendant (see the module docs).
@@ -556,13 +570,15 @@ impl<'a> Supervisor<'a> {
     }
 }
 
-/// A process seen in `/proc`: its parent, start time (clock ticks after boot; with the pid it
-/// names one process for good) and whether it is a zombie.
+/// A process seen in `/proc`: its parent, process group, start time (clock ticks after boot;
+/// with the pid it names one process for good) and whether it is a zombie.
 #[cfg(target_os = "linux")]
 #[derive(Clone, Copy)]
 struct Proc {
     pid: i32,
     ppid: i32,
+    /// The process group.
+    pgrp: i32,
     start: u64,
     zombie: bool,
 }
@@ -574,10 +590,12 @@ fn read_stat(pid: i32) -> Option<Proc> {
     // The command name (field 2) is parenthesised and may hold anything: fields after it.
     let (_, rest) = stat.rsplit_once(')')?;
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
-    // fields[0] is field 3 (state), fields[1] field 4 (ppid), fields[19] field 22 (starttime).
+    // fields[0] is field 3 (state), fields[1] field 4 (ppid), fields[2] field 5 (pgrp),
+    // fields[19] field 22 (starttime).
     Some(Proc {
         pid,
         ppid: fields.get(1)?.parse().ok()?,
+        pgrp: fields.get(2)?.parse().ok()?,
         start: fields.get(19)?.parse().ok()?,
         zombie: matches!(*fields.first()?, "Z" | "X"),
     })
@@ -608,10 +626,11 @@ fn descendants() -> Vec<Proc> {
     found
 }
 
-/// SIGKILLs `p` if the pid still names the process seen (same start time): through a pidfd
-/// opened before the check where available, so that the signal cannot reach a recycled pid.
+/// Sends `sig` to `p` if the pid still names the process seen (same start time): through a
+/// pidfd opened before the check where available, so that the signal cannot reach a recycled
+/// pid.
 #[cfg(target_os = "linux")]
-fn kill_checked(p: &Proc) {
+fn signal_checked(p: &Proc, sig: i32) {
     let same = || read_stat(p.pid).is_some_and(|now| now.start == p.start);
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p.pid, 0) };
@@ -624,7 +643,7 @@ fn kill_checked(p: &Proc) {
                 libc::syscall(
                     libc::SYS_pidfd_send_signal,
                     fd.0,
-                    libc::SIGKILL,
+                    sig,
                     std::ptr::null::<libc::siginfo_t>(),
                     0,
                 )
@@ -635,9 +654,26 @@ fn kill_checked(p: &Proc) {
         // for a child of ours is our own doing; for a grandchild the window between the check
         // and the kill is tiny.
         // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(p.pid, libc::SIGKILL) };
+        unsafe { libc::kill(p.pid, sig) };
     }
 }
+
+/// SIGTERMs, once, every live descendant that the caller's signal to CMD (`cmd`) did not reach:
+/// all but CMD, or with `signalled_group` all outside that process group (a second SIGTERM
+/// would tell many programs to stop at once instead of cleaning up). The warning before the
+/// SIGKILL deadline, which [`kill_tree`] then enforces on whatever is left.
+#[cfg(target_os = "linux")]
+fn term_tree(cmd: i32, signalled_group: Option<i32>) {
+    let reached = |p: &Proc| p.pid == cmd || Some(p.pgrp) == signalled_group;
+    for p in descendants().iter().filter(|p| !p.zombie && !reached(p)) {
+        signal_checked(p, libc::SIGTERM);
+    }
+}
+
+/// Elsewhere: CMD's process group gets SIGTERM with CMD when it has one of its own
+/// (`--own-group`); nothing more can be found.
+#[cfg(not(target_os = "linux"))]
+fn term_tree(_cmd: i32, _signalled_group: Option<i32>) {}
 
 /// SIGKILLs every descendant except CMD (`cmd`, reaped by its `Child`; 0 once reaped) and
 /// reaps them, until none is left. Descendants whose parent dies are re-parented to us (we are
@@ -654,7 +690,7 @@ fn kill_tree(cmd: i32) {
             return;
         }
         for p in &live {
-            kill_checked(p);
+            signal_checked(p, libc::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(2));
     }

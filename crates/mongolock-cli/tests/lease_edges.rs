@@ -558,6 +558,115 @@ async fn a_lost_lease_kills_descendants_that_left_the_group() {
     );
 }
 
+/// A lost lease warns the command's whole tree before the SIGKILL deadline: the descendant in a
+/// session of its own gets SIGTERM too, and in a terminal's foreground (where the supervisor
+/// shares mongolock's process group and signals CMD alone) so does the one in the background.
+/// Until 2026-11-26 only CMD (or, without a terminal, CMD's process group) did; the others were
+/// SIGKILLed at the deadline with no chance to clean up. Each child records the SIGTERM in a
+/// file and exits; CMD records its own and waits for them.
+#[cfg(target_os = "linux")]
+async fn a_lost_lease_warns_every_descendant_before_the_kill(terminal: bool) {
+    let test = if terminal {
+        "tree_term_tty"
+    } else {
+        "tree_term"
+    };
+    let env = Env::new(test).await;
+    std::fs::write(
+        env.path("child.sh"),
+        "trap 'echo term > \"$D/$1.term\"; exit 0' TERM\n\
+         echo $$ > \"$D/$1.tmp\"; mv \"$D/$1.tmp\" \"$D/$1.pid\"\n\
+         while :; do sleep 0.05; done\n",
+    )
+    .unwrap();
+    let script = "trap 'echo term > \"$D/cmd.term\"' TERM; \
+                  setsid sh \"$D/child.sh\" esc >/dev/null 2>&1 & \
+                  sh \"$D/child.sh\" bg >/dev/null 2>&1 & \
+                  while [ ! -f \"$D/esc.pid\" ] || [ ! -f \"$D/bg.pid\" ]; do sleep 0.01; done; \
+                  echo ready > \"$D/ready\"; wait; wait";
+    let exec = [
+        "exec", "--ttl", "15s", "--grace", "5s", test, "--", "sh", "-c", script,
+    ];
+    let (holder, terminal) = if terminal {
+        let line = format!(
+            "\"$MONGOLOCK\" --uri '{}' --db '{}' {} 2> \"$D/err\"; echo $? > \"$D/status\"; \
+             sleep 1000",
+            env.uri,
+            env.db,
+            exec.iter()
+                .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        (None, Some(Pty::shell(&env.dir, &line)))
+    } else {
+        (Some(env.spawn(&exec)), None)
+    };
+    wait_for("the command's children", LONG, || {
+        env.path("ready").exists()
+    })
+    .await;
+    let escapee = read_pid(&env.path("esc.pid"));
+    let background = read_pid(&env.path("bg.pid"));
+    let released = Instant::now();
+    let out = env.run(&["release", "--force", test]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let (status, report) = match (holder, terminal) {
+        (Some(holder), _) => {
+            let out = finish(holder, LONG).await;
+            (out.status.code(), describe(&out))
+        }
+        (None, Some((_pty, mut shell))) => {
+            wait_for("exec to return", LONG, || env.path("status").exists()).await;
+            let _ = shell.kill();
+            let _ = shell.wait();
+            let status = std::fs::read_to_string(env.path("status")).unwrap_or_default();
+            let err = std::fs::read_to_string(env.path("err")).unwrap_or_default();
+            (status.trim().parse().ok(), format!("stderr: {err}"))
+        }
+        (None, None) => unreachable!("exec runs with or without a terminal"),
+    };
+    let (esc_alive, bg_alive) = (alive(escapee), alive(background));
+    kill(escapee, libc::SIGKILL);
+    kill(background, libc::SIGKILL);
+    let warned = |tag: &str| env.path(&format!("{tag}.term")).exists();
+    println!(
+        "{test}: force-released; exec returned {:?} later; SIGTERM seen by the command: {}, \
+         the setsid child (pid {escapee}): {}, the background child (pid {background}): {}",
+        released.elapsed(),
+        warned("cmd"),
+        warned("esc"),
+        warned("bg"),
+    );
+    assert_eq!(status, Some(76), "{report}");
+    assert!(
+        !esc_alive && !bg_alive,
+        "children ran on after exec returned"
+    );
+    for (tag, what) in [
+        ("cmd", "the command"),
+        ("esc", "the child in a session of its own"),
+        ("bg", "the background child"),
+    ] {
+        assert!(
+            warned(tag),
+            "{what} got no SIGTERM before the SIGKILL deadline (--grace 5s)\n{report}"
+        );
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_lease_warns_every_descendant_before_the_kill_without_a_terminal() {
+    a_lost_lease_warns_every_descendant_before_the_kill(false).await;
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_lease_warns_every_descendant_before_the_kill_in_a_terminal() {
+    a_lost_lease_warns_every_descendant_before_the_kill(true).await;
+}
+
 /// The supervisor cannot act (stopped here; starved, or slow to walk the process tree, in
 /// practice) when the lease is lost: mongolock kills it at the lease's deadline, and must take
 /// the command's whole tree with it — also the descendants the parent-death signal does not
