@@ -522,15 +522,10 @@ async fn nothing_the_command_started_outlives_exec() {
     }
 }
 
+/// Waits until the command has started its children (`ready`), reads their pids (`esc.pid`,
+/// `bg.pid`) and force-releases `test`: returns the pids and when the release was sent.
 #[cfg(target_os = "linux")]
-#[tokio::test(flavor = "multi_thread")]
-async fn a_lost_lease_kills_descendants_that_left_the_group() {
-    let test = "tree_lost";
-    let env = Env::new(test).await;
-    let script = format!("{LEAVES_CHILDREN}; echo ready > \"$D/ready\"; wait");
-    let holder = env.spawn(&[
-        "exec", "--ttl", "10s", "--grace", "0", test, "--", "sh", "-c", &script,
-    ]);
+async fn force_release_when_ready(env: &Env, test: &str) -> (i32, i32, Instant) {
     wait_for("the command's children", LONG, || {
         env.path("ready").exists()
     })
@@ -540,6 +535,19 @@ async fn a_lost_lease_kills_descendants_that_left_the_group() {
     let released = Instant::now();
     let out = env.run(&["release", "--force", test]).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    (escapee, background, released)
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_lease_kills_descendants_that_left_the_group() {
+    let test = "tree_lost";
+    let env = Env::new(test).await;
+    let script = format!("{LEAVES_CHILDREN}; echo ready > \"$D/ready\"; wait");
+    let holder = env.spawn(&[
+        "exec", "--ttl", "10s", "--grace", "0", test, "--", "sh", "-c", &script,
+    ]);
+    let (escapee, background, released) = force_release_when_ready(&env, test).await;
     let out = finish(holder, LONG).await;
     let (esc_alive, bg_alive) = (alive(escapee), alive(background));
     kill(escapee, libc::SIGKILL);
@@ -602,15 +610,7 @@ async fn a_lost_lease_warns_every_descendant_before_the_kill(terminal: bool) {
     } else {
         (Some(env.spawn(&exec)), None)
     };
-    wait_for("the command's children", LONG, || {
-        env.path("ready").exists()
-    })
-    .await;
-    let escapee = read_pid(&env.path("esc.pid"));
-    let background = read_pid(&env.path("bg.pid"));
-    let released = Instant::now();
-    let out = env.run(&["release", "--force", test]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let (escapee, background, released) = force_release_when_ready(&env, test).await;
     let (status, report) = match (holder, terminal) {
         (Some(holder), _) => {
             let out = finish(holder, LONG).await;
