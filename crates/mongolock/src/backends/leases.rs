@@ -22,8 +22,9 @@ pub(crate) struct Granted {
     pub(crate) slot: bool,
     /// The lease's fencing token.
     pub(crate) token: u64,
-    /// Granted by MongoDB's uncontended shortcut (nobody was queued then): its release tries
-    /// the short command first (`mongo/ops.rs` `release`). Always false on PostgreSQL.
+    /// Granted by the uncontended shortcut ([`CheapNames`]; nobody was queued then): its
+    /// release tries the short command first (`mongo/ops.rs` `release`, PostgreSQL's
+    /// `release`).
     pub(crate) shortcut: bool,
 }
 
@@ -142,5 +143,41 @@ mod tests {
         assert!(leases.get(&first).is_none(), "kept too long");
         assert!(leases.get(&last).is_some());
         assert_eq!(leases.inner().granted.len(), KEPT_RELEASED_MAX);
+    }
+}
+
+/// The names whose document (or row) this backend's own last release left released, with
+/// nobody queued: a first attempt on one of them tries the backend's uncontended shortcut
+/// first (MongoDB: `mongo/acquire.rs` `try_acquire_cheap`; PostgreSQL: "The uncontended
+/// shortcut" in its module docs). Each release earns one cheap attempt (taken whether it grants
+/// or not), so a name that another process took meanwhile costs one missed command, then full
+/// attempts until this backend releases it unqueued again.
+#[derive(Debug, Default)]
+pub(crate) struct CheapNames {
+    names: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// At most this many names are remembered (then the set starts over: a forgotten name costs
+/// nothing but its shortcut).
+const CHEAP_NAMES_MAX: usize = 4096;
+
+impl CheapNames {
+    fn names(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        // Single inserts and removals: a poisoned set is still consistent.
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This backend released `name`, and the reply showed nobody queued.
+    pub(crate) fn released_unqueued(&self, name: &str) {
+        let mut names = self.names();
+        if names.len() >= CHEAP_NAMES_MAX {
+            names.clear();
+        }
+        names.insert(name.to_owned());
+    }
+
+    /// Whether to try the cheap attempt on `name` (once per release).
+    pub(crate) fn take(&self, name: &str) -> bool {
+        self.names().remove(name)
     }
 }

@@ -1104,3 +1104,190 @@ async fn a_release_racing_the_takeover_of_its_expired_lease_reports_the_loss() {
          release waited, reported success; row {row}"
     );
 }
+
+/// The last statement of every connection named `app` (`pg_stat_activity`).
+async fn last_statements(url: &str, app: &str) -> Vec<String> {
+    admin(url)
+        .await
+        .query(
+            "SELECT query FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("read pg_stat_activity")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// What a grant or release wrote to the row of `name`, for lease `lease_id`, with what differs
+/// between two equivalent writes (the name's own token and times, the backends' marks) left
+/// out: the designation as (designated mark, releasing mark set, ended lease id is `lease_id`).
+async fn row_state(url: &str, table: &str, name: &str, lease_id: &LeaseId) -> String {
+    let row = admin(url)
+        .await
+        .query_one(
+            &format!(
+                "SELECT lease_id IS NOT DISTINCT FROM $2 AS ours, lease_id IS NULL AS free,
+                        expires_at > clock_timestamp() AS unexpired, holder_app,
+                        slot_limit, slots::text, waiters::text, handoff, released::text,
+                        ended::text, ended_from IS NOT NULL AS floor
+                   FROM public.\"{table}\" WHERE name = $1"
+            ),
+            &[&name, &lease_id.as_str()],
+        )
+        .await
+        .expect("read the row");
+    let handoff: Option<String> = row.get("handoff");
+    let designation = handoff.map(|h| {
+        let parts: Vec<&str> = h.splitn(3, '/').collect();
+        (
+            parts.first().map(|d| d.to_string()),
+            parts.get(1).is_some_and(|m| !m.is_empty()),
+            parts.get(2) == Some(&lease_id.as_str()),
+        )
+    });
+    format!(
+        "ours={} free={} unexpired={} app={:?} slot_limit={:?} slots={} waiters={} \
+         designation={designation:?} released={} ended={} floor={}",
+        row.get::<_, bool>("ours"),
+        row.get::<_, bool>("free"),
+        row.get::<_, bool>("unexpired"),
+        row.get::<_, Option<String>>("holder_app"),
+        row.get::<_, Option<i32>>("slot_limit"),
+        row.get::<_, String>("slots"),
+        row.get::<_, String>("waiters"),
+        row.get::<_, String>("released"),
+        row.get::<_, String>("ended"),
+        row.get::<_, bool>("floor"),
+    )
+}
+
+/// The uncontended shortcut (a backend's next attempt on a name its last release left free and
+/// unqueued, and that lease's release) writes what the full acquire and release statements
+/// write on such a row: the same columns, the same queue, record of ended leases and
+/// designation. One name goes through the shortcut, the other (another backend, which has no
+/// reason to try it) through the full statements; that the shortcut ran is read from the
+/// connections' last statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_uncontended_shortcut_writes_what_the_full_statements_write() {
+    let Some(url) = url() else { return };
+    let table = postgres::unique_table("cheap");
+    let cheap = backend_as(&url, &table, "pg-cheap-shortcut");
+    let full = backend_as(&url, &table, "pg-cheap-full");
+    let ttl = Duration::from_secs(30);
+    for name in ["by-shortcut", "by-full"] {
+        let (id, _) = grant(&cheap, name, ttl).await;
+        assert!(cheap.release(name, &id).await.expect("first release"));
+    }
+    let ran = |statements: Vec<String>, tail: &str| {
+        statements
+            .iter()
+            .any(|q| q.starts_with("UPDATE") && q.contains(tail))
+    };
+    let (id_s, token_s) = grant(&cheap, "by-shortcut", ttl).await;
+    let statements = last_statements(&url, "pg-cheap-shortcut").await;
+    assert!(
+        ran(statements.clone(), "RETURNING true AS acquired"),
+        "the grant did not take the shortcut; the connections' last statements: {statements:?}"
+    );
+    let (id_f, token_f) = grant(&full, "by-full", ttl).await;
+    let (s, f) = (
+        row_state(&url, &table, "by-shortcut", &id_s).await,
+        row_state(&url, &table, "by-full", &id_f).await,
+    );
+    println!("granted (tokens {token_s} and {token_f}):\n  shortcut: {s}\n  full:     {f}");
+    assert_eq!(
+        s, f,
+        "the shortcut's grant wrote another row than the full statement's"
+    );
+
+    assert!(cheap.release("by-shortcut", &id_s).await.expect("release"));
+    let statements = last_statements(&url, "pg-cheap-shortcut").await;
+    assert!(
+        ran(statements.clone(), "RETURNING true AS released"),
+        "the release did not take the shortcut; the connections' last statements: {statements:?}"
+    );
+    assert!(full.release("by-full", &id_f).await.expect("release"));
+    let (s, f) = (
+        row_state(&url, &table, "by-shortcut", &id_s).await,
+        row_state(&url, &table, "by-full", &id_f).await,
+    );
+    println!("released:\n  shortcut: {s}\n  full:     {f}");
+    assert_eq!(
+        s, f,
+        "the shortcut's release wrote another row than the full statement's"
+    );
+}
+
+/// A process that queues behind a lease granted by the shortcut is designated by its release:
+/// the short release matches nothing once the queue is not empty, and the full release that
+/// follows pops the waiter into `handoff`. The waiter then holds the name long before the
+/// released lease's expiry (30 s), which is when it would retry without the designation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_queued_behind_a_shortcut_grant_is_designated_by_its_release() {
+    let Some(url) = url() else { return };
+    let table = postgres::unique_table("cheapq");
+    let holder = backend_as(&url, &table, "pg-cheapq-holder");
+    let waiter = backend_as(&url, &table, "pg-cheapq-waiter");
+    let ttl = Duration::from_secs(30);
+    let slow = WaitStrategy::random_sleep(Duration::from_secs(20), Duration::from_secs(25));
+    let lock = provider(&holder, ttl, slow.clone()).lock("n").unwrap();
+    lock.acquire().await.unwrap().release().await.unwrap();
+    let guard = lock.acquire().await.unwrap();
+    let statements = last_statements(&url, "pg-cheapq-holder").await;
+    assert!(
+        statements
+            .iter()
+            .any(|q| q.contains("RETURNING true AS acquired")),
+        "the grant did not take the shortcut; the connections' last statements: {statements:?}"
+    );
+    let waiting = provider(&waiter, ttl, slow).lock("n").unwrap();
+    let started = Instant::now();
+    let waits = tokio::spawn(async move {
+        let got = waiting.acquire_timeout(Duration::from_secs(25)).await;
+        (got.map(|g| g.map(|g| g.fencing_token())), started.elapsed())
+    });
+    let queued = |url: String, table: String| async move {
+        admin(&url)
+            .await
+            .query_one(
+                &format!("SELECT waiters::text FROM public.\"{table}\" WHERE name = 'n'"),
+                &[],
+            )
+            .await
+            .expect("read the queue")
+            .get::<_, String>(0)
+    };
+    let in_queue = eventually(Duration::from_secs(20), || {
+        let (url, table) = (url.clone(), table.clone());
+        async move { queued(url, table).await != "[]" }
+    })
+    .await;
+    assert!(
+        in_queue,
+        "the waiter never queued: waiters {}",
+        queued(url.clone(), table.clone()).await
+    );
+    let token = guard.fencing_token();
+    guard.release().await.expect("release");
+    let handoff: Option<String> = admin(&url)
+        .await
+        .query_one(
+            &format!("SELECT handoff FROM public.\"{table}\" WHERE name = 'n'"),
+            &[],
+        )
+        .await
+        .expect("read the designation")
+        .get(0);
+    let (got, after) = waits.await.expect("the waiter's task");
+    println!("released token {token}; handoff {handoff:?}; the waiter got {got:?} after {after:?}");
+    assert!(
+        handoff.as_deref().is_some_and(|h| !h.starts_with('/')),
+        "the release designated nobody although a waiter was queued: handoff {handoff:?}"
+    );
+    assert!(
+        matches!(got, Ok(Some(t)) if t > token),
+        "the queued waiter did not get the lock after the release: {got:?} after {after:?}"
+    );
+}

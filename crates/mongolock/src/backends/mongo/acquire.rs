@@ -263,41 +263,6 @@ fn reply_fields() -> Document {
     doc! { LEASE_ID: 1, TOKEN: 1, EPOCH: 1, ACQUIRED_AT: 1, EXPIRES_AT: 1, "reserved.until": 1 }
 }
 
-/// The names whose document this backend's own last release left released, with nobody
-/// queued: a first attempt on one of them tries [`try_acquire_cheap`] first. Each release
-/// earns one cheap attempt (taken whether it grants or not), so a name that another process
-/// took meanwhile costs one missed command, then full attempts until this backend releases it
-/// unqueued again.
-#[derive(Debug, Default)]
-pub(super) struct CheapNames {
-    names: std::sync::Mutex<std::collections::HashSet<String>>,
-}
-
-/// At most this many names are remembered (then the set starts over: a forgotten name costs
-/// nothing but its shortcut).
-const CHEAP_NAMES_MAX: usize = 4096;
-
-impl CheapNames {
-    fn names(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
-        // Single inserts and removals: a poisoned set is still consistent.
-        self.names.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// This backend released `name`, and the reply showed nobody queued.
-    pub(super) fn released_unqueued(&self, name: &str) {
-        let mut names = self.names();
-        if names.len() >= CHEAP_NAMES_MAX {
-            names.clear();
-        }
-        names.insert(name.to_owned());
-    }
-
-    /// Whether to try the cheap attempt on `name` (once per release).
-    pub(super) fn take(&self, name: &str) -> bool {
-        self.names().remove(name)
-    }
-}
-
 /// The cheap attempt's command (see [`try_acquire_cheap`]): filter, update and reply
 /// projection.
 pub(super) fn cheap_command(req: &AcquireRequest) -> (Document, Vec<Document>, Document) {

@@ -33,7 +33,7 @@
 //! because a busy attempt costs no error round trip and leaves the document untouched.
 //!
 //! **The uncontended shortcut.** When this backend's own last release of a name found nobody
-//! queued (`acquire::CheapNames`; one use per release), its next attempt on the name first
+//! queued (`backends/leases.rs` `CheapNames`; one use per release), its next attempt on the name first
 //! sends a smaller command: the "free" test in the filter — `leaseId: null` (released by its
 //! holder or force-released), `limit: null` (exclusive mode), `waiters` null or empty,
 //! `reserved` null, `epoch` a number and `fencingToken < epoch · 2²⁰` — and a one-stage `$set`
@@ -284,7 +284,7 @@ pub struct MongoBackend {
     /// Whether the collection is ours, and what its TTL indexes allow (`index.rs`).
     checks: Arc<index::Checks>,
     /// Names this backend released with nobody queued (the uncontended shortcut, `acquire.rs`).
-    cheap: Arc<acquire::CheapNames>,
+    cheap: Arc<crate::backends::leases::CheapNames>,
 }
 
 /// Builds a [`MongoBackend`]; see [`MongoBackend::builder`].

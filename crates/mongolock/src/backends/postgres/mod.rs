@@ -120,6 +120,28 @@
 //! * **Inspect / list**: one `SELECT` each; `held` is judged with one `clock_timestamp()`.
 //!   `list` is sorted by name bytewise (`COLLATE "C"`), as Rust sorts strings.
 //!
+//! **The uncontended shortcut.** The acquire and release statements carry the queue, the
+//! semaphore slots and the record of ended leases, and PostgreSQL sets up every node of their
+//! plans on each execution (`ExecutorStart`, the largest part of their cost, see
+//! `docs/benchmarks.md`) even on a row that has none of these. So when this backend's own last
+//! release of a name found nobody queued (`backends/leases.rs` `CheapNames`; one use per
+//! release) and the grant need not queue the backend again, its next attempt on the name first
+//! runs a small `UPDATE` (`Schema::acquire_cheap`): `WHERE lease_id IS NULL AND slot_limit IS
+//! NULL AND slots = '[]' AND waiters = '[]' AND ended_from IS NOT NULL`, setting the lease id,
+//! `nextval` of the sequence, the times from one `clock_timestamp()` and the holder. On such a
+//! row the full statement writes exactly these columns: the lease is free (no lease, exclusive
+//! mode), no lease ends (so `ended` and `ended_from` stay), the queue stays empty and `slots`
+//! already is. So a grant by the shortcut is a grant of the full statement, decided under the
+//! row lock by the same test on the latest row version (a concurrent committed write makes
+//! PostgreSQL re-check the `WHERE` on the new version), and every argument below covers it.
+//! Its time is read when the statement executes, after the request was sent, so the expiry is
+//! never earlier than the one the client trusts. A lease granted this way is released the same
+//! way first (`Schema::release_cheap`: `WHERE lease_id = ours AND slot_limit IS NULL AND
+//! waiters = '[]' AND ended_from IS NOT NULL`, setting no lease, `least(expires_at,
+//! clock_timestamp())`, the designation of nobody by this backend, and no kept lease — what
+//! the full release writes when nobody is queued). Either falls back to the full statement
+//! when it matches no row: one more round trip, once per release.
+//!
 //! # Why two holders never overlap (in server time)
 //! A grant writes the row of the name while holding its row lock, and only when the row has no
 //! lease, an expired one (`expires_at <= clock_timestamp()`, evaluated after the lock was
@@ -254,7 +276,7 @@ use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LeaseMode, LockBackend,
     LockInfo,
 };
-use crate::backends::leases::{Granted, Leases};
+use crate::backends::leases::{CheapNames, Granted, Leases};
 use crate::backends::notify::handoff;
 use crate::backends::notify::hub::Change;
 use crate::error::{Error, Result};
@@ -326,6 +348,8 @@ struct Inner {
     /// lease gone tells an earlier try of its own from a loss by the token
     /// (`ops::released_by_holder`).
     leases: Leases,
+    /// Names this backend's last release left free and unqueued: the uncontended shortcut.
+    cheap: CheapNames,
     cleanup_after: Duration,
     cleanup_every: Option<Duration>,
     cleanup_started: AtomicBool,
@@ -532,6 +556,7 @@ impl PostgresBackendBuilder {
                 received,
                 mark,
                 leases: Leases::default(),
+                cheap: CheapNames::default(),
                 cleanup_after: self.cleanup_after,
                 cleanup_every: self.cleanup_every,
                 cleanup_started: AtomicBool::new(false),
@@ -746,17 +771,74 @@ impl PostgresBackend {
     }
 
     /// Remembers the lease of a granted attempt.
-    fn granted(&self, req: &AcquireRequest, attempt: &Attempt, slot: bool) {
+    fn granted(&self, req: &AcquireRequest, attempt: &Attempt, slot: bool, shortcut: bool) {
         if let Attempt::Acquired(lease) = attempt {
             self.inner.leases.granted(
                 &req.lease_id,
                 Granted {
                     slot,
                     token: lease.fencing_token,
-                    shortcut: false,
+                    shortcut,
                 },
             );
         }
+    }
+
+    /// The uncontended shortcut's grant, when this backend's last release of the name left it
+    /// free and unqueued (and this grant need not queue the backend again): `None` when it was
+    /// not tried or the row was not in its state (the full attempt follows).
+    async fn try_acquire_cheap(
+        &self,
+        req: &AcquireRequest,
+        p: &ops::AcquireParams,
+        requeue: bool,
+    ) -> Result<Option<Attempt>> {
+        if requeue || !self.inner.cheap.take(&req.name) {
+            return Ok(None);
+        }
+        let rows = self
+            .query(
+                "acquire (uncontended)",
+                &self.inner.schema.acquire_cheap,
+                &[
+                    &req.name,
+                    &req.lease_id.as_str(),
+                    &p.ttl,
+                    &p.host,
+                    &p.pid,
+                    &p.app,
+                ],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        ops::attempt(&rows).map(Some)
+    }
+
+    /// The release of a lease the shortcut granted, while nobody queued: `None` when the lease
+    /// was not granted so, or the row is no longer in that state (someone queued, or the lease
+    /// is not ours any more); the full release follows.
+    async fn release_cheap(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        granted: Option<Granted>,
+    ) -> Result<Option<ops::Released>> {
+        if !granted.is_some_and(|g| g.shortcut) {
+            return Ok(None);
+        }
+        let rows = self
+            .query(
+                "release (uncontended)",
+                &self.inner.schema.release_cheap,
+                &[&name, &lease_id.as_str(), &self.inner.mark],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        ops::released(&rows).map(Some)
     }
 
     /// The fencing token of a lease this backend granted, as the release statements take it
@@ -883,7 +965,7 @@ impl LockBackend for PostgresBackend {
             // Not remembered by the listener: a slot holder judges every change by reading
             // (`still_holds`), since other slots' grants do not end its lease.
             let attempt = ops::slot_attempt(&rows, &req.name, limit)?;
-            self.granted(req, &attempt, true);
+            self.granted(req, &attempt, true, false);
             return Ok(attempt);
         }
         // This attempt's own acquirer is registered before it (when the call will wait).
@@ -893,30 +975,37 @@ impl LockBackend for PostgresBackend {
             listener.acquirers(&req.name),
             listener.is_live_for(&req.name),
         );
-        let rows = self
-            .query(
-                "acquire",
-                &self.inner.schema.acquire,
-                &[
-                    &req.name,
-                    &req.lease_id.as_str(),
-                    &p.ttl,
-                    &p.host,
-                    &p.pid,
-                    &p.app,
-                    &queueing.mark,
-                    &queueing.register,
-                    &queueing.requeue,
-                ],
-            )
-            .await?;
-        let attempt = ops::attempt(&rows)?;
+        let cheap = self.try_acquire_cheap(req, &p, queueing.requeue).await?;
+        let shortcut = cheap.is_some();
+        let attempt = match cheap {
+            Some(attempt) => attempt,
+            None => {
+                let rows = self
+                    .query(
+                        "acquire",
+                        &self.inner.schema.acquire,
+                        &[
+                            &req.name,
+                            &req.lease_id.as_str(),
+                            &p.ttl,
+                            &p.host,
+                            &p.pid,
+                            &p.app,
+                            &queueing.mark,
+                            &queueing.register,
+                            &queueing.requeue,
+                        ],
+                    )
+                    .await?;
+                ops::attempt(&rows)?
+            }
+        };
         if let Attempt::Acquired(lease) = &attempt {
             self.inner
                 .listener
                 .granted(&req.name, &req.lease_id, lease.fencing_token);
         }
-        self.granted(req, &attempt, false);
+        self.granted(req, &attempt, false, shortcut);
         Ok(attempt)
     }
 
@@ -943,20 +1032,30 @@ impl LockBackend for PostgresBackend {
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.inner.listener.released(lease_id);
         ops::check_name(name)?;
-        let released = self
-            .query(
-                "release",
-                &self.inner.schema.release,
-                &[
-                    &name,
-                    &lease_id.as_str(),
-                    &self.inner.mark,
-                    &self.token_of(lease_id),
-                ],
-            )
-            .await
-            .and_then(|rows| ops::released(&rows));
+        let granted = self.inner.leases.get(lease_id);
+        let released = match self.release_cheap(name, lease_id, granted).await {
+            Ok(Some(released)) => Ok(released),
+            Ok(None) => self
+                .query(
+                    "release",
+                    &self.inner.schema.release,
+                    &[
+                        &name,
+                        &lease_id.as_str(),
+                        &self.inner.mark,
+                        &granted.and_then(|g| i64::try_from(g.token).ok()),
+                    ],
+                )
+                .await
+                .and_then(|rows| ops::released(&rows)),
+            Err(e) => Err(e),
+        };
         self.inner.leases.released(lease_id);
+        if let Ok(r) = &released {
+            if r.released && matches!(r.handoff, Some(queue::Handoff::Nobody)) {
+                self.inner.cheap.released_unqueued(name);
+            }
+        }
         // The listener ignores the notifications of this backend's own exclusive releases
         // (`queue.rs`): they are delivered here, with the reply's designation. A slot's
         // release (no designation) is left to the listener; one whose outcome is unknown is

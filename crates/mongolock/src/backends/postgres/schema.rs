@@ -136,10 +136,18 @@ pub(crate) struct Schema {
     sequence_q: String,
     index_q: String,
     pub(crate) acquire: String,
+    /// The uncontended shortcut's grant (`$1`–`$6` as [`acquire`](Self::acquire)'s): one row
+    /// when granted, none when the row is not in the shortcut's state (see "The uncontended
+    /// shortcut" in the backend's module docs).
+    pub(crate) acquire_cheap: String,
     /// The slot acquire statement of a semaphore (`$7` = the limit).
     pub(crate) acquire_slot: String,
     pub(crate) extend: String,
     pub(crate) release: String,
+    /// The release of a lease granted by the shortcut while nobody queued (`$1` name, `$2`
+    /// lease id, `$3` the releasing backend's mark): one row, shaped as
+    /// [`release`](Self::release)'s, when it released; none otherwise.
+    pub(crate) release_cheap: String,
     /// The release with a minimum hold (`$4` = the minimum hold in microseconds).
     pub(crate) release_after: String,
     pub(crate) force_release: String,
@@ -536,14 +544,43 @@ impl Schema {
                 AND expires_at < clock_timestamp() - {}",
             micros(1)
         );
+        // The uncontended shortcut (module docs): on a row with no lease, in exclusive mode, with
+        // no slots, an empty queue and the record of ended leases started, the full acquire
+        // statement writes exactly these columns (no lease ends, so `ended` and `ended_from`
+        // stay; the queue stays empty; `slots` is already empty); and the full release of a
+        // lease nobody queued for writes exactly those. The time is read in the `SET`, after
+        // the row lock, as the full statements read it.
+        let acquire_cheap = format!(
+            "UPDATE {t} AS l SET
+               (lease_id, fencing_token, acquired_at, expires_at, holder_host, holder_pid,
+                holder_app) =
+               (SELECT $2::text, {next}, c.now, c.now + {ttl}, $4::text, $5::bigint, $6::text
+                  FROM (SELECT clock_timestamp() AS now) c)
+             WHERE l.name = $1 AND l.lease_id IS NULL AND l.slot_limit IS NULL
+               AND l.slots = '[]'::jsonb AND l.waiters = '[]'::jsonb
+               AND l.ended_from IS NOT NULL
+             RETURNING true AS acquired, l.fencing_token, l.acquired_at, l.expires_at"
+        );
+        let release_cheap = format!(
+            "UPDATE {t} AS l SET
+               (lease_id, expires_at, handoff, released) =
+               (SELECT NULL::text, least(l.expires_at, clock_timestamp()), {designation},
+                       '{{}}'::text[])
+             WHERE l.name = $1 AND l.lease_id = $2 AND l.slot_limit IS NULL
+               AND l.waiters = '[]'::jsonb AND l.ended_from IS NOT NULL
+             RETURNING true AS released, l.handoff, l.fencing_token",
+            designation = queue::designation("'[]'::jsonb", "$3::text", "$2::text"),
+        );
         Schema {
             display: format!("{schema}.{table}"),
             channel,
             schema_q,
             acquire,
+            acquire_cheap,
             acquire_slot,
             extend,
             release,
+            release_cheap,
             release_after,
             force_release,
             inspect,
