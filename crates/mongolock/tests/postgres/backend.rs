@@ -1180,43 +1180,55 @@ async fn the_uncontended_shortcut_writes_what_the_full_statements_write() {
         let (id, _) = grant(&cheap, name, ttl).await;
         assert!(cheap.release(name, &id).await.expect("first release"));
     }
-    let ran = |statements: Vec<String>, tail: &str| {
+    let (id_s, token_s) = grant(&cheap, "by-shortcut", ttl).await;
+    shortcut_ran(
+        &url,
+        "pg-cheap-shortcut",
+        "RETURNING true AS acquired",
+        "grant",
+    )
+    .await;
+    let (id_f, token_f) = grant(&full, "by-full", ttl).await;
+    same_rows(
+        &url,
+        &table,
+        [&id_s, &id_f],
+        &format!("granted (tokens {token_s} and {token_f})"),
+    )
+    .await;
+    assert!(cheap.release("by-shortcut", &id_s).await.expect("release"));
+    shortcut_ran(
+        &url,
+        "pg-cheap-shortcut",
+        "RETURNING true AS released",
+        "release",
+    )
+    .await;
+    assert!(full.release("by-full", &id_f).await.expect("release"));
+    same_rows(&url, &table, [&id_s, &id_f], "released").await;
+}
+
+/// Asserts that the last statement of a connection named `app` was one of the shortcut's
+/// (`returning` tells which): that the `what` took the shortcut.
+async fn shortcut_ran(url: &str, app: &str, returning: &str, what: &str) {
+    let statements = last_statements(url, app).await;
+    assert!(
         statements
             .iter()
-            .any(|q| q.starts_with("UPDATE") && q.contains(tail))
-    };
-    let (id_s, token_s) = grant(&cheap, "by-shortcut", ttl).await;
-    let statements = last_statements(&url, "pg-cheap-shortcut").await;
-    assert!(
-        ran(statements.clone(), "RETURNING true AS acquired"),
-        "the grant did not take the shortcut; the connections' last statements: {statements:?}"
+            .any(|q| q.starts_with("UPDATE") && q.contains(returning)),
+        "the {what} did not take the shortcut; the connections' last statements: {statements:?}"
     );
-    let (id_f, token_f) = grant(&full, "by-full", ttl).await;
-    let (s, f) = (
-        row_state(&url, &table, "by-shortcut", &id_s).await,
-        row_state(&url, &table, "by-full", &id_f).await,
-    );
-    println!("granted (tokens {token_s} and {token_f}):\n  shortcut: {s}\n  full:     {f}");
-    assert_eq!(
-        s, f,
-        "the shortcut's grant wrote another row than the full statement's"
-    );
+}
 
-    assert!(cheap.release("by-shortcut", &id_s).await.expect("release"));
-    let statements = last_statements(&url, "pg-cheap-shortcut").await;
-    assert!(
-        ran(statements.clone(), "RETURNING true AS released"),
-        "the release did not take the shortcut; the connections' last statements: {statements:?}"
-    );
-    assert!(full.release("by-full", &id_f).await.expect("release"));
-    let (s, f) = (
-        row_state(&url, &table, "by-shortcut", &id_s).await,
-        row_state(&url, &table, "by-full", &id_f).await,
-    );
-    println!("released:\n  shortcut: {s}\n  full:     {f}");
+/// Asserts that the rows `by-shortcut` (lease `ids[0]`) and `by-full` (lease `ids[1]`) show
+/// the same state ([`row_state`]) after `stage`.
+async fn same_rows(url: &str, table: &str, ids: [&LeaseId; 2], stage: &str) {
+    let s = row_state(url, table, "by-shortcut", ids[0]).await;
+    let f = row_state(url, table, "by-full", ids[1]).await;
+    println!("{stage}:\n  shortcut: {s}\n  full:     {f}");
     assert_eq!(
         s, f,
-        "the shortcut's release wrote another row than the full statement's"
+        "{stage}: the shortcut wrote another row than the full statements"
     );
 }
 
@@ -1235,18 +1247,20 @@ async fn a_waiter_queued_behind_a_shortcut_grant_is_designated_by_its_release() 
     let lock = provider(&holder, ttl, slow.clone()).lock("n").unwrap();
     lock.acquire().await.unwrap().release().await.unwrap();
     let guard = lock.acquire().await.unwrap();
-    let statements = last_statements(&url, "pg-cheapq-holder").await;
-    assert!(
-        statements
-            .iter()
-            .any(|q| q.contains("RETURNING true AS acquired")),
-        "the grant did not take the shortcut; the connections' last statements: {statements:?}"
-    );
+    shortcut_ran(
+        &url,
+        "pg-cheapq-holder",
+        "RETURNING true AS acquired",
+        "grant",
+    )
+    .await;
     let waiting = provider(&waiter, ttl, slow).lock("n").unwrap();
     let started = Instant::now();
+    // The waiter keeps the lock until the designation was read: its own release would
+    // record a new one.
     let waits = tokio::spawn(async move {
         let got = waiting.acquire_timeout(Duration::from_secs(25)).await;
-        (got.map(|g| g.map(|g| g.fencing_token())), started.elapsed())
+        (got, started.elapsed())
     });
     let queued = |url: String, table: String| async move {
         admin(&url)
@@ -1271,6 +1285,7 @@ async fn a_waiter_queued_behind_a_shortcut_grant_is_designated_by_its_release() 
     );
     let token = guard.fencing_token();
     guard.release().await.expect("release");
+    let (got, after) = waits.await.expect("the waiter's task");
     let handoff: Option<String> = admin(&url)
         .await
         .query_one(
@@ -1280,14 +1295,19 @@ async fn a_waiter_queued_behind_a_shortcut_grant_is_designated_by_its_release() 
         .await
         .expect("read the designation")
         .get(0);
-    let (got, after) = waits.await.expect("the waiter's task");
-    println!("released token {token}; handoff {handoff:?}; the waiter got {got:?} after {after:?}");
+    let got_token = got.as_ref().map(|g| g.as_ref().map(|g| g.fencing_token()));
+    println!(
+        "released token {token}; handoff {handoff:?}; the waiter got {got_token:?} after {after:?}"
+    );
     assert!(
         handoff.as_deref().is_some_and(|h| !h.starts_with('/')),
         "the release designated nobody although a waiter was queued: handoff {handoff:?}"
     );
     assert!(
-        matches!(got, Ok(Some(t)) if t > token),
-        "the queued waiter did not get the lock after the release: {got:?} after {after:?}"
+        matches!(got_token, Ok(Some(t)) if t > token),
+        "the queued waiter did not get the lock after the release: {got_token:?} after {after:?}"
     );
+    if let Ok(Some(g)) = got {
+        g.release().await.expect("the waiter's release");
+    }
 }

@@ -790,7 +790,7 @@ impl PostgresBackend {
     async fn try_acquire_cheap(
         &self,
         req: &AcquireRequest,
-        p: &ops::AcquireParams,
+        p: &ops::AcquireParams<'_>,
         requeue: bool,
     ) -> Result<Option<Attempt>> {
         if requeue || !self.inner.cheap.take(&req.name) {
@@ -800,14 +800,7 @@ impl PostgresBackend {
             .query(
                 "acquire (uncontended)",
                 &self.inner.schema.acquire_cheap,
-                &[
-                    &req.name,
-                    &req.lease_id.as_str(),
-                    &p.ttl,
-                    &p.host,
-                    &p.pid,
-                    &p.app,
-                ],
+                &p.with(&[]),
             )
             .await?;
         if rows.is_empty() {
@@ -951,15 +944,7 @@ impl LockBackend for PostgresBackend {
                 .query(
                     "acquire a semaphore slot",
                     &self.inner.schema.acquire_slot,
-                    &[
-                        &req.name,
-                        &req.lease_id.as_str(),
-                        &p.ttl,
-                        &p.host,
-                        &p.pid,
-                        &p.app,
-                        &limit_param,
-                    ],
+                    &p.with(&[&limit_param]),
                 )
                 .await?;
             // Not remembered by the listener: a slot holder judges every change by reading
@@ -984,17 +969,7 @@ impl LockBackend for PostgresBackend {
                     .query(
                         "acquire",
                         &self.inner.schema.acquire,
-                        &[
-                            &req.name,
-                            &req.lease_id.as_str(),
-                            &p.ttl,
-                            &p.host,
-                            &p.pid,
-                            &p.app,
-                            &queueing.mark,
-                            &queueing.register,
-                            &queueing.requeue,
-                        ],
+                        &p.with(&[&queueing.mark, &queueing.register, &queueing.requeue]),
                     )
                     .await?;
                 ops::attempt(&rows)?

@@ -127,17 +127,24 @@ pub(crate) fn decode(e: tokio_postgres::Error) -> Error {
     }
 }
 
-/// The parameters of the acquire statement, owned.
-pub(crate) struct AcquireParams {
-    pub(crate) ttl: i64,
-    pub(crate) host: String,
-    pub(crate) pid: i64,
-    pub(crate) app: Option<String>,
+/// The parameters of the acquire statements, owned.
+pub(crate) struct AcquireParams<'a> {
+    name: &'a str,
+    lease_id: &'a str,
+    ttl: i64,
+    host: String,
+    pid: i64,
+    app: Option<String>,
 }
 
-impl AcquireParams {
-    pub(crate) fn new(req: &AcquireRequest) -> Self {
+/// A statement parameter.
+pub(crate) type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+
+impl<'a> AcquireParams<'a> {
+    pub(crate) fn new(req: &'a AcquireRequest) -> Self {
         AcquireParams {
+            name: &req.name,
+            lease_id: req.lease_id.as_str(),
             ttl: micros(req.ttl),
             host: clean(&req.holder.host).into_owned(),
             pid: i64::from(req.holder.pid),
@@ -147,6 +154,21 @@ impl AcquireParams {
                 .as_deref()
                 .map(|a| clean(a).into_owned()),
         }
+    }
+
+    /// `$1`–`$6` of every acquire statement (name, lease id, TTL in microseconds, host, pid,
+    /// application name), followed by `more` (`$7` on).
+    pub(crate) fn with<'p>(&'p self, more: &[Param<'p>]) -> Vec<Param<'p>> {
+        let mut params: Vec<Param<'p>> = vec![
+            &self.name,
+            &self.lease_id,
+            &self.ttl,
+            &self.host,
+            &self.pid,
+            &self.app,
+        ];
+        params.extend_from_slice(more);
+        params
     }
 }
 
