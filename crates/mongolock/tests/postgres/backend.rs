@@ -1311,3 +1311,77 @@ async fn a_waiter_queued_behind_a_shortcut_grant_is_designated_by_its_release() 
         g.release().await.expect("the waiter's release");
     }
 }
+
+/// The shortcut's grant draws its token (and reads its time) for the row it writes, after any
+/// wait for the row's lock, not once per statement before it. Here the shortcut's `UPDATE` of
+/// a free row waits behind another session, which meanwhile takes a later token for the name
+/// (as a grant and release by another process would) and commits; the shortcut must then grant
+/// a token above that one. Its first version, with the token drawn in an uncorrelated
+/// sub-select, wrote the older token here (the torture run found it as tokens going backwards
+/// and as grants timed before the previous lease ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shortcut_draws_its_token_after_waiting_for_the_row() {
+    let Some(url) = url() else { return };
+    let table = postgres::unique_table("cheapwait");
+    let app = "pg-cheap-wait";
+    let b = backend_as(&url, &table, app);
+    let ttl = Duration::from_secs(30);
+    let (id, _) = grant(&b, "n", ttl).await;
+    assert!(b.release("n", &id).await.expect("release"));
+    let other = admin(&url).await;
+    other
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM public.\"{table}\" WHERE name = 'n' FOR UPDATE"
+        ))
+        .await
+        .expect("lock the row");
+    let req = request("n", ttl);
+    let attempt = {
+        let (b, req) = (b.clone(), req.clone());
+        tokio::spawn(async move { b.try_acquire(&req).await })
+    };
+    let waiting = eventually(Duration::from_secs(20), || {
+        let url = url.clone();
+        async move {
+            admin(&url)
+                .await
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    &[&app],
+                )
+                .await
+                .expect("read pg_stat_activity")
+                .get::<_, i64>(0)
+                == 1
+        }
+    })
+    .await;
+    assert!(
+        waiting,
+        "the shortcut's UPDATE never waited for the row lock"
+    );
+    let later: i64 = other
+        .query_one(
+            &format!(
+                "UPDATE public.\"{table}\" SET fencing_token = nextval('public.\"{table}_fencing_token\"')
+                  WHERE name = 'n' RETURNING fencing_token"
+            ),
+            &[],
+        )
+        .await
+        .expect("take a later token")
+        .get(0);
+    other.batch_execute("COMMIT").await.expect("commit");
+    let granted = attempt.await.expect("the attempt's task").expect("acquire");
+    shortcut_ran(&url, app, "RETURNING true AS acquired", "grant").await;
+    let token = match &granted {
+        Attempt::Acquired(lease) => lease.fencing_token,
+        other => panic!("the free row was not granted: {other:?}"),
+    };
+    println!("token {later} taken while the shortcut waited; the shortcut granted {token}");
+    assert!(
+        token > u64::try_from(later).expect("a positive token"),
+        "the shortcut granted token {token}, not above {later}, taken while it waited"
+    );
+}

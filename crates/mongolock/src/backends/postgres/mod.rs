@@ -134,8 +134,17 @@
 //! already is. So a grant by the shortcut is a grant of the full statement, decided under the
 //! row lock by the same test on the latest row version (a concurrent committed write makes
 //! PostgreSQL re-check the `WHERE` on the new version), and every argument below covers it.
-//! Its time is read when the statement executes, after the request was sent, so the expiry is
-//! never earlier than the one the client trusts. A lease granted this way is released the same
+//! The token (`nextval`) and the time are read in the `SET`'s sub-select, which refers to the
+//! row: PostgreSQL evaluates it for the row, and again for the new version when it re-checks
+//! one. An *uncorrelated* sub-select would be evaluated once per statement, before any wait for
+//! the row lock: a statement that drew its token and then waited while another grant took a
+//! later token and its holder released could write the older token (a token going backwards)
+//! and an `acquired_at` before the previous lease ended. The first version of the shortcut did
+//! exactly that; the torture run found it (test
+//! `backend::the_shortcut_draws_its_token_after_waiting_for_the_row`). When the statement waited
+//! only for a session that locked the row without changing it, its time is from before the
+//! wait: still after the request was sent, so the expiry is never earlier than the one the
+//! client trusts, and no grant of the name can have come between. A lease granted this way is released the same
 //! way first (`Schema::release_cheap`: `WHERE lease_id = ours AND slot_limit IS NULL AND
 //! waiters = '[]' AND ended_from IS NOT NULL`, setting no lease, `least(expires_at,
 //! clock_timestamp())`, the designation of nobody by this backend, and no kept lease — what

@@ -548,14 +548,17 @@ impl Schema {
         // no slots, an empty queue and the record of ended leases started, the full acquire
         // statement writes exactly these columns (no lease ends, so `ended` and `ended_from`
         // stay; the queue stays empty; `slots` is already empty); and the full release of a
-        // lease nobody queued for writes exactly those. The time is read in the `SET`, after
-        // the row lock, as the full statements read it.
+        // lease nobody queued for writes exactly those. The token and the time are read in the
+        // `SET`'s sub-select, which refers to the row (`WHERE l.lease_id IS NULL`, true on
+        // every row the `UPDATE` writes): so it is evaluated for the row, again when a
+        // concurrent write makes PostgreSQL re-check the row, and not once per statement
+        // before any wait (as an uncorrelated sub-select is: see the module docs).
         let acquire_cheap = format!(
             "UPDATE {t} AS l SET
                (lease_id, fencing_token, acquired_at, expires_at, holder_host, holder_pid,
                 holder_app) =
                (SELECT $2::text, {next}, c.now, c.now + {ttl}, $4::text, $5::bigint, $6::text
-                  FROM (SELECT clock_timestamp() AS now) c)
+                  FROM (SELECT clock_timestamp() AS now) c WHERE l.lease_id IS NULL)
              WHERE l.name = $1 AND l.lease_id IS NULL AND l.slot_limit IS NULL
                AND l.slots = '[]'::jsonb AND l.waiters = '[]'::jsonb
                AND l.ended_from IS NOT NULL
