@@ -570,8 +570,9 @@ async fn a_lost_lease_kills_descendants_that_left_the_group() {
 /// session of its own gets SIGTERM too, and in a terminal's foreground (where the supervisor
 /// shares mongolock's process group and signals CMD alone) so does the one in the background.
 /// Until 2026-11-26 only CMD (or, without a terminal, CMD's process group) did; the others were
-/// SIGKILLed at the deadline with no chance to clean up. Each child records the SIGTERM in a
-/// file and exits; CMD records its own and waits for them.
+/// SIGKILLed at the deadline with no chance to clean up. Each process gets it once: one that is
+/// signalled with CMD's process group is not signalled again. CMD and each child record every
+/// SIGTERM they get in a file and run on, until the SIGKILL deadline (`--grace`).
 #[cfg(target_os = "linux")]
 async fn a_lost_lease_warns_every_descendant_before_the_kill(terminal: bool) {
     let test = if terminal {
@@ -582,12 +583,12 @@ async fn a_lost_lease_warns_every_descendant_before_the_kill(terminal: bool) {
     let env = Env::new(test).await;
     std::fs::write(
         env.path("child.sh"),
-        "trap 'echo term > \"$D/$1.term\"; exit 0' TERM\n\
+        "trap 'echo term >> \"$D/$1.term\"' TERM\n\
          echo $$ > \"$D/$1.tmp\"; mv \"$D/$1.tmp\" \"$D/$1.pid\"\n\
          while :; do sleep 0.05; done\n",
     )
     .unwrap();
-    let script = "trap 'echo term > \"$D/cmd.term\"' TERM; \
+    let script = "trap 'echo term >> \"$D/cmd.term\"' TERM; \
                   setsid sh \"$D/child.sh\" esc >/dev/null 2>&1 & \
                   sh \"$D/child.sh\" bg >/dev/null 2>&1 & \
                   while [ ! -f \"$D/esc.pid\" ] || [ ! -f \"$D/bg.pid\" ]; do sleep 0.01; done; \
@@ -629,9 +630,11 @@ async fn a_lost_lease_warns_every_descendant_before_the_kill(terminal: bool) {
     let (esc_alive, bg_alive) = (alive(escapee), alive(background));
     kill(escapee, libc::SIGKILL);
     kill(background, libc::SIGKILL);
-    let warned = |tag: &str| env.path(&format!("{tag}.term")).exists();
+    let warned = |tag: &str| {
+        std::fs::read_to_string(env.path(&format!("{tag}.term"))).map_or(0, |t| t.lines().count())
+    };
     println!(
-        "{test}: force-released; exec returned {:?} later; SIGTERM seen by the command: {}, \
+        "{test}: force-released; exec returned {:?} later; SIGTERMs seen by the command: {}, \
          the setsid child (pid {escapee}): {}, the background child (pid {background}): {}",
         released.elapsed(),
         warned("cmd"),
@@ -648,9 +651,11 @@ async fn a_lost_lease_warns_every_descendant_before_the_kill(terminal: bool) {
         ("esc", "the child in a session of its own"),
         ("bg", "the background child"),
     ] {
-        assert!(
+        assert_eq!(
             warned(tag),
-            "{what} got no SIGTERM before the SIGKILL deadline (--grace 5s)\n{report}"
+            1,
+            "{what} got {} SIGTERMs before the SIGKILL deadline (--grace 5s), not one\n{report}",
+            warned(tag)
         );
     }
 }

@@ -843,13 +843,11 @@ impl PostgresBackend {
         ops::released(&rows).map(Some)
     }
 
-    /// The fencing token of a lease this backend granted, as the release statements take it
-    /// (`NULL` when forgotten: the release then reports a lease it finds gone as lost).
-    fn token_of(&self, lease_id: &LeaseId) -> Option<i64> {
-        self.inner
-            .leases
-            .get(lease_id)
-            .and_then(|g| i64::try_from(g.token).ok())
+    /// The fencing token of a lease this backend granted (`granted`, from [`Leases::get`]), as
+    /// the release statements take it (`NULL` when forgotten: the release then reports a lease
+    /// it finds gone as lost).
+    fn token_param(granted: Option<Granted>) -> Option<i64> {
+        granted.and_then(|g| i64::try_from(g.token).ok())
     }
 
     /// One read: whether `lease_id` is still the lease of `name`. A failed read counts as
@@ -1027,7 +1025,7 @@ impl LockBackend for PostgresBackend {
                         &name,
                         &lease_id.as_str(),
                         &self.inner.mark,
-                        &granted.and_then(|g| i64::try_from(g.token).ok()),
+                        &Self::token_param(granted),
                     ],
                 )
                 .await
@@ -1077,7 +1075,7 @@ impl LockBackend for PostgresBackend {
                     &lease_id.as_str(),
                     &self.inner.mark,
                     &ops::micros(min_hold),
-                    &self.token_of(lease_id),
+                    &Self::token_param(self.inner.leases.get(lease_id)),
                 ],
             )
             .await
