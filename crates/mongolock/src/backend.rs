@@ -369,6 +369,22 @@ impl ChangeWaiter {
         self
     }
 
+    /// Also ends the wait (as a change would) when `other` completes: a backend's own check
+    /// that the name may be free although no change reached this process (MongoDB's probe of
+    /// a waiter that the next release would not designate, `mongo/probe.rs`). `other` starts
+    /// when the wait does.
+    #[cfg(feature = "mongodb")]
+    pub(crate) fn or_when(mut self, other: impl Future<Output = ()> + Send + 'static) -> Self {
+        let changed = std::mem::replace(&mut self.changed, Box::pin(std::future::pending()));
+        self.changed = Box::pin(async move {
+            tokio::select! {
+                () = changed => {}
+                () = other => {}
+            }
+        });
+        self
+    }
+
     /// Sets what [`pass_on`](Self::pass_on) does: wake another waiter of the same name.
     pub fn with_pass_on(mut self, pass_on: impl FnOnce() + Send + 'static) -> Self {
         self.pass_on = Some(Box::new(pass_on));

@@ -20,5 +20,6 @@ mod documents;
 mod edges;
 mod election;
 mod faults;
+mod liveness;
 mod min_hold;
 mod processes;

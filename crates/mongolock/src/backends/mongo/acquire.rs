@@ -106,6 +106,20 @@ pub(super) fn token_and_epoch(new_lifetime: Option<&NewLifetime>) -> (Document, 
     )
 }
 
+/// Aggregation expression: the backend with `mark` may take the name now — no lease, or the
+/// lease expired by server time, and not reserved for another process's turn (`queue.rs`).
+/// What an attempt tests (besides "the lease is already ours") and what a waiter's probe reads
+/// (`probe.rs`).
+pub(super) fn free_for(mark: &str) -> Document {
+    doc! { "$and": [
+        { "$or": [
+            { "$eq": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
+            { "$lte": ["$expiresAt", "$$NOW"] },
+        ] },
+        queue::not_reserved_for_others(mark),
+    ] }
+}
+
 /// The update pipeline: take the lease when the name is free, else leave the document as it
 /// is. One `$replaceWith` of `$cond: [free, $$ROOT merged with the new lease, $$ROOT]`, so the
 /// server evaluates "free" once per attempt (not once per field).
@@ -127,13 +141,7 @@ fn acquire_pipeline(
     // process's turn (`queue.rs`), or the lease is already ours (a retry after a lost reply).
     let free = doc! {
         "$or": [
-            { "$and": [
-                { "$or": [
-                    { "$eq": [{ "$ifNull": ["$leaseId", Bson::Null] }, Bson::Null] },
-                    { "$lte": ["$expiresAt", "$$NOW"] },
-                ] },
-                queue::not_reserved_for_others(queueing.mark),
-            ] },
+            free_for(queueing.mark),
             { "$eq": ["$leaseId", mine.clone()] },
         ]
     };

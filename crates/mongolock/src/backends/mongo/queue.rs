@@ -51,6 +51,7 @@
 use std::time::SystemTime;
 
 use mongodb::bson::{doc, Bson, Document};
+use mongodb::Collection;
 
 use super::document::{self, holder_doc};
 
@@ -82,7 +83,31 @@ fn live() -> Document {
 }
 
 fn marks(array: &str) -> Document {
-    doc! { "$map": { "input": array, "in": "$$this.m" } }
+    marks_of(array)
+}
+
+fn marks_of(array: impl Into<Bson>) -> Document {
+    doc! { "$map": { "input": array.into(), "in": "$$this.m" } }
+}
+
+/// Aggregation expression: the position of `mark` among the live entries of the queue (0 for
+/// the first), -1 when it is not queued (for a waiter's probe, `probe.rs`).
+pub(super) fn position(mark: &str) -> Document {
+    doc! { "$indexOfArray": [marks_of(live()), { "$literal": mark }] }
+}
+
+/// Removes the entry of the backend with `mark` from the queue of `name`: the last of its
+/// acquirers of the name stopped waiting (`backends/notify/hub.rs`, `Hub::withdraw_later`).
+/// A plain `$pull`, matched only while the entry is there; it changes none of the fields that
+/// change streams pass, so it wakes nobody. Best effort: a failure is logged (the entry ends
+/// by itself two seconds after the holder's expiry).
+pub(super) async fn withdraw(coll: &Collection<Document>, name: &str, mark: &str) {
+    let filter = doc! { "_id": name, "waiters.m": mark };
+    let update = doc! { "$pull": { WAITERS: { "m": mark } } };
+    match coll.update_one(filter, update).await {
+        Ok(r) => tracing::debug!(lock = %name, withdrawn = r.modified_count, "withdrew from the handoff queue: no acquirer of this process waits any more"),
+        Err(e) => tracing::debug!(lock = %name, error = %e, "could not withdraw from the handoff queue; the entry ends by itself"),
+    }
 }
 
 /// The queue after a busy attempt that registers `mark` for an acquirer described by

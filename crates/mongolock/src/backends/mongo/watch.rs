@@ -338,8 +338,18 @@ impl Watcher {
                 events: events.clone(),
             }
         };
+        let notifier = Notifier::with_feed(enabled, feed);
+        if matches!(*target, Target::Names) {
+            // Named locks have a handoff queue (`queue.rs`): withdraw from it when the last
+            // acquirer of a name here stops waiting.
+            let (coll, own) = (coll.clone(), own.clone());
+            notifier.hub().set_withdraw(Arc::new(move |name| {
+                let (coll, own) = (coll.clone(), own.clone());
+                Box::pin(async move { super::queue::withdraw(&coll, &name, &own).await })
+            }));
+        }
         Watcher {
-            notifier: Notifier::with_feed(enabled, feed),
+            notifier,
             coll,
             target,
             own,
@@ -366,8 +376,32 @@ impl Watcher {
         self.notifier.watched_names()
     }
 
+    /// An acquirer's registration for the next change of `name`. Of a name the stream covers
+    /// for handoffs only, it also ends when a probe finds the name free although no release
+    /// reached this process (`probe.rs`).
     pub(super) fn change_waiter(&self, name: &str) -> Option<ChangeWaiter> {
-        self.notifier.change_waiter(name)
+        let waiter = self.notifier.change_waiter(name)?;
+        if !waiter.is_live() || !self.notifier.hub().covers_for_handoffs_only(name) {
+            return Some(waiter);
+        }
+        Some(waiter.or_when(super::probe::until_free(
+            self.coll.clone(),
+            name.to_owned(),
+            self.own.clone(),
+        )))
+    }
+
+    /// Records whether this backend's mark is in the handoff queue of `name` (after a busy
+    /// attempt that registered, or a grant), so that it withdraws when its last acquirer of
+    /// the name stops waiting.
+    pub(super) fn queued(&self, name: &str, queued: bool) {
+        self.notifier.hub().set_queued(name, queued);
+    }
+
+    /// Waits until this backend's withdrawals from handoff queues have been sent, at most
+    /// `within`; true when none is left.
+    pub(super) async fn settle(&self, within: Duration) -> bool {
+        self.notifier.hub().settle(within).await
     }
 
     pub(super) async fn wait_for_change(&self, name: &str, max_wait: Duration) {

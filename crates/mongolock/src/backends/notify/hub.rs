@@ -29,8 +29,8 @@
 //! PostgreSQL).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
@@ -95,6 +95,10 @@ impl Status {
 pub(crate) struct Hub {
     pub(super) names: Mutex<Names>,
     status: AtomicU8,
+    /// How the backend takes its mark out of a name's handoff queue ([`Hub::set_withdraw`]).
+    withdraw: OnceLock<Withdraw>,
+    /// Withdrawals started and not finished ([`Hub::settle`]).
+    pending: Arc<Pending>,
     /// Told when a name that is not covered is wanted (see `Hub::want`).
     #[cfg(any(feature = "mongodb", feature = "postgres"))]
     pub(super) widen: Notify,
@@ -182,6 +186,10 @@ pub(crate) struct NameState {
     pub(super) changes: watch::Sender<(u64, Change)>,
     /// Acquirers registered with [`Hub::change_waiter`] and not yet woken or dropped.
     acquirers: AtomicUsize,
+    /// Whether this backend's mark may be in the name's handoff queue: set by a busy attempt
+    /// that registered, cleared by a grant that did not requeue and by a withdrawal
+    /// ([`Hub::set_queued`]).
+    queued: AtomicBool,
     /// When the entry was created (a narrowed feed covers holders' names lazily, see
     /// `Hub::uncovered_since`).
     #[cfg(any(feature = "mongodb", feature = "postgres"))]
@@ -250,7 +258,50 @@ impl Acquirer {
 impl Drop for Acquirer {
     fn drop(&mut self) {
         // Before the entry handle itself is dropped (fields drop after this).
-        self.0.state().acquirers.fetch_sub(1, Ordering::SeqCst);
+        let state = self.0.state();
+        let last = state.acquirers.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && state.queued.load(Ordering::SeqCst) {
+            self.0.hub.withdraw_later(self.0.name.clone());
+        }
+    }
+}
+
+/// How a backend takes its mark out of the handoff queue of a name (`backends/notify/handoff.rs`):
+/// one write, bounded in time by the backend. Called in a task of its own.
+pub(crate) type Withdraw =
+    Arc<dyn Fn(Arc<str>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
+/// How long the last acquirer of a name must have been gone before the backend withdraws from
+/// the name's queue: an acquirer woken by a change registers again before its next attempt,
+/// at once, and one retrying after an error within its backoff (which may be longer: it then
+/// queues again, at the end, on its next busy attempt).
+pub(crate) const WITHDRAW_GRACE: Duration = Duration::from_millis(50);
+
+/// Longest a withdrawal may take (it is best effort: an entry left behind ends by itself).
+pub(crate) const WITHDRAW_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Counts the withdrawals in flight, so that a process about to exit can wait for them.
+#[derive(Default)]
+pub(super) struct Pending {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+/// One withdrawal in flight; counted until dropped.
+struct PendingGuard(Arc<Pending>);
+
+impl PendingGuard {
+    fn new(pending: &Arc<Pending>) -> PendingGuard {
+        pending.count.fetch_add(1, Ordering::SeqCst);
+        PendingGuard(pending.clone())
+    }
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
@@ -281,9 +332,76 @@ impl Hub {
         Arc::new(Hub {
             names: Mutex::new(Names::default()),
             status: AtomicU8::new(status as u8),
+            withdraw: OnceLock::new(),
+            pending: Arc::default(),
             #[cfg(any(feature = "mongodb", feature = "postgres"))]
             widen: Notify::new(),
         })
+    }
+
+    /// Sets how this backend withdraws from a name's handoff queue when the last of its
+    /// acquirers of the name stops waiting (gave up, timed out, was dropped) while its mark may
+    /// be queued. Without it (the memory backend: no queue) nothing is withdrawn.
+    pub(crate) fn set_withdraw(&self, withdraw: Withdraw) {
+        let _ = self.withdraw.set(withdraw);
+    }
+
+    /// Records whether this backend's mark is (`true`: a busy attempt registered it, a grant
+    /// requeued it) or is no longer (`false`: a grant removed it) in the handoff queue of
+    /// `name`. Only names with an entry here count: an acquirer of the name is registered.
+    pub(crate) fn set_queued(&self, name: &str, queued: bool) {
+        if let Some(st) = self.names().map.get(name) {
+            st.queued.store(queued, Ordering::SeqCst);
+        }
+    }
+
+    /// After the last acquirer of `name` stopped waiting while this backend's mark may be in
+    /// its queue: unless an acquirer of the name registers again within [`WITHDRAW_GRACE`],
+    /// takes the mark out of the queue in the background, so that a release does not designate
+    /// a process that no longer waits (and operators no longer see it waiting). Best effort:
+    /// without a runtime, or if the write fails, the entry ends by itself two seconds after
+    /// the holder's expiry, and live waiters behind it are reached by the fallbacks
+    /// (`Hub::deliver`, MongoDB's probe).
+    fn withdraw_later(self: &Arc<Self>, name: Arc<str>) {
+        let Some(withdraw) = self.withdraw.get().cloned() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pending = PendingGuard::new(&self.pending);
+        let hub = Arc::downgrade(self);
+        runtime.spawn(async move {
+            let _pending = pending;
+            tokio::time::sleep(WITHDRAW_GRACE).await;
+            // A hub that is gone (the backend was dropped) has no acquirer left: withdraw.
+            if let Some(hub) = hub.upgrade() {
+                let names = hub.names();
+                if let Some(st) = names.map.get(&name) {
+                    // Waiting again: the busy attempts of the new acquirer keep the entry.
+                    if st.acquirers.load(Ordering::SeqCst) > 0 {
+                        return;
+                    }
+                    st.queued.store(false, Ordering::SeqCst);
+                }
+            }
+            let _ = tokio::time::timeout(WITHDRAW_TIMEOUT, withdraw(name)).await;
+        });
+    }
+
+    /// Waits until the withdrawals in flight ([`set_withdraw`](Self::set_withdraw)) have
+    /// finished, or `within` passed; true when none is left. For a process about to exit.
+    pub(crate) async fn settle(&self, within: Duration) -> bool {
+        let wait = async {
+            loop {
+                let idle = self.pending.idle.notified();
+                if self.pending.count.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                idle.await;
+            }
+        };
+        tokio::time::timeout(within, wait).await.is_ok()
     }
 
     pub(super) fn names(&self) -> MutexGuard<'_, Names> {
@@ -333,6 +451,7 @@ impl Hub {
                     all: Notify::new(),
                     changes: watch::channel((0, Change::Nothing)).0,
                     acquirers: AtomicUsize::new(0),
+                    queued: AtomicBool::new(false),
                     #[cfg(any(feature = "mongodb", feature = "postgres"))]
                     since: std::time::Instant::now(),
                     holders: AtomicUsize::new(0),
@@ -529,6 +648,14 @@ impl Hub {
         }
         drop(since);
         HolderRef(entry)
+    }
+
+    /// Whether the open feed covers `name` for handoffs only: it delivers the releases that
+    /// designate this process (or nobody), not every change (`coverage.rs`).
+    #[cfg(feature = "mongodb")]
+    pub(crate) fn covers_for_handoffs_only(&self, name: &str) -> bool {
+        let names = self.names();
+        names.covered.covers(name) && !names.covered.covers_fully(name)
     }
 
     /// Whether the feed is live and covers `name`.

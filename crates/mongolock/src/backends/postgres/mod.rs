@@ -555,7 +555,8 @@ impl PostgresBackendBuilder {
             mark.clone(),
             received.clone(),
         );
-        Ok(PostgresBackend {
+        let withdraw = queue::withdraw_sql(schema.table_sql());
+        let backend = PostgresBackend {
             inner: Arc::new(Inner {
                 pool,
                 schema,
@@ -570,7 +571,33 @@ impl PostgresBackendBuilder {
                 cleanup_every: self.cleanup_every,
                 cleanup_started: AtomicBool::new(false),
             }),
-        })
+        };
+        // Withdraw from a name's handoff queue when the last acquirer of it here stops
+        // waiting (`queue.rs`). Weak: the hook lives in the backend's own listener.
+        let weak = Arc::downgrade(&backend.inner);
+        let withdraw: Arc<str> = Arc::from(withdraw);
+        backend
+            .inner
+            .listener
+            .hub()
+            .set_withdraw(Arc::new(move |name: Arc<str>| {
+                let (weak, sql) = (weak.clone(), withdraw.clone());
+                Box::pin(async move {
+                    let Some(inner) = weak.upgrade() else {
+                        return;
+                    };
+                    let backend = PostgresBackend { inner };
+                    let mark = backend.inner.mark.clone();
+                    match backend
+                        .query("withdraw from the handoff queue", &sql, &[&&*name, &mark])
+                        .await
+                    {
+                        Ok(_) => tracing::debug!(lock = %name, "withdrew from the handoff queue: no acquirer of this process waits any more"),
+                        Err(e) => tracing::debug!(lock = %name, error = %e, "could not withdraw from the handoff queue; the entry ends by itself"),
+                    }
+                })
+            }));
+        Ok(backend)
     }
 }
 
@@ -691,6 +718,24 @@ impl PostgresBackend {
             .await
             .map(|_| ())
             .map_err(|e| errors::map("ping", e))
+    }
+
+    /// Waits until this backend has sent the withdrawals from handoff queues that it started
+    /// in the background, or `within` passed; true when none is left.
+    ///
+    /// When the last acquirer of a name in this process stops waiting without the lock (its
+    /// `acquire_timeout` ran out, its future was dropped, it failed), the backend takes the
+    /// process out of the lock's handoff queue in the background, so that the next release
+    /// does not designate a process that no longer waits. A process that exits right after
+    /// such an acquire (a command-line tool, a cron job) calls this first; otherwise its entry
+    /// stays queued until two seconds after the holder's expiry (the other waiting processes
+    /// are still woken by the release, after the handoff fallback). Releases of dropped guards
+    /// are not covered: release a guard explicitly before exiting.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits; the withdrawals go on.
+    pub async fn flush(&self, within: Duration) -> bool {
+        self.inner.listener.hub().settle(within).await
     }
 
     /// How many lock names currently have an entry in the notification registry (names this
@@ -982,10 +1027,19 @@ impl LockBackend for PostgresBackend {
                 ops::attempt(&rows)?
             }
         };
-        if let Attempt::Acquired(lease) = &attempt {
-            self.inner
-                .listener
-                .granted(&req.name, &req.lease_id, lease.fencing_token);
+        // Whether the mark is now in the queue: registered by a busy attempt, kept at the end
+        // by a grant that requeues, removed by any other grant.
+        match &attempt {
+            Attempt::Acquired(lease) => {
+                self.inner
+                    .listener
+                    .granted(&req.name, &req.lease_id, lease.fencing_token);
+                listener.hub().set_queued(&req.name, queueing.requeue);
+            }
+            Attempt::Busy { .. } if queueing.register => {
+                listener.hub().set_queued(&req.name, true);
+            }
+            Attempt::Busy { .. } => {}
         }
         self.granted(req, &attempt, false, shortcut);
         Ok(attempt)

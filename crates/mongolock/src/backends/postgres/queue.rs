@@ -66,6 +66,21 @@ use crate::backends::notify::hub::Change;
 #[cfg(doc)]
 use crate::backends::notify::hub::HANDOFF_FALLBACK;
 
+/// The statement that takes the backend with mark `$2` out of the queue of the row `$1` (the
+/// last of its acquirers of the name stopped waiting: `backends/notify/hub.rs`,
+/// `Hub::withdraw_later`). It matches only a row where the mark is queued, and changes neither
+/// `lease_id` nor `fencing_token`, so the trigger publishes nothing.
+pub(crate) fn withdraw_sql(table: &str) -> String {
+    format!(
+        "UPDATE {table} AS l SET waiters = coalesce(
+           (SELECT jsonb_agg(e.w ORDER BY e.i)
+              FROM jsonb_array_elements(l.waiters) WITH ORDINALITY AS e(w, i)
+             WHERE e.w->>'m' IS DISTINCT FROM $2::text), '[]'::jsonb)
+         WHERE l.name = $1::text
+           AND l.waiters @> jsonb_build_array(jsonb_build_object('m', $2::text))"
+    )
+}
+
 /// `REGISTRATION` as an SQL interval.
 fn registration() -> String {
     format!("interval '{} milliseconds'", REGISTRATION.as_millis())
