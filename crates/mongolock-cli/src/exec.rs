@@ -4,6 +4,7 @@
 //! renewal, and stopping CMD when the lock is lost.
 #![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
@@ -26,7 +27,8 @@ use crate::held::Held;
 use crate::signals::{self, Signals};
 use crate::status_line;
 use crate::supervisor::{
-    boot_now_ns, monotonic_now_ns, Deadline, FromSupervisor, ToSupervisor, SUBCOMMAND,
+    boot_now_ns, monotonic_now_ns, Deadline, FromSupervisor, ToSupervisor, BOOT_CHECK_TICK,
+    SUBCOMMAND,
 };
 
 /// Environment variable holding the lock name in CMD's environment.
@@ -635,6 +637,8 @@ fn deadline_at(at: Instant, guard: &impl Held) -> Deadline {
 struct Control {
     lines: Lines<BufReader<OwnedReadHalf>>,
     writer: OwnedWriteHalf,
+    /// Messages read ahead by [`ready`](Self::ready) (`None`: end-of-file), oldest first.
+    ahead: VecDeque<Option<FromSupervisor>>,
 }
 
 impl Control {
@@ -645,16 +649,66 @@ impl Control {
         }
     }
 
-    async fn deadlines(&mut self, term: Instant, kill: Instant, guard: &impl Held) {
+    /// Sends the SIGTERM and SIGKILL deadlines; returns the SIGKILL deadline as sent (on both
+    /// clocks), which mongolock's backup enforces too.
+    async fn deadlines(&mut self, term: Instant, kill: Instant, guard: &impl Held) -> Deadline {
+        let kill = deadline_at(kill, guard);
         self.send(ToSupervisor::Deadlines {
             term: deadline_at(term, guard),
-            kill: deadline_at(kill, guard),
+            kill,
         })
         .await;
+        kill
+    }
+
+    /// The messages that have already arrived, without waiting (they stay queued for
+    /// [`next`](Self::next)).
+    fn ready(&mut self) -> impl Iterator<Item = &FromSupervisor> {
+        use futures_util::FutureExt as _;
+        while !matches!(self.ahead.back(), Some(None)) {
+            // `read` is cancel-safe: a message not complete yet stays buffered.
+            match self.read().now_or_never() {
+                Some(msg) => self.ahead.push_back(msg),
+                None => break,
+            }
+        }
+        self.ahead.iter().flatten()
+    }
+
+    /// Whether the supervisor has sent something not read yet (a report, or end-of-file), by the
+    /// kernel's account: after mongolock was stopped or starved, the runtime may not have seen
+    /// it yet when a timer or the lost signal fires. Then waits (briefly) until the runtime does,
+    /// so that [`next`](Self::next) returns it: mongolock acts on its own only once it has read
+    /// what the supervisor already did.
+    async fn report_waiting(&mut self) -> bool {
+        if !self.ahead.is_empty() || !self.lines.get_ref().buffer().is_empty() {
+            return true;
+        }
+        let half = self.lines.get_ref().get_ref();
+        let mut fd = libc::pollfd {
+            fd: half.as_ref().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for an open descriptor (owned by `half`); timeout 0.
+        let n = unsafe { libc::poll(&mut fd, 1, 0) };
+        if n <= 0 || fd.revents == 0 {
+            return false;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(100), half.readable()).await;
+        true
     }
 
     /// The next message; `None` once the supervisor has closed its end (exited). Cancel-safe.
     async fn next(&mut self) -> Option<FromSupervisor> {
+        match self.ahead.pop_front() {
+            Some(msg) => msg,
+            None => self.read().await,
+        }
+    }
+
+    /// The next message from the channel itself. Cancel-safe.
+    async fn read(&mut self) -> Option<FromSupervisor> {
         loop {
             match self.lines.next_line().await {
                 Ok(Some(line)) => match FromSupervisor::decode(&line) {
@@ -676,6 +730,10 @@ pub struct Spawned {
     terminal: bool,
     /// The guard deadline the supervisor's current deadlines were computed from.
     sent_deadline: Instant,
+    /// The SIGKILL deadline the supervisor was given (on both clocks).
+    sent_kill: Deadline,
+    /// CMD's pid (the supervisor's child).
+    command: i32,
 }
 
 /// The path to re-execute this binary as the supervisor. On Linux `/proc/self/exe` works even
@@ -752,14 +810,21 @@ pub async fn spawn(
         control: Control {
             lines: BufReader::new(reader).lines(),
             writer,
+            ahead: VecDeque::new(),
         },
         terminal,
         sent_deadline: guard.local_deadline(),
+        sent_kill: Deadline {
+            mono_ns: 0,
+            boot_ns: 0,
+        },
+        command: 0,
     };
     let (term, kill) = policy.renewing(spawned.sent_deadline);
-    spawned.control.deadlines(term, kill, guard).await;
+    spawned.sent_kill = spawned.control.deadlines(term, kill, guard).await;
     match spawned.control.next().await {
         Some(FromSupervisor::Started(pid)) => {
+            spawned.command = pid;
             tracing::debug!(pid, group = !terminal, "command started");
             Event::new("started").held(guard).field("pid", pid).emit();
             Ok(spawned)
@@ -817,16 +882,24 @@ fn spawn_error(program: &OsString, errno: i32) -> CliError {
 
 /// Waits for the command to exit while watching the lock and the signals:
 /// * after every successful renewal the supervisor gets the new deadlines: SIGTERM when only
-///   `grace` of trusted lease time is left, SIGKILL by the local deadline. It enforces them
-///   itself, so they hold even when this process is stopped or starved;
+///   `grace` of trusted lease time is left, SIGKILL a kill margin before the local deadline. It
+///   enforces them itself, so they hold even when this process is stopped or starved;
 /// * when the lock is reported lost: SIGTERM now, SIGKILL after `grace` but never later than the
-///   local deadline (`grace` 0: SIGKILL now);
+///   SIGKILL deadline the supervisor already has (`grace` 0, or that deadline passed: SIGKILL
+///   now);
 /// * a signal to mongolock is passed on to the command (except terminal-generated
 ///   SIGINT/SIGQUIT in a terminal's foreground: the command got those itself);
-/// * backup: if the supervisor has not reported the command's exit by the local deadline, the
-///   supervisor is SIGKILLed (the command then gets its parent-death signal on Linux), and
-///   whatever else of the command's tree is left comes to us (a subreaper) and is killed before
-///   this returns.
+/// * backup, for a supervisor that cannot act (stopped, starved): at the same SIGKILL deadline
+///   as the supervisor's — the earliest one it was given, on both clocks, never one computed
+///   from the time a loss is noticed — mongolock SIGKILLs the command and everything it started
+///   itself (not through the supervisor, nor by the parent-death signal), unless the supervisor
+///   has reported its own SIGKILL. If the supervisor has still not reported the command's exit a
+///   kill margin later, it is SIGKILLed too, and whatever is left of the command's tree comes to
+///   us (a subreaper) and is killed before this returns.
+///
+/// The supervisor's reports of the signals it sent carry the time it sent them: when mongolock
+/// reads them late (it was stopped by job control, or starved), the messages say how long ago,
+/// and a SIGTERM and a SIGKILL that are both waiting are reported in one message.
 ///
 /// Once the command was told to stop, the run counts as lost even if a renewal succeeds later.
 /// `what` names the lock in messages ("the lock", "leadership of").
@@ -842,25 +915,39 @@ pub async fn supervise(
         mut control,
         terminal,
         mut sent_deadline,
+        sent_kill,
+        command,
     } = spawned;
+    // Our child until it is reaped below (each reaping returns), so the pid stays its own.
+    let supervisor_pid = supervisor.id().and_then(|pid| i32::try_from(pid).ok());
     let lost = guard.lost();
     let subject = guard.subject(what);
     // Whether the command was told to stop (the run then ends with LOCK_LOST).
     let mut stopping = false;
+    // The SIGKILL deadline the supervisor has, as an instant and on both clocks (the backup's).
     let mut kill_at = policy.kill_at(sent_deadline);
-    let mut backup_done = false;
+    let mut backup = sent_kill;
+    // Whether a SIGKILL was reported to the user (by a message that said it was sent).
+    let mut sigkill_reported = false;
+    // Whether the supervisor reported its SIGKILL (it is alive and killing the tree).
+    let mut supervisor_killed_tree = false;
+    // Set once the backup has run: when the supervisor is killed if it has not reported.
+    let mut supervisor_deadline: Option<Instant> = None;
+    let mut supervisor_kill_sent = false;
     loop {
         if !stopping {
             let deadline = guard.local_deadline();
             if deadline != sent_deadline {
                 let (term, kill) = policy.renewing(deadline);
-                control.deadlines(term, kill, guard).await;
+                backup = control.deadlines(term, kill, guard).await;
                 sent_deadline = deadline;
                 kill_at = kill;
                 Event::new("renewed").held(guard).emit();
             }
         }
-        let backup_at = kill_at + policy.margin;
+        // The backup wakes by its monotonic deadline, and at least every BOOT_CHECK_TICK for
+        // the boot-time one (a suspend), like the supervisor.
+        let backup_check = kill_at.min(Instant::now() + BOOT_CHECK_TICK);
         tokio::select! {
             biased;
             msg = control.next() => match msg {
@@ -870,56 +957,96 @@ pub async fn supervise(
                     exited_event(guard, status, None);
                     return Ok(Outcome { status, lost: stopping });
                 }
-                Some(FromSupervisor::SentSigterm) if !stopping => {
+                Some(FromSupervisor::SentSigterm(at)) if !stopping => {
                     stopping = true;
+                    // What already waits behind it (mongolock was stopped or starved past the
+                    // deadlines): a SIGKILL is reported in the same message; after the command's
+                    // exit, no SIGKILL is to come.
+                    let (mut sigkill_at, mut exited) = (None, false);
+                    for msg in control.ready() {
+                        match msg {
+                            FromSupervisor::SentSigkill(k) => sigkill_at = Some(*k),
+                            FromSupervisor::Exited(_) => exited = true,
+                            _ => {}
+                        }
+                    }
+                    let sent = if let Some(k) = sigkill_at {
+                        sigkill_reported = true;
+                        supervisor_killed_tree = true;
+                        format!(
+                            "sent SIGTERM to the command{}, and SIGKILL{}",
+                            sent_ago(at),
+                            sent_ago(k)
+                        )
+                    } else if exited {
+                        format!("sent SIGTERM to the command{}", sent_ago(at))
+                    } else {
+                        let left = kill_at.saturating_duration_since(Instant::now());
+                        let kill = if left.is_zero() {
+                            "SIGKILL due now".to_owned()
+                        } else {
+                            format!("SIGKILL in {} at the latest", display(left))
+                        };
+                        format!("sent SIGTERM to the command{} ({kill})", sent_ago(at))
+                    };
                     Event::new("lost")
                         .held(guard)
                         .field("reason", "no renewal succeeded in time")
                         .field("action", "SIGTERM")
                         .message(format!(
-                            "mongolock: lost {subject} while the \
-                             command was running: no renewal succeeded and only {} of the lease \
-                             can still be trusted; sent SIGTERM to the command (SIGKILL in {} at \
-                             the latest)",
+                            "mongolock: lost {subject} while the command was running: no renewal \
+                             succeeded and only {} of the lease could still be trusted; {sent}",
                             display(policy.grace),
-                            display(policy.grace.saturating_sub(policy.margin))
                         ))
                         .emit();
                 }
-                Some(FromSupervisor::SentSigkill) if !stopping => {
+                Some(FromSupervisor::SentSigkill(at)) if !stopping => {
                     stopping = true;
+                    sigkill_reported = true;
+                    supervisor_killed_tree = true;
                     Event::new("lost")
                         .held(guard)
                         .field("reason", "no renewal succeeded before the lease's deadline")
                         .field("action", "SIGKILL")
                         .message(format!(
-                            "mongolock: lost {subject} while the \
-                             command was running: no renewal succeeded before the lease's \
-                             deadline; sent SIGKILL to the command"
+                            "mongolock: lost {subject} while the command was running: no \
+                             renewal succeeded before the lease's deadline; sent SIGKILL to the \
+                             command{}",
+                            sent_ago(at)
                         ))
                         .emit();
                 }
-                Some(FromSupervisor::SentSigkill) => {
-                    Event::new("sigkill")
-                        .held(guard)
-                        .message("mongolock: the command had not exited; sent SIGKILL")
-                        .emit();
+                Some(FromSupervisor::SentSigkill(at)) => {
+                    supervisor_killed_tree = true;
+                    let event = Event::new("sigkill").held(guard);
+                    if sigkill_reported {
+                        // Already said (with the SIGTERM, by a loss or by the backup).
+                        event.emit();
+                    } else {
+                        sigkill_reported = true;
+                        event
+                            .message(format!(
+                                "mongolock: the command had not exited; sent SIGKILL{}",
+                                sent_ago(at)
+                            ))
+                            .emit();
+                    }
                 }
                 Some(other) => tracing::debug!(?other, "supervisor report"),
                 None => {
                     let status = supervisor.wait().await.map_err(|e| {
                         CliError::failure(format!("cannot wait for the supervisor process: {e}"))
                     })?;
-                    // The supervisor died without killing CMD's tree (we killed it for being
-                    // late, or something else did): what it left was re-parented to us (a
-                    // subreaper) and dies before the lease is released.
+                    // The supervisor died without reporting the command's exit (we killed it for
+                    // being late, or something else did): what is left of CMD's tree was
+                    // re-parented to us (a subreaper) and dies before the lease is released.
                     let _ = tokio::task::spawn_blocking(crate::supervisor::kill_orphaned_tree).await;
                     exited_event(
                         guard,
                         status,
                         Some(format!(
                             "mongolock: the supervisor process ended ({}) without reporting the \
-                             command's exit; the command was killed with it",
+                             command's exit; the command and everything it started were killed",
                             describe_status(status)
                         )),
                     );
@@ -927,16 +1054,24 @@ pub async fn supervise(
                 }
             },
             () = lost.wait(), if !stopping => {
+                if control.report_waiting().await {
+                    continue; // the supervisor's reports first
+                }
                 stopping = true;
                 // `lost` also completes on release, but the guard is held here: this is a loss.
                 let reason = lost
                     .reason()
                     .unwrap_or_else(|| "the lease could not be renewed in time".to_string());
                 let now = Instant::now();
-                let kill = (now + policy.grace).min(policy.kill_at(guard.local_deadline())).max(now);
-                control.deadlines(now, kill, guard).await;
+                // Never later than the SIGKILL deadline the supervisor (and the backup) already
+                // have: a loss noticed at that deadline or after it means SIGKILL now.
+                let kill = (now + policy.grace)
+                    .min(policy.kill_at(guard.local_deadline()))
+                    .min(kill_at);
+                backup = backup.min(control.deadlines(now, kill, guard).await);
                 kill_at = kill;
-                let (action, how) = if kill == now {
+                let (action, how) = if kill <= now {
+                    sigkill_reported = true;
                     ("SIGKILL", "SIGKILL now".to_owned())
                 } else {
                     ("SIGTERM", format!("SIGTERM now, SIGKILL in {} at the latest", display(kill - now)))
@@ -962,24 +1097,74 @@ pub async fn supervise(
                 }
             }
             () = tokio::time::sleep(policy.refresh), if !stopping => {}
-            () = tokio::time::sleep_until(backup_at), if !backup_done => {
-                backup_done = true;
+            () = tokio::time::sleep_until(backup_check), if supervisor_deadline.is_none() => {
+                if !backup.passed() || control.report_waiting().await {
+                    continue; // not yet; or the supervisor's reports first
+                }
+                supervisor_deadline = Some(Instant::now() + policy.margin);
+                if supervisor_killed_tree {
+                    continue;
+                }
+                let supervisor = supervisor_pid;
+                let killed = tokio::task::spawn_blocking(move || {
+                    crate::supervisor::kill_command_tree(supervisor, command)
+                })
+                .await
+                .unwrap_or(false);
+                tracing::info!(killed, "the SIGKILL deadline passed: mongolock killed the command's tree itself");
+                if !killed {
+                    // Nothing was running: its exit report is on the way.
+                } else if !stopping {
+                    stopping = true;
+                    sigkill_reported = true;
+                    Event::new("lost")
+                        .held(guard)
+                        .field("reason", "no renewal succeeded before the lease's deadline")
+                        .field("action", "SIGKILL")
+                        .message(format!(
+                            "mongolock: lost {subject} while the command was running: no \
+                             renewal succeeded before the lease's deadline; sent SIGKILL to the \
+                             command and everything it started"
+                        ))
+                        .emit();
+                } else if !sigkill_reported {
+                    sigkill_reported = true;
+                    Event::new("sigkill")
+                        .held(guard)
+                        .message("mongolock: the command had not exited; sent SIGKILL")
+                        .emit();
+                }
+            }
+            () = tokio::time::sleep_until(supervisor_deadline.unwrap_or(kill_at)),
+                if supervisor_deadline.is_some() && !supervisor_kill_sent =>
+            {
+                supervisor_kill_sent = true;
                 stopping = true;
-                Event::new("lost")
-                    .held(guard)
-                    .field("reason", "the command had not exited by the lease's deadline")
-                    .field("action", "SIGKILL to the supervisor")
-                    .message(
-                        "mongolock: the supervisor has not reported the command's exit by the \
-                         lease's deadline; killing the supervisor process and the command's whole \
-                         process tree",
-                    )
-                    .emit();
+                // Reported with the supervisor's end (end-of-file above).
+                tracing::info!(
+                    "the supervisor process has not reported the command's exit by the lease's \
+                     deadline (it is stopped or starved); killing it"
+                );
                 let _ = supervisor.start_kill();
             }
         }
     }
 }
+
+/// How long before now the supervisor took an action it reports (`at` on the monotonic clock),
+/// as ` 4.1s ago` for a report read late (mongolock stopped or starved meanwhile), else empty.
+fn sent_ago(at: u64) -> String {
+    let ago = Duration::from_nanos(monotonic_now_ns().saturating_sub(at));
+    if ago < LATE_REPORT {
+        String::new()
+    } else {
+        format!(" {} ago", human(ago))
+    }
+}
+
+/// A supervisor's report read this long after the action is reported with its age
+/// ([`sent_ago`]); sooner, as happening now.
+const LATE_REPORT: Duration = Duration::from_millis(250);
 
 /// Reports CMD's exit (`message`: also a line for people).
 fn exited_event(guard: &impl Held, status: ExitStatus, message: Option<String>) {

@@ -25,9 +25,12 @@
 //!   CMD outlives a SIGKILLed supervisor (but not a SIGKILLed mongolock, see the first point).
 //!   CMD's own descendants are not covered by the parent-death signal; while mongolock lives,
 //!   they are killed by mongolock itself (see *The process tree*).
-//! * **The supervisor alone is stopped or starved**: mongolock kills it (and so CMD, by the
-//!   parent-death signal) when CMD's exit has not been reported a margin after the SIGKILL
-//!   deadline.
+//! * **The supervisor alone is stopped or starved**: mongolock keeps the SIGKILL deadline it
+//!   last gave the supervisor (on both clocks; a loss noticed later can only bring it earlier)
+//!   and enforces it too: unless the supervisor has reported its SIGKILL by then, mongolock
+//!   SIGKILLs CMD and every descendant itself ([`kill_command_tree`]), with the same kill margin
+//!   before the lease's local deadline as the supervisor. The supervisor is left alive for a
+//!   kill margin more, to report CMD's exit if it was merely late; then mongolock kills it too.
 //! * **Terminal signals** (Ctrl-C reaches the whole foreground group, which the supervisor shares
 //!   with mongolock) must not kill the supervisor: it ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT,
 //!   and mongolock passes these on as messages. CMD gets the default dispositions back before exec.
@@ -54,13 +57,15 @@
 //!   SIGKILLs the whole tree instead of letting it work on. CMD can run for the few
 //!   milliseconds the scheduler gives it before the supervisor; only fencing tokens cover
 //!   those. When mongolock is not in the stopped group (the supervisor leads its own), mongolock
-//!   also kills the stopped supervisor a margin after the SIGKILL deadline, and the parent-death
-//!   signal kills stopped CMD.
-//! * **SIGSTOP to the supervisor alone**: mongolock kills it, as above.
+//!   SIGKILLs the stopped CMD and its descendants at the SIGKILL deadline itself, as for a
+//!   supervisor stopped alone.
+//! * **SIGSTOP to the supervisor alone**: mongolock kills CMD's tree by the SIGKILL deadline,
+//!   then the supervisor, as above.
 //!
 //! A descendant of CMD that left the process group (`setsid`, `setpgid`) is not stopped by a
-//! group stop: while the supervisor is SIGSTOPped it can run on, until the supervisor is
-//! continued (or killed by mongolock, which then kills such a descendant too, see below).
+//! group stop: while the supervisor is SIGSTOPped it can run on, until the SIGKILL deadline when
+//! mongolock is not stopped too (mongolock kills the whole tree then), else until the
+//! supervisor is continued.
 //!
 //! # Suspend
 //! `CLOCK_MONOTONIC` stops while the machine is suspended; the server's clock does not. Each
@@ -87,11 +92,14 @@
 //! is signalled through a pidfd opened and then checked against the start time seen in the
 //! walk, so a recycled pid is never hit.
 //!
-//! mongolock is a subreaper too. When the supervisor dies without reporting CMD's exit —
-//! mongolock killed it for being late (stopped, starved, or still walking the tree at the lease's
-//! deadline), or something else killed it — CMD dies by its parent-death signal and CMD's other
-//! descendants are re-parented to mongolock, which SIGKILLs and reaps every descendant it has
-//! left in the same way before it releases the lease. Not covered: a descendant that escapes the
+//! mongolock is a subreaper too. At the SIGKILL deadline, unless the supervisor has reported
+//! its own SIGKILL, mongolock SIGKILLs CMD and every other descendant except the supervisor by
+//! the same walk (see above), without relying on the supervisor or on the parent-death signal.
+//! When the supervisor dies without reporting CMD's exit — mongolock killed it for being late
+//! (stopped, starved, or still walking the tree a kill margin after that deadline), or
+//! something else killed it — CMD dies by its parent-death signal and CMD's other descendants
+//! are re-parented to mongolock, which SIGKILLs and reaps every descendant it has left in the
+//! same way before it releases the lease. Not covered: a descendant that escapes the
 //! tree (a double fork through a daemon, or another subreaper, e.g. a nested supervisor or a
 //! container runtime), and descendants when mongolock and the supervisor are both SIGKILLed.
 //! Elsewhere than Linux, SIGKILL reaches CMD's process group only.
@@ -106,7 +114,8 @@
 //! (absolute nanoseconds on `CLOCK_MONOTONIC` and on `CLOCK_BOOTTIME`; the first message, before
 //! CMD is started) and `signal N` (pass signal N on). Supervisor → mongolock: `started PID`,
 //! `spawn-failed ERRNO`, `expired` (a deadline had passed when the first message arrived: CMD
-//! was not started), `sigterm` and `sigkill` (sent because a deadline passed), `exited
+//! was not started), `sigterm AT` and `sigkill AT` (sent because a deadline passed, at AT
+//! nanoseconds on `CLOCK_MONOTONIC`: mongolock may read them much later), `exited
 //! RAW_WAIT_STATUS`. Once SIGTERM was sent, later deadlines may only bring SIGKILL earlier.
 #![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
@@ -167,18 +176,20 @@ pub fn boot_now_ns() -> u64 {
 /// Absolute deadlines on both clocks (nanoseconds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Deadline {
+    /// On `CLOCK_MONOTONIC` ([`monotonic_now_ns`]).
     pub mono_ns: u64,
+    /// On `CLOCK_BOOTTIME` ([`boot_now_ns`]).
     pub boot_ns: u64,
 }
 
 impl Deadline {
     /// Whether it has passed on either clock.
-    fn passed(&self) -> bool {
+    pub fn passed(&self) -> bool {
         monotonic_now_ns() >= self.mono_ns || boot_now_ns() >= self.boot_ns
     }
 
     /// The earlier of two deadlines, clock by clock.
-    fn min(self, other: Deadline) -> Deadline {
+    pub fn min(self, other: Deadline) -> Deadline {
         Deadline {
             mono_ns: self.mono_ns.min(other.mono_ns),
             boot_ns: self.boot_ns.min(other.boot_ns),
@@ -209,8 +220,11 @@ pub enum FromSupervisor {
     SpawnFailed(i32),
     /// A deadline had passed before CMD could be started; it was not.
     Expired,
-    SentSigterm,
-    SentSigkill,
+    /// SIGTERM was sent (its deadline passed) at this time on `CLOCK_MONOTONIC` (ns): mongolock
+    /// may read the report much later (stopped by job control, starved).
+    SentSigterm(u64),
+    /// SIGKILL was sent (its deadline passed) at this time on `CLOCK_MONOTONIC` (ns).
+    SentSigkill(u64),
     /// The raw wait status of CMD.
     Exited(i32),
 }
@@ -256,8 +270,8 @@ impl FromSupervisor {
             FromSupervisor::Started(pid) => format!("started {pid}\n"),
             FromSupervisor::SpawnFailed(errno) => format!("spawn-failed {errno}\n"),
             FromSupervisor::Expired => "expired\n".into(),
-            FromSupervisor::SentSigterm => "sigterm\n".into(),
-            FromSupervisor::SentSigkill => "sigkill\n".into(),
+            FromSupervisor::SentSigterm(at) => format!("sigterm {at}\n"),
+            FromSupervisor::SentSigkill(at) => format!("sigkill {at}\n"),
             FromSupervisor::Exited(raw) => format!("exited {raw}\n"),
         }
     }
@@ -265,13 +279,15 @@ impl FromSupervisor {
     pub fn decode(line: &str) -> Option<Self> {
         let mut words = line.split_ascii_whitespace();
         let word = words.next()?;
-        let mut number = || words.next()?.parse::<i32>().ok();
+        let next = words.next();
+        let number = || next?.parse::<i32>().ok();
+        let time = || next?.parse::<u64>().ok();
         let msg = match word {
             "started" => FromSupervisor::Started(number()?),
             "spawn-failed" => FromSupervisor::SpawnFailed(number()?),
             "expired" => FromSupervisor::Expired,
-            "sigterm" => FromSupervisor::SentSigterm,
-            "sigkill" => FromSupervisor::SentSigkill,
+            "sigterm" => FromSupervisor::SentSigterm(time()?),
+            "sigkill" => FromSupervisor::SentSigkill(time()?),
             "exited" => FromSupervisor::Exited(number()?),
             _ => return None,
         };
@@ -431,7 +447,7 @@ impl<'a> Supervisor<'a> {
             self.kill_all(pid);
             self.sent_kill = true;
             self.sent_term = true; // no SIGTERM after SIGKILL
-            self.report(FromSupervisor::SentSigkill);
+            self.report(FromSupervisor::SentSigkill(monotonic_now_ns()));
         } else if !self.sent_term && self.term.passed() {
             self.signal(pid, libc::SIGTERM);
             // The whole tree gets the warning that SIGKILL will reach: also descendants that
@@ -439,7 +455,7 @@ impl<'a> Supervisor<'a> {
             // rest of it.
             term_tree(pid, self.signalled_group(libc::SIGTERM));
             self.sent_term = true;
-            self.report(FromSupervisor::SentSigterm);
+            self.report(FromSupervisor::SentSigterm(monotonic_now_ns()));
         }
     }
 
@@ -718,6 +734,52 @@ pub fn kill_orphaned_tree() {
     kill_tree(0);
 }
 
+/// How long [`kill_command_tree`] keeps killing before it gives up on processes that do not
+/// die (uninterruptible sleep); whatever is left is killed again once the supervisor is gone
+/// ([`kill_orphaned_tree`]).
+const TREE_KILL_LIMIT: Duration = Duration::from_secs(1);
+
+/// mongolock's backup for a supervisor that has not acted by its SIGKILL deadline (stopped,
+/// starved): SIGKILLs CMD (`command`) and every other descendant of this process except the
+/// supervisor (`supervisor`, mongolock's unreaped child), repeating until none is left alive,
+/// for at most [`TREE_KILL_LIMIT`] (blocking). Reaps nothing: CMD and the descendants it
+/// left are the supervisor's children (a subreaper) while it lives, and mongolock reaps its own
+/// child through its `Child`. Returns whether a live process was signalled. The supervisor
+/// itself is left alive, so that one which was merely late still reports CMD's exit.
+///
+/// Linux: the whole tree, found by the parent links in `/proc` and signalled through pidfds
+/// (see [`signal_checked`]), so also descendants in a session or process group of their own.
+/// Elsewhere: CMD alone (no tree can be found; CMD is the supervisor's child, so its pid is
+/// not reused before the supervisor reaps it and reports its exit).
+pub fn kill_command_tree(supervisor: Option<i32>, command: i32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = command; // a descendant like the others
+        let started = std::time::Instant::now();
+        let mut signalled = false;
+        loop {
+            let live: Vec<Proc> = descendants()
+                .into_iter()
+                .filter(|p| !p.zombie && Some(p.pid) != supervisor)
+                .collect();
+            if live.is_empty() || started.elapsed() > TREE_KILL_LIMIT {
+                return signalled;
+            }
+            for p in &live {
+                signal_checked(p, libc::SIGKILL);
+            }
+            signalled = true;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = supervisor;
+        // SAFETY: kill has no memory-safety preconditions; see above for the pid.
+        unsafe { libc::kill(command, libc::SIGKILL) == 0 }
+    }
+}
+
 /// Elsewhere: CMD's process group, when it has one of its own.
 #[cfg(not(target_os = "linux"))]
 fn kill_tree(cmd: i32) {
@@ -804,12 +866,13 @@ mod tests {
             FromSupervisor::Started(42),
             FromSupervisor::SpawnFailed(2),
             FromSupervisor::Expired,
-            FromSupervisor::SentSigterm,
-            FromSupervisor::SentSigkill,
+            FromSupervisor::SentSigterm(7),
+            FromSupervisor::SentSigkill(u64::MAX),
             FromSupervisor::Exited(9),
         ] {
             assert_eq!(FromSupervisor::decode(&msg.encode()), Some(msg));
         }
         assert_eq!(FromSupervisor::decode("bogus 1\n"), None);
+        assert_eq!(FromSupervisor::decode("sigkill\n"), None);
     }
 }

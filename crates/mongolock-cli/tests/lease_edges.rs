@@ -157,8 +157,14 @@ async fn a_stopped_process_group_never_runs_its_command_past_the_lease() {
     let out = finish(holder, LONG).await;
     wait_dead("the first command", cmd, continued, Duration::from_secs(10)).await;
     assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    // The command (BEATING) dies of the SIGTERM the supervisor sent while mongolock was
+    // stopped: reported as sent then, with no SIGKILL announced that never came.
+    let stderr = text(&out.stderr);
     assert!(
-        text(&out.stderr).contains("lost the lock") && text(&out.stderr).contains("SIGKILL"),
+        stderr.contains("lost the lock")
+            && stderr.contains("sent SIGTERM to the command")
+            && stderr.contains("killed by SIGTERM")
+            && !stderr.contains("SIGKILL"),
         "{}",
         describe(&out)
     );
@@ -205,17 +211,25 @@ async fn a_command_stopped_past_its_lease_is_killed_on_continue() {
 
 /// `mongolock exec` in a terminal, started in the foreground (`background` false) or in the
 /// background and then brought to the foreground with `fg`, then Ctrl-Z: the command (which
-/// ignores SIGTSTP) never runs past its lease; after SIGCONT mongolock reports the loss.
+/// ignores SIGTSTP) never runs past its lease; after SIGCONT mongolock reports the loss, and
+/// the signals the supervisor sent meanwhile, once and as past actions. In the foreground the
+/// command ignores SIGTERM as well (SIGTERM and SIGKILL are sent while mongolock is stopped).
 #[cfg(target_os = "linux")]
 async fn ctrl_z_never_runs_the_command_past_the_lease(background: bool) {
     let test = if background { "ctrlz_bg" } else { "ctrlz_fg" };
+    let ignores_term = !background;
     let env = Env::new(test).await;
+    let command = if ignores_term {
+        format!("trap '' TERM; {BEATING}")
+    } else {
+        BEATING.to_owned()
+    };
     let exec = format!(
         "\"$MONGOLOCK\" --uri '{}' --db '{}' exec --ttl 3s --grace 1s {test} -- sh -c '{}' \
          2> \"$D/err\"",
         env.uri,
         env.db,
-        BEATING.replace('\'', "'\\''")
+        command.replace('\'', "'\\''")
     );
     let script = if background {
         format!("{exec} & fg; sleep 1000")
@@ -252,10 +266,29 @@ async fn ctrl_z_never_runs_the_command_past_the_lease(background: bool) {
     let err = std::fs::read_to_string(env.path("err")).unwrap_or_default();
     let _ = shell.kill();
     let _ = shell.wait();
+    println!("{test}: mongolock's stderr after SIGCONT:\n{err}");
     assert!(
         err.contains("lost the lock"),
         "mongolock's stderr:\n{err}\nterminal:\n{}",
         pty.output()
+    );
+    // Issue 32 §6: the supervisor sent SIGTERM (and to a command that ignores it, SIGKILL)
+    // while mongolock was stopped, seconds before mongolock read the reports. Reported once, as
+    // past actions with their age: not "(SIGKILL in 1.9s at the latest)" followed by "the
+    // command had not exited; sent SIGKILL".
+    let reported = if ignores_term {
+        err.contains("sent SIGTERM to the command") && err.contains("ago, and SIGKILL")
+    } else {
+        err.contains("sent SIGTERM to the command") && err.contains("ago\n")
+    };
+    assert!(
+        reported
+            && !err.contains("at the latest")
+            && !err.contains("due now")
+            && !err.contains("had not exited"),
+        "the signals the supervisor sent while mongolock was stopped were not reported once \
+         with their time (the command {} SIGTERM): mongolock's stderr:\n{err}",
+        if ignores_term { "ignores" } else { "dies of" }
     );
 }
 
@@ -775,5 +808,269 @@ async fn lock_names_are_escaped_on_the_terminal() {
         !text(&out.stderr).contains('\x1b'),
         "{:?}",
         text(&out.stderr)
+    );
+}
+
+/// A TCP proxy to the test server that can be cut off: while cut, it relays nothing in either
+/// direction and holds new connections (a partition, not a refusal: the driver sees timeouts).
+#[cfg(target_os = "linux")]
+struct Proxy {
+    port: u16,
+    cut: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[cfg(target_os = "linux")]
+impl Proxy {
+    async fn start(upstream: String) -> Proxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let port = listener.local_addr().expect("the proxy's address").port();
+        let (cut, open) = tokio::sync::watch::channel(false);
+        // Copies `from` to `to`, holding every chunk while the proxy is cut.
+        async fn relay(
+            mut from: tokio::net::tcp::OwnedReadHalf,
+            mut to: tokio::net::tcp::OwnedWriteHalf,
+            mut open: tokio::sync::watch::Receiver<bool>,
+        ) {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if open.wait_for(|cut| !cut).await.is_err() {
+                    return;
+                }
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                let mut open = open.clone();
+                connections.spawn(async move {
+                    if open.wait_for(|cut| !cut).await.is_err() {
+                        return;
+                    }
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::join!(
+                        relay(client_read, server_write, open.clone()),
+                        relay(server_read, client_write, open),
+                    );
+                });
+            }
+        });
+        Proxy { port, cut, task }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        let _ = self.cut.send(cut);
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // Aborting the accept loop drops its JoinSet, which aborts every connection.
+        self.task.abort();
+    }
+}
+
+/// The lines `TAG NANOS` of `$D/<file>` (a wall-clock timestamp per line), as (tag, nanos).
+#[cfg(target_os = "linux")]
+fn tagged_beats(path: &Path) -> Vec<(String, u128)> {
+    read_lines(path)
+        .iter()
+        .filter_map(|l| {
+            let (tag, ns) = l.trim().split_once(' ')?;
+            Some((tag.to_owned(), ns.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Wall-clock nanoseconds as a readable offset from `base` (`+12.345ms`, `-3.000ms`).
+#[cfg(target_os = "linux")]
+fn ms_from(at: u128, base: u128) -> String {
+    format!("{:+.3}ms", (at as f64 - base as f64) / 1e6)
+}
+
+/// Issue 32 §2. Only `exec`'s supervisor is stopped (SIGSTOP) and mongolock is cut off from the
+/// server (a proxy that relays nothing): mongolock cannot renew, and the supervisor cannot
+/// enforce the lease's deadlines. mongolock's backup must then kill the command's whole tree
+/// itself, with the same margins as the supervisor (SIGKILL a kill margin before the lease's
+/// local deadline, which lies a drift margin before the server's expiry). Until 2026-11-28 it
+/// killed the supervisor only ~100 ms after the local deadline (relying on the parent-death
+/// signal for the command) — after the server's expiry — and the next holder's command ran
+/// beside the old one.
+///
+/// Holder A (`--ttl 1s`, through the proxy) runs a command, and a child of it in a session of
+/// its own, that append timestamps to a file; holder B waits on a direct connection and
+/// records when its command ran. Several rounds: A's last write must precede B's first.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_supervisor_cut_off_from_the_server_never_outlives_the_lease() {
+    let test = "stopped_supervisor";
+    let env = Env::new(test).await;
+    let Some(server) = &env.server else {
+        eprintln!("skipped: needs the test server (a proxy in front of MONGODB_URI is not set up)");
+        return;
+    };
+    let upstream = server
+        .uri()
+        .trim_start_matches("mongodb://")
+        .split('/')
+        .next()
+        .expect("host:port")
+        .to_owned();
+    let observer = mongodb::Client::with_uri_str(&env.uri)
+        .await
+        .expect("observer client");
+    let locks = observer
+        .database(&env.db)
+        .collection::<mongodb::bson::Document>("distributed.locks");
+    // The command and its child in a session of its own write `TAG NANOS` lines, about every
+    // 10 ms; the command writes its pid and token first.
+    let a_script = "echo \"$MONGOLOCK_FENCING_TOKEN\" > \"$D/a.token\"; \
+                    setsid sh -c 'echo $$ > \"$D/esc.pid\"; \
+                      while :; do echo \"esc $(date +%s%N)\" >> \"$D/a.beat\"; sleep 0.01; done' \
+                      >/dev/null 2>&1 & \
+                    echo $$ > \"$D/cmd.tmp\"; mv \"$D/cmd.tmp\" \"$D/cmd.pid\"; \
+                    while :; do echo \"cmd $(date +%s%N)\" >> \"$D/a.beat\"; sleep 0.01; done";
+    let b_script = "date +%s%N > \"$D/b.tmp\"; mv \"$D/b.tmp\" \"$D/b.start\"; \
+                    echo \"$MONGOLOCK_FENCING_TOKEN $$\" > \"$D/b.token\"";
+    let rounds = 6;
+    let mut overlaps = Vec::new();
+    for round in 1..=rounds {
+        for f in [
+            "a.token", "a.beat", "esc.pid", "cmd.pid", "b.start", "b.token",
+        ] {
+            let _ = std::fs::remove_file(env.path(f));
+        }
+        let proxy = Proxy::start(upstream.clone()).await;
+        let via_proxy = format!("mongodb://127.0.0.1:{}/?directConnection=true", proxy.port);
+        let holder = command(
+            &via_proxy,
+            &["--db", &env.db],
+            &env.dir,
+            &["exec", "--ttl", "1s", test, "--", "sh", "-c", a_script],
+        )
+        .spawn()
+        .expect("spawn holder A");
+        let a_pid = holder.id().expect("running") as i32;
+        wait_for("A's command and its child", LONG, || {
+            env.path("cmd.pid").exists() && env.path("esc.pid").exists()
+        })
+        .await;
+        let cmd = read_pid(&env.path("cmd.pid"));
+        let escapee = read_pid(&env.path("esc.pid"));
+        let supervisor = stat(cmd).map_or(0, |(_, ppid)| ppid);
+        assert!(
+            supervisor > 1,
+            "A's supervisor (the command's parent) not found"
+        );
+        let waiter = env.spawn(&[
+            "exec", "--ttl", "5s", "--wait", "60s", test, "--", "sh", "-c", b_script,
+        ]);
+        // Let B register as a waiter and A renew a few times; vary where in A's renewal cycle
+        // the cut falls.
+        tokio::time::sleep(Duration::from_millis(700 + 97 * round)).await;
+        kill(supervisor, libc::SIGSTOP);
+        proxy.set_cut(true);
+        let cut_at = std::time::SystemTime::now();
+        let a_expires = locks
+            .find_one(doc! { "_id": test })
+            .await
+            .ok()
+            .flatten()
+            .and_then(|d| d.get_datetime("expiresAt").ok().map(|t| t.to_system_time()));
+
+        let b_out = finish(waiter, LONG).await;
+        assert_eq!(
+            b_out.status.code(),
+            Some(0),
+            "holder B: {}",
+            describe(&b_out)
+        );
+        let b_start: u128 = std::fs::read_to_string(env.path("b.start"))
+            .expect("B's command ran")
+            .trim()
+            .parse()
+            .expect("a timestamp");
+        // Whatever of A's tree still runs would write on: look again a little later.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let beats = tagged_beats(&env.path("a.beat"));
+        let (cmd_alive, esc_alive, sup_state) = (alive(cmd), alive(escapee), stat(supervisor));
+        // Clean up: continue A's supervisor if it is still A's (so that A can finish), heal the
+        // partition, and kill what is left of A's tree.
+        if sup_state.is_some_and(|(_, ppid)| ppid == a_pid) {
+            kill(supervisor, libc::SIGCONT);
+        }
+        kill(escapee, libc::SIGKILL);
+        kill(cmd, libc::SIGKILL);
+        proxy.set_cut(false);
+        let a_out = finish(holder, LONG).await;
+        drop(proxy);
+
+        let last = |tag: &str| {
+            beats
+                .iter()
+                .filter(|(t, _)| t == tag)
+                .map(|(_, n)| *n)
+                .max()
+        };
+        let a_last = beats.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        let late: Vec<&(String, u128)> = beats.iter().filter(|(_, n)| *n >= b_start).collect();
+        let nanos = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        };
+        let a_token = std::fs::read_to_string(env.path("a.token")).unwrap_or_default();
+        let b_token = std::fs::read_to_string(env.path("b.token")).unwrap_or_default();
+        println!(
+            "{test} round {round}: A (mongolock {a_pid}, supervisor {supervisor}, command {cmd}, \
+             setsid child {escapee}, token {}) cut off and its supervisor stopped at {}; A's \
+             lease expiresAt at the server {}; A's last writes: command {}, setsid child {}; B \
+             (token/pid {}) started its command at 0; A wrote {} times after it; afterwards A's \
+             command {}, its child {}; A exited {:?}:\n{}",
+            a_token.trim(),
+            ms_from(nanos(cut_at), b_start),
+            a_expires.map_or("unknown".to_owned(), |t| ms_from(nanos(t), b_start)),
+            last("cmd").map_or("none".to_owned(), |n| ms_from(n, b_start)),
+            last("esc").map_or("none".to_owned(), |n| ms_from(n, b_start)),
+            b_token.trim(),
+            late.len(),
+            if cmd_alive { "alive" } else { "dead" },
+            if esc_alive { "alive" } else { "dead" },
+            a_out.status.code(),
+            text(&a_out.stderr).trim_end(),
+        );
+        if a_last >= b_start || cmd_alive || esc_alive {
+            overlaps.push(format!(
+                "round {round}: A's last write {} after B's command started ({} writes after \
+                 it); A's command {}, its setsid child {} 300 ms after B ran\nA: {}",
+                ms_from(a_last, b_start),
+                late.len(),
+                if cmd_alive { "alive" } else { "dead" },
+                if esc_alive { "alive" } else { "dead" },
+                describe(&a_out)
+            ));
+        }
+    }
+    assert!(
+        overlaps.is_empty(),
+        "{} of {rounds} rounds: A's command (or its child) ran beside B's after A's stopped \
+         supervisor was cut off:\n{}",
+        overlaps.len(),
+        overlaps.join("\n")
     );
 }
