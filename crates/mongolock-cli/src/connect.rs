@@ -20,6 +20,29 @@ use crate::uri::{mask_password, redact};
 /// server before failing.
 pub const DEFAULT_SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Every provider this process made, so that [`flush`] can wait for their background work
+/// before the process exits.
+static PROVIDERS: std::sync::Mutex<Vec<LockProvider>> = std::sync::Mutex::new(Vec::new());
+
+/// How long the process waits at exit for the background work of its providers.
+const FLUSH_AT_EXIT: Duration = Duration::from_secs(2);
+
+/// Before the process exits: waits (at most [`FLUSH_AT_EXIT`]) until every provider has sent
+/// what it started in the background — a waiter that gave up (`--wait` ran out, Ctrl-C)
+/// takes this process out of the lock's handoff queue, so that the next release designates a
+/// process that still waits.
+pub async fn flush() {
+    let providers = std::mem::take(&mut *PROVIDERS.lock().unwrap_or_else(|e| e.into_inner()));
+    let deadline = tokio::time::Instant::now() + FLUSH_AT_EXIT;
+    for p in providers {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if !p.flush(left).await {
+            tracing::debug!("exiting before the handoff queue withdrawals were sent; the entries end by themselves");
+            return;
+        }
+    }
+}
+
 /// Where the locks live.
 enum Store {
     Mongo { db: Database, collection: String },
@@ -72,9 +95,14 @@ impl Connection {
         if let Some(app) = app_name {
             builder = builder.app_name(app);
         }
-        builder
+        let provider = builder
             .build()
-            .map_err(|e| CliError::failure(one_line(&e.to_string())))
+            .map_err(|e| CliError::failure(one_line(&e.to_string())))?;
+        PROVIDERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(provider.clone());
+        Ok(provider)
     }
 
     /// Describes a library error from an operation on this connection, in one line, with any

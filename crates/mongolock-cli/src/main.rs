@@ -94,6 +94,8 @@ fn main() {
             e.code
         }
     };
+    // A waiter that gave up withdraws from the lock's handoff queue in the background.
+    runtime.block_on(connect::flush());
     events::exit(code);
     let _ = std::io::stdout().flush();
     // Exit without shutting the runtime down: every lease has been released or handed back by

@@ -541,3 +541,18 @@ async fn an_application_collection_is_refused_with_status_77_and_left_untouched(
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(snapshot().await, before, "the collection was changed");
 }
+
+/// Two `exec --wait` that gave up ahead of a live one: it runs soon after the release (it
+/// waited until the holder's expiry before they withdrew from the queue).
+#[tokio::test(flavor = "multi_thread")]
+async fn two_waiters_that_gave_up_do_not_stall_a_live_one() {
+    let env = Env::new("gave_up").await;
+    waiters_that_left_do_not_stall_a_live_one(&env, 2, 0).await;
+}
+
+/// Five that gave up and three SIGKILLed while queued, ahead of a live one.
+#[tokio::test(flavor = "multi_thread")]
+async fn waiters_that_gave_up_or_were_killed_do_not_stall_a_live_one() {
+    let env = Env::new("killed").await;
+    waiters_that_left_do_not_stall_a_live_one(&env, 5, 3).await;
+}

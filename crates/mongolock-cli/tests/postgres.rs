@@ -366,3 +366,12 @@ async fn losing_any_lease_of_a_set_stops_the_command_with_76() {
     };
     exec_set_stops_the_command_when_any_lease_is_lost(&env).await;
 }
+
+/// Waiters that gave up or were SIGKILLed while queued do not hold up a live one.
+#[tokio::test(flavor = "multi_thread")]
+async fn waiters_that_gave_up_or_were_killed_do_not_stall_a_live_one() {
+    let Some(env) = PgEnv::new("left") else {
+        return;
+    };
+    waiters_that_left_do_not_stall_a_live_one(&env, 5, 3).await;
+}

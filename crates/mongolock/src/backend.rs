@@ -667,4 +667,20 @@ pub trait ChangeNotifications: Send + Sync {
     /// guard's watchdog waits on it to signal loss at once instead of at the next extension.
     /// May stay pending forever (loss is then detected by extension and the local deadline).
     async fn lease_lost(&self, name: &str, lease_id: &LeaseId);
+
+    /// Waits until the backend has sent the withdrawals from handoff queues that it started in
+    /// the background, or `max_wait` passed; true when none is left. A backend with a
+    /// cross-process handoff queue (MongoDB, PostgreSQL) takes its process out of a lock's
+    /// queue when the last of its acquirers of the name stops waiting without the lock; see
+    /// [`LockProvider::flush`](crate::LockProvider::flush). The default has nothing to send.
+    ///
+    /// # Errors
+    /// None: a failed withdrawal is logged (the entry ends by itself).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits; the withdrawals go on.
+    async fn flush(&self, max_wait: Duration) -> bool {
+        let _ = max_wait;
+        true
+    }
 }

@@ -278,6 +278,15 @@
 //!     least that far apart whatever the callers' clocks (`mongolock exec --min-hold`).
 //! 12. **Semaphores** keep at most N unexpired slots of a name at any instant of server time, each
 //!     slot a lease with all of the above; read-write locks keep a writer apart from everyone.
+//! 13. **A free name reaches a live waiter fast.** When a name is released while a process waits
+//!     for it with live notifications, the first process in the name's queue holds it within
+//!     milliseconds; whatever stands ahead of a live waiter — waiters that gave up (they
+//!     withdraw), processes that died or were stopped while queued — it holds the name within
+//!     about a second (the 500 ms handoff fallback, and on MongoDB a probe every second by the
+//!     waiters the next release would not reach), never "at the old lease's expiry". An expired
+//!     lease is taken at its expiry by this machine's clock (a waiter sleeps until the holder's
+//!     reported expiry). Without notifications (a standalone MongoDB, custom backends) waiters
+//!     poll with the wait strategy.
 //!
 //! **The clock assumption.** Leases are judged by the clock of the database server that runs each
 //! command: one `mongod` on a replica set, but the routing `mongos` on a sharded cluster, and the
@@ -342,8 +351,12 @@
 //!   tries once 500 ms later only if nothing else happened to the name (the designated process
 //!   died, or its acquirers gave up), and the other processes' streams do not even receive the
 //!   release; on PostgreSQL every other process tries once 500 ms later on the same condition.
-//!   (If both the designated process and the backup died, the other MongoDB waiters try at the
-//!   holder's reported expiry.) With [`MongoBackendBuilder::fair_handoff`]`(true)` the release also
+//!   A process whose last waiter on a name stops waiting without the lock (a timeout, a dropped
+//!   future, an error) takes itself out of the queue in the background
+//!   ([`LockProvider::flush`] waits for that before a process exits), and a MongoDB waiter
+//!   further back than second, which the next release would not reach, reads the lock once a
+//!   second while it waits: processes that died or were stopped while queued hold a live waiter
+//!   up by about a second, not until the holder's expiry. With [`MongoBackendBuilder::fair_handoff`]`(true)` the release also
 //!   reserves the lock for the designated process for 500 ms, so processes are served strictly in
 //!   turn; the price is that a queued process that died or gave up holds the lock up for those
 //!   500 ms. The queue only orders who tries first: every grant is still the same atomic "free or

@@ -54,7 +54,10 @@ pub struct LockProviderBuilder {
 }
 
 impl LockProviderBuilder {
-    /// Lease duration of each acquisition (default 30 s; at least 1 ms, at most one year).
+    /// Lease duration of each acquisition (default 30 s; at least
+    /// [`MIN_EXPIRY`](crate::MIN_EXPIRY), 100 ms, at most one year). Checked by
+    /// [`build`](Self::build): [`Error::InvalidOptions`](crate::Error::InvalidOptions) outside
+    /// those bounds.
     pub fn expiry(mut self, expiry: Duration) -> Self {
         self.options.expiry = expiry;
         self
@@ -250,6 +253,31 @@ impl LockProvider {
     pub async fn force_release(&self, name: &str) -> Result<bool> {
         validate_name(name)?;
         self.inner.backend.force_release(name).await
+    }
+
+    /// Waits until the backend has sent what it started in the background for acquire calls
+    /// that gave up, or `max_wait` passed; true when nothing is left.
+    ///
+    /// When the last acquirer of a name in this process stops waiting without the lock — its
+    /// `acquire_timeout` ran out, its future was dropped, it failed — the MongoDB and
+    /// PostgreSQL backends take the process out of the lock's handoff queue in the background,
+    /// so that the next release does not designate a process that no longer waits. A process
+    /// that exits right after such a call (a command-line tool, a cron job) calls this first;
+    /// otherwise its entry stays queued until two seconds after the holder's expiry (the live
+    /// waiters behind it still get the name within about a second). Releases of dropped guards
+    /// are not covered: release a guard with [`LockGuard::release`](crate::LockGuard::release)
+    /// before exiting.
+    ///
+    /// # Errors
+    /// None: a failed withdrawal is logged at debug level (the entry ends by itself).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits; the work goes on.
+    pub async fn flush(&self, max_wait: Duration) -> bool {
+        match self.inner.backend.notifications() {
+            Some(n) => n.flush(max_wait).await,
+            None => true,
+        }
     }
 
     /// The provider's options.

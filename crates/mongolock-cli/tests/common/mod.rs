@@ -1042,3 +1042,121 @@ pub async fn exec_set_stops_the_command_when_any_lease_is_lost(env: &impl Cli) {
     let a = inspect_json(env, "a").await;
     assert_eq!(a["held"], false, "a is still held after the run: {a}");
 }
+
+/// The pids of the processes queued for `name`, as `inspect --json` lists them.
+pub async fn queued_pids(env: &impl Cli, name: &str) -> Vec<u64> {
+    let v = inspect_json(env, name).await;
+    v["waiters"]
+        .as_array()
+        .map(|w| {
+            w.iter()
+                .filter_map(|e| e["holder"]["pid"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waiters ahead of a live one that gave up (`--wait` ran out: exit 75) or were SIGKILLed
+/// while queued do not hold it up: the holder (lease 60 s) stops, and the live waiter runs its
+/// command soon after, not at the holder's reported expiry. Those that gave up withdrew from
+/// the queue before exiting: `inspect` no longer lists them.
+pub async fn waiters_that_left_do_not_stall_a_live_one(
+    env: &impl Cli,
+    gave_up: usize,
+    killed: usize,
+) {
+    let name = "queue";
+    let hold = hold_until("held", "stop");
+    let holder = env.spawn(&["exec", "--ttl", "60s", name, "--", "sh", "-c", &hold]);
+    wait_for("the holder to hold the lock", LONG, || {
+        env.path("held").exists()
+    })
+    .await;
+    let quitters: Vec<Child> = (0..gave_up)
+        .map(|_| env.spawn(&["exec", "-q", "--wait", "8s", name, "--", "true"]))
+        .collect();
+    let doomed: Vec<Child> = (0..killed)
+        .map(|_| env.spawn(&["exec", "-q", "--wait", "100s", name, "--", "true"]))
+        .collect();
+    let pids = |children: &[Child]| -> Vec<u64> {
+        children
+            .iter()
+            .filter_map(|c| c.id())
+            .map(u64::from)
+            .collect()
+    };
+    let (quitter_pids, doomed_pids) = (pids(&quitters), pids(&doomed));
+    let deadline = Instant::now() + Duration::from_secs(7);
+    loop {
+        let q = queued_pids(env, name).await;
+        if quitter_pids
+            .iter()
+            .chain(&doomed_pids)
+            .all(|p| q.contains(p))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all queued: {q:?}; gave up {quitter_pids:?}, killed {doomed_pids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for c in &doomed {
+        send_signal(c, libc::SIGKILL);
+    }
+    for c in doomed {
+        let _ = finish(c, LONG).await;
+    }
+    for c in quitters {
+        let out = finish(c, LONG).await;
+        assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    }
+    let live = env.spawn(&["exec", "--json", "--wait", "100s", name, "--", "true"]);
+    let live_pid = u64::from(live.id().expect("the live waiter's pid"));
+    let mut q = Vec::new();
+    for _ in 0..400 {
+        q = queued_pids(env, name).await;
+        if q.contains(&live_pid) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        q.contains(&live_pid),
+        "the live waiter {live_pid} did not queue: {q:?}"
+    );
+    assert!(
+        !q.iter().any(|p| quitter_pids.contains(p)),
+        "waiters that gave up are still listed: queued {q:?}, gave up {quitter_pids:?}"
+    );
+    std::fs::write(env.path("stop"), "").expect("stop the holder");
+    let stopped = Instant::now();
+    let out = finish(live, LONG).await;
+    let waited = stopped.elapsed();
+    let held = finish(holder, LONG).await;
+    eprintln!(
+        "{gave_up} gave up, {killed} killed: the live waiter ran {waited:?} after the holder was told to stop (waited_ms {:?})",
+        json_events(&out)
+            .iter()
+            .find(|e| e["event"] == "acquired")
+            .map(|e| e["waited_ms"].clone())
+    );
+    assert_eq!(
+        held.status.code(),
+        Some(0),
+        "the holder: {}",
+        describe(&held)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the live waiter: {}",
+        describe(&out)
+    );
+    assert!(
+        waited < Duration::from_secs(20),
+        "the live waiter ran {waited:?} after the release (the holder's lease is 60 s): {}",
+        describe(&out)
+    );
+}

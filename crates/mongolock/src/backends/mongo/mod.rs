@@ -805,6 +805,11 @@ impl ChangeNotifications for MongoBackend {
         self.watch.change_waiter(name)
     }
 
+    /// Waits for this backend's withdrawals from handoff queues (`queue.rs`).
+    async fn flush(&self, max_wait: Duration) -> bool {
+        self.watch.settle(max_wait).await
+    }
+
     async fn lease_lost(&self, name: &str, lease_id: &LeaseId) {
         if !self.is_slot(lease_id) {
             return self.watch.lease_gone(name, lease_id).await;

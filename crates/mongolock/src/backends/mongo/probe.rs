@@ -86,7 +86,11 @@ fn judge(d: Option<&Document>) -> Found {
 }
 
 /// Reads the lock `name` for the backend with `mark` ([module docs](self)).
-async fn probe(coll: &Collection<Document>, name: &str, mark: &str) -> mongodb::error::Result<Found> {
+async fn probe(
+    coll: &Collection<Document>,
+    name: &str,
+    mark: &str,
+) -> mongodb::error::Result<Found> {
     let d = coll
         .find_one(doc! { "_id": name })
         .projection(projection(mark))
@@ -132,10 +136,16 @@ mod tests {
         let clock_behind = doc! { "free": true, "freeMs": -5_i64, "pos": 3 };
         assert_eq!(judge(Some(&clock_behind)), Found::Free(Duration::ZERO));
         for pos in [0, 1] {
-            assert_eq!(judge(Some(&doc! { "free": false, "pos": pos })), Found::Reached);
+            assert_eq!(
+                judge(Some(&doc! { "free": false, "pos": pos })),
+                Found::Reached
+            );
         }
         for pos in [-1, 2, 40] {
-            assert_eq!(judge(Some(&doc! { "free": false, "pos": pos })), Found::Held);
+            assert_eq!(
+                judge(Some(&doc! { "free": false, "pos": pos })),
+                Found::Held
+            );
         }
     }
 }

@@ -16,6 +16,13 @@
 //!   [`MAX_WAITERS`] entries; later processes are not queued (they are woken by the fallback).
 //! * A grant removes the acquiring backend's entry, and puts it back at the end when that
 //!   backend has more acquirers waiting for the name (so processes take turns).
+//! * When the last of a backend's acquirers of the name stops waiting without the lock (its
+//!   timeout ran out, its future was dropped, it failed), the backend removes its entry in the
+//!   background ([`withdraw`]: a `$pull` by mark, after a 50 ms grace in which a new acquirer
+//!   of the process keeps the entry), so a release does not designate a process that no
+//!   longer waits, and operators do not see it waiting. A new acquirer whose busy attempt lands
+//!   just before the withdrawal loses its entry; its next busy attempt (or its probe) covers
+//!   it.
 //! * A release (and a force-release) pops the first live entry and records it in
 //!   `next: "<mark>/<released lease id>"` (an empty mark when nobody is queued; the lease id
 //!   makes every release's `next` new, so a change stream always reports it, and a scalar is
@@ -37,6 +44,9 @@
 //! * A process's change stream then wakes one of its acquirers only when `next` names its
 //!   backend (or names nobody). The backup wakes one after [`HANDOFF_FALLBACK`] if nothing else
 //!   happened to the name meanwhile: the designated process died or its acquirers gave up.
+//!   Processes further back, which the release does not reach, probe the lock once a second
+//!   while they wait (`probe.rs`), so a free name reaches a live one within about a second
+//!   whatever stands ahead of it.
 //!   Other processes that only wait on the name do not receive the release at all (their
 //!   streams pass only the releases that designate them, `watch.rs`, "Only the releases meant
 //!   for this process"); processes whose stream covers the name fully (they hold or observe it)
@@ -105,8 +115,12 @@ pub(super) async fn withdraw(coll: &Collection<Document>, name: &str, mark: &str
     let filter = doc! { "_id": name, "waiters.m": mark };
     let update = doc! { "$pull": { WAITERS: { "m": mark } } };
     match coll.update_one(filter, update).await {
-        Ok(r) => tracing::debug!(lock = %name, withdrawn = r.modified_count, "withdrew from the handoff queue: no acquirer of this process waits any more"),
-        Err(e) => tracing::debug!(lock = %name, error = %e, "could not withdraw from the handoff queue; the entry ends by itself"),
+        Ok(r) => {
+            tracing::debug!(lock = %name, withdrawn = r.modified_count, "withdrew from the handoff queue: no acquirer of this process waits any more")
+        }
+        Err(e) => {
+            tracing::debug!(lock = %name, error = %e, "could not withdraw from the handoff queue; the entry ends by itself")
+        }
     }
 }
 

@@ -151,13 +151,19 @@
 //!
 //! * a queued process is designated in turn (each release pops one entry; a busy attempt
 //!   re-registers);
-//! * a process that is not queued (the queue is full, or its name was not covered when it
-//!   tried) wakes at the holder's reported expiry, as a process always did when nothing was
-//!   written;
-//! * if the first and the backup both died or gave up, the lock is free and the others wake at
-//!   the holder's reported expiry (capped at a minute), as after a crash — the price of not
-//!   sending every release to every process. Before, every other process tried after the
-//!   fallback. Queue entries of dead processes end two seconds after the holder's expiry.
+//! * a process whose last acquirer of the name stops waiting without the lock (a timeout, a
+//!   dropped future, an error) withdraws from the queue in the background
+//!   (`backends/notify/hub.rs`, `Hub::withdraw_later`; `queue.rs` `withdraw`), so releases do
+//!   not designate processes that no longer wait;
+//! * an acquirer that the next release would not reach — its process is third or further back
+//!   in the queue, or not queued (the queue is full, its entry was withdrawn under it) — reads
+//!   the lock once a second while it waits (`probe.rs`) and tries once the name has been free
+//!   for the handoff fallback: if the first and the backup died, were stopped, or exited before
+//!   their withdrawal was sent, a live waiter behind them holds the name within about a second,
+//!   not at the holder's reported expiry. The price is one read per second per waiting process
+//!   beyond the second, while the name is held (a read writes nothing, so it wakes no stream).
+//!   Queue entries of dead processes end two seconds after the holder's expiry;
+//! * a process whose name was not covered when it tried polls with the wait strategy.
 //!
 //! Releases of a lock without a queue, semaphore slot releases (slots are not queued), leases
 //! kept on with a minimum hold, deletions and inserts reach every waiting process as before;

@@ -15,7 +15,9 @@
 //! processes that only wait on the name: `mongo/watch.rs`.) Entries live until the
 //! holder's expiry plus [`REGISTRATION`] (a waiter re-registers each time it wakes at the
 //! holder's expiry and finds the lease extended), so a process that died leaves the queue by
-//! itself; a queue holds at most [`MAX_WAITERS`] entries.
+//! itself; a queue holds at most [`MAX_WAITERS`] entries. A process whose last acquirer of a
+//! name stops waiting without the lock withdraws its entry at once, in the background
+//! (`Hub::withdraw_later` in `hub.rs`, `withdraw` in each queue module).
 //!
 //! The queue only orders who tries first: every backend keeps acquisition one atomic test of
 //! "free or expired by the server's clock" and grant, so a queue cannot break mutual exclusion

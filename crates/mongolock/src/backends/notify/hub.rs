@@ -15,6 +15,10 @@
 //!   that want to know whether their lease is gone. Coalescing is safe: once a lease id has
 //!   lost a name it never gets it back, so the latest change decides.
 //!
+//! When the last acquirer of a name stops waiting while the backend's mark may be in the
+//! name's cross-process handoff queue, the hub has the backend withdraw it
+//! ([`Hub::set_withdraw`], `Hub::withdraw_later`; `handoff.rs`).
+//!
 //! Entries are reference counted by [`NameRef`] handles and removed when the last one is
 //! dropped, so the registry holds only names somebody in this process waits on or holds (it
 //! scales to thousands of names). Dispatching a change to a name nobody watches is one hash
@@ -268,8 +272,11 @@ impl Drop for Acquirer {
 
 /// How a backend takes its mark out of the handoff queue of a name (`backends/notify/handoff.rs`):
 /// one write, bounded in time by the backend. Called in a task of its own.
-pub(crate) type Withdraw =
-    Arc<dyn Fn(Arc<str>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+pub(crate) type Withdraw = Arc<
+    dyn Fn(Arc<str>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// How long the last acquirer of a name must have been gone before the backend withdraws from
 /// the name's queue: an acquirer woken by a change registers again before its next attempt,

@@ -720,24 +720,6 @@ impl PostgresBackend {
             .map_err(|e| errors::map("ping", e))
     }
 
-    /// Waits until this backend has sent the withdrawals from handoff queues that it started
-    /// in the background, or `within` passed; true when none is left.
-    ///
-    /// When the last acquirer of a name in this process stops waiting without the lock (its
-    /// `acquire_timeout` ran out, its future was dropped, it failed), the backend takes the
-    /// process out of the lock's handoff queue in the background, so that the next release
-    /// does not designate a process that no longer waits. A process that exits right after
-    /// such an acquire (a command-line tool, a cron job) calls this first; otherwise its entry
-    /// stays queued until two seconds after the holder's expiry (the other waiting processes
-    /// are still woken by the release, after the handoff fallback). Releases of dropped guards
-    /// are not covered: release a guard explicitly before exiting.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only waits; the withdrawals go on.
-    pub async fn flush(&self, within: Duration) -> bool {
-        self.inner.listener.hub().settle(within).await
-    }
-
     /// How many lock names currently have an entry in the notification registry (names this
     /// backend's waiters wait on or its guards hold). For tests and diagnostics.
     #[doc(hidden)]
@@ -1236,6 +1218,11 @@ impl ChangeNotifications for PostgresBackend {
 
     fn waiter(&self, name: &str) -> Option<ChangeWaiter> {
         self.inner.listener.change_waiter(name)
+    }
+
+    /// Waits for this backend's withdrawals from handoff queues (`queue.rs`).
+    async fn flush(&self, max_wait: Duration) -> bool {
+        self.inner.listener.hub().settle(max_wait).await
     }
 
     async fn lease_lost(&self, name: &str, lease_id: &LeaseId) {

@@ -20,6 +20,11 @@
 //!   by itself; entries whose `u` has passed (by `clock_timestamp()`) are dropped by every
 //!   statement that rewrites the queue. At most [`MAX_WAITERS`] entries: later backends are not
 //!   queued (the fallback wakes them).
+//! * **Withdrawal.** When the last of a backend's acquirers of the name stops waiting without
+//!   the lock (a timeout, a dropped future, an error), the backend removes its entry in the
+//!   background ([`withdraw_sql`]; `Hub::withdraw_later` in `backends/notify/hub.rs`), so a
+//!   release does not designate a process that no longer waits. The statement changes neither
+//!   `lease_id` nor the token, so it publishes nothing.
 //! * **Grant.** A grant removes the granted backend's entry, and puts it back at the end (until
 //!   the new lease's expiry plus [`REGISTRATION`]) when more of that backend's acquirers wait,
 //!   so processes take turns.
