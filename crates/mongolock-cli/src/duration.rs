@@ -83,9 +83,18 @@ pub fn parse_positive(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// A lease duration (`--ttl`): at least 1 ms, at most the library's maximum (one year).
+/// A lease duration (`demo --ttl`): at least the library's minimum
+/// ([`mongolock::MIN_EXPIRY`], 100 ms), at most its maximum (one year).
 pub fn parse_ttl(s: &str) -> Result<Duration, String> {
-    let d = parse_positive(s)?;
+    let d = parse(s)?;
+    if d < mongolock::MIN_EXPIRY {
+        return Err(format!(
+            "the lease duration {s:?} is below the minimum of {}: a shorter lease would be lost \
+             as soon as it is granted; choose {} or more, for example 30s",
+            display(mongolock::MIN_EXPIRY),
+            display(mongolock::MIN_EXPIRY)
+        ));
+    }
     if d > mongolock::MAX_EXPIRY {
         return Err(format!(
             "the lease duration {s:?} is above the maximum of one year; choose a shorter lease \
@@ -103,10 +112,10 @@ pub fn parse_ttl(s: &str) -> Result<Duration, String> {
 /// killed sooner or later without any other holder.
 pub const MIN_COMMAND_TTL: Duration = Duration::from_secs(1);
 
-/// The lease duration of `exec` and `elect` (`--ttl`): [`parse_ttl`], and at least
-/// [`MIN_COMMAND_TTL`].
+/// The lease duration of `exec` and `elect` (`--ttl`): at least [`MIN_COMMAND_TTL`] (also for
+/// `0`: the message states that minimum), and [`parse_ttl`]'s maximum.
 pub fn parse_command_ttl(s: &str) -> Result<Duration, String> {
-    let d = parse_ttl(s)?;
+    let d = parse(s)?;
     if d < MIN_COMMAND_TTL {
         return Err(format!(
             "the lease duration {s:?} is too short to be renewed reliably: the minimum is {} \
@@ -115,7 +124,7 @@ pub fn parse_command_ttl(s: &str) -> Result<Duration, String> {
             display(MIN_COMMAND_TTL)
         ));
     }
-    Ok(d)
+    parse_ttl(s)
 }
 
 /// `--wait`: a duration (`0` = one attempt) or `forever`.
@@ -222,6 +231,19 @@ mod tests {
         assert_eq!(parse_positive("1ms"), Ok(Duration::from_millis(1)));
         assert!(parse_ttl("400days").is_err());
         assert_eq!(parse_ttl("30s"), Ok(Duration::from_secs(30)));
+        // The library's minimum lease, stated in the message (`0` included).
+        for short in ["0", "1ms", "99ms"] {
+            let e = parse_ttl(short).unwrap_err();
+            assert!(e.contains("the minimum of 100ms"), "{short}: {e}");
+        }
+        assert_eq!(parse_ttl("100ms"), Ok(mongolock::MIN_EXPIRY));
+        // exec/elect: 1 s, whatever is below it.
+        for short in ["0", "0s", "1ms", "999ms"] {
+            let e = parse_command_ttl(short).unwrap_err();
+            assert!(e.contains("the minimum is 1s"), "{short}: {e}");
+        }
+        assert!(parse_command_ttl("400days").is_err());
+        assert_eq!(parse_command_ttl("1s"), Ok(Duration::from_secs(1)));
     }
 
     #[test]

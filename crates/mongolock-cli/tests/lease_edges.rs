@@ -763,7 +763,8 @@ async fn a_supervisor_killed_for_being_late_takes_the_commands_tree_with_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_ttl_too_short_to_renew_is_a_usage_error() {
     for subcommand in ["exec", "elect"] {
-        for ttl in ["1ms", "999ms"] {
+        // `0` too states the real minimum (it said "below 1 ms; choose a positive duration").
+        for ttl in ["0", "1ms", "999ms"] {
             let out = tokio::process::Command::new(BIN)
                 .args([subcommand, "--ttl", ttl, "x", "--", "true"])
                 .env_remove("MONGOLOCK_TTL")

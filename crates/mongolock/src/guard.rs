@@ -726,8 +726,8 @@ impl LockGuard {
     /// Transient errors are retried until the lease's local deadline.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for a zero, sub-millisecond or over-a-year `ttl` (nothing is
-    /// sent); [`Error::NoRuntime`] outside a Tokio runtime; a permanent backend error
+    /// [`Error::InvalidOptions`] for a `ttl` below [`MIN_EXPIRY`](crate::MIN_EXPIRY) (100 ms)
+    /// or over a year (nothing is sent); [`Error::NoRuntime`] outside a Tokio runtime; a permanent backend error
     /// ([`Error::Backend`]). Transient errors are not returned: they are retried until the
     /// local deadline, after which the call returns `Ok(false)` with the lease lost.
     ///

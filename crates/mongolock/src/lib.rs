@@ -304,7 +304,7 @@
 //!
 //! | where | option | default |
 //! |---|---|---|
-//! | [`LockProvider::builder`]`(backend)` | [`.expiry(d)`](LockProviderBuilder::expiry) — lease duration | 30 s |
+//! | [`LockProvider::builder`]`(backend)` | [`.expiry(d)`](LockProviderBuilder::expiry) — lease duration, at least [`MIN_EXPIRY`] (100 ms) | 30 s |
 //! | | `.extension_cadence(d)` — must be below the expiry | expiry / 3 |
 //! | | `.auto_extend(bool)` | on |
 //! | | `.wait_strategy(`[`WaitStrategy::random_sleep`]`(min, max))` or [`WaitStrategy::exponential`]`()` (100 ms doubling to 5 s, ±25 % jitter) — used when change notifications are unavailable | random 10–800 ms |
@@ -320,7 +320,8 @@
 //! | [`Lock`], [`Semaphore`], [`RwLock`], [`LockSet`] | `.with_expiry(d)` | the provider's |
 //!
 //! The PostgreSQL options are [below](#postgresql). Bad input — an empty name or one over 1 KiB, a
-//! zero expiry, a cadence not below the expiry, a sleep range with min above max, a collection
+//! lease duration below [`MIN_EXPIRY`] (here and in every `with_expiry` and `extend`), a cadence
+//! not below the expiry, a sleep range with min above max, a collection
 //! name MongoDB refuses — returns a typed [`Error`] that says what to change. Nothing panics and
 //! nothing is sent to the server.
 //!
@@ -584,6 +585,7 @@ pub use lockset::{LockSet, LockSetGuard, LockSetLostSignal};
 pub use operator::{ListFilter, QueuedWaiter};
 pub use options::{
     DriftMargin, LockOptions, DEFAULT_EXPIRY, DEFAULT_RELEASE_TIMEOUT, MAX_EXPIRY, MAX_NAME_LEN,
+    MIN_EXPIRY,
 };
 pub use provider::{LockProvider, LockProviderBuilder};
 pub use rwlock::RwLock;

@@ -89,7 +89,8 @@ impl Lock {
         self.expiry
     }
 
-    /// The same lock with another lease duration (at least 1 ms, at most one year), for this
+    /// The same lock with another lease duration (at least [`MIN_EXPIRY`](crate::MIN_EXPIRY),
+    /// 100 ms, at most one year), for this
     /// lock's acquisitions and automatic extensions; the provider's
     /// [`expiry`](crate::LockProviderBuilder::expiry) is the default.
     ///

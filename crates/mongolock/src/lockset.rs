@@ -144,7 +144,8 @@ impl LockSet {
         self.locks.first().map_or(Duration::ZERO, Lock::expiry)
     }
 
-    /// The same set with another lease duration (at least 1 ms, at most one year).
+    /// The same set with another lease duration (at least [`MIN_EXPIRY`](crate::MIN_EXPIRY),
+    /// 100 ms, at most one year).
     ///
     /// # Errors
     /// [`Error::InvalidOptions`] for a duration out of range.

@@ -11,6 +11,18 @@ pub const DEFAULT_EXPIRY: Duration = Duration::from_secs(30);
 /// Longest accepted lease duration (one year).
 pub const MAX_EXPIRY: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// Shortest accepted lease duration (100 ms), for every entry point: the provider's
+/// [`expiry`](crate::LockProviderBuilder::expiry), `with_expiry` of locks, semaphores,
+/// read-write locks, lock sets, elections and document locks, and
+/// [`LockGuard::extend`](crate::LockGuard::extend). A guard trusts its lease for the duration
+/// less the [drift margin](DriftMargin) (5 ms + 1 % by default), counted from before the request
+/// was sent, and an automatic extension must land within a third of it: a shorter lease is lost
+/// before the grant's reply is read, or at the first round trip or scheduling delay of a few
+/// milliseconds (1 ms gave a guard that was already lost). Shorter durations are
+/// [`Error::InvalidOptions`](crate::Error::InvalidOptions). The `mongolock` CLI requires 1 s for
+/// the commands it supervises (`exec --ttl`, `elect --ttl`).
+pub const MIN_EXPIRY: Duration = Duration::from_millis(100);
+
 /// Longest accepted lock name, in bytes (1 KiB).
 pub const MAX_NAME_LEN: usize = 1024;
 
@@ -231,18 +243,18 @@ impl LockOptions {
     }
 }
 
-/// Checks a lease duration (expiry, ttl): at least 1 ms, at most [`MAX_EXPIRY`].
+/// Checks a lease duration (expiry, ttl): at least [`MIN_EXPIRY`], at most [`MAX_EXPIRY`].
 pub(crate) fn validate_ttl(option: &'static str, ttl: Duration) -> Result<()> {
     if ttl.is_zero() {
         return Err(Error::invalid_option(
             option,
-            format!("the {option} is zero, so every lease would expire at once; choose a positive duration (default 30 s)"),
+            format!("the {option} is zero, so every lease would expire at once; choose at least the minimum of 100 ms (default 30 s)"),
         ));
     }
-    if ttl < Duration::from_millis(1) {
+    if ttl < MIN_EXPIRY {
         return Err(Error::invalid_option(
             option,
-            format!("the {option} {ttl:?} is below 1 ms, the resolution of server time; choose at least 1 ms"),
+            format!("the {option} {ttl:?} is below the minimum of 100 ms: after the drift margin and a round trip, the lease would be lost as soon as it is granted, or at the first late extension; choose at least 100 ms (default 30 s)"),
         ));
     }
     if ttl > MAX_EXPIRY {

@@ -90,7 +90,8 @@ impl RwLock {
     /// The same lock with another lease duration for readers and writers.
     ///
     /// # Errors
-    /// [`Error::InvalidOptions`] for a duration below 1 ms or above one year.
+    /// [`Error::InvalidOptions`] for a duration below [`MIN_EXPIRY`](crate::MIN_EXPIRY)
+    /// (100 ms) or above one year.
     pub fn with_expiry(self, expiry: Duration) -> Result<Self> {
         Ok(RwLock {
             readers: self.readers.with_expiry(expiry)?,

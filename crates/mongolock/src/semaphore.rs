@@ -87,7 +87,8 @@ impl Semaphore {
         self.lock.expiry()
     }
 
-    /// The same semaphore with another lease duration (at least 1 ms, at most one year).
+    /// The same semaphore with another lease duration (at least
+    /// [`MIN_EXPIRY`](crate::MIN_EXPIRY), 100 ms, at most one year).
     ///
     /// # Errors
     /// [`Error::InvalidOptions`] for a duration outside those bounds.

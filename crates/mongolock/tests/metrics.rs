@@ -216,7 +216,7 @@ async fn losses_are_counted_by_reason() {
     let released = [("lock", "metrics:taken"), ("outcome", "released")];
     assert!(histogram("mongolock_hold_seconds", &released).is_empty());
 
-    // Deadline: a short lease without automatic extension runs out.
+    // Deadline: a short lease (the shortest accepted) without automatic extension runs out.
     let provider = LockProvider::builder(MemoryBackend::new())
         .auto_extend(false)
         .build()
@@ -224,7 +224,7 @@ async fn losses_are_counted_by_reason() {
     let guard = provider
         .lock("metrics:deadline")
         .unwrap()
-        .with_expiry(Duration::from_millis(50))
+        .with_expiry(mongolock::MIN_EXPIRY)
         .unwrap()
         .acquire()
         .await

@@ -606,7 +606,8 @@ where
             .map_err(|e| classify(e, "create claim indexes", &inner.field))
     }
 
-    /// The same document locks with another lease duration (at least 1 ms, at most one year;
+    /// The same document locks with another lease duration (at least
+    /// [`MIN_EXPIRY`](crate::MIN_EXPIRY), 100 ms, at most one year;
     /// default: the provider's expiry). Clones share everything else.
     ///
     /// # Errors

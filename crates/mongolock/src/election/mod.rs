@@ -175,6 +175,10 @@ impl Election {
     /// The same election with another lease duration for leadership (default: the provider's
     /// expiry). A crashed leader is replaced after at most this long; it is extended every
     /// third of it (or the provider's extension cadence, when shorter).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] for a duration below [`MIN_EXPIRY`](crate::MIN_EXPIRY)
+    /// (100 ms) or above one year.
     pub fn with_expiry(mut self, expiry: Duration) -> Result<Self> {
         self.lock = self.lock.with_expiry(expiry)?;
         Ok(self)

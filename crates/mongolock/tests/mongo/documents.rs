@@ -1139,6 +1139,16 @@ async fn options_are_validated_before_anything_is_sent() {
         ),
         "{err}"
     );
+    // Below the minimum lease (1 ms gave a guard that was already lost; the provider's builder
+    // refuses it as well, see the contract case `bad_input_is_rejected_before_the_backend`).
+    let err = locks
+        .clone()
+        .with_expiry(Duration::from_millis(1))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidOptions { option: "expiry", ref reason } if reason.contains("minimum of 100 ms")),
+        "{err}"
+    );
     assert_eq!(
         locks.with_expiry(Duration::from_secs(5)).unwrap().expiry(),
         Duration::from_secs(5)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use crate::testing::{builder, provider, unique_name, Counting};
-use crate::{Error, LockBackend, WaitStrategy};
+use crate::{Error, LockBackend, WaitStrategy, MIN_EXPIRY};
 
 /// 16 tasks × 50 acquisitions around a non-atomic read-modify-write: the total is exact, no two
 /// tasks are ever inside together, and tokens grow in critical-section order.
@@ -224,7 +224,47 @@ pub async fn bad_input_is_rejected_before_the_backend(backend: Arc<dyn LockBacke
     };
     let (o, r) = opt(builder(&shared).expiry(Duration::ZERO).build().unwrap_err());
     assert_eq!(o, "expiry");
-    assert!(r.contains("positive"), "{r}");
+    assert!(r.contains("minimum of 100 ms"), "{r}");
+    // Below the minimum lease (1 ms gave a guard that was already lost): refused at every entry
+    // point, with a message that states the minimum.
+    for short in [
+        Duration::from_millis(1),
+        MIN_EXPIRY - Duration::from_nanos(1),
+    ] {
+        let (o, r) = opt(builder(&shared).expiry(short).build().unwrap_err());
+        assert_eq!(o, "expiry", "{short:?}");
+        assert!(r.contains("minimum of 100 ms"), "{short:?}: {r}");
+        let lock = p.lock("short").unwrap();
+        let (o, r) = opt(lock.with_expiry(short).unwrap_err());
+        assert_eq!(o, "expiry", "{short:?}");
+        assert!(r.contains("minimum of 100 ms"), "{short:?}: {r}");
+        let (o, _) = opt(p
+            .semaphore("short", 2)
+            .unwrap()
+            .with_expiry(short)
+            .unwrap_err());
+        assert_eq!(o, "expiry", "semaphore {short:?}");
+        let (o, _) = opt(p.rw_lock("short").unwrap().with_expiry(short).unwrap_err());
+        assert_eq!(o, "expiry", "read-write lock {short:?}");
+        let (o, _) = opt(p
+            .lock_set(["a", "b"])
+            .unwrap()
+            .with_expiry(short)
+            .unwrap_err());
+        assert_eq!(o, "expiry", "lock set {short:?}");
+        let (o, _) = opt(p.election("short").unwrap().with_expiry(short).unwrap_err());
+        assert_eq!(o, "expiry", "election {short:?}");
+    }
+    let at_min = builder(&shared).expiry(MIN_EXPIRY).build().unwrap();
+    assert_eq!(at_min.lock("min").unwrap().expiry(), MIN_EXPIRY);
+    assert_eq!(
+        p.lock("min")
+            .unwrap()
+            .with_expiry(MIN_EXPIRY)
+            .unwrap()
+            .expiry(),
+        MIN_EXPIRY
+    );
     let (o, _) = opt(builder(&shared)
         .expiry(Duration::from_secs(400 * 86400))
         .build()
@@ -284,13 +324,23 @@ pub async fn bad_input_is_rejected_before_the_backend(backend: Arc<dyn LockBacke
         "bad input reached the backend"
     );
 
-    // extend(0) on a held guard is refused locally too.
+    // extend(0), and extend below the minimum lease, on a held guard are refused locally too.
     let g = lock.acquire().await.unwrap();
     let calls = counting.calls.load(Ordering::SeqCst);
     assert!(matches!(
         g.extend(Duration::ZERO).await,
         Err(Error::InvalidOptions { option: "ttl", .. })
     ));
+    match g.extend(Duration::from_millis(1)).await {
+        Err(Error::InvalidOptions {
+            option: "ttl",
+            reason,
+        }) => {
+            assert!(reason.contains("minimum of 100 ms"), "{reason}");
+        }
+        other => panic!("extend(1 ms): expected InvalidOptions, got {other:?}"),
+    }
+    assert!(!g.is_lost(), "a refused extension must not touch the lease");
     assert_eq!(counting.calls.load(Ordering::SeqCst), calls);
     g.release().await.unwrap();
 }
