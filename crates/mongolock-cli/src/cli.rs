@@ -73,6 +73,8 @@ Exit statuses:
   1      mongolock failed (cannot connect, bad URI, authentication, server error)
   2      usage error
   3      inspect: no such lock; release --force: the lock was not held
+  66     list/inspect/watch: the PostgreSQL lock table does not exist (read commands
+         create nothing; the first exec creates it)
   75     exec --wait ran out while the lock was held elsewhere; the command was not run
          (--conflict-exit-code chooses another status)
   76     the lock was lost while the command ran; the command was stopped
@@ -307,7 +309,10 @@ Examples:
   mongolock list
   mongolock list --held --prefix reports:
   mongolock --db app --collection locks list
-  mongolock list --json | jq '.[] | select(.held) | .name'")]
+  mongolock list --json | jq '.[] | select(.held) | .name'
+
+Exits with status 77 when --collection holds data that is not mongolock's, and 66 when the
+PostgreSQL lock table does not exist (nothing is created).")]
     List(ListArgs),
 
     /// Show one lock: holder, fencing token, lease, times, who waits for it; a semaphore's
@@ -326,7 +331,8 @@ Examples:
   mongolock inspect nightly-report --json | jq .holder.host
   mongolock inspect nightly-report --json | jq '.waiters[].holder.pid'
 
-Exits with status 3 when there is no lock with that name."
+Exits with status 3 when there is no lock with that name, 77 when --collection holds data that
+is not mongolock's, and 66 when the PostgreSQL lock table does not exist (nothing is created)."
     )]
     Inspect(InspectArgs),
 
@@ -372,7 +378,13 @@ Examples:
   mongolock watch
   mongolock watch --interval 10s
   mongolock watch --once
-  mongolock watch --count 5 --json | jq -c '.locks[] | {name, state}'"
+  mongolock watch --count 5 --json | jq -c '.locks[] | {name, state}'
+
+A failed read is shown and tried again at the next refresh (a PostgreSQL lock table that does
+not exist yet appears once the first exec creates it; watch creates nothing). Exits with status
+77 at once when --collection holds data that is not mongolock's; with --once, or when the last
+of --count N refreshes failed, with that failure's status (66: the PostgreSQL lock table does
+not exist)."
     )]
     Watch(WatchArgs),
 

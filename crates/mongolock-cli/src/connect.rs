@@ -122,6 +122,7 @@ impl Connection {
                 crate::exit::USAGE
             }
             mongolock::Error::ForeignCollection { .. } => crate::exit::FOREIGN_COLLECTION,
+            mongolock::Error::MissingLockTable { .. } => crate::exit::MISSING_TABLE,
             _ => crate::exit::FAILURE,
         };
         CliError::with_code(

@@ -7,6 +7,8 @@
 //! | 1       | mongolock itself failed: cannot connect, bad URI, authentication, server error   |
 //! | 2       | usage error (bad option or argument; printed by the argument parser)             |
 //! | 3       | `inspect`: no lock with that name exists; `release --force`: it was not held    |
+//! | 66      | `list`/`inspect`/`watch` (PostgreSQL): the lock table (or its schema) does not   |
+//! |         | exist; read commands create nothing                                              |
 //! | 75      | `exec --wait`: the wait ran out while someone else held the lock; CMD not run    |
 //! | 76      | `exec`/`elect`: the lock was lost while CMD ran (CMD was stopped)                |
 //! | 77      | the lock collection (table) holds data that is not mongolock's; nothing written  |
@@ -21,7 +23,8 @@
 //!
 //! 75 is `EX_TEMPFAIL` from `sysexits.h` ("try again later"); 76 is chosen next to it; 78 is
 //! `EX_CONFIG` (the processes sharing a name disagree on its configuration); 77 is `EX_NOPERM`
-//! (mongolock refuses to write to a collection or table that is not its own); 79 follows them
+//! (mongolock refuses to use a collection or table that is not its own, for reads as for
+//! writes); 66 is `EX_NOINPUT` (what a read command was asked to read does not exist); 79 follows them
 //! (the lease named by the token is not there any more: a script must not retry blindly). A command
 //! that itself exits 75 or 76 cannot be told apart from these; scripts that need to can check
 //! for the message on stderr.
@@ -37,6 +40,9 @@ pub const FAILURE: i32 = 1;
 pub const USAGE: i32 = 2;
 /// `inspect`: the lock does not exist.
 pub const NOT_FOUND: i32 = 3;
+/// A read command (`list`, `inspect`, `watch`) found no lock table (PostgreSQL; or no schema):
+/// no lock was ever taken there, or `--collection` is wrong. Nothing was created.
+pub const MISSING_TABLE: i32 = 66;
 /// `exec --wait D`: the lock stayed held by someone else for D; the command was not run.
 pub const WAIT_TIMED_OUT: i32 = 75;
 /// The lock was lost while the command ran; the command was stopped.

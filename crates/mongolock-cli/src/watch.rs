@@ -10,6 +10,12 @@
 //!
 //! In a terminal each refresh clears the screen and redraws; otherwise each refresh is a plain
 //! text block (a header line, the table, a blank line) or, with `--json`, one JSON line.
+//!
+//! A failed read is shown in place of the table and tried again at the next refresh (a
+//! PostgreSQL lock table that does not exist yet, status 66, shows up once the first `exec`
+//! creates it; reads never create it). A collection or table that is not mongolock's (status
+//! 77) ends `watch` at once, as it ends `list`. With `--once`, or when the last of `--count N`
+//! refreshes failed, `watch` exits with that failure's status.
 
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
@@ -51,11 +57,15 @@ pub async fn run(global: &GlobalArgs, args: WatchArgs) -> Result<i32, CliError> 
     let limit = if args.once { Some(1) } else { args.count };
     let mut shown = 0u64;
     loop {
-        let locks = match provider.list_matching(&args.filter.filter()).await {
-            Ok(locks) => Some(locks),
+        // The locks, or why this refresh failed (the exit status if it is the last).
+        let (locks, failed) = match provider.list_matching(&args.filter.filter()).await {
+            Ok(locks) => (Some(locks), None),
             Err(e) => {
                 let err = conn.error(&format!("cannot list locks in {namespace}"), &e);
-                if args.once {
+                // A store that is not mongolock's stays so: no refresh would show locks. (A
+                // missing PostgreSQL table is shown and read again: the first `exec` creates
+                // it.)
+                if args.once || matches!(e, mongolock::Error::ForeignCollection { .. }) {
                     return Err(err);
                 }
                 // Shown in place of the table; the next refresh tries again.
@@ -75,7 +85,7 @@ pub async fn run(global: &GlobalArgs, args: WatchArgs) -> Result<i32, CliError> 
                 if !write(&text)? {
                     return Ok(exit::SUCCESS);
                 }
-                None
+                (None, Some(err))
             }
         };
         if let Some(locks) = &locks {
@@ -88,7 +98,10 @@ pub async fn run(global: &GlobalArgs, args: WatchArgs) -> Result<i32, CliError> 
         }
         shown += 1;
         if limit.is_some_and(|n| shown >= n) {
-            return Ok(exit::SUCCESS);
+            return match failed {
+                Some(err) => Err(err),
+                None => Ok(exit::SUCCESS),
+            };
         }
         next_refresh(&backend, locks.as_deref().unwrap_or(&[]), args.interval).await;
     }

@@ -542,6 +542,81 @@ async fn an_application_collection_is_refused_with_status_77_and_left_untouched(
     assert_eq!(snapshot().await, before, "the collection was changed");
 }
 
+/// Read commands on an application's collection are refused like writes, with status 77
+/// (issue 32 §4: `--collection orders list` exited 0 and showed an order as lock `nightly …
+/// released`; `inspect nightly` said `state: released`), and write nothing there. A
+/// collection that does not exist lists as empty (MongoDB creates collections on first
+/// write) and is not created.
+#[tokio::test(flavor = "multi_thread")]
+async fn read_commands_refuse_an_application_collection_with_status_77() {
+    use futures_util::TryStreamExt;
+    use mongodb::bson::{doc, Document};
+    let env = Env::new("foreignread").await;
+    let client = mongodb::Client::with_uri_str(&env.uri).await.unwrap();
+    let db = client.database(&env.db);
+    let orders = db.collection::<Document>("orders");
+    orders
+        .insert_many(vec![
+            doc! { "_id": "nightly", "customer": "alice", "total": 12 },
+            doc! { "_id": "weekly", "customer": "bob", "total": 3 },
+        ])
+        .await
+        .unwrap();
+    let snapshot = || async {
+        let docs: Vec<Document> = orders
+            .find(doc! {})
+            .sort(doc! { "_id": 1 })
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let indexes = orders.list_index_names().await.unwrap();
+        (docs, indexes)
+    };
+    let before = snapshot().await;
+    for args in [
+        &["list"][..],
+        &["list", "--json"],
+        &["list", "--held", "--prefix", "n"],
+        &["inspect", "nightly"],
+        &["inspect", "nightly", "--json"],
+        &["watch", "--once"],
+        &["watch", "--count", "3", "--interval", "1s"],
+    ] {
+        let mut all = vec!["--collection", "orders"];
+        all.extend_from_slice(args);
+        let out = env.run(&all).await;
+        assert_eq!(out.status.code(), Some(77), "{args:?}: {}", describe(&out));
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(&format!("{}.orders", env.db)) && stderr.contains("distributed.locks"),
+            "{args:?}: {}",
+            describe(&out)
+        );
+        assert!(
+            !text(&out.stdout).contains("nightly"),
+            "{args:?}: {}",
+            describe(&out)
+        );
+    }
+    assert_eq!(snapshot().await, before, "the collection was changed");
+
+    // A collection that does not exist: no locks, and still no collection.
+    let out = env.run(&["--collection", "nothing_here", "list"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(text(&out.stdout).contains("no locks"), "{}", describe(&out));
+    let out = env
+        .run(&["--collection", "nothing_here", "inspect", "a"])
+        .await;
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    let names = db.list_collection_names().await.unwrap();
+    assert!(
+        !names.iter().any(|n| n == "nothing_here"),
+        "a read created the collection: {names:?}"
+    );
+}
+
 /// Two `exec --wait` that gave up ahead of a live one: it runs soon after the release (it
 /// waited until the holder's expiry before they withdrew from the queue).
 #[tokio::test(flavor = "multi_thread")]

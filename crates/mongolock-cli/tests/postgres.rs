@@ -367,6 +367,116 @@ async fn losing_any_lease_of_a_set_stops_the_command_with_76() {
     exec_set_stops_the_command_when_any_lease_is_lost(&env).await;
 }
 
+/// Which of the schema, the table and its fencing-token sequence exist.
+async fn pg_objects(url: &str, schema: &str, table: &str) -> [bool; 3] {
+    let admin = pg::admin(url).await;
+    let row = admin
+        .query_one(
+            "SELECT to_regnamespace(quote_ident($1)) IS NOT NULL,
+                    to_regclass(quote_ident($1) || '.' || quote_ident($2)) IS NOT NULL,
+                    to_regclass(quote_ident($1) || '.' || quote_ident($2 || '_fencing_token'))
+                      IS NOT NULL",
+            &[&schema, &table],
+        )
+        .await
+        .unwrap();
+    [row.get(0), row.get(1), row.get(2)]
+}
+
+/// Read commands never create anything (issue 32 §4: `--collection bad.schema.name list`
+/// printed "no locks" and created schema `bad`, table `"schema.name"`, a sequence and a
+/// trigger; `--collection 'weird"name' list` created a table): on a missing schema or table
+/// `list`, `inspect` and `watch` exit 66 saying the table does not exist and how it is
+/// created, and nothing is created. After an `exec` created it, they work.
+#[tokio::test(flavor = "multi_thread")]
+async fn read_commands_on_a_missing_table_exit_66_and_create_nothing() {
+    let Some(env) = PgEnv::new("missing") else {
+        return;
+    };
+    let schema = pg::unique_table("bad");
+    let weird = pg::unique_table("weird\"name");
+    for (collection, schema, table) in [
+        (
+            format!("{schema}.schema.name"),
+            schema.as_str(),
+            "schema.name",
+        ),
+        (weird.clone(), "public", weird.as_str()),
+    ] {
+        let run = |args: &[&str]| {
+            let mut all = vec![];
+            all.extend_from_slice(args);
+            let cmd = command(&env.url, &["--collection", &collection], &env.dir, &all);
+            async move {
+                let mut cmd = cmd;
+                finish(cmd.spawn().expect("spawn mongolock"), LONG).await
+            }
+        };
+        for args in [
+            &["list"][..],
+            &["list", "--json"],
+            &["inspect", "nightly"],
+            &["watch", "--once"],
+            &["watch", "--count", "3", "--interval", "1s"],
+        ] {
+            let out = run(args).await;
+            assert_eq!(out.status.code(), Some(66), "{args:?}: {}", describe(&out));
+            let stderr = text(&out.stderr);
+            assert!(
+                stderr.contains("does not exist") && stderr.contains("exec"),
+                "{args:?}: {}",
+                describe(&out)
+            );
+            assert!(
+                !text(&out.stdout).contains("no locks"),
+                "{}",
+                describe(&out)
+            );
+        }
+        assert_eq!(
+            pg_objects(&env.url, schema, table).await,
+            [schema == "public", false, false],
+            "{collection}: a read command created something (schema, table, sequence)"
+        );
+        let out = run(&["exec", "nightly", "--", "true"]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let out = run(&["list"]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert!(text(&out.stdout).contains("nightly"), "{}", describe(&out));
+    }
+    pg::admin(&env.url)
+        .await
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await
+        .unwrap();
+}
+
+/// Read commands on an application's table with the lock table's name exit 77, like writes.
+#[tokio::test(flavor = "multi_thread")]
+async fn read_commands_refuse_an_application_table_with_status_77() {
+    let Some(env) = PgEnv::new("orders") else {
+        return;
+    };
+    pg::admin(&env.url)
+        .await
+        .batch_execute(&format!(
+            "CREATE TABLE \"{t}\" (name text PRIMARY KEY, customer text);
+             INSERT INTO \"{t}\" VALUES ('nightly', 'alice');",
+            t = env.table
+        ))
+        .await
+        .unwrap();
+    for args in [
+        &["list"][..],
+        &["inspect", "nightly"],
+        &["watch", "--once"],
+        &["watch", "--count", "3", "--interval", "1s"],
+    ] {
+        let out = env.run(args).await;
+        assert_eq!(out.status.code(), Some(77), "{args:?}: {}", describe(&out));
+    }
+}
+
 /// Waiters that gave up or were SIGKILLed while queued do not hold up a live one.
 #[tokio::test(flavor = "multi_thread")]
 async fn waiters_that_gave_up_or_were_killed_do_not_stall_a_live_one() {

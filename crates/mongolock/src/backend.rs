@@ -19,6 +19,14 @@
 //!   of stored state.
 //! * **Ownership.** [`extend`](LockBackend::extend) acts only on the caller's unexpired lease;
 //!   [`release`](LockBackend::release) only on the caller's lease, and is idempotent for it.
+//! * **Reads only read.** The reads ([`inspect`](LockBackend::inspect),
+//!   [`list`](LockBackend::list), [`list_matching`](LockBackend::list_matching),
+//!   [`holders`](LockBackend::holders), [`waiters`](LockBackend::waiters),
+//!   [`slot_limit`](LockBackend::slot_limit)) never create or alter anything, and report only
+//!   the backend's own data: a store holding someone else's data is refused with
+//!   [`Error::ForeignCollection`](crate::Error::ForeignCollection), as writes refuse it; a
+//!   store that must be created before use and does not exist yet (PostgreSQL's table) with
+//!   [`Error::MissingLockTable`](crate::Error::MissingLockTable).
 //!
 //! The data types exchanged here ([`AcquireRequest`], [`Lease`], [`Attempt`], [`LockInfo`],
 //! [`LeaseHolder`]) are plain structs and enums with public fields, not `#[non_exhaustive]`: a
@@ -498,10 +506,11 @@ pub trait LockBackend: Send + Sync + 'static {
         LeaseId::random()
     }
 
-    /// Reads one lock; `None` when the backend has no record of the name.
+    /// Reads one lock; `None` when the backend has no record of the name. Like every read,
+    /// creates and alters nothing (see the [contract](crate::backend)).
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>>;
 
-    /// Reads every lock the backend stores, sorted by name.
+    /// Reads every lock the backend stores, sorted by name. Creates and alters nothing.
     async fn list(&self) -> Result<Vec<LockInfo>>;
 
     /// Every current holder of `name`, by server time at the read, in the order their leases

@@ -142,6 +142,26 @@ pub enum Error {
         fix: String,
     },
 
+    /// A read-only operation ([`inspect`](crate::LockProvider::inspect),
+    /// [`list`](crate::LockProvider::list), [`list_matching`](crate::LockProvider::list_matching),
+    /// [`holders`](crate::LockProvider::holders), [`waiters`](crate::LockProvider::waiters),
+    /// [`slot_limit`](crate::LockProvider::slot_limit)) found no lock table (PostgreSQL) where
+    /// the backend keeps its locks: no lock was ever taken there, or the schema or table name
+    /// is wrong. Read-only operations never create anything, so nothing was created. The table
+    /// is created by the first acquisition or by `PostgresBackend::migrate`. (On MongoDB a
+    /// collection that does not exist reads as empty: MongoDB creates collections on first
+    /// write.)
+    #[error(
+        "the lock table {table} does not exist (no lock was ever taken there, or the name is \
+         wrong); read-only operations create nothing. {fix}"
+    )]
+    MissingLockTable {
+        /// The table, `schema.table`.
+        table: String,
+        /// What to do.
+        fix: String,
+    },
+
     /// [`LockGuard::release_after`](crate::LockGuard::release_after) (a minimum hold) was
     /// asked of a lease that cannot be held on by the server: a semaphore slot, a reader of a
     /// read-write lock, a document lock, or a backend that does not implement

@@ -202,12 +202,17 @@ impl LockProvider {
         Ok(crate::RwLock::new(self.lock(name)?, intent))
     }
 
-    /// Reads the state of `name`; `None` when the backend has no record of it.
+    /// Reads the state of `name`; `None` when the backend has no record of it. Creates and
+    /// alters nothing.
     ///
     /// # Errors
     /// [`Error::InvalidName`](crate::Error::InvalidName) for a bad name (nothing is sent); the
     /// backend's error, without retry: [`Error::Unavailable`](crate::Error::Unavailable) when it
-    /// cannot be reached, [`Error::Backend`](crate::Error::Backend) when it refuses the read.
+    /// cannot be reached, [`Error::Backend`](crate::Error::Backend) when it refuses the read,
+    /// [`Error::ForeignCollection`](crate::Error::ForeignCollection) when the lock collection
+    /// or table holds data that is not mongolock's,
+    /// [`Error::MissingLockTable`](crate::Error::MissingLockTable) when the PostgreSQL lock
+    /// table does not exist yet (MongoDB: a collection that does not exist reads as empty).
     ///
     /// # Cancel safety
     /// Cancel-safe: a read; dropping the future changes nothing.
@@ -216,12 +221,14 @@ impl LockProvider {
         self.inner.backend.inspect(name).await
     }
 
-    /// Reads every lock in the backend, sorted by name.
+    /// Reads every lock in the backend, sorted by name. Creates and alters nothing.
     ///
     /// # Errors
     /// The backend's error, without retry: [`Error::Unavailable`](crate::Error::Unavailable)
     /// when it cannot be reached, [`Error::Backend`](crate::Error::Backend) when it refuses the
-    /// read.
+    /// read, [`Error::ForeignCollection`](crate::Error::ForeignCollection) and
+    /// [`Error::MissingLockTable`](crate::Error::MissingLockTable) as for
+    /// [`inspect`](Self::inspect).
     ///
     /// # Cancel safety
     /// Cancel-safe: a read; dropping the future changes nothing.

@@ -217,12 +217,17 @@ impl Attempts for ReadAttempts<'_> {
     type Granted = LockGuard;
 
     async fn attempt(&self, lease_id: &LeaseId, in_flight: InFlight) -> Result<Step<LockGuard>> {
-        if let Some(intent) = self.0.intent.inspect().await? {
-            if intent.held {
-                return Ok(Step::Busy {
-                    holder_expires_at: None,
-                });
-            }
+        let intent = match self.0.intent.inspect().await {
+            Ok(intent) => intent,
+            // No lock table yet (PostgreSQL, before its first use): no writer holds the
+            // intent, and the slot attempt below creates the table.
+            Err(crate::Error::MissingLockTable { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        if intent.is_some_and(|i| i.held) {
+            return Ok(Step::Busy {
+                holder_expires_at: None,
+            });
         }
         self.0.readers.attempt(lease_id, in_flight).await
     }

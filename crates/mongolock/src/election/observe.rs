@@ -67,7 +67,8 @@ impl Election {
     /// # Errors
     /// The backend's error, without retry: [`Error::Unavailable`](crate::Error::Unavailable)
     /// when it cannot be reached, [`Error::Backend`](crate::Error::Backend) when it refuses the
-    /// read.
+    /// read; [`Error::MissingLockTable`](crate::Error::MissingLockTable) on PostgreSQL before
+    /// anyone campaigned on the table (a read creates nothing; the first campaign creates it).
     ///
     /// # Cancel safety
     /// Cancel-safe: a read; dropping the future changes nothing.

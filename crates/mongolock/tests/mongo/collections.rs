@@ -478,3 +478,114 @@ async fn a_ttl_index_created_later_is_seen_by_the_next_verification() {
     assert!(g.fencing_token() > 0);
     g.release().await.unwrap();
 }
+
+/// Reads of an application's collection are refused like writes (issue 32 §4: `list` showed an
+/// application document as lock `nightly … released`): `list`, `list_matching`, `inspect`,
+/// `holders`, `waiters` and `slot_limit` fail with `ForeignCollection`, and nothing is written.
+#[tokio::test]
+async fn reads_of_an_application_collection_are_refused() {
+    let t = test_database().await;
+    let coll_name = unique("orders");
+    let coll = t.db.collection::<Document>(&coll_name);
+    coll.insert_many(vec![
+        doc! { "_id": "nightly", "customer": "alice", "total": 12 },
+        doc! { "_id": ObjectId::new(), "customer": "bob", "total": 3 },
+    ])
+    .await
+    .unwrap();
+    let before = all_docs(&coll).await;
+    let indexes_before = index_specs(&coll).await;
+    let ns = coll.namespace().to_string();
+    let backend = MongoBackend::builder(&t.db)
+        .collection(coll_name.clone())
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    // Each on a fresh backend too: the first read of a backend checks, as the first write does.
+    assert_foreign("inspect", provider.inspect("nightly").await, &ns);
+    assert_foreign("list", provider.list().await, &ns);
+    assert_foreign(
+        "list_matching",
+        provider
+            .list_matching(&mongolock::ListFilter::new().prefix("n"))
+            .await,
+        &ns,
+    );
+    assert_foreign("holders", provider.holders("nightly").await, &ns);
+    assert_foreign("waiters", provider.waiters("nightly").await, &ns);
+    assert_foreign("slot_limit", provider.slot_limit("nightly").await, &ns);
+    let fresh = || {
+        LockProvider::builder(
+            MongoBackend::builder(&t.db)
+                .collection(coll_name.clone())
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
+    };
+    assert_foreign("list first", fresh().list().await, &ns);
+    assert_foreign("holders first", fresh().holders("nightly").await, &ns);
+    assert_foreign("waiters first", fresh().waiters("nightly").await, &ns);
+    assert_foreign("slot_limit first", fresh().slot_limit("nightly").await, &ns);
+    assert_eq!(all_docs(&coll).await, before, "the documents were changed");
+    assert_eq!(
+        index_specs(&coll).await,
+        indexes_before,
+        "an index was created"
+    );
+}
+
+/// A backend whose check passed (the collection held only locks) and then finds a document
+/// that is not a lock document while reading reports the collection as foreign, rather than
+/// showing the document as a lock.
+#[tokio::test]
+async fn a_foreign_document_found_while_reading_is_refused() {
+    let t = test_database().await;
+    let (provider, coll) = mongo::provider_on_new_collection(&t);
+    mongo::take_once(&provider, "a").await;
+    assert_eq!(provider.list().await.unwrap().len(), 1);
+    let ns = coll.namespace().to_string();
+    coll.insert_one(doc! { "_id": "nightly", "customer": "alice" })
+        .await
+        .unwrap();
+    assert_foreign("list", provider.list().await, &ns);
+    assert_foreign(
+        "list_matching",
+        provider.list_matching(&mongolock::ListFilter::new()).await,
+        &ns,
+    );
+    assert_foreign("inspect", provider.inspect("nightly").await, &ns);
+    // The lock documents themselves still read.
+    assert!(provider.inspect("a").await.unwrap().is_some());
+}
+
+/// Reads of a collection that does not exist report no locks, as an empty collection (MongoDB
+/// creates collections on first write), and create nothing: no collection, no index.
+#[tokio::test]
+async fn reads_of_a_missing_collection_find_nothing_and_create_nothing() {
+    let t = test_database().await;
+    // Another collection, so that the database exists on every deployment.
+    t.db.collection::<Document>("other")
+        .insert_one(doc! { "x": 1 })
+        .await
+        .unwrap();
+    let (provider, coll) = mongo::provider_on_new_collection(&t);
+    assert!(provider.list().await.unwrap().is_empty());
+    assert!(provider
+        .list_matching(&mongolock::ListFilter::new().prefix("a"))
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(provider.inspect("a").await.unwrap().is_none());
+    assert!(provider.holders("a").await.unwrap().is_empty());
+    assert!(provider.waiters("a").await.unwrap().is_empty());
+    assert!(provider.slot_limit("a").await.unwrap().is_none());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let names = t.db.list_collection_names().await.unwrap();
+    assert!(
+        !names.iter().any(|n| n == coll.name()),
+        "a read created {}: {names:?}",
+        coll.name()
+    );
+}

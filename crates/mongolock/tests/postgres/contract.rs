@@ -14,6 +14,9 @@ async fn setup() -> Option<Env> {
         .table(&table)
         .build()
         .expect("valid options");
+    // The cases read a store that exists: reads never create the table (they fail with
+    // `MissingLockTable` before its first use; `tables.rs`).
+    backend.migrate().await.expect("create the lock table");
     let env = Env::new(Arc::new(backend))
         .with_notifications()
         // A backend per candidate in the election cases, created in the runtime that will use

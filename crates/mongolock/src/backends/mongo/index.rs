@@ -1,17 +1,25 @@
 //! The collection checks of a backend, and the TTL index on `expiresAt`.
 //!
 //! # The collection must be ours
-//! Before its first write or index creation, a backend checks once (per backend and its
-//! clones) that its collection is empty or holds only mongolock's documents: one `find` for a
+//! Before its first read, write or index creation, a backend checks once (per backend and
+//! its clones) that its collection is empty or holds only mongolock's documents: one `find` for a
 //! document that is *not* ours, `limit: 1`, projected to `_id`, on the primary with majority
 //! read concern. Ours are the lock documents (a string `_id`, a `leaseId` field and a date
 //! `expiresAt`: every grant writes all three, see `document.rs`) and the fencing-epoch counters
 //! (`_id: {mongolock: "fencing-epoch", bucket}`). On a collection of application documents the
 //! scan stops at the first document; on a lock collection it reads each document once, once per
-//! backend. A foreign document makes every operation that would write fail with
-//! [`Error::ForeignCollection`] (nothing written: no lock fields, no counters, no TTL index,
-//! which would delete application documents by *their* `expiresAt`). A failed check (network,
-//! permissions) is not remembered: the next operation checks again.
+//! backend. A foreign document makes every operation fail with [`Error::ForeignCollection`]:
+//! writes (nothing written: no lock fields, no counters, no TTL index, which would delete
+//! application documents by *their* `expiresAt`) and reads alike (`list`, `inspect`, the
+//! holders, the wait queue, the slot limit: an application document is never shown as a
+//! lock). A failed check (network, permissions) is not remembered: the next operation checks
+//! again. After the check passed, reads still check every document they return
+//! ([`is_lock_document`], no extra round trip): a document written there since (with a
+//! string `_id`: `list` reads only those) fails the read the same way.
+//!
+//! A collection that does not exist passes the check (it holds nothing) and reads as empty:
+//! MongoDB creates a collection on its first write, so "no collection" and "no lock was ever
+//! taken there" are the same thing, and `find` and `aggregate` on it create nothing.
 //!
 //! # The TTL index
 //! Created once per collection per process, in the background, after the check above:
@@ -122,14 +130,41 @@ async fn check_ours(reads: &Collection<Document>) -> Result<()> {
         .projection(doc! { "_id": 1 })
         .await
         .map_err(|e| classify(e, "check the lock collection (find)"))?;
-    let Some(d) = found else {
-        return Ok(());
-    };
+    match found {
+        None => Ok(()),
+        Some(d) => Err(foreign(reads, &d)),
+    }
+}
+
+/// Whether `d` (read from the lock collection) is a lock document: a string `_id`, a
+/// `leaseId` field and a date `expiresAt` (what every grant writes; the epoch counters are
+/// never read as locks). Reads check every document they return, so that a document written
+/// after the once-per-backend check is not shown as a lock.
+pub(super) fn is_lock_document(d: &Document) -> bool {
+    matches!(d.get("_id"), Some(Bson::String(_)))
+        && d.contains_key(LEASE_ID)
+        && matches!(d.get(EXPIRES_AT), Some(Bson::DateTime(_)))
+}
+
+/// Ok when every document of `docs` is a lock document ([`is_lock_document`]), else
+/// [`Error::ForeignCollection`] naming the first that is not.
+pub(super) fn ensure_lock_documents<'a>(
+    reads: &Collection<Document>,
+    docs: impl IntoIterator<Item = &'a Document>,
+) -> Result<()> {
+    match docs.into_iter().find(|d| !is_lock_document(d)) {
+        None => Ok(()),
+        Some(d) => Err(foreign(reads, d)),
+    }
+}
+
+/// The error for a collection in which document `d` is not mongolock's.
+fn foreign(reads: &Collection<Document>, d: &Document) -> Error {
     let id = d
         .get("_id")
         .map_or_else(|| "no _id".to_owned(), |id| format!("{{_id: {id}}}"));
     let namespace = reads.namespace().to_string();
-    Err(Error::ForeignCollection {
+    Error::ForeignCollection {
         found: format!("it holds document {id}, which is not a mongolock lock document"),
         fix: format!(
             "Choose another collection (the default is distributed.locks; the CLI's \
@@ -138,7 +173,7 @@ async fn check_ours(reads: &Collection<Document>) -> Result<()> {
              (DocumentLocks), which never write outside their lock field of {namespace}"
         ),
         namespace,
-    })
+    }
 }
 
 /// Whether every TTL index of the collection is on `expiresAt` alone and deletes at least `2 ·

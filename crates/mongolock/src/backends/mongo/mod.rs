@@ -161,10 +161,19 @@
 //! name's use as a lock).
 //!
 //! # The collection, and the TTL index (`index.rs`)
-//! A backend writes only to a collection that is empty or holds only mongolock's documents
-//! (lock documents and epoch counters): before its first write or index creation it checks,
-//! once, with one `find` for a document that is not ours; otherwise every writing operation
-//! fails with [`Error::ForeignCollection`] and nothing is written.
+//! A backend uses only a collection that is empty or holds only mongolock's documents (lock
+//! documents and epoch counters): before its first read, write or index creation it checks,
+//! once, with one `find` for a document that is not ours; otherwise every operation fails
+//! with [`Error::ForeignCollection`] — writes (nothing is written) and reads alike
+//! ([`inspect`](crate::LockBackend::inspect), [`list`](crate::LockBackend::list),
+//! [`list_matching`](crate::LockBackend::list_matching),
+//! [`holders`](crate::LockBackend::holders), [`waiters`](crate::LockBackend::waiters),
+//! [`slot_limit`](crate::LockBackend::slot_limit): an application's document is never
+//! reported as a lock). Reads also check each document they return, at no extra round trip,
+//! so a foreign document written after the check fails them the same way. Reads never
+//! create anything: a collection that does not exist reads as empty (no locks), which is what
+//! it holds — MongoDB creates a collection on its first write, so it exists once a lock was
+//! taken there.
 //!
 //! An index `{expiresAt: 1}` with `expireAfterSeconds = cleanup_after` (default 1 hour) is
 //! created once per collection per process, in the background, on the first acquisition.
@@ -303,9 +312,10 @@ pub struct MongoBackendBuilder {
 
 impl MongoBackendBuilder {
     /// The lock collection (default `distributed.locks`). It must be empty or hold only
-    /// mongolock's documents: the backend checks that once, before its first write, and
-    /// otherwise fails every writing operation with [`Error::ForeignCollection`], writing
-    /// nothing (see the [module docs](self)).
+    /// mongolock's documents: the backend checks that once, before its first read or write,
+    /// and otherwise fails every operation with [`Error::ForeignCollection`], writing nothing
+    /// (see the [module docs](self)). A collection that does not exist reads as empty; the
+    /// first acquisition creates it.
     pub fn collection(mut self, name: impl Into<String>) -> Self {
         self.collection = name.into();
         self
@@ -751,15 +761,20 @@ impl LockBackend for MongoBackend {
         self.watch.new_lease_id()
     }
 
+    // Reads check the collection too (once, as writes do; module docs "The collection").
+
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        self.checks.ensure_ours(&self.reads).await?;
         ops::inspect(&self.reads, name).await
     }
 
     async fn list(&self) -> Result<Vec<LockInfo>> {
+        self.checks.ensure_ours(&self.reads).await?;
         ops::list(&self.reads).await
     }
 
     async fn holders(&self, name: &str) -> Result<Vec<crate::backend::LeaseHolder>> {
+        self.checks.ensure_ours(&self.reads).await?;
         ops::holders(&self.reads, name).await
     }
 
@@ -774,14 +789,17 @@ impl LockBackend for MongoBackend {
     }
 
     async fn waiters(&self, name: &str) -> Result<Vec<crate::QueuedWaiter>> {
+        self.checks.ensure_ours(&self.reads).await?;
         operator::waiters(&self.reads, name).await
     }
 
     async fn slot_limit(&self, name: &str) -> Result<Option<u32>> {
+        self.checks.ensure_ours(&self.reads).await?;
         operator::slot_limit(&self.reads, name).await
     }
 
     async fn list_matching(&self, filter: &crate::ListFilter) -> Result<Vec<LockInfo>> {
+        self.checks.ensure_ours(&self.reads).await?;
         operator::list_matching(&self.reads, filter).await
     }
 

@@ -1,7 +1,6 @@
 //! The operator's operations (`crate::operator`): the wait queue and slot limit of a name,
 //! lists filtered by prefix on the server, and the conditional force-release by fencing token.
 
-use futures_util::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document, Regex};
 use mongodb::Collection;
 
@@ -13,16 +12,11 @@ use crate::backend::LockInfo;
 use crate::error::Result;
 use crate::operator::{ListFilter, QueuedWaiter};
 
-/// The lock document of `name` read together with the server time (`OBSERVED_AT`).
+/// The lock document of `name` read together with the server time (`OBSERVED_AT`);
+/// [`Error::ForeignCollection`](crate::Error::ForeignCollection) when the document of that
+/// `_id` is not a lock document.
 async fn read_one(coll: &Collection<Document>, name: &str, op: &str) -> Result<Option<Document>> {
-    let cursor = coll
-        .aggregate(vec![
-            doc! { "$match": { "_id": name } },
-            doc! { "$addFields": { OBSERVED_AT: "$$NOW" } },
-        ])
-        .await
-        .map_err(|e| classify(e, op))?;
-    let docs: Vec<Document> = cursor.try_collect().await.map_err(|e| classify(e, op))?;
+    let docs = ops::read_docs(coll, doc! { "_id": name }, op).await?;
     Ok(docs.into_iter().next())
 }
 

@@ -12,8 +12,8 @@ use super::document::{
     self, ttl_millis, ENDED, ENDED_FROM, EXPIRES_AT, LAST_RELEASED, LEASE_ID, OBSERVED_AT,
 };
 use super::errors::classify;
-use super::queue;
 use super::slots::{self, LIMIT, SLOTS};
+use super::{index, queue};
 use crate::backend::{LeaseHolder, LeaseId, LockInfo};
 use crate::error::Result;
 
@@ -281,12 +281,14 @@ pub(super) async fn force_release(
     Ok(r.matched_count == 1)
 }
 
-/// Reads lock documents matching `filter` together with the server time.
-pub(super) async fn read(
+/// The documents matching `filter` read together with the server time (`OBSERVED_AT`):
+/// [`Error::ForeignCollection`](crate::Error::ForeignCollection) when one of them is not a
+/// lock document (`index::is_lock_document`).
+pub(super) async fn read_docs(
     coll: &Collection<Document>,
     filter: Document,
     op: &str,
-) -> Result<Vec<LockInfo>> {
+) -> Result<Vec<Document>> {
     let cursor = coll
         .aggregate(vec![
             doc! { "$match": filter },
@@ -295,6 +297,17 @@ pub(super) async fn read(
         .await
         .map_err(|e| classify(e, op))?;
     let docs: Vec<Document> = cursor.try_collect().await.map_err(|e| classify(e, op))?;
+    index::ensure_lock_documents(coll, &docs)?;
+    Ok(docs)
+}
+
+/// Reads lock documents matching `filter` together with the server time.
+pub(super) async fn read(
+    coll: &Collection<Document>,
+    filter: Document,
+    op: &str,
+) -> Result<Vec<LockInfo>> {
+    let docs = read_docs(coll, filter, op).await?;
     docs.iter().map(document::lock_info).collect()
 }
 
@@ -307,15 +320,7 @@ pub(super) async fn inspect(coll: &Collection<Document>, name: &str) -> Result<O
 
 /// Every current holder of `name` (see [`slots::holders`]), judged by the server's time.
 pub(super) async fn holders(coll: &Collection<Document>, name: &str) -> Result<Vec<LeaseHolder>> {
-    const OP: &str = "holders (aggregate)";
-    let cursor = coll
-        .aggregate(vec![
-            doc! { "$match": { "_id": name } },
-            doc! { "$addFields": { OBSERVED_AT: "$$NOW" } },
-        ])
-        .await
-        .map_err(|e| classify(e, OP))?;
-    let docs: Vec<Document> = cursor.try_collect().await.map_err(|e| classify(e, OP))?;
+    let docs = read_docs(coll, doc! { "_id": name }, "holders (aggregate)").await?;
     let Some(d) = docs.first() else {
         return Ok(Vec::new());
     };

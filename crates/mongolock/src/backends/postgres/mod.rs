@@ -44,7 +44,8 @@
 //!
 //! # The lock table
 //! One row per lock name, in a configurable schema and table (default
-//! `public.mongolock_locks`), created on first use or by [`PostgresBackend::migrate`]:
+//! `public.mongolock_locks`), created by the first writing operation (an acquisition, a
+//! release, a force-release) or by [`PostgresBackend::migrate`] — never by a read:
 //!
 //! ```text
 //! name text PRIMARY KEY, lease_id text, fencing_token bigint NOT NULL,
@@ -119,6 +120,15 @@
 //!   those tokens likewise, in the same write.
 //! * **Inspect / list**: one `SELECT` each; `held` is judged with one `clock_timestamp()`.
 //!   `list` is sorted by name bytewise (`COLLATE "C"`), as Rust sorts strings.
+//!
+//! **Reads create and alter nothing.** The reads (`inspect`, `list`, `list_matching`,
+//! `holders`, `waiters`, `slot_limit`) skip the migration: each is its one `SELECT`, with no
+//! check before it, and its error tells what is wrong. A missing schema or table (`42P01`,
+//! `3F000`) is [`Error::MissingLockTable`]: no lock was ever taken there, or the name is
+//! wrong. A missing column (`42703`) costs one more query (the migration's own inventory) to
+//! tell a table that is not mongolock's ([`Error::ForeignCollection`], as the writes refuse
+//! it) from a lock table of an older version, which a read does not upgrade
+//! ([`Error::Backend`] saying to run [`PostgresBackend::migrate`] or acquire once).
 //!
 //! **The uncontended shortcut.** The acquire and release statements carry the queue, the
 //! semaphore slots and the record of ended leases, and PostgreSQL sets up every node of their
@@ -251,7 +261,8 @@
 //! (resources), `57P01`–`57P03` (shutdown, starting up), `57014` (statement timeout), `40001`,
 //! `40P01`, `55P03` and `25006` (read-only during a failover) are
 //! [`Error::Unavailable`](crate::Error) (the core retries them within the caller's budget). A
-//! missing table (dropped while in use) is also transient: the next attempt creates it again.
+//! missing table (dropped while in use) is also transient for writes: the next attempt
+//! creates it again (reads report it, above).
 //! Anything else (`42501` permission denied, `28P01` authentication, `3D000` no such
 //! database, ...) is [`Error::Backend`](crate::Error) with the server's message, SQLSTATE and
 //! a hint. Lock names containing NUL (which `text` cannot store) are
@@ -259,8 +270,9 @@
 //!
 //! # Requirements
 //! PostgreSQL 11 or newer (`EXECUTE FUNCTION` in triggers); tested with PostgreSQL 15. The
-//! first use needs `CREATE` on the database (if the schema is missing) or on the schema, unless
-//! the table was created beforehand with [`PostgresBackend::migrate`] by a user who may.
+//! first writing operation needs `CREATE` on the database (if the schema is missing) or on the
+//! schema, unless the table was created beforehand with [`PostgresBackend::migrate`] by a user
+//! who may. Reads need only `USAGE` on the schema and `SELECT` on the table.
 
 mod errors;
 mod listen;
@@ -390,13 +402,15 @@ pub struct PostgresBackendBuilder {
 }
 
 impl PostgresBackendBuilder {
-    /// The schema of the lock table (default `public`); created on first use if missing.
+    /// The schema of the lock table (default `public`); created with the table if missing.
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
         self
     }
 
-    /// The lock table (default `mongolock_locks`, at most 50 bytes); created on first use.
+    /// The lock table (default `mongolock_locks`, at most 50 bytes); created by the first
+    /// writing operation or [`PostgresBackend::migrate`]. Reads never create it: before then
+    /// they fail with [`Error::MissingLockTable`].
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.table = table.into();
         self
@@ -652,9 +666,9 @@ impl PostgresBackend {
     }
 
     /// Creates whatever is missing of the schema, the table, its sequence, index and
-    /// notification trigger now (normally this happens on first use), and updates the trigger
-    /// function. Idempotent; safe to run from several processes at once, and while the table
-    /// is in use.
+    /// notification trigger now (normally the first writing operation does; reads never do),
+    /// and updates the trigger function. Idempotent; safe to run from several processes at
+    /// once, and while the table is in use.
     ///
     /// # Cancel safety
     /// The migration is one transaction; dropping the future rolls it back or lets it commit,
@@ -776,6 +790,51 @@ impl PostgresBackend {
         }
         .await;
         result.map_err(|e| self.inner.fail(op, e))
+    }
+
+    /// Runs one read-only statement and returns its rows, without the migration: a read never
+    /// creates or alters anything. No extra round trip: its errors tell what is wrong. A
+    /// missing table or schema is [`Error::MissingLockTable`]; a missing column means a table
+    /// that is not mongolock's ([`Error::ForeignCollection`]) or one made by an older version
+    /// ([`Error::Backend`] saying how to upgrade it), told apart by one more query.
+    async fn read_query(
+        &self,
+        op: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        let client = self.pooled(op).await?;
+        let result = async {
+            let statement = client.prepare_cached(sql).await?;
+            client.query(&statement, params).await
+        }
+        .await;
+        let e = match result {
+            Ok(rows) => return Ok(rows),
+            Err(e) => e,
+        };
+        if errors::is_missing_table(&e) {
+            // Dropped after this backend made sure of it: the next write creates it again.
+            self.inner.ready.store(false, Ordering::Release);
+            return Err(self.inner.schema.missing_table());
+        }
+        if e.code() != Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) {
+            return Err(self.inner.fail(op, e));
+        }
+        let detail = errors::describe(&e);
+        let row = client
+            .query_one(&self.inner.schema.existing_query(), &[])
+            .await
+            .map_err(|e| self.inner.fail(op, e))?;
+        let flag = |i: usize| row.try_get::<_, bool>(i).map_err(ops::decode);
+        if !flag(Schema::TABLE)? {
+            self.inner.ready.store(false, Ordering::Release);
+            Err(self.inner.schema.missing_table())
+        } else if !flag(Schema::OURS)? {
+            Err(self.inner.schema.foreign_table())
+        } else {
+            Err(self.inner.schema.outdated_table(&detail))
+        }
     }
 
     /// Starts the background cleanup once (when configured); it ends with the last clone.
@@ -1158,20 +1217,22 @@ impl LockBackend for PostgresBackend {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         ops::check_name(name)?;
         let rows = self
-            .query("inspect", &self.inner.schema.inspect, &[&name])
+            .read_query("inspect", &self.inner.schema.inspect, &[&name])
             .await?;
         rows.first().map(ops::info).transpose()
     }
 
     async fn list(&self) -> Result<Vec<LockInfo>> {
-        let rows = self.query("list", &self.inner.schema.list, &[]).await?;
+        let rows = self
+            .read_query("list", &self.inner.schema.list, &[])
+            .await?;
         rows.iter().map(ops::info).collect()
     }
 
     async fn holders(&self, name: &str) -> Result<Vec<crate::backend::LeaseHolder>> {
         ops::check_name(name)?;
         let rows = self
-            .query("holders", &self.inner.schema.holders, &[&name])
+            .read_query("holders", &self.inner.schema.holders, &[&name])
             .await?;
         rows.iter().map(ops::holder).collect()
     }

@@ -25,7 +25,9 @@ impl PostgresBackend {
               ORDER BY e.i",
             t = self.inner.schema.table_sql()
         );
-        let rows = self.query("read the wait queue", &sql, &[&name]).await?;
+        let rows = self
+            .read_query("read the wait queue", &sql, &[&name])
+            .await?;
         rows.iter()
             .map(|row| {
                 let mark: Option<String> = row.try_get("mark").map_err(ops::decode)?;
@@ -56,7 +58,9 @@ impl PostgresBackend {
                              WHERE (s->>'exp')::timestamptz > clock_timestamp())",
             t = self.inner.schema.table_sql()
         );
-        let rows = self.query("read the slot limit", &sql, &[&name]).await?;
+        let rows = self
+            .read_query("read the slot limit", &sql, &[&name])
+            .await?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -70,7 +74,10 @@ impl PostgresBackend {
     /// time of the read.
     pub(super) async fn matching(&self, filter: &ListFilter) -> Result<Vec<LockInfo>> {
         let mut all = match filter.prefix_str() {
-            None => self.query("list", &self.inner.schema.list, &[]).await?,
+            None => {
+                self.read_query("list", &self.inner.schema.list, &[])
+                    .await?
+            }
             // No name holds a NUL character (`ops::check_name`).
             Some(prefix) if prefix.contains('\0') => return Ok(Vec::new()),
             Some(prefix) => {
@@ -80,7 +87,7 @@ impl PostgresBackend {
                       ORDER BY x.name COLLATE \"C\"",
                     self.inner.schema.list
                 );
-                self.query("list", &sql, &[&prefix]).await?
+                self.read_query("list", &sql, &[&prefix]).await?
             }
         }
         .iter()

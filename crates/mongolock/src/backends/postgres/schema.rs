@@ -5,7 +5,9 @@
 //! mongolock's: before any DDL, in the same transaction, the table (if one of that name
 //! exists) must be an ordinary table with every column of the first version's lock table
 //! ([`CORE_COLUMNS`]). Another table of that name (an application's) is refused with
-//! [`Error::ForeignCollection`] and left exactly as it was.
+//! [`Error::ForeignCollection`] and left exactly as it was. Only writing operations run the
+//! migration; read-only ones never create or alter anything (`Schema::missing_table`,
+//! `Schema::outdated_table`, and the backend's `read_query`).
 
 use super::ops::{ended_after, kept_on, released_by_holder};
 use super::queue;
@@ -681,6 +683,38 @@ impl Schema {
     /// [`CORE_COLUMNS`]. A table that is not is never altered (the migration refuses it with
     /// [`Error::ForeignCollection`]).
     pub(crate) const OURS: usize = 7;
+
+    /// The index of the flag of [`existing_query`](Self::existing_query) that says the table
+    /// exists.
+    pub(crate) const TABLE: usize = 2;
+
+    /// The error of a read-only operation that found no table (or no schema): reads never
+    /// create it.
+    pub(crate) fn missing_table(&self) -> Error {
+        Error::MissingLockTable {
+            table: self.display.clone(),
+            fix: "Check the schema and table name (the CLI's --collection [SCHEMA.]TABLE, \
+                  PostgresBackend::builder(..).schema(..).table(..)); the table is created by \
+                  the first acquisition (such as `mongolock exec`) or by \
+                  PostgresBackend::migrate"
+                .to_owned(),
+        }
+    }
+
+    /// The error of a read-only operation on a lock table made by an older version, which
+    /// lacks columns the read needs: reads never alter it.
+    pub(crate) fn outdated_table(&self, detail: &str) -> Error {
+        Error::backend(
+            format!(
+                "read {}: the table was created by an older version of mongolock and lacks \
+                 columns this version reads ({detail})",
+                self.display
+            ),
+            "upgrade it once: PostgresBackend::migrate, or any acquisition by this version \
+             (such as `mongolock exec`), adds the missing columns and keeps the rows; \
+             read-only operations never alter the table",
+        )
+    }
 
     /// The error for a lock table that is not mongolock's.
     pub(crate) fn foreign_table(&self) -> Error {
