@@ -9,6 +9,7 @@
 #[path = "../support"]
 mod support {
     pub mod contention;
+    pub mod liveness;
     pub mod mongo;
 }
 

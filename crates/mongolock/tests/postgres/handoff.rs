@@ -3,6 +3,7 @@
 //! connection and mark). A release designates the first queued backend, the others do not
 //! attempt at once; a queued backend that died delays the next waiter by the fallback only.
 
+use crate::support::liveness::{live_waiter_behind, Ahead, Site, HOLDER_TTL};
 use crate::support::postgres;
 
 use postgres::admin;
@@ -249,164 +250,70 @@ async fn a_designated_process_that_died_delays_the_next_by_the_fallback_only() {
     got.release().await.unwrap();
 }
 
-/// What stands ahead of a live waiter in the queue ([`live_waiter_behind`]).
-#[derive(Clone, Copy, Debug)]
-enum Ahead {
-    /// Waiters of other processes whose `acquire_timeout` ran out.
-    TimedOut,
-    /// Waiters of other processes whose acquire futures were dropped.
-    Dropped,
-    /// Processes that died while queued: entries nobody withdraws.
-    Dead,
+/// One lock table, one [`Process`] per provider: the shared liveness scenario
+/// (`support/liveness.rs`).
+struct Pg {
+    url: String,
+    table: String,
+    client: tokio_postgres::Client,
 }
 
-/// `count` processes queue on a lock held for two minutes, then give up (or died while
-/// queued); a live waiter queued behind them. Those that gave up withdraw (operators no longer
-/// see them waiting), and the live waiter holds the lock soon after the release — not at the
-/// holder's reported expiry.
-async fn live_waiter_behind(ahead: Ahead, count: usize) {
+impl Site for Pg {
+    async fn provider(&self) -> LockProvider {
+        Process::new(&self.url, &self.table, HOLDER_TTL)
+            .await
+            .provider
+    }
+
+    async fn queued(&self, name: &str) -> Vec<String> {
+        queue(&self.client, &self.table, name).await.0
+    }
+
+    async fn plant_dead(&self, name: &str, marks: &[String]) {
+        let entries: Vec<String> = marks
+            .iter()
+            .map(|m| format!(r#"{{"m": "{m}", "u": "2999-01-01T00:00:00Z"}}"#))
+            .collect();
+        let sql = format!(
+            "UPDATE public.\"{}\" SET waiters = $1::text::jsonb WHERE name = $2",
+            self.table
+        );
+        self.client
+            .execute(&sql, &[&format!("[{}]", entries.join(", ")), &name])
+            .await
+            .unwrap();
+    }
+
+    fn describe(&self) -> String {
+        format!("table {}", self.table)
+    }
+}
+
+/// Waiters that gave up or died ahead of a live one (the shared scenario), on a fresh table.
+async fn live_waiter_behind_on_postgres(ahead: Ahead, count: usize) {
     let Some(url) = postgres::url() else { return };
     let table = postgres::unique_table("behind");
     let client = admin(&url).await;
-    let ttl = Duration::from_secs(120);
-    let holder = Process::new(&url, &table, ttl).await;
-    let g = holder.provider.lock("x").unwrap().acquire().await.unwrap();
-    let mut others = Vec::new();
-    for _ in 0..count {
-        others.push(Process::new(&url, &table, ttl).await);
-    }
-    let marks: Vec<String> = others.iter().map(Process::mark).collect();
-    let mut tasks = Vec::new();
-    match ahead {
-        Ahead::Dead => {
-            let entries: Vec<String> = marks
-                .iter()
-                .map(|m| format!(r#"{{"m": "{m}", "u": "2999-01-01T00:00:00Z"}}"#))
-                .collect();
-            client
-                .execute(
-                    &format!(
-                        "UPDATE public.\"{table}\" SET waiters = $1::text::jsonb WHERE name = 'x'"
-                    ),
-                    &[&format!("[{}]", entries.join(", "))],
-                )
-                .await
-                .unwrap();
-        }
-        Ahead::TimedOut | Ahead::Dropped => {
-            for p in &others {
-                let lock = p.provider.lock("x").unwrap();
-                tasks.push(tokio::spawn(async move {
-                    match ahead {
-                        Ahead::TimedOut => lock.acquire_timeout(Duration::from_secs(20)).await,
-                        _ => lock.acquire().await.map(Some),
-                    }
-                    .map(|g| g.is_some())
-                }));
-            }
-        }
-    }
-    let state = |what: &str| format!("{what} ({ahead:?} x{count}, table {table})");
-    assert!(
-        eventually(Duration::from_secs(18), || async {
-            let q = queue(&client, &table, "x").await.0;
-            marks.iter().all(|m| q.contains(m))
-        })
-        .await,
-        "{}: {:?}",
-        state("those ahead did not all queue"),
-        queue(&client, &table, "x").await
-    );
-    let waiter = Process::new(&url, &table, ttl).await;
-    let waiter_mark = waiter.mark();
-    let lock = waiter.provider.lock("x").unwrap();
-    let waiting = tokio::spawn(async move {
-        let got = lock
-            .acquire_timeout(Duration::from_secs(100))
-            .await
-            .unwrap();
-        (Instant::now(), got.map(|g| g.fencing_token()))
-    });
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            queue(&client, &table, "x").await.0.contains(&waiter_mark)
-        })
-        .await,
-        "{}",
-        state("the live waiter did not queue")
-    );
-    match ahead {
-        Ahead::Dead => {}
-        Ahead::TimedOut => {
-            for task in tasks {
-                match task.await.unwrap() {
-                    Ok(got) => assert!(!got, "{}", state("a waiter ahead got the lock")),
-                    Err(e) => eprintln!("a waiter ahead gave up with an error: {e}"),
-                }
-            }
-        }
-        Ahead::Dropped => tasks.iter().for_each(|t| t.abort()),
-    }
-    if !matches!(ahead, Ahead::Dead) {
-        let withdrawn = eventually(Duration::from_secs(20), || async {
-            let q = queue(&client, &table, "x").await.0;
-            !q.iter().any(|m| marks.contains(m))
-        })
-        .await;
-        assert!(
-            withdrawn,
-            "{}: {:?}, gave up: {marks:?}",
-            state("waiters that gave up are still queued"),
-            queue(&client, &table, "x").await
-        );
-        let listed: Vec<String> = waiter
-            .backend
-            .waiters("x")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|w| w.id)
-            .collect();
-        assert_eq!(
-            listed,
-            vec![waiter_mark.clone()],
-            "{}",
-            state("waiters listed")
-        );
-    }
-    let held = g.fencing_token();
-    let released_at = Instant::now();
-    g.release().await.unwrap();
-    let (got_at, token) = waiting.await.unwrap();
-    let waited = got_at.saturating_duration_since(released_at);
-    eprintln!("{ahead:?} x{count}: the live waiter took the lock {waited:?} after the release (lease {ttl:?})");
-    let token = token.unwrap_or_else(|| panic!("{}", state("the live waiter never got the lock")));
-    assert!(token > held);
-    // The fallback is half a second; the lease two minutes.
-    assert!(
-        waited < Duration::from_secs(15),
-        "{}: {waited:?}",
-        state("the live waiter was held up")
-    );
-    drop(others);
+    let site = Pg { url, table, client };
+    live_waiter_behind(&site, "x", ahead, count).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_timed_out_waiters_ahead_do_not_stall_a_live_one() {
-    live_waiter_behind(Ahead::TimedOut, 2).await;
+    live_waiter_behind_on_postgres(Ahead::TimedOut, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn five_dropped_waiters_ahead_do_not_stall_a_live_one() {
-    live_waiter_behind(Ahead::Dropped, 5).await;
+    live_waiter_behind_on_postgres(Ahead::Dropped, 5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_timed_out_waiters_ahead_do_not_stall_a_live_one() {
-    live_waiter_behind(Ahead::TimedOut, 20).await;
+    live_waiter_behind_on_postgres(Ahead::TimedOut, 20).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_dead_processes_ahead_do_not_stall_a_live_waiter() {
-    live_waiter_behind(Ahead::Dead, 20).await;
+    live_waiter_behind_on_postgres(Ahead::Dead, 20).await;
 }

@@ -8,6 +8,7 @@
 #[path = "../support"]
 mod support {
     pub mod contention;
+    pub mod liveness;
     pub mod postgres;
 }
 

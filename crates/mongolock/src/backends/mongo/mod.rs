@@ -235,6 +235,7 @@ pub(crate) mod errors;
 mod index;
 mod operator;
 mod ops;
+mod probe;
 mod queue;
 mod slots;
 pub(crate) mod watch;
@@ -244,7 +245,6 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use mongodb::bson::Document;
-mod probe;
 use mongodb::options::{
     CollectionOptions, ReadConcern, ReadPreference, SelectionCriteria, WriteConcern,
 };
@@ -515,24 +515,6 @@ impl MongoBackend {
     /// The commands of an uncontended exclusive acquire + release of `req`, exactly as this
     /// backend sends them (filter, update pipeline and reply projection of each
     /// `findAndModify`): the full pipelines, or with `shortcut` the uncontended shortcut's
-    /// Waits until this backend has sent the withdrawals from handoff queues that it started
-    /// in the background, or `within` passed; true when none is left.
-    ///
-    /// When the last acquirer of a name in this process stops waiting without the lock (its
-    /// `acquire_timeout` ran out, its future was dropped, it failed), the backend takes the
-    /// process out of the lock's handoff queue in the background, so that the next release
-    /// does not designate a process that no longer waits. A process that exits right after
-    /// such an acquire (a command-line tool, a cron job) calls this first; otherwise its entry
-    /// stays queued until two seconds after the holder's expiry (waiters behind it still get
-    /// the name within about a second, by their probe). Releases of dropped guards are not
-    /// covered: release a guard explicitly before exiting.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only waits; the withdrawals go on.
-    pub async fn flush(&self, within: Duration) -> bool {
-        self.watch.settle(within).await
-    }
-
     /// (`acquire.rs`), for the peer benchmark's `--ops`, which prices their shape with the
     /// driver alone. Not a stable API.
     #[doc(hidden)]
