@@ -15,6 +15,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
+use crate::liveness::{Bounds, Liveness, LivenessReport, Waiter};
+
 /// One grant of a lock name, closed (its end is known): from the first grant write of a lease
 /// to its release, or its last known expiry when it was taken over, deleted or never released.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,11 +174,14 @@ pub enum ViolationKind {
     /// over after expiry, or its document deleted): the library told its holder that nothing
     /// overlapped when someone else had the lock.
     FalseRelease,
+    /// A liveness name stayed free, while a live waiter waited for it, for longer than the
+    /// bound (contract item 13; [`crate::liveness`]).
+    Liveness,
 }
 
 impl ViolationKind {
     /// Every kind, in report order.
-    pub const ALL: [ViolationKind; 11] = [
+    pub const ALL: [ViolationKind; 12] = [
         ViolationKind::Overlap,
         ViolationKind::TokenNotIncreasing,
         ViolationKind::StaleWriteAccepted,
@@ -188,6 +193,7 @@ impl ViolationKind {
         ViolationKind::SlotOverLimit,
         ViolationKind::SlotTokenNotIncreasing,
         ViolationKind::FalseRelease,
+        ViolationKind::Liveness,
     ];
 
     /// Short name used in the summary.
@@ -204,6 +210,7 @@ impl ViolationKind {
             ViolationKind::SlotOverLimit => "slot_over_limit",
             ViolationKind::SlotTokenNotIncreasing => "slot_token_not_increasing",
             ViolationKind::FalseRelease => "false_release",
+            ViolationKind::Liveness => "liveness",
         }
     }
 }
@@ -258,6 +265,8 @@ pub struct Checker {
     /// How far (µs) a worker's clock may be ahead of the server's for rule (9); `None`: the
     /// rule is off (a server on another host, whose clock is not the workers').
     expiry_tolerance_us: Option<i64>,
+    /// The grants of the liveness names, for the liveness check ([`Checker::check_liveness`]).
+    liveness: Liveness,
 }
 
 /// Default of [`Checker::expiry_tolerance`]: MongoDB dates have millisecond precision (an
@@ -301,6 +310,7 @@ impl Checker {
     /// the name and (2) every token larger than every earlier token of the name.
     pub fn grant(&mut self, grant: Grant) {
         self.grants += 1;
+        self.liveness.grant(&grant);
         if let Some(prev) = self.last_grant.get(&grant.name) {
             if prev.released && !self.strict_release_order && grant.start_us < prev.end_us {
                 // Not an overlap: the release came first in write order (the change stream
@@ -626,6 +636,25 @@ impl Checker {
                 fmt_time(expires_us)
             ),
         );
+    }
+
+    /// The liveness check (contract item 13, [`crate::liveness`]) of every grant of the
+    /// liveness names recorded so far against `waiters`; each stretch above its bound is a
+    /// [`ViolationKind::Liveness`].
+    pub fn check_liveness(&mut self, waiters: &[Waiter], bounds: &Bounds) -> LivenessReport {
+        let report = self.liveness.check(waiters, bounds);
+        if report.slow > 0 {
+            *self.counts.entry(ViolationKind::Liveness).or_default() += report.slow;
+        }
+        for evidence in &report.evidence {
+            if self.kept.len() < KEEP {
+                self.kept.push(Violation {
+                    kind: ViolationKind::Liveness,
+                    evidence: evidence.clone(),
+                });
+            }
+        }
+        report
     }
 
     /// Two CLI commands ran at the same time (6).

@@ -6,6 +6,13 @@
 //! log; a D whose owner is dead was left by a command killed before it could clean up (not an
 //! overlap) and is replaced. With `--cli-faults`, `mongolock` processes (not their commands) are
 //! SIGKILLed or SIGSTOPped for longer than the lease.
+//!
+//! Beside those, [`LIVE_LOOPS`] loops run `mongolock exec --json-fd 1` on the liveness name
+//! [`CLI_LIVE_NAME`] of the workers' own lock collection (so that its grants are in the
+//! recorded history), leased like the workers' liveness names, with `--wait` running out now and
+//! then; with `exec_sigint` a waiting `mongolock` is sent SIGINT (Ctrl-C) or SIGKILL. Each run's
+//! wait is read from its JSON events (`waiting`, then `acquired`, `busy` or `interrupted`,
+//! timed with this host's clock) for the liveness check ([`crate::liveness`]).
 #![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::collections::BTreeMap;
@@ -17,8 +24,12 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::watch;
+
+use crate::liveness::{WaitEnd, Waiter};
+use crate::worklog::now_us;
 
 /// The command each `mongolock exec` runs. A TERM (mongolock stopping it after losing the lock)
 /// removes D if this command created it. (An earlier version made D with `mkdir` and wrote the
@@ -161,6 +172,11 @@ pub struct CliPlan {
     pub dir: PathBuf,
     /// Seed.
     pub seed: u64,
+    /// The liveness loops' lock collection (the workers'; PostgreSQL: `schema.table`) and
+    /// lease, if they run.
+    pub live: Option<(String, Duration)>,
+    /// Send SIGINT (and now and then SIGKILL) to waiting `mongolock exec`s (`exec_sigint`).
+    pub sigint: bool,
 }
 
 /// What the CLI check saw.
@@ -186,6 +202,15 @@ pub struct CliReport {
     pub group_stops: (u64, u64),
     /// Commands asked to start a `setsid` descendant, and descendants that started.
     pub setsid: (u64, u64),
+    /// The liveness loops: `mongolock exec` runs.
+    pub live_runs: u64,
+    /// Their waits.
+    pub live_waits: Vec<Waiter>,
+    /// SIGINTs sent to a waiting `mongolock exec`, and the ones it reported as ending its
+    /// wait (`exec_sigint`).
+    pub sigint_sent: (u64, u64),
+    /// SIGKILLs of a waiting `mongolock exec`.
+    pub live_killed: u64,
 }
 
 /// Commands run, mongolock processes killed, stopped, process groups stopped (with the
@@ -223,6 +248,22 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
             }
         }));
     }
+    let live = Arc::new(Mutex::new(LiveRecord::default()));
+    if let Some((collection, ttl)) = plan.live.clone() {
+        for i in 0..LIVE_LOOPS {
+            let plan = plan.clone();
+            let (collection, live) = (collection.clone(), live.clone());
+            let stop = stop.clone();
+            loops.push(tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(plan.seed.wrapping_add(1000 + i as u64));
+                while !*stop.borrow() {
+                    live_run(&plan, &collection, ttl, &mut rng, &live, &stop).await;
+                    let pause = Duration::from_millis(rng.random_range(0..300));
+                    tokio::time::sleep(pause).await;
+                }
+            }));
+        }
+    }
     for l in loops {
         let _ = l.await;
     }
@@ -244,6 +285,7 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
     };
     let stale = lines(".stale");
     let at = |i: usize| counters.0[i].load(Ordering::Relaxed);
+    let live = std::mem::take(&mut *lock(&live));
     CliReport {
         group_stops: (at(3), at(4)),
         setsid: (at(5), lines(".setsid")),
@@ -253,7 +295,189 @@ pub async fn run(plan: CliPlan, stop: watch::Receiver<bool>) -> CliReport {
         killed: counters.0[1].load(Ordering::Relaxed),
         stopped: counters.0[2].load(Ordering::Relaxed),
         overlaps,
+        live_runs: live.runs,
+        live_waits: live.waits,
+        sigint_sent: live.sigint,
+        live_killed: live.killed,
     }
+}
+
+/// Concurrent `mongolock exec` loops on [`CLI_LIVE_NAME`].
+pub const LIVE_LOOPS: usize = 3;
+
+/// The liveness name the CLI check's `mongolock exec` loops wait for (in the workers' lock
+/// collection).
+pub const CLI_LIVE_NAME: &str = "live-cli";
+
+/// What the liveness loops saw.
+#[derive(Default)]
+struct LiveRecord {
+    runs: u64,
+    waits: Vec<Waiter>,
+    sigint: (u64, u64),
+    killed: u64,
+}
+
+/// The JSON events of one `mongolock exec` run that time its wait: (event, its `time` in µs).
+type Events = Arc<Mutex<Vec<(String, i64)>>>;
+
+/// One event's kind and time (`time`: this host's clock, RFC 3339 with milliseconds).
+fn event_of(line: &str) -> Option<(String, i64)> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let kind = v.get("event")?.as_str()?.to_owned();
+    let t = humantime::parse_rfc3339_weak(v.get("time")?.as_str()?).ok()?;
+    Some((kind, crate::worker::system_us(t)))
+}
+
+/// One `mongolock exec --json-fd 1` of the liveness name: waits (for `--wait` or until
+/// granted), runs `sleep` for 0.1–1.5 s; with `sigint`, 40 % of the runs get SIGINT and 10 %
+/// SIGKILL if they still wait 0.05–1.5 s after reporting that they wait. The stop of the run interrupts a wait (not counted) and
+/// lets a command finish.
+async fn live_run(
+    plan: &CliPlan,
+    collection: &str,
+    ttl: Duration,
+    rng: &mut StdRng,
+    live: &Mutex<LiveRecord>,
+    stop: &watch::Receiver<bool>,
+) {
+    let wait = rng
+        .random_bool(0.6)
+        .then(|| Duration::from_millis(rng.random_range(300..3000)));
+    let hold = format!("{:.3}", rng.random_range(0.1..1.5_f64));
+    let mut command = Command::new(&plan.bin);
+    command
+        .args([
+            "--uri",
+            &plan.uri,
+            "--db",
+            &plan.db,
+            "--collection",
+            collection,
+        ])
+        .args(["exec", "--json-fd", "1", "--ttl"])
+        .arg(format!("{}ms", ttl.as_millis()));
+    if let Some(w) = wait {
+        command.arg("--wait").arg(format!("{}ms", w.as_millis()));
+    }
+    let child = command
+        .args([CLI_LIVE_NAME, "--", "sleep", &hold])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("torture: cannot run {}: {e}", plan.bin.display());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return;
+        }
+    };
+    lock(live).runs += 1;
+    let pid = child.id().unwrap_or(0);
+    let events: Events = Arc::default();
+    let reader = child.stdout.take().map(|out| {
+        let events = events.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(out).lines();
+            while let Ok(Some(l)) = lines.next_line().await {
+                if let Some(e) = event_of(&l) {
+                    lock(&events).push(e);
+                }
+            }
+        })
+    });
+    let seen = |kind: &str| lock(&events).iter().any(|(k, _)| k == kind);
+    let waiting = || seen("waiting") && !seen("acquired") && !seen("busy");
+    let roll: f64 = rng.random();
+    let signal = if !plan.sigint || roll >= 0.5 {
+        None
+    } else if roll < 0.4 {
+        Some(libc::SIGINT)
+    } else {
+        Some(libc::SIGKILL)
+    };
+    let after = Duration::from_millis(rng.random_range(50..1500));
+    let mut killed_at = None;
+    let mut stop = stop.clone();
+    let mut interrupted_by_stop = false;
+    // The signal comes `after` the run reported that it waits.
+    let waited = async {
+        while !seen("waiting") {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(after).await;
+    };
+    tokio::select! {
+        _ = child.wait() => {}
+        () = waited, if signal.is_some() => {}
+        _ = stop.wait_for(|s| *s) => interrupted_by_stop = true,
+    }
+    let sig = if interrupted_by_stop {
+        Some(libc::SIGINT)
+    } else {
+        signal
+    };
+    if let Some(sig) = sig.filter(|_| waiting()) {
+        let t = now_us();
+        // SAFETY: kill(2) on our own child; no memory is involved.
+        if unsafe { libc::kill(pid as i32, sig) } == 0 && !interrupted_by_stop {
+            let mut l = lock(live);
+            if sig == libc::SIGKILL {
+                l.killed += 1;
+                killed_at = Some(t);
+            } else {
+                l.sigint.0 += 1;
+            }
+        }
+    }
+    let _ = child.wait().await;
+    if let Some(r) = reader {
+        // The command (`sleep`) holds the pipe too: it ends at the latest with it.
+        let _ = tokio::time::timeout(Duration::from_secs(5), r).await;
+    }
+    let events = std::mem::take(&mut *lock(&events));
+    let at = |kind: &str| events.iter().find(|(k, _)| k == kind).map(|(_, t)| *t);
+    let Some(start_us) = at("waiting") else {
+        return;
+    };
+    let (end_us, end) = if let Some(t) = at("acquired") {
+        (t, WaitEnd::Got)
+    } else if let Some(t) = at("busy") {
+        (t, WaitEnd::TimedOut)
+    } else if let Some(t) = at("interrupted") {
+        if !interrupted_by_stop {
+            lock(live).sigint.1 += 1;
+        }
+        (
+            t,
+            if interrupted_by_stop {
+                WaitEnd::Stopped
+            } else {
+                WaitEnd::Interrupted
+            },
+        )
+    } else if let Some(t) = killed_at {
+        (t, WaitEnd::Killed)
+    } else {
+        (at("exit").unwrap_or_else(now_us), WaitEnd::Failed)
+    };
+    lock(live).waits.push(Waiter {
+        name: CLI_LIVE_NAME.to_owned(),
+        who: format!("exec {pid}"),
+        via: match wait {
+            Some(w) => format!("exec --wait {}ms", w.as_millis()),
+            None => "exec".to_owned(),
+        },
+        start_us,
+        end_us,
+        end,
+        paused: Vec::new(),
+        // mongolock withdraws (and flushes) before it exits; a SIGKILL leaves the entry.
+        abandoned: end == WaitEnd::Killed,
+    });
 }
 
 /// The late process of an overlap line: the pid in its last "(pid N".

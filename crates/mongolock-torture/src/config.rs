@@ -21,6 +21,23 @@ pub const WORKER_APP_NAME: &str = "torture-worker";
 /// (`short_extension`): the injector's `blockConnection` fail point is aimed at it alone.
 pub const EXT_APP_NAME: &str = "torture-extend";
 
+/// MongoDB application name of the client of the liveness names ([`LIVE_PREFIX`]): no fail
+/// point is aimed at it, so that a waiter's commands are never held by the server (the
+/// liveness check is about what stands ahead of a waiter in the queue, not about a server that
+/// does not answer).
+pub const LIVE_APP_NAME: &str = "torture-live";
+
+/// Prefix of the liveness names: leased for `--live-lease` (long, so that a waiter left to wait
+/// for the holder's expiry is seen), their waits logged and checked by
+/// [`crate::liveness`].
+pub const LIVE_PREFIX: &str = "live-";
+
+/// MongoDB collection of the CLI check's liveness name (`cli_check::CLI_LIVE_NAME`), followed
+/// by the recorder. Not the workers' collection: `mongolock` creates its own TTL index
+/// (`cleanup_after` 1 h) where it finds none, which would race the `ttl_index_zero` fault's
+/// replacement there. (PostgreSQL has no TTL index: there the CLI uses the workers' table.)
+pub const CLI_LIVE_COLLECTION: &str = "cli_live";
+
 /// Lock collection of the named locks and elections.
 pub const LOCK_COLLECTION: &str = "locks";
 /// Collection of the documents locked in place (document locks).
@@ -65,9 +82,18 @@ pub struct WorkerConfig {
     /// is slowed (`short_extension`).
     #[serde(default)]
     pub short_extensions: bool,
+    /// Liveness names (`live-0..`), waited for by [`LIVE_LOOPS`] loops of each worker.
+    #[serde(default)]
+    pub live_names: usize,
+    /// Lease of the liveness names in ms.
+    #[serde(default)]
+    pub live_lease_ms: u64,
     /// The worker's log file.
     pub log: PathBuf,
 }
+
+/// Loops of each worker that wait for the liveness names (besides `tasks`).
+pub const LIVE_LOOPS: usize = 2;
 
 /// A lock name of the mix.
 pub fn hot_name(i: usize) -> String {
@@ -82,6 +108,16 @@ pub fn cold_name(i: usize) -> String {
 /// Picks a hot name.
 pub fn pick_hot(rng: &mut impl Rng, cfg: &WorkerConfig) -> String {
     hot_name(rng.random_range(0..cfg.hot_names.max(1)))
+}
+
+/// A liveness name.
+pub fn live_name(i: usize) -> String {
+    format!("{LIVE_PREFIX}{i}")
+}
+
+/// Picks a liveness name.
+pub fn pick_live(rng: &mut impl Rng, cfg: &WorkerConfig) -> String {
+    live_name(rng.random_range(0..cfg.live_names.max(1)))
 }
 
 /// Picks a cold name.

@@ -3,9 +3,12 @@
 //! `count`), `pg_terminate_backend` of a worker's listening or pooled connection (PostgreSQL),
 //! SIGKILL of workers (restarted by the supervisor), SIGSTOP/SIGCONT pauses longer than the
 //! lease, the operator's 0-second TTL index (MongoDB) and cut or degraded links
-//! ([`crate::netns`]). The workers drive the short extensions (MongoDB: the injector's fail
+//! ([`crate::netns`]), and SIGUSR1, which makes a worker exit with its waits in progress
+//! (`waiter_exit`). The workers drive the short extensions (MongoDB: the injector's fail
 //! point slows them) and the CLI check the `exec_*` kinds. [`FaultKind::of_backend`] lists the
-//! kinds that apply to a backend.
+//! kinds that apply to a backend. Every signal and cut is also recorded with its times in
+//! [`FaultCounts::timeline`], for the liveness check ([`crate::liveness`]): a waiter is not
+//! live while its process is stopped or cut off, and its wait ends when it is killed.
 #![allow(unsafe_code)] // libc calls; each unsafe block says why it is sound
 
 use std::collections::{BTreeMap, HashSet};
@@ -20,10 +23,12 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 
 use crate::config::{EXT_APP_NAME, LOCK_COLLECTION, WORKER_APP_NAME};
+use crate::liveness::{Disruption, Hit};
 use crate::netns::{Cut, Net};
 use crate::options::Backend;
 use crate::recorder::Progress;
 use crate::supervisor::Supervisor;
+use crate::worklog::now_us;
 
 /// A kind of injected fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -70,11 +75,19 @@ pub enum FaultKind {
     /// A worker's link is degraded with `tc netem` (100% loss, or a delay beyond the lease) for
     /// longer than the lease, then restored (as `partition`).
     Netem,
+    /// A worker exits on request (SIGUSR1) with its waits for the liveness names in progress,
+    /// half the time at once, half the time after ending them and flushing their withdrawals
+    /// (`worker.rs`, `exit_on_request`); it is restarted. Taken effect: the worker had a wait
+    /// in progress.
+    WaiterExit,
+    /// `mongolock exec` is sent SIGINT (Ctrl-C) while it waits for the liveness name of the
+    /// CLI check (`--cli-faults`). Taken effect: it reported the wait interrupted.
+    ExecSigint,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 18] = [
         FaultKind::TransientError,
         FaultKind::DuplicateKey,
         FaultKind::WriteConflict,
@@ -91,6 +104,8 @@ impl FaultKind {
         FaultKind::ExecSetsid,
         FaultKind::Partition,
         FaultKind::Netem,
+        FaultKind::WaiterExit,
+        FaultKind::ExecSigint,
     ];
 
     /// The kinds that apply to `backend` (MongoDB: fail points and signals; PostgreSQL:
@@ -112,6 +127,8 @@ impl FaultKind {
                 FaultKind::ExecSetsid,
                 FaultKind::Partition,
                 FaultKind::Netem,
+                FaultKind::WaiterExit,
+                FaultKind::ExecSigint,
             ],
             // No partitions: the PostgreSQL server comes from
             // `mongolock::testing::postgres_server`, which listens on the loopback interface of
@@ -124,6 +141,8 @@ impl FaultKind {
                 FaultKind::ShortExtension,
                 FaultKind::ExecGroupStop,
                 FaultKind::ExecSetsid,
+                FaultKind::WaiterExit,
+                FaultKind::ExecSigint,
             ],
             Backend::Memory => &[],
         }
@@ -184,6 +203,8 @@ impl FaultKind {
             FaultKind::ExecSetsid => "exec_setsid",
             FaultKind::Partition => "partition",
             FaultKind::Netem => "netem",
+            FaultKind::WaiterExit => "waiter_exit",
+            FaultKind::ExecSigint => "exec_sigint",
         }
     }
 
@@ -201,7 +222,10 @@ impl FaultKind {
 
     /// Whether the kind is injected by the CLI check (`mongolock exec`, `--cli-faults`).
     pub fn is_cli(self) -> bool {
-        matches!(self, FaultKind::ExecGroupStop | FaultKind::ExecSetsid)
+        matches!(
+            self,
+            FaultKind::ExecGroupStop | FaultKind::ExecSetsid | FaultKind::ExecSigint
+        )
     }
 
     /// Whether the kind needs the network namespaces ([`crate::netns`]).
@@ -238,6 +262,8 @@ pub struct FaultCounts {
     pub injected: BTreeMap<FaultKind, u64>,
     /// Commands a fail point actually hit; for signals, the same as `injected`.
     pub fired: BTreeMap<FaultKind, u64>,
+    /// Every signal sent to a worker and every cut, with its times (local wall clock).
+    pub timeline: Vec<Disruption>,
 }
 
 /// Configuration of the injector.
@@ -516,9 +542,17 @@ pub async fn inject(
                 };
                 let (counts, cut_slots) = (counts.clone(), cut_slots.clone());
                 pauses.push(tokio::spawn(async move {
+                    let start_us = now_us();
                     match net.cut_for(slot, how, hold).await {
                         Ok(took) => {
                             let mut c = lock(&counts);
+                            c.timeline.push(Disruption {
+                                hit: Hit::Cut,
+                                pid: None,
+                                slot: Some(slot),
+                                start_us,
+                                end_us: now_us(),
+                            });
                             *c.injected.entry(kind).or_default() += 1;
                             if took {
                                 *c.fired.entry(kind).or_default() += 1;
@@ -540,16 +574,38 @@ pub async fn inject(
                     Err(e) => eprintln!("torture: pg_terminate_backend failed: {e}"),
                 }
             }
-            FaultKind::Sigkill | FaultKind::Sigstop => {
+            FaultKind::Sigkill | FaultKind::Sigstop | FaultKind::WaiterExit => {
                 let pids = supervisor.pids();
                 if pids.is_empty() {
                     continue;
                 }
                 let pid = pids[rng.random_range(0..pids.len())] as i32;
+                let at = move |hit, start_us, end_us| Disruption {
+                    hit,
+                    pid: Some(pid as u32),
+                    slot: None,
+                    start_us,
+                    end_us,
+                };
+                // Taken before the signal is sent (a process is stopped or dead no earlier).
+                let start_us = now_us();
                 if kind == FaultKind::Sigkill {
                     // SAFETY: kill(2) on a pid of a child we started; no memory is involved.
                     if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
                         count_fired(&counts, kind);
+                        lock(&counts)
+                            .timeline
+                            .push(at(Hit::Kill, start_us, start_us));
+                    }
+                    continue;
+                }
+                if kind == FaultKind::WaiterExit {
+                    // Taken effect when the worker had a wait in progress (from its log).
+                    // SAFETY: as above.
+                    if unsafe { libc::kill(pid, libc::SIGUSR1) } == 0 {
+                        let mut c = lock(&counts);
+                        *c.injected.entry(kind).or_default() += 1;
+                        c.timeline.push(at(Hit::Exit, start_us, start_us));
                     }
                     continue;
                 }
@@ -557,10 +613,15 @@ pub async fn inject(
                 // SAFETY: as above.
                 if unsafe { libc::kill(pid, libc::SIGSTOP) } == 0 {
                     count_fired(&counts, kind);
+                    let counts = counts.clone();
                     pauses.push(tokio::spawn(async move {
                         tokio::time::sleep(pause).await;
                         // SAFETY: as above (a dead pid is harmless: ESRCH).
                         unsafe { libc::kill(pid, libc::SIGCONT) };
+                        // Taken after SIGCONT was sent: the process ran again no earlier.
+                        lock(&counts)
+                            .timeline
+                            .push(at(Hit::Stop, start_us, now_us()));
                     }));
                 }
             }

@@ -67,6 +67,7 @@ pub mod cli_check;
 pub mod config;
 pub mod faults;
 pub mod history;
+pub mod liveness;
 pub mod netns;
 pub mod options;
 pub mod postgres;

@@ -96,6 +96,20 @@ pub struct RunArgs {
     /// Lease duration.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub lease: Duration,
+    /// Liveness names (`live-0..`): two loops of each worker wait for them (`acquire` until
+    /// granted, `acquire_timeout` that runs out, `acquire` futures dropped), and the liveness
+    /// check measures how soon a free one reaches a live waiter (MongoDB, PostgreSQL; 0: none).
+    #[arg(long, default_value_t = 2)]
+    pub live_names: usize,
+    /// Lease of the liveness names: long, so that a waiter left to sleep until the holder's
+    /// expiry shows (it would wait up to this long).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub live_lease: Duration,
+    /// Slack added to the library's delays in the liveness bounds: a free liveness name must
+    /// reach a live waiter within 500 ms (the handoff fallback) + this after a release, and
+    /// 5 ms + this after an expiry.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub liveness_slack: Duration,
     /// Mean time between two injected faults.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "250ms")]
     pub fault_interval: Duration,
@@ -110,7 +124,9 @@ pub struct RunArgs {
     /// terminate_connection (`pg_terminate_backend` of a worker's listening or pooled
     /// connection), short_extension (the lock row held `FOR UPDATE`), exec_group_stop,
     /// exec_setsid. Memory: none (futures are dropped unless --no-dropped-futures). Kinds that
-    /// cannot run here are listed in the summary's `skipped` with the reason.
+    /// cannot run here are listed in the summary's `skipped` with the reason. Both backends
+    /// also: waiter_exit (a worker exits with its waits in progress) and exec_sigint (with
+    /// --cli-faults: SIGINT to a waiting `mongolock exec`).
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Do not drop acquire / release futures at random points.

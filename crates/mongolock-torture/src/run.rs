@@ -15,6 +15,7 @@ use crate::checker::Checker;
 use crate::cli_check::{self, CliPlan};
 use crate::config::WorkerConfig;
 use crate::faults::{self, FaultCounts, FaultKind, FaultPlan};
+use crate::liveness::{self, Bounds, ProcessLog};
 use crate::netns::{self, Net};
 use crate::options::{Backend, RunArgs};
 use crate::resource::MemoryResource;
@@ -80,30 +81,41 @@ fn run_dir(args: &RunArgs, seed: u64) -> Result<PathBuf, AnyError> {
     Ok(dir)
 }
 
-/// Reads every worker log in `dir` into the checker.
-fn read_logs(dir: &std::path::Path, checker: &mut Checker) -> Result<LogTotals, AnyError> {
+/// Reads every worker log in `dir` into the checker; returns the totals and, for the liveness
+/// check, each worker incarnation's waits.
+fn read_logs(
+    dir: &std::path::Path,
+    checker: &mut Checker,
+) -> Result<(LogTotals, Vec<ProcessLog>), AnyError> {
     let mut totals = LogTotals::default();
+    let mut processes = Vec::new();
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
         .collect();
     paths.sort();
     for p in paths {
-        let (events, t) = read_log(&p)?;
+        let log = read_log(&p)?;
         let worker = p
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        checker.worker_log(&worker, events);
-        totals.add(&t);
+        checker.worker_log(&worker, log.events);
+        totals.add(&log.totals);
+        processes.push(log.process);
     }
     checker.check_writes_logged();
-    Ok(totals)
+    Ok((totals, processes))
 }
 
 /// Prints the summary and the first violations; returns the exit status.
 fn report(summary: &Summary, args: &RunArgs, dir: &std::path::Path) -> Result<i32, AnyError> {
     println!("{}", summary.line());
+    if let Some(l) = &summary.liveness {
+        for (ms, e) in &l.slowest {
+            eprintln!("torture: liveness: one of the slowest stretches ({ms:.1} ms): {e}");
+        }
+    }
     for v in summary.first_violations.iter().take(args.show) {
         println!("  violation {v}");
     }
@@ -253,6 +265,8 @@ async fn run_processes(
         polling: false,
         drop_futures: !args.no_dropped_futures,
         short_extensions: has(FaultKind::ShortExtension),
+        live_names: args.live_names,
+        live_lease_ms: args.live_lease.as_millis() as u64,
         log: PathBuf::new(),
     };
     let cleanup_every = (args.ttl_monitor.as_millis() as u64).max(1);
@@ -318,6 +332,8 @@ async fn run_processes(
                     setsid: has(FaultKind::ExecSetsid),
                     dir: dir.clone(),
                     seed: seed ^ 0xc11,
+                    live: (args.live_names > 0).then(|| (store.live_collection(), args.live_lease)),
+                    sigint: has(FaultKind::ExecSigint),
                 },
                 stop_rx.clone(),
             ))
@@ -362,9 +378,23 @@ async fn run_processes(
     };
     supervisor.drain().await;
     // (5): with the workers alive (a leaked lease would still be extended), wait until every
-    // lease has had time to expire, then nothing may be held.
-    tokio::time::sleep(args.lease * 2 + Duration::from_secs(1)).await;
-    let held = store.still_held().await?;
+    // lease has had time to expire, then nothing may be held. The liveness names' leases are
+    // longer (a worker killed or exited while holding one leaves it until its expiry): while
+    // something is held, wait for them too.
+    let settle = args.lease * 2 + Duration::from_secs(1);
+    let longest = if args.live_names > 0 {
+        settle.max(args.live_lease * 2 + Duration::from_secs(1))
+    } else {
+        settle
+    };
+    tokio::time::sleep(settle).await;
+    let mut held = store.still_held().await?;
+    let mut waited = settle;
+    while !held.is_empty() && waited < longest {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        waited += Duration::from_millis(500);
+        held = store.still_held().await?;
+    }
     supervisor.exit().await;
 
     let recorded = store.finish().await?;
@@ -375,33 +405,62 @@ async fn run_processes(
         .is_some_and(|u| !u.is_empty() && net.is_none())
         || args.postgres_url.as_deref().is_some_and(|u| !u.is_empty())
     {
-        // Another host's clock: rule (9) compares the workers' clock with the server's.
+        // Another host's clock: rule (9) compares the workers' clock with the server's (and
+        // the liveness check, below, is not enforced).
         c.expiry_tolerance(None);
     }
+    let remote = args
+        .uri
+        .as_deref()
+        .is_some_and(|u| !u.is_empty() && net.is_none())
+        || args.postgres_url.as_deref().is_some_and(|u| !u.is_empty());
     for (name, lease, expires) in &held {
         c.held_after_end(name, lease, *expires);
     }
-    let totals = read_logs(&dir, &mut c)?;
+    let (totals, processes) = read_logs(&dir, &mut c)?;
+    let mut faults = lock(&counts).clone();
+    // The liveness check: the workers' waits, resolved against the injector's timeline, and
+    // the CLI check's.
+    let (mut waiters, hits) = liveness::waiters_of(&processes, &faults.timeline);
+    if let Some(r) = &cli_report {
+        waiters.extend(r.live_waits.iter().cloned());
+    }
+    let mut bounds = Bounds::new(
+        args.live_lease.as_micros() as i64,
+        args.liveness_slack.as_micros() as i64,
+    );
+    if remote {
+        // Another host's clock: the waits' times cannot be compared with the server's.
+        bounds.tolerance_us = None;
+    }
+    let live_report = c.check_liveness(&waiters, &bounds);
     let cli_text = match (&cli_report, &cli_skipped) {
         (Some(r), _) => {
             for o in &r.overlaps {
                 c.cli_overlap(o.clone());
             }
             format!(
-                "runs={},killed={},stopped={},overlaps={},overlap_episodes={:?},stale_dirs={}",
+                "runs={},killed={},stopped={},overlaps={},overlap_episodes={:?},stale_dirs={},\
+                 live_runs={},live_waiters_killed={}",
                 r.runs,
                 r.killed,
                 r.stopped,
                 r.overlaps.len(),
                 r.episodes,
-                r.stale
+                r.stale,
+                r.live_runs,
+                r.live_killed
             )
         }
         (None, Some(why)) => format!("skipped: {why}"),
         (None, None) => "skipped".into(),
     };
-    let mut faults = lock(&counts).clone();
+    faults.fired.insert(FaultKind::WaiterExit, hits.exited);
     if let Some(r) = &cli_report {
+        faults
+            .injected
+            .insert(FaultKind::ExecSigint, r.sigint_sent.0);
+        faults.fired.insert(FaultKind::ExecSigint, r.sigint_sent.1);
         faults
             .injected
             .insert(FaultKind::ExecGroupStop, r.group_stops.0);
@@ -431,6 +490,7 @@ async fn run_processes(
         &c,
         duration,
     );
+    summary.add_liveness(live_report, &hits, &faults);
     summary.ttl_deletes = recorded.deletes;
     summary.restarts = supervisor.restarts();
     summary.recorder_resumes = recorded.resumes;
@@ -475,6 +535,8 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             polling: false,
             drop_futures: !args.no_dropped_futures,
             short_extensions: false,
+            live_names: 0,
+            live_lease_ms: 0,
             log: dir.join(format!("worker-{id}-0.jsonl")),
         };
         let auto = LockProvider::builder(backend.clone())
@@ -541,7 +603,7 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
     for w in writes {
         checker.accepted_write(w);
     }
-    let totals = read_logs(&dir, &mut checker)?;
+    let (totals, _) = read_logs(&dir, &mut checker)?;
     let mut summary = Summary::new(
         Backend::Memory,
         seed,

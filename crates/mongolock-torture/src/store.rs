@@ -15,7 +15,7 @@ use mongolock::testing::postgres_server::{PgServer, NO_BINARIES};
 use tokio::task::JoinHandle;
 
 use crate::checker::Checker;
-use crate::config::{JOBS_COLLECTION, JOBS_LOCK_FIELD, LOCK_COLLECTION};
+use crate::config::{CLI_LIVE_COLLECTION, JOBS_COLLECTION, JOBS_LOCK_FIELD, LOCK_COLLECTION};
 use crate::faults::FaultTarget;
 use crate::history::{micros, LockHistory, ResourceHistory, SlotHistory};
 use crate::options::{Backend, RunArgs};
@@ -102,6 +102,16 @@ impl Store {
         match self {
             Store::Mongo(_) => "cli_locks".into(),
             Store::Postgres(p) => format!("{}.cli_locks", p.schema),
+        }
+    }
+
+    /// The `--collection` of the CLI check's liveness name, whose history is recorded: a
+    /// collection of its own on MongoDB ([`CLI_LIVE_COLLECTION`]), the workers' lock table on
+    /// PostgreSQL.
+    pub fn live_collection(&self) -> String {
+        match self {
+            Store::Mongo(_) => CLI_LIVE_COLLECTION.into(),
+            Store::Postgres(p) => format!("{}.{LOCK_COLLECTION}", p.schema),
         }
     }
 
@@ -257,6 +267,14 @@ impl MongoStore {
                 RESOURCE_COLLECTION,
                 Followed::Resource(ResourceHistory::new()),
             ),
+            (
+                CLI_LIVE_COLLECTION,
+                Followed::Locks {
+                    history: LockHistory::new(None),
+                    name: recorder::string_id,
+                    slots: None,
+                },
+            ),
         ] {
             // Create the collection first: a change stream on a missing collection works on
             // MongoDB, but an explicit collection makes the start point unambiguous.
@@ -294,6 +312,7 @@ impl MongoStore {
 
     async fn still_held(&self) -> Result<Vec<Held>, AnyError> {
         let mut held = held_in(&self.db, LOCK_COLLECTION, "", recorder::string_id).await?;
+        held.extend(held_in(&self.db, CLI_LIVE_COLLECTION, "", recorder::string_id).await?);
         held.extend(
             held_in(
                 &self.db,
@@ -308,7 +327,12 @@ impl MongoStore {
 
     async fn finish(&mut self) -> Result<Recorded, AnyError> {
         // End markers, then the recorder finishes.
-        for coll in [LOCK_COLLECTION, JOBS_COLLECTION, RESOURCE_COLLECTION] {
+        for coll in [
+            LOCK_COLLECTION,
+            JOBS_COLLECTION,
+            RESOURCE_COLLECTION,
+            CLI_LIVE_COLLECTION,
+        ] {
             self.db
                 .collection::<Document>(coll)
                 .insert_one(recorder::end_marker())

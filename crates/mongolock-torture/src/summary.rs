@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::checker::{Checker, SlotCounts, ViolationKind};
 use crate::faults::{FaultCounts, FaultKind};
+use crate::liveness::{LivenessReport, WaiterHits};
 use crate::options::Backend;
 use crate::worklog::LogTotals;
 
@@ -55,6 +56,8 @@ pub struct Summary {
     /// PostgreSQL: from the lock table's history trigger; zero on the memory backend, which
     /// runs no semaphore operations).
     pub slots: SlotCounts,
+    /// The liveness check (`None`: the memory backend, which runs no liveness names).
+    pub liveness: Option<LivenessReport>,
     /// Violations by kind.
     pub violations: BTreeMap<String, u64>,
     /// Total violations.
@@ -122,6 +125,7 @@ impl Summary {
             faults_fired: fired,
             faults_skipped: BTreeMap::new(),
             slots: checker.slot_counts(),
+            liveness: None,
             violations,
             violations_total: checker.total(),
             first_violations: checker.first().iter().map(|v| v.to_string()).collect(),
@@ -137,6 +141,62 @@ impl Summary {
         }
     }
 
+    /// Adds the liveness check's report, and its nemeses to `faults` / `faults_fired`: waits
+    /// that timed out or were dropped (taken effect: while the name was held, so they left a
+    /// queue), SIGKILLs and SIGSTOPs (taken effect: of a process that was waiting).
+    pub fn add_liveness(&mut self, report: LivenessReport, hits: &WaiterHits, f: &FaultCounts) {
+        let gave_up = |how: &str| report.gave_up.get(how).copied().unwrap_or_default();
+        let kinds = [
+            ("waiter_timeout", gave_up("timed out")),
+            ("waiter_dropped", gave_up("dropped")),
+            (
+                "waiter_sigkill",
+                (
+                    *f.injected.get(&FaultKind::Sigkill).unwrap_or(&0),
+                    hits.killed,
+                ),
+            ),
+            (
+                "waiter_sigstop",
+                (
+                    *f.injected.get(&FaultKind::Sigstop).unwrap_or(&0),
+                    hits.stopped,
+                ),
+            ),
+        ];
+        for (kind, (injected, fired)) in kinds {
+            self.faults.insert(kind.to_owned(), injected);
+            self.faults_fired.insert(kind.to_owned(), fired);
+        }
+        self.liveness = Some(report);
+    }
+
+    /// The liveness part of the summary line.
+    fn liveness_text(&self) -> String {
+        let Some(r) = &self.liveness else {
+            return "liveness[none]".into();
+        };
+        let classes = r
+            .stretches
+            .iter()
+            .map(|(k, s)| {
+                format!(
+                    "{k}: n={} p50={:.1}ms p99={:.1}ms max={:.1}ms",
+                    s.count, s.p50_ms, s.p99_ms, s.max_ms
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        format!(
+            "liveness[waits={} bound release={:.0}ms expiry={:.0}ms{} slow={}; {classes}]",
+            r.waits,
+            r.release_bound_ms,
+            r.expiry_bound_ms,
+            if r.enforced { "" } else { " (not enforced)" },
+            r.slow
+        )
+    }
+
     /// The one summary line.
     pub fn line(&self) -> String {
         let join = |m: &BTreeMap<String, u64>| {
@@ -148,7 +208,7 @@ impl Summary {
         format!(
             "torture: backend={} seed={} workers={} acquisitions={} (workers logged {}) \
              writes accepted={} refused={} failed={} lost_seen={} ran_out={} ttl_deletes={} \
-             restarts={} slots granted={} released={} expired={} max_live={} stamp_inversions={}(max {}µs) recorder_resumes={}(failed {}) faults[{}] fired[{}] skipped[{}] cli[{}] violations={} [{}] duration={:.1}s \
+             restarts={} slots granted={} released={} expired={} max_live={} {} stamp_inversions={}(max {}µs) recorder_resumes={}(failed {}) faults[{}] fired[{}] skipped[{}] cli[{}] violations={} [{}] duration={:.1}s \
              rate={:.0}/s",
             self.backend,
             self.seed,
@@ -166,6 +226,7 @@ impl Summary {
             self.slots.released,
             self.slots.expired,
             self.slots.max_live,
+            self.liveness_text(),
             self.release_stamp_inversions.0,
             self.release_stamp_inversions.1,
             self.recorder_resumes.0,

@@ -172,7 +172,8 @@ async fn slot(
             status = child.wait() => {
                 lock(&pids)[id] = None;
                 if let Ok(s) = status {
-                    if s.code().is_some() {
+                    // A worker asked to exit (`waiter_exit`) is restarted like a killed one.
+                    if s.code().is_some_and(|c| c != crate::worker::EXIT_ON_REQUEST) {
                         eprintln!("torture: worker {id} incarnation {inc} exited with {s}; see its .stderr file");
                     }
                 }

@@ -4,7 +4,7 @@
 //! (`mongolock-torture worker`, MongoDB and PostgreSQL) or as tasks of the orchestrator (memory
 //! backend).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,7 +12,7 @@ use mongodb::bson::{doc, Document};
 use mongodb::Collection;
 use mongolock::documents::DocumentLocks;
 use mongolock::election::Election;
-use mongolock::{LockBackend, LockGuard, LockProvider, MemoryBackend, PostgresBackend};
+use mongolock::{Lock, LockBackend, LockGuard, LockProvider, MemoryBackend, PostgresBackend};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -20,9 +20,11 @@ use tokio::sync::watch;
 
 use crate::checker::Grant;
 use crate::config::{
-    pick_cold, pick_hot, pick_sem, WorkerConfig, ELECTION_ROLE, EXT_APP_NAME, JOBS_COLLECTION,
-    JOBS_LOCK_FIELD, LOCK_COLLECTION, SEM_LIMIT, WORKER_APP_NAME, WORKER_CONFIG_ENV,
+    pick_cold, pick_hot, pick_live, pick_sem, WorkerConfig, ELECTION_ROLE, EXT_APP_NAME,
+    JOBS_COLLECTION, JOBS_LOCK_FIELD, LIVE_APP_NAME, LIVE_LOOPS, LOCK_COLLECTION, SEM_LIMIT,
+    WORKER_APP_NAME, WORKER_CONFIG_ENV,
 };
+use crate::liveness::WaitEnd;
 use crate::options::Backend;
 use crate::postgres::PgResource;
 use crate::resource::{fenced_write, FencedWrite, MemoryResource, RESOURCE_COLLECTION};
@@ -66,6 +68,22 @@ pub struct Env {
     pub stop: watch::Receiver<bool>,
     /// The short extensions' means (`short_extension`), if this worker makes them.
     pub ext: Option<Ext>,
+    /// The liveness names' providers, if this worker waits for them.
+    pub live: Option<Live>,
+    /// Ids of the waits of liveness names.
+    waits: AtomicU64,
+    /// Set when the worker shuts down on request (`waiter_exit`): waits the stop ends have
+    /// [`WaitEnd::Shutdown`].
+    exiting: AtomicBool,
+}
+
+/// The providers of the liveness names (`live-*`, [`crate::liveness`]): leased for
+/// `live_lease_ms`, extended automatically or not; on MongoDB over a client of their own
+/// ([`LIVE_APP_NAME`]) that no fail point is aimed at.
+pub struct Live {
+    auto: LockProvider,
+    manual: LockProvider,
+    lease: Duration,
 }
 
 /// How a worker makes short extensions while the server is slowed (`short_extension`).
@@ -117,6 +135,9 @@ impl Env {
             seq: AtomicU64::new(0),
             stop,
             ext: None,
+            live: None,
+            waits: AtomicU64::new(0),
+            exiting: AtomicBool::new(false),
         })
     }
 
@@ -249,6 +270,18 @@ fn hold_time(rng: &mut StdRng, lease: Duration) -> Duration {
 
 /// The critical section of a guard: fenced writes with holds between them, then the end.
 async fn hold_and_end(env: &Env, rng: &mut StdRng, guard: LockGuard, via: &str, can_run_out: bool) {
+    hold_and_end_leased(env, rng, guard, via, can_run_out, lease_of(&env.cfg)).await;
+}
+
+/// [`hold_and_end`] of a guard leased for `lease_len`.
+async fn hold_and_end_leased(
+    env: &Env,
+    rng: &mut StdRng,
+    guard: LockGuard,
+    via: &str,
+    can_run_out: bool,
+    lease_len: Duration,
+) {
     let name = guard.name().to_owned();
     let token = guard.fencing_token();
     let lease = guard.lease_id().as_str().to_owned();
@@ -259,7 +292,6 @@ async fn hold_and_end(env: &Env, rng: &mut StdRng, guard: LockGuard, via: &str, 
         via: via.to_owned(),
         t: now_us(),
     });
-    let lease_len = lease_of(&env.cfg);
     let writes = rng.random_range(1..=2);
     for i in 0..writes {
         if i > 0 {
@@ -607,6 +639,136 @@ fn lock_rng(rng: &Mutex<StdRng>) -> std::sync::MutexGuard<'_, StdRng> {
     }
 }
 
+/// How a wait of a liveness name ends, unless it gets the name first.
+#[derive(Clone, Copy)]
+enum LiveWait {
+    /// `acquire`, until it returns (or the run stops).
+    Forever,
+    /// `acquire_timeout(d)`: gives up after `d`.
+    Timeout(Duration),
+    /// `acquire`, its future dropped after `d`.
+    DropAfter(Duration),
+}
+
+/// Waits for `lock` as `how` says, logging the wait ([`LogLine::Wait`] before the call,
+/// [`LogLine::WaitEnd`] after it); returns the guard if the call got the lock.
+async fn live_wait(env: &Env, lock: &Lock, how: LiveWait) -> Option<LockGuard> {
+    let id = env.waits.fetch_add(1, Ordering::Relaxed);
+    let via = match how {
+        LiveWait::Forever => "acquire".to_owned(),
+        LiveWait::Timeout(d) => format!("acquire_timeout({}ms)", d.as_millis()),
+        LiveWait::DropAfter(d) => format!("acquire dropped after {}ms", d.as_millis()),
+    };
+    env.log.write(&LogLine::Wait {
+        name: lock.name().to_owned(),
+        id,
+        via,
+        t: now_us(),
+    });
+    let mut stop = env.stop.clone();
+    let outcome = |r: mongolock::Result<Option<LockGuard>>| match r {
+        Ok(Some(g)) => (Some(g), WaitEnd::Got),
+        Ok(None) => (None, WaitEnd::TimedOut),
+        Err(e) => {
+            env.error("acquire", e);
+            (None, WaitEnd::Failed)
+        }
+    };
+    let limit = match how {
+        LiveWait::DropAfter(d) => d,
+        // Far beyond any wait of the run: only the stop ends it.
+        LiveWait::Forever | LiveWait::Timeout(_) => Duration::from_secs(24 * 3600),
+    };
+    let (got, end) = tokio::select! {
+        r = async {
+            match how {
+                LiveWait::Timeout(d) => lock.acquire_timeout(d).await,
+                LiveWait::Forever | LiveWait::DropAfter(_) => lock.acquire().await.map(Some),
+            }
+        } => outcome(r),
+        () = tokio::time::sleep(limit) => (None, WaitEnd::Dropped),
+        _ = stop.wait_for(|s| *s) => {
+            let end = if env.exiting.load(Ordering::Relaxed) {
+                WaitEnd::Shutdown
+            } else {
+                WaitEnd::Stopped
+            };
+            (None, end)
+        }
+    };
+    env.log.write(&LogLine::WaitEnd {
+        id,
+        how: end,
+        t: now_us(),
+    });
+    got
+}
+
+/// One operation on a liveness name: a wait that gets it or gives up (timeout, dropped
+/// future), now and then a single attempt; a hold that is short, or long enough that queues
+/// form and waits run out while it lasts; then the usual end (release, dropped release,
+/// dropped guard, or 1 % left to run out).
+async fn live_op(env: &Env, live: &Live, rng: &mut StdRng) {
+    let name = pick_live(rng, &env.cfg);
+    let run_out = rng.random_bool(0.01);
+    let provider = if run_out { &live.manual } else { &live.auto };
+    let Ok(lock) = provider.lock(name) else {
+        return;
+    };
+    let roll: f64 = rng.random();
+    let short = |rng: &mut StdRng| Duration::from_millis(rng.random_range(20..1500));
+    let (got, via) = if roll < 0.05 {
+        let mut stop = env.stop.clone();
+        let got = tokio::select! {
+            r = lock.try_acquire() => r.unwrap_or_else(|e| {
+                env.error("acquire", e);
+                None
+            }),
+            _ = stop.wait_for(|s| *s) => None,
+        };
+        (got, "live try_acquire")
+    } else if roll < 0.4 {
+        (
+            live_wait(env, &lock, LiveWait::Forever).await,
+            "live acquire",
+        )
+    } else if roll < 0.75 || !env.cfg.drop_futures {
+        let d = short(rng);
+        (
+            live_wait(env, &lock, LiveWait::Timeout(d)).await,
+            "live acquire_timeout",
+        )
+    } else {
+        let d = short(rng);
+        (
+            live_wait(env, &lock, LiveWait::DropAfter(d)).await,
+            "live acquire (dropped)",
+        )
+    };
+    let Some(guard) = got else { return };
+    if !run_out && rng.random_bool(0.25) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..600))).await;
+    }
+    hold_and_end_leased(env, rng, guard, via, run_out, live.lease).await;
+}
+
+/// A loop waiting for the liveness names until the worker stops, with pauses between
+/// operations (so that a name is sometimes free with nobody waiting, and waiters come while it
+/// is).
+async fn live_loop(env: Arc<Env>, seed: u64) {
+    let Some(live) = &env.live else { return };
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut stop = env.stop.clone();
+    while !env.stopped() {
+        live_op(&env, live, &mut rng).await;
+        let pause = Duration::from_millis(rng.random_range(0..200));
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+    }
+}
+
 /// Runs the loops of one worker until the stop signal; returns when all have ended.
 pub async fn run_loops(env: Arc<Env>) {
     let mut tasks = Vec::new();
@@ -625,6 +787,12 @@ pub async fn run_loops(env: Arc<Env>) {
     if env.ext.is_some() {
         let seed = env.cfg.seed.wrapping_add(2_000_000);
         tasks.push(tokio::spawn(short_extensions(env.clone(), seed)));
+    }
+    if env.live.is_some() {
+        for i in 0..LIVE_LOOPS {
+            let seed = env.cfg.seed.wrapping_add(3_000_000 + i as u64);
+            tasks.push(tokio::spawn(live_loop(env.clone(), seed)));
+        }
     }
     for t in tasks {
         if let Err(e) = t.await {
@@ -745,7 +913,32 @@ fn providers(
     backend: impl LockBackend + Clone + 'static,
     cfg: &WorkerConfig,
 ) -> Result<(LockProvider, LockProvider), String> {
-    let lease = lease_of(cfg);
+    leased_providers(backend, cfg, lease_of(cfg))
+}
+
+/// The liveness names' providers over `backend` (`None` when the run has no liveness names).
+fn live_providers(
+    backend: impl LockBackend + Clone + 'static,
+    cfg: &WorkerConfig,
+) -> Result<Option<Live>, String> {
+    if cfg.live_names == 0 {
+        return Ok(None);
+    }
+    let lease = Duration::from_millis(cfg.live_lease_ms.max(1000));
+    let (auto, manual) = leased_providers(backend, cfg, lease)?;
+    Ok(Some(Live {
+        auto,
+        manual,
+        lease,
+    }))
+}
+
+/// [`providers`] with leases of `lease`.
+fn leased_providers(
+    backend: impl LockBackend + Clone + 'static,
+    cfg: &WorkerConfig,
+    lease: Duration,
+) -> Result<(LockProvider, LockProvider), String> {
     let app = format!("torture {}", cfg.worker);
     let auto = LockProvider::builder(backend.clone())
         .expiry(lease)
@@ -761,19 +954,18 @@ fn providers(
     Ok((auto, manual))
 }
 
+/// What a worker process works with.
+struct Parts {
+    auto: LockProvider,
+    manual: LockProvider,
+    docs: Option<DocumentLocks<Document>>,
+    sink: Sink,
+    ext: Option<Ext>,
+    live: Option<Live>,
+}
+
 /// A MongoDB worker's providers, document locks and resource.
-async fn mongo_env(
-    cfg: &WorkerConfig,
-) -> Result<
-    (
-        LockProvider,
-        LockProvider,
-        Option<DocumentLocks<Document>>,
-        Sink,
-        Option<Ext>,
-    ),
-    String,
-> {
+async fn mongo_env(cfg: &WorkerConfig) -> Result<Parts, String> {
     let mut options = mongodb::options::ClientOptions::parse(&cfg.uri)
         .await
         .map_err(|e| e.to_string())?;
@@ -790,17 +982,28 @@ async fn mongo_env(
         .build()
         .map_err(|e| e.to_string())?;
     let (auto, manual) = providers(backend, cfg)?;
-    let ext = if cfg.short_extensions {
+    // A client of their own for the extensions (the injector slows it) and for the liveness
+    // names (no fail point reaches it).
+    let backend_as = |app: &str, notifications: bool| {
         let mut options = options.clone();
-        options.app_name = Some(EXT_APP_NAME.to_owned());
+        options.app_name = Some(app.to_owned());
         let client = mongodb::Client::with_options(options).map_err(|e| e.to_string())?;
-        let backend = mongolock::MongoBackend::builder(&client.database(&cfg.db))
+        mongolock::MongoBackend::builder(&client.database(&cfg.db))
             .collection(LOCK_COLLECTION)
             .cleanup_after(Duration::from_secs(cfg.cleanup_after_secs))
-            .notifications(false)
+            .notifications(notifications)
             .build()
-            .map_err(|e| e.to_string())?;
-        Some(Ext::Mongo(providers(backend, cfg)?.1))
+            .map_err(|e| e.to_string())
+    };
+    let ext = if cfg.short_extensions {
+        Some(Ext::Mongo(
+            providers(backend_as(EXT_APP_NAME, false)?, cfg)?.1,
+        ))
+    } else {
+        None
+    };
+    let live = if cfg.live_names > 0 {
+        live_providers(backend_as(LIVE_APP_NAME, !cfg.polling)?, cfg)?
     } else {
         None
     };
@@ -810,21 +1013,21 @@ async fn mongo_env(
         .field(JOBS_LOCK_FIELD)
         .build()
         .map_err(|e| e.to_string())?;
-    Ok((
+    Ok(Parts {
         auto,
         manual,
-        Some(docs),
-        Sink::Mongo(db.collection(RESOURCE_COLLECTION)),
+        docs: Some(docs),
+        sink: Sink::Mongo(db.collection(RESOURCE_COLLECTION)),
         ext,
-    ))
+        live,
+    })
 }
 
 /// A PostgreSQL worker's providers (on the run's schema; connections named after
 /// [`WORKER_APP_NAME`] so that the fault injector can find them) and resource. Every other
-/// worker polls instead of listening; some run the idle-row cleanup.
-fn postgres_env(
-    cfg: &WorkerConfig,
-) -> Result<(LockProvider, LockProvider, Sink, Option<Ext>), String> {
+/// worker polls instead of listening; some run the idle-row cleanup. The liveness names use
+/// the same backend (there are no fail points on PostgreSQL).
+fn postgres_env(cfg: &WorkerConfig) -> Result<Parts, String> {
     let config = crate::postgres::config(&cfg.uri, &format!("{WORKER_APP_NAME} {}", cfg.worker))
         .map_err(|e| e.to_string())?;
     let backend = PostgresBackend::builder_with_config(config)
@@ -835,6 +1038,7 @@ fn postgres_env(
         .cleanup_every(cfg.cleanup_every_ms.map(Duration::from_millis))
         .build()
         .map_err(|e| e.to_string())?;
+    let live = live_providers(backend.clone(), cfg)?;
     let (auto, manual) = providers(backend, cfg)?;
     let resource_config =
         crate::postgres::config(&cfg.uri, &format!("torture-resource {}", cfg.worker))
@@ -851,31 +1055,82 @@ fn postgres_env(
     } else {
         None
     };
-    Ok((auto, manual, sink, ext))
+    Ok(Parts {
+        auto,
+        manual,
+        docs: None,
+        sink,
+        ext,
+        live,
+    })
+}
+
+/// Exit status of a worker that exits on request (`waiter_exit`).
+pub const EXIT_ON_REQUEST: i32 = 40;
+
+/// `waiter_exit`: on SIGUSR1 the worker exits (status [`EXIT_ON_REQUEST`]) with its waits in
+/// progress, as a program whose `main` returns would: half the time at once (the waits' queue
+/// entries stay behind), half the time after ending its waits (their futures dropped, so
+/// their backends withdraw them) and flushing the withdrawals (`LockProvider::flush`). Holders
+/// are not released either way: their leases run out.
+async fn exit_on_request(env: Arc<Env>, stop: Arc<watch::Sender<bool>>) {
+    let Ok(mut usr1) =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+    else {
+        return;
+    };
+    if usr1.recv().await.is_none() {
+        return;
+    }
+    let flush = rand::random::<bool>();
+    env.log.write(&LogLine::Exit {
+        flushed: flush,
+        t: now_us(),
+    });
+    if flush {
+        env.exiting.store(true, Ordering::Relaxed);
+        let _ = stop.send(true);
+        // Let the loops drop their waits, then send what they withdrew.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let wait = Duration::from_secs(1);
+        if let Some(live) = &env.live {
+            live.auto.flush(wait).await;
+            live.manual.flush(wait).await;
+        }
+        env.auto.flush(wait).await;
+    }
+    std::process::exit(EXIT_ON_REQUEST);
 }
 
 /// `mongolock-torture worker`: one worker process. Reads its configuration from the
 /// environment; on stdin, `stop` ends the loops (it then answers `drained` on stdout, keeping
 /// its runtime alive so that a leaked lease would still be extended) and `exit` (or EOF) ends
-/// the process.
+/// the process; SIGUSR1 makes it exit at once ([`exit_on_request`]).
 pub async fn worker_main() -> Result<(), String> {
     let raw =
         std::env::var(WORKER_CONFIG_ENV).map_err(|_| format!("{WORKER_CONFIG_ENV} is not set"))?;
     let cfg: WorkerConfig = serde_json::from_str(&raw).map_err(|e| e.to_string())?;
-    let (auto, manual, docs, sink, ext) = match cfg.backend {
+    let parts = match cfg.backend {
         Backend::Mongo => mongo_env(&cfg).await?,
-        Backend::Postgres => {
-            let (auto, manual, sink, ext) = postgres_env(&cfg)?;
-            (auto, manual, None, sink, ext)
-        }
+        Backend::Postgres => postgres_env(&cfg)?,
         Backend::Memory => {
             return Err("the memory backend runs no worker process".into());
         }
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut env = Env::new(cfg, auto, manual, docs, sink, stop_rx)?;
-    env.ext = ext;
+    let stop_tx = Arc::new(stop_tx);
+    let mut env = Env::new(
+        cfg,
+        parts.auto,
+        parts.manual,
+        parts.docs,
+        parts.sink,
+        stop_rx,
+    )?;
+    env.ext = parts.ext;
+    env.live = parts.live;
     let env = Arc::new(env);
+    tokio::spawn(exit_on_request(env.clone(), stop_tx.clone()));
     let loops = tokio::spawn(run_loops(env.clone()));
 
     let mut lines = BufReader::new(tokio::io::stdin()).lines();

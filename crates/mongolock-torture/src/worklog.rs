@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::checker::WorkerEvent;
+use crate::liveness::{LoggedWait, ProcessLog, WaitEnd};
 
 /// How a critical section ended.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -92,9 +93,25 @@ pub enum LogLine {
     Dropped { what: String, t: i64 },
     /// An operation failed.
     Error { op: String, msg: String, t: i64 },
+    /// Right before an acquire call of a liveness name (`crate::liveness`): the wait `id` (per
+    /// worker incarnation) begins.
+    Wait {
+        name: String,
+        id: u64,
+        via: String,
+        t: i64,
+    },
+    /// Right after the wait `id` ended, and how.
+    WaitEnd { id: u64, how: WaitEnd, t: i64 },
+    /// The worker exits on request (`waiter_exit`), after withdrawing its waits from the
+    /// queues (`flushed`: the waits were ended and `LockProvider::flush` called) or at once;
+    /// waits without an end line end here.
+    Exit { flushed: bool, t: i64 },
 }
 
-/// Local wall-clock time in µs (for humans reading the logs; the checker uses server times).
+/// Local wall-clock time in µs: for humans reading the logs, for rule (9) (a lease trusted after
+/// its server expiry) and for the liveness check's waits, which compare it with server times
+/// (same host, same clock: see `crate::liveness`).
 pub fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -187,18 +204,66 @@ impl LogTotals {
     }
 }
 
-/// Reads a log: the checker's events in order, and totals.
-pub fn read_log(path: &Path) -> std::io::Result<(Vec<WorkerEvent>, LogTotals)> {
+/// What a log holds for the checkers.
+#[derive(Default, Debug)]
+pub struct WorkerLog {
+    /// The safety checker's events, in order.
+    pub events: Vec<WorkerEvent>,
+    /// Totals.
+    pub totals: LogTotals,
+    /// The incarnation and its waits, for the liveness checker.
+    pub process: ProcessLog,
+}
+
+/// The time of a line.
+fn time_of(line: &LogLine) -> i64 {
+    match line {
+        LogLine::Start { t, .. }
+        | LogLine::Grant { t, .. }
+        | LogLine::Intent { t, .. }
+        | LogLine::ShortExtension { t, .. }
+        | LogLine::Result { t, .. }
+        | LogLine::Lost { t, .. }
+        | LogLine::End { t, .. }
+        | LogLine::Dropped { t, .. }
+        | LogLine::Error { t, .. }
+        | LogLine::Wait { t, .. }
+        | LogLine::WaitEnd { t, .. }
+        | LogLine::Exit { t, .. } => *t,
+    }
+}
+
+/// Reads a log: the checker's events in order, totals, and the waits of liveness names.
+pub fn read_log(path: &Path) -> std::io::Result<WorkerLog> {
     let reader = BufReader::new(File::open(path)?);
     let mut events = Vec::new();
     let mut totals = LogTotals::default();
+    let mut process = ProcessLog::default();
+    let mut open: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
     for line in reader.lines() {
         let line = line?;
         let Ok(parsed) = serde_json::from_str::<LogLine>(&line) else {
             totals.bad_lines += 1;
             continue;
         };
+        process.last_us = process.last_us.max(time_of(&parsed));
         match parsed {
+            LogLine::Wait { name, id, via, t } => {
+                open.insert(id, process.waits.len());
+                process.waits.push(LoggedWait {
+                    name,
+                    id,
+                    via,
+                    start_us: t,
+                    end: None,
+                });
+            }
+            LogLine::WaitEnd { id, how, t } => {
+                if let Some(i) = open.remove(&id) {
+                    process.waits[i].end = Some((t, how));
+                }
+            }
+            LogLine::Exit { t, .. } => process.exit_us = Some(t),
             LogLine::Grant { .. } => totals.grants += 1,
             LogLine::Intent {
                 name,
@@ -243,8 +308,20 @@ pub fn read_log(path: &Path) -> std::io::Result<(Vec<WorkerEvent>, LogTotals)> {
                 }
             }
             LogLine::Error { .. } => totals.errors += 1,
-            LogLine::Start { .. } => {}
+            LogLine::Start { worker, pid, t } => {
+                process.slot = worker
+                    .strip_prefix('w')
+                    .and_then(|w| w.split('.').next())
+                    .and_then(|w| w.parse().ok());
+                process.who = worker;
+                process.pid = Some(pid);
+                process.start_us = t;
+            }
         }
     }
-    Ok((events, totals))
+    Ok(WorkerLog {
+        events,
+        totals,
+        process,
+    })
 }

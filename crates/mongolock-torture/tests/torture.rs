@@ -7,6 +7,14 @@
 //! is tested by its unit tests (planted overlaps, repeated tokens, stale writes, writes after
 //! loss, slots over the limit) and, for the PostgreSQL history, by `tests/postgres_history.rs`
 //! (planted overlap, repeated token, stale write, slot over the limit, repeated slot token).
+//!
+//! The liveness check runs in them too (zero `liveness` violations, stretches measured, and
+//! waiters that gave up, were dropped, killed, stopped or exited), with a bound loose enough for
+//! a loaded 2-core machine (`--liveness-slack 3s`: 3.5 s after a release, where the run's own
+//! default is 1.5 s) and liveness leases of 8 s, so that a waiter left to sleep until the
+//! holder's expiry (issue 32) would still stand out. Its detection is tested by the liveness
+//! checker's unit tests (`src/liveness.rs`: a planted stall behind dead waiters, a waiter that
+//! gave up on a free name).
 
 use std::path::Path;
 use std::process::Command;
@@ -80,6 +88,10 @@ fn short_process_run(backend: &str, fault_interval: &str, extra: &[&str], kinds:
     std::fs::create_dir_all(&dir).unwrap();
     let summary = dir.join("summary.json");
     let mut args = vec![
+        "--live-lease",
+        "8s",
+        "--liveness-slack",
+        "3s",
         "--backend",
         backend,
         "--workers",
@@ -108,7 +120,7 @@ fn short_process_run(backend: &str, fault_interval: &str, extra: &[&str], kinds:
             // `cargo test -p mongolock-torture` alone).
             let allowed = match *kind {
                 "partition" | "netem" => !netns_expected() || !built("mongo-testserver"),
-                "exec_group_stop" | "exec_setsid" => !built("mongolock"),
+                "exec_group_stop" | "exec_setsid" | "exec_sigint" => !built("mongolock"),
                 _ => false,
             };
             assert!(allowed, "{kind} skipped ({why}): {json:#}");
@@ -126,6 +138,31 @@ fn short_process_run(backend: &str, fault_interval: &str, extra: &[&str], kinds:
     }
     for kind in ["dropped_acquire", "dropped_release"] {
         assert!(count(&json, "faults", kind) >= 1, "no {kind}: {json:#}");
+    }
+    // The liveness check measured stretches, and waiters left the queues in every way: timed
+    // out and dropped while the name was held, killed, stopped and exited while waiting.
+    let liveness = &json["liveness"];
+    assert_eq!(liveness["enforced"], true, "{json:#}");
+    assert!(liveness["waits"].as_u64().unwrap() >= 20, "{json:#}");
+    let measured: u64 = liveness["stretches"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum();
+    assert!(measured >= 10, "{json:#}");
+    for kind in [
+        "waiter_timeout",
+        "waiter_dropped",
+        "waiter_sigkill",
+        "waiter_sigstop",
+        "waiter_exit",
+    ] {
+        assert!(count(&json, "faults", kind) >= 1, "no {kind}: {json:#}");
+        assert!(
+            count(&json, "faults_fired", kind) >= 1,
+            "no {kind} took effect: {json:#}"
+        );
     }
     assert!(
         json["ttl_deletes"].as_u64().unwrap() >= 1,
@@ -167,6 +204,8 @@ fn short_mongo_run_with_every_fault_kind_has_no_violation() {
             "exec_setsid",
             "partition",
             "netem",
+            "waiter_exit",
+            "exec_sigint",
         ],
     );
     // Semaphore slots were recorded, released and left to expire, and some names had more
@@ -226,6 +265,8 @@ fn short_postgres_run_with_every_fault_kind_has_no_violation() {
             "short_extension",
             "exec_group_stop",
             "exec_setsid",
+            "waiter_exit",
+            "exec_sigint",
         ],
     );
     // Semaphore slots were recorded from the history trigger's rows (zero violations were
