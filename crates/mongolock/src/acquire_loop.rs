@@ -23,7 +23,10 @@
 //! still in flight when the call's future is dropped is such an attempt too. If the call then
 //! ends without a lease — it returns an error, `None`, or its future is dropped — the lease
 //! id is released in the background ([`Attempts::abandon`], bounded by the release timeout).
-//! Release matches only that lease id, so this can never end anyone else's lease.
+//! Release matches only that lease id, so this can never end anyone else's lease. (An attempt
+//! that failed may also be applied by the server *after* the call's later attempt was granted
+//! and released; a backend must then not grant the id again: the MongoDB backend retires such
+//! ids before releasing them, `backends/mongo/retired.rs`.)
 //!
 //! That release is sent only after every attempt of the call has finished ([`InFlight`]): an
 //! attempt the loop stopped waiting for (at a finite deadline, or when the call's future was

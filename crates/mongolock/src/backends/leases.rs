@@ -9,7 +9,7 @@
 //! kept: so a repeated release (a caller's retry after a reply it never saw, or after an
 //! error) is still recognised within the release timeout, and memory stays bounded.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -179,5 +179,40 @@ impl CheapNames {
     /// Whether to try the cheap attempt on `name` (once per release).
     pub(crate) fn take(&self, name: &str) -> bool {
         self.names().remove(name)
+    }
+}
+
+/// Most tainted ids remembered; past it (a backend whose attempts keep failing and whose
+/// leases are never released) the set starts afresh, and a forgotten id is released without
+/// being retired.
+const MAX_TAINTED: usize = 1 << 16;
+
+/// The lease ids of this backend whose attempts failed (outcome unknown), until released.
+#[derive(Debug, Default)]
+pub(crate) struct Tainted(Mutex<HashSet<String>>);
+
+impl Tainted {
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        // Single inserts and removes: a poisoned set is consistent.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers that an attempt of `id` failed.
+    pub(crate) fn taint(&self, id: &LeaseId) {
+        let mut set = self.set();
+        if set.len() >= MAX_TAINTED {
+            set.clear();
+        }
+        set.insert(id.as_str().to_owned());
+    }
+
+    /// Whether an attempt of `id` failed (and its release has not retired it yet).
+    pub(crate) fn contains(&self, id: &LeaseId) -> bool {
+        self.set().contains(id.as_str())
+    }
+
+    /// Forgets `id` (retired).
+    pub(crate) fn forget(&self, id: &LeaseId) {
+        self.set().remove(id.as_str());
     }
 }

@@ -1385,3 +1385,76 @@ async fn the_shortcut_draws_its_token_after_waiting_for_the_row() {
         "the shortcut granted token {token}, not above {later}, taken while it waited"
     );
 }
+
+/// An attempt whose outcome is unknown (here: it failed waiting for the row lock) may, in
+/// general, still be applied later — a statement retransmitted after a partition on a
+/// connection its client gave up — after the call's next attempt was granted and that lease
+/// released. Applied then (replayed here, the same lease id), it must not grant the name
+/// again: nobody would hold that lease, and the name would stay held until the TTL. Also for a
+/// semaphore slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_never_grants_a_released_lease_id_again() {
+    let Some(url) = url() else { return };
+    for mode in [
+        mongolock::LeaseMode::Exclusive,
+        mongolock::LeaseMode::Slot { limit: 2 },
+    ] {
+        let table = postgres::unique_table("late");
+        let b = PostgresBackend::builder(&url)
+            .table(&table)
+            .statement_timeout(Some(Duration::from_millis(800)))
+            .build()
+            .expect("valid options");
+        let name = "late";
+        let req = AcquireRequest {
+            mode,
+            ..request(name, Duration::from_secs(120))
+        };
+        // The row exists; another session holds it locked while the first attempt runs.
+        let other = AcquireRequest {
+            lease_id: LeaseId::random(),
+            ..req.clone()
+        };
+        assert!(matches!(
+            b.try_acquire(&other).await.unwrap(),
+            Attempt::Acquired(_)
+        ));
+        assert!(b.release(name, &other.lease_id).await.unwrap());
+        let mut locker = admin(&url).await;
+        let tx = locker.transaction().await.unwrap();
+        tx.execute(
+            &format!("SELECT 1 FROM public.\"{table}\" WHERE name = $1 FOR UPDATE"),
+            &[&name],
+        )
+        .await
+        .unwrap();
+        let first = b.try_acquire(&req).await;
+        tx.rollback().await.unwrap();
+        assert!(
+            first.is_err(),
+            "{mode:?}: the first attempt must fail: {first:?}"
+        );
+        let Attempt::Acquired(lease) = b.try_acquire(&req).await.unwrap() else {
+            panic!("{mode:?}: the retry of {} was not granted", req.lease_id);
+        };
+        assert!(b.release(name, &req.lease_id).await.unwrap());
+        // The first attempt arrives now (twice: the shortcut, then the full statement).
+        for late in 0..2 {
+            let again = b.try_acquire(&req).await.unwrap();
+            let info = b.inspect(name).await.unwrap();
+            assert!(
+                matches!(again, Attempt::Busy { .. }),
+                "{mode:?}: late attempt {late} of {} (token {} released) was granted again: \
+                 {again:?}; the lock: {info:?}",
+                req.lease_id,
+                lease.fencing_token
+            );
+            assert!(
+                !info.is_some_and(|i| i.held),
+                "{mode:?}: nobody holds {name}"
+            );
+        }
+        let (_, token) = grant(&b, name, Duration::from_secs(5)).await;
+        assert!(token > lease.fencing_token);
+    }
+}

@@ -17,6 +17,7 @@ use super::document::{
 use super::errors::{self, classify, DUPLICATE_KEY};
 use super::index::Checks;
 use super::queue::{self, Queueing, RESERVED, WAITERS};
+use super::retired;
 use super::slots::{self, LIMIT, SLOTS};
 use crate::backend::{AcquireRequest, Attempt, Lease};
 use crate::error::{Error, Result};
@@ -138,13 +139,15 @@ fn acquire_pipeline(
 ) -> Vec<Document> {
     let mine = Bson::String(req.lease_id.as_str().to_owned());
     // free = (no lease, or the lease expired by server time) and not reserved for another
-    // process's turn (`queue.rs`), or the lease is already ours (a retry after a lost reply).
-    let free = doc! {
-        "$or": [
+    // process's turn (`queue.rs`), or the lease is already ours (a retry after a lost reply);
+    // and in either case our lease id was never retired (a late attempt, `retired.rs`).
+    let free = doc! { "$and": [
+        retired::not_retired(req.lease_id.as_str()),
+        { "$or": [
             free_for(queueing.mark),
             { "$eq": ["$leaseId", mine.clone()] },
-        ]
-    };
+        ] },
+    ] };
     // The document's epoch has a token left (documents without an epoch have none). Bound
     // once (`$$inRange`) for the token and the epoch.
     let mut vars = doc! {
@@ -284,6 +287,8 @@ pub(super) fn cheap_command(req: &AcquireRequest) -> (Document, Vec<Document>, D
         RESERVED: Bson::Null,
         // The document's epoch has a token left (a missing or null epoch has none).
         EPOCH: { "$type": "number" },
+        // Not a late attempt of a retired lease id (`retired.rs`).
+        retired::RETIRED: retired::not_retired_filter(req.lease_id.as_str()),
         "$expr": { "$lt": ["$fencingToken", { "$multiply": ["$epoch", EPOCH_TOKENS] }] },
     };
     let update = vec![doc! { "$set": {

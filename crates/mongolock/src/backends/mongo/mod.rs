@@ -8,11 +8,11 @@
 //!   acquiredAt: <date>, expiresAt: <date>, holder: { host, pid, app },
 //!   ended: [<token>], endedFrom: <int64>, lastReleased: <string>,
 //!   waiters: [{ m: <backend mark>, until: <date> }], next: <string>, backup: <string>,
-//!   reserved: { m: <backend mark>, until: <date> } | null }
+//!   reserved: { m: <backend mark>, until: <date> } | null, retired: [<lease id>] }
 //! ```
 //!
 //! (`waiters`, `next`, `backup` and `reserved` order the handoff between processes:
-//! `queue.rs`.)
+//! `queue.rs`; `retired` lists lease ids that no late attempt may grant again: `retired.rs`.)
 //!
 //! plus up to 4096 small fencing epoch counters, `{ _id: { mongolock: "fencing-epoch", bucket:
 //! <0..4095> }, epoch, takenAt }` (their `_id` is not a string, so
@@ -25,7 +25,9 @@
 //! One `findAndModify` on `{_id: name}` with `new: true` and an update **pipeline**. MongoDB
 //! refuses `$expr` in the filter of an upsert, so the test "is the name free?" lives inside the
 //! pipeline: free = `leaseId` is null/missing, or `expiresAt <= $$NOW` (server time), or
-//! `leaseId` is already ours (an idempotent retry after a lost reply). The pipeline is one
+//! `leaseId` is already ours (an idempotent retry after a lost reply) — and in both cases our
+//! lease id is not `retired` (a late attempt of a lease released after an attempt of it failed:
+//! `retired.rs`). The pipeline is one
 //! `$replaceWith: {$cond: [free, {$mergeObjects: ["$$ROOT", <new lease>]}, "$$ROOT"]}` (so
 //! "free" is evaluated once), and a busy attempt is a no-op write. The reply is projected to
 //! the lease fields. The client compares the returned `leaseId` with its own. This is
@@ -36,7 +38,8 @@
 //! queued (`backends/leases.rs` `CheapNames`; one use per release), its next attempt on the name first
 //! sends a smaller command: the "free" test in the filter — `leaseId: null` (released by its
 //! holder or force-released), `limit: null` (exclusive mode), `waiters` null or empty,
-//! `reserved` null, `epoch` a number and `fencingToken < epoch · 2²⁰` — and a one-stage `$set`
+//! `reserved` null, `epoch` a number and `fencingToken < epoch · 2²⁰`, our lease id not in
+//! `retired` — and a one-stage `$set`
 //! of `leaseId`, `fencingToken + 1`, `acquiredAt: $$NOW`, `expiresAt: $$NOW + ttl` and the
 //! holder. On such a document the full pipeline would write exactly these fields: the lease
 //! is free (so `free` holds), the epoch has a token left (so the token is `fencingToken + 1`
@@ -134,6 +137,9 @@
 //! * Extend: `findAndModify` with filter `{_id, leaseId: ours, $expr: {$gt: ["$expiresAt",
 //!   "$$NOW"]}}` and pipeline `$set expiresAt = $$NOW + ttl`; returns the new expiry. An expired
 //!   lease is never extended.
+//! * Retirement first, for a lease id one of whose attempts failed (its outcome unknown: the
+//!   command may still be applied later): one `update` adds it to `retired`, so a late attempt
+//!   never grants it again (`retired.rs`). Then the release, as for any lease.
 //! * Release: `findAndModify` `{_id, leaseId: ours}` → `leaseId: null`, `expiresAt:
 //!   min(expiresAt, $$NOW)`, the handoff to the first queued process and the second as backup
 //!   (`queue.rs`), whose marks the reply returns (projected to `next`).
@@ -237,6 +243,7 @@ mod operator;
 mod ops;
 mod probe;
 mod queue;
+mod retired;
 mod slots;
 pub(crate) mod watch;
 
@@ -295,6 +302,8 @@ pub struct MongoBackend {
     checks: Arc<index::Checks>,
     /// Names this backend released with nobody queued (the uncontended shortcut, `acquire.rs`).
     cheap: Arc<crate::backends::leases::CheapNames>,
+    /// Lease ids whose attempts failed: retired before their release (`retired.rs`).
+    tainted: Arc<crate::backends::leases::Tainted>,
 }
 
 /// Builds a [`MongoBackend`]; see [`MongoBackend::builder`].
@@ -400,6 +409,7 @@ impl MongoBackendBuilder {
             leases: Arc::default(),
             checks: Arc::default(),
             cheap: Arc::default(),
+            tainted: Arc::default(),
         })
     }
 }
@@ -563,9 +573,10 @@ impl MongoBackend {
     }
 }
 
-#[async_trait]
-impl LockBackend for MongoBackend {
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+impl MongoBackend {
+    /// One acquisition attempt ([`LockBackend::try_acquire`], which remembers the lease ids of
+    /// the attempts that fail).
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         // Nothing is written to a collection that is not ours (checked once).
         self.checks.ensure_ours(&self.reads).await?;
         if self.create_ttl_index {
@@ -651,19 +662,21 @@ impl LockBackend for MongoBackend {
         Ok(attempt)
     }
 
-    async fn extend(
-        &self,
-        name: &str,
-        lease_id: &LeaseId,
-        ttl: Duration,
-    ) -> Result<Option<SystemTime>> {
-        if self.is_slot(lease_id) {
-            return slots::extend(&self.coll, name, lease_id, ttl).await;
+    /// Before the release of a lease id whose attempt failed: retires it (`retired.rs`), so a
+    /// late attempt never grants it again. Kept tainted when the retirement fails (the core
+    /// retries the release).
+    async fn retire_if_tainted(&self, name: &str, lease_id: &LeaseId) -> Result<()> {
+        if self.tainted.contains(lease_id) {
+            // Nothing is written to a collection that is not ours (checked once).
+            self.checks.ensure_ours(&self.reads).await?;
+            retired::retire(&self.coll, name, lease_id).await?;
+            self.tainted.forget(lease_id);
         }
-        ops::extend(&self.coll, name, lease_id, ttl).await
+        Ok(())
     }
 
-    async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
+    /// Releases `lease_id` ([`LockBackend::release`], after the retirement).
+    async fn release_retired(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
         if self.is_slot(lease_id) {
             return self.release_slot(name, lease_id).await;
         }
@@ -700,6 +713,36 @@ impl LockBackend for MongoBackend {
             None => self.release_slot(name, lease_id).await,
         }
     }
+}
+
+#[async_trait]
+impl LockBackend for MongoBackend {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let attempt = self.attempt(req).await;
+        if attempt.as_ref().is_err_and(crate::Error::is_transient) {
+            // Its outcome is unknown: the command may still be applied later (`retired.rs`).
+            // (A permanent error is the server's refusal, or found before anything was sent.)
+            self.tainted.taint(&req.lease_id);
+        }
+        attempt
+    }
+
+    async fn extend(
+        &self,
+        name: &str,
+        lease_id: &LeaseId,
+        ttl: Duration,
+    ) -> Result<Option<SystemTime>> {
+        if self.is_slot(lease_id) {
+            return slots::extend(&self.coll, name, lease_id, ttl).await;
+        }
+        ops::extend(&self.coll, name, lease_id, ttl).await
+    }
+
+    async fn release(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
+        self.retire_if_tainted(name, lease_id).await?;
+        self.release_retired(name, lease_id).await
+    }
 
     async fn release_after(
         &self,
@@ -707,6 +750,7 @@ impl LockBackend for MongoBackend {
         lease_id: &LeaseId,
         min_hold: Duration,
     ) -> Result<bool> {
+        self.retire_if_tainted(name, lease_id).await?;
         if self.is_slot(lease_id) {
             return Err(crate::Error::MinHoldUnsupported {
                 name: name.to_owned(),

@@ -29,7 +29,8 @@
 //! One pipeline update on `{_id: name}`: live slots = `slots` whose `exp > $$NOW` (none unless
 //! in slot mode); free = no unexpired exclusive lease (not slot mode, `leaseId` set,
 //! `expiresAt > $$NOW`), fewer live slots than the limit, and the document's limit equal to
-//! ours unless no slot is live. Our own earlier slot (a retry after a lost reply) does not
+//! ours unless no slot is live, and our slot's id not retired (a late attempt of a slot
+//! released after an attempt of it failed: `retired.rs`). Our own earlier slot (a retry after a lost reply) does not
 //! count and is replaced, so the expiry the caller trusts is counted from this request. A
 //! grant pushes our slot with the next token (the epoch rules of the [module docs](super), the
 //! same expressions as exclusive grants), sets `limit`, and raises `expiresAt` to at least our
@@ -74,6 +75,7 @@ use super::document::{
     HOLDER, LEASE_ID, TOKEN,
 };
 use super::errors::classify;
+use super::retired;
 use crate::backend::{AcquireRequest, Attempt, Lease, LeaseHolder, LeaseId};
 use crate::error::{Error, Result};
 
@@ -169,6 +171,8 @@ fn acquire_pipeline(
     ] };
     let live_count = doc! { "$size": format!("${LIVE}") };
     let free = doc! { "$and": [
+        // Not a late attempt of a retired lease id (`retired.rs`).
+        retired::not_retired(mine),
         { "$not": [exclusive_held] },
         { "$lt": [live_count.clone(), limit] },
         { "$or": [

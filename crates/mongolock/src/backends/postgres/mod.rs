@@ -55,6 +55,7 @@
 //! slot_limit integer, slots jsonb NOT NULL DEFAULT '[]',   -- semaphores (below)
 //! waiters jsonb NOT NULL DEFAULT '[]', handoff text        -- the handoff queue (`queue.rs`)
 //! ended bigint[] NOT NULL DEFAULT '{}', ended_from bigint  -- leases ended by others (below)
+//! retired text[] NOT NULL DEFAULT '{}'        -- lease ids no late attempt may grant (below)
 //! ```
 //!
 //! plus a sequence `<table>_fencing_token` (the source of every fencing token of the table), an
@@ -63,7 +64,8 @@
 //! processes starting together do not race; a backend checks once (one query) whether it ran:
 //! whether the table has every column and its trigger calls this version's function. Tables
 //! created by earlier versions get the columns added since (`slot_limit`/`slots`, then
-//! `waiters`/`handoff`, then `ended`/`ended_from`: `ALTER TABLE .. ADD COLUMN IF NOT EXISTS`)
+//! `waiters`/`handoff`, then `ended`/`ended_from`, then `retired`: `ALTER TABLE .. ADD COLUMN
+//! IF NOT EXISTS`)
 //! and the current trigger function; rows written before keep their tokens.
 //!
 //! # One statement per operation, on the server's clock
@@ -81,7 +83,8 @@
 //!
 //! * **Acquire**: `INSERT ... VALUES (name, lease, nextval(seq), clock_timestamp(), + ttl)
 //!   ON CONFLICT (name) DO UPDATE SET lease, token = nextval(seq), times, holder WHERE
-//!   lease_id IS NULL OR expires_at <= clock_timestamp() OR lease_id = ours RETURNING ...`,
+//!   (lease_id IS NULL OR expires_at <= clock_timestamp() OR lease_id = ours) AND NOT ours =
+//!   ANY(retired) RETURNING ...`,
 //!   wrapped in a CTE whose outer `SELECT` also returns the current holder's expiry when the
 //!   attempt was busy (from the statement's snapshot; a stale value only makes a waiter retry
 //!   early). The update's `SET` decides the grant once, from one `clock_timestamp()` (`g.ok`),
@@ -89,6 +92,13 @@
 //!   nothing, except when it registers its backend in the handoff queue (`queue.rs`): then
 //!   the update runs whatever the grant test says, rewrites only `waiters`, and returns the
 //!   holder's latest expiry.
+//! * **Retire**, before the release of a lease id one of whose attempts failed with a
+//!   transient error (its statement may still reach the server and be applied, for instance
+//!   retransmitted after a partition on a connection the client gave up, after a later attempt
+//!   of the same call was granted and released): `UPDATE ... SET retired = (retired ||
+//!   ours)[last 16]` (`ops::retire_sql`). No grant is made to a retired id, so such a late
+//!   attempt never grants the name to a lease nobody holds; the argument is MongoDB's
+//!   (`backends/mongo/retired.rs`).
 //! * **Extend**: `UPDATE ... SET expires_at = clock_timestamp() + ttl WHERE name AND lease_id =
 //!   ours AND expires_at > clock_timestamp()` (and not kept on by a minimum hold, below): an
 //!   expired lease is never extended.
@@ -297,7 +307,7 @@ use crate::backend::{
     AcquireRequest, Attempt, ChangeNotifications, ChangeWaiter, LeaseId, LeaseMode, LockBackend,
     LockInfo,
 };
-use crate::backends::leases::{CheapNames, Granted, Leases};
+use crate::backends::leases::{CheapNames, Granted, Leases, Tainted};
 use crate::backends::notify::handoff;
 use crate::backends::notify::hub::Change;
 use crate::error::{Error, Result};
@@ -371,6 +381,8 @@ struct Inner {
     leases: Leases,
     /// Names this backend's last release left free and unqueued: the uncontended shortcut.
     cheap: CheapNames,
+    /// Lease ids whose attempts failed: retired before their release (`ops::retire_sql`).
+    tainted: Tainted,
     cleanup_after: Duration,
     cleanup_every: Option<Duration>,
     cleanup_started: AtomicBool,
@@ -581,6 +593,7 @@ impl PostgresBackendBuilder {
                 mark,
                 leases: Leases::default(),
                 cheap: CheapNames::default(),
+                tainted: Tainted::default(),
                 cleanup_after: self.cleanup_after,
                 cleanup_every: self.cleanup_every,
                 cleanup_started: AtomicBool::new(false),
@@ -1024,9 +1037,10 @@ impl Inner {
     }
 }
 
-#[async_trait]
-impl LockBackend for PostgresBackend {
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+impl PostgresBackend {
+    /// One acquisition attempt ([`LockBackend::try_acquire`], which remembers the lease ids of
+    /// the attempts that fail).
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         ops::check_name(&req.name)?;
         self.start_cleanup();
         let p = ops::AcquireParams::new(req);
@@ -1086,6 +1100,32 @@ impl LockBackend for PostgresBackend {
         Ok(attempt)
     }
 
+    /// Before the release of a lease id whose attempt failed: retires it (`ops::retire_sql`),
+    /// so a late attempt never grants it again. Kept tainted when the retirement fails (the
+    /// core retries the release).
+    async fn retire_if_tainted(&self, name: &str, lease_id: &LeaseId) -> Result<()> {
+        if self.inner.tainted.contains(lease_id) {
+            let sql = ops::retire_sql(self.inner.schema.table_sql());
+            self.query("retire a lease id", &sql, &[&name, &lease_id.as_str()])
+                .await?;
+            self.inner.tainted.forget(lease_id);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl LockBackend for PostgresBackend {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let attempt = self.attempt(req).await;
+        if attempt.as_ref().is_err_and(crate::Error::is_transient) {
+            // Its outcome is unknown: the statement may still be applied later (retired
+            // before its release: `ops::retire_sql`).
+            self.inner.tainted.taint(&req.lease_id);
+        }
+        attempt
+    }
+
     async fn extend(
         &self,
         name: &str,
@@ -1109,6 +1149,7 @@ impl LockBackend for PostgresBackend {
         // Released, or given up on (the lease then expires): no more loss detection for it.
         self.inner.listener.released(lease_id);
         ops::check_name(name)?;
+        self.retire_if_tainted(name, lease_id).await?;
         let granted = self.inner.leases.get(lease_id);
         let released = match self.release_cheap(name, lease_id, granted).await {
             Ok(Some(released)) => Ok(released),
@@ -1161,6 +1202,7 @@ impl LockBackend for PostgresBackend {
         min_hold: Duration,
     ) -> Result<bool> {
         ops::check_name(name)?;
+        self.retire_if_tainted(name, lease_id).await?;
         let reply = self
             .query(
                 "release with a minimum hold",

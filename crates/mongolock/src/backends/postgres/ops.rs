@@ -78,6 +78,24 @@ pub(crate) fn released_by_holder(row: &str, lease_id: &str, token: &str) -> Stri
     )
 }
 
+/// How many retired lease ids a row keeps (the latest).
+pub(crate) const RETIRED_KEPT: i32 = 16;
+
+/// The statement that retires the lease id `$2` of the row `$1` before its release: a lease id
+/// one of whose attempts failed (its outcome unknown: the statement may still reach the
+/// server and be applied later, for instance retransmitted after a partition on a connection
+/// the client gave up). Every grant requires that its lease id is not in `retired`, so such a
+/// late attempt never grants the id again once it was released; the row keeps the last
+/// [`RETIRED_KEPT`]. See `backends/mongo/retired.rs` for the argument, which is the same. It
+/// changes neither `lease_id` nor the token, so the trigger publishes nothing.
+pub(crate) fn retire_sql(table: &str) -> String {
+    format!(
+        "UPDATE {table} AS l
+            SET retired = (l.retired || $2::text)[greatest(cardinality(l.retired) + 2 - {RETIRED_KEPT}, 1):]
+          WHERE l.name = $1::text AND NOT ($2::text = ANY(l.retired))"
+    )
+}
+
 /// SQL condition on the row `row`: its lease is kept on by its holder's release with a minimum
 /// hold (its id is in `released`): ended by its holder, so extensions are refused and a
 /// takeover at its end does not count as ending it.

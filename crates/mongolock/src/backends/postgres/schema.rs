@@ -198,10 +198,13 @@ impl Schema {
         // busy, `$9` requeue when granted) only rides along. A busy attempt writes nothing (the
         // `WHERE`) unless it registers (`$8`) and its backend is not yet queued for the current
         // holder's expiry; then it rewrites the row with its lease unchanged.
+        // Free, or already ours (a retry after a lost reply); never for a retired lease id
+        // (a late attempt: `retired_sql`).
         let free = |now: &str| {
             format!(
-                "((l.lease_id IS NULL AND l.slot_limit IS NULL) OR l.expires_at <= {now}
-                   OR l.lease_id = EXCLUDED.lease_id)"
+                "(NOT (EXCLUDED.lease_id = ANY(l.retired))
+                  AND ((l.lease_id IS NULL AND l.slot_limit IS NULL) OR l.expires_at <= {now}
+                       OR l.lease_id = EXCLUDED.lease_id))"
             )
         };
         let keep = |column: &str, granted: &str| {
@@ -334,6 +337,7 @@ impl Schema {
                          LATERAL (SELECT l.ended || {expired_at_c} || {slot_takes_lease} AS a) e)
                WHERE NOT (l.slot_limit IS NULL AND l.lease_id IS NOT NULL
                           AND l.expires_at > clock_timestamp())
+                 AND NOT ($2::text = ANY(l.retired))
                  AND {count_l} < $7::integer
                  AND ({count_l} = 0 OR l.slot_limit = $7::integer)
                RETURNING l.fencing_token, l.acquired_at, l.acquired_at + {ttl} AS slot_expires_at
@@ -563,7 +567,7 @@ impl Schema {
                   FROM (SELECT clock_timestamp() AS now) c WHERE l.lease_id IS NULL)
              WHERE l.name = $1 AND l.lease_id IS NULL AND l.slot_limit IS NULL
                AND l.slots = '[]'::jsonb AND l.waiters = '[]'::jsonb
-               AND l.ended_from IS NOT NULL
+               AND l.ended_from IS NOT NULL AND NOT ($2::text = ANY(l.retired))
              RETURNING true AS acquired, l.fencing_token, l.acquired_at, l.expires_at"
         );
         let release_cheap = format!(
@@ -624,8 +628,9 @@ impl Schema {
                              WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2
                                AND p.prosrc LIKE '%' || $3 || '%')
                 AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1)
-                      AND attname IN ('slots', 'waiters', 'handoff', 'ended', 'ended_from')
-                      AND NOT attisdropped) = 5",
+                      AND attname IN ('slots', 'waiters', 'handoff', 'ended', 'ended_from',
+                                      'retired')
+                      AND NOT attisdropped) = 6",
             self.table_q.clone(),
             NOTIFY,
             NOTIFY_VERSION,
@@ -642,7 +647,7 @@ impl Schema {
     /// One query reporting which objects exist: schema, sequence, table, index, trigger, the
     /// semaphore columns, the queue columns (seven booleans, in that order); then whether the
     /// table, if it exists, is mongolock's ([`OURS`](Self::OURS)); then whether it has the
-    /// columns of the record of ended leases.
+    /// columns of the record of ended leases; then whether it has the retired lease ids.
     pub(crate) fn existing_query(&self) -> String {
         let s = &self.schema_q;
         let core = CORE_COLUMNS
@@ -664,7 +669,9 @@ impl Schema {
                           AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass({t})
                                 AND attname IN ({core}) AND NOT attisdropped) = {n}),
                     (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass({t})
-                      AND attname IN ('ended', 'ended_from') AND NOT attisdropped) = 2",
+                      AND attname IN ('ended', 'ended_from') AND NOT attisdropped) = 2,
+                    EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({t})
+                             AND attname = 'retired' AND NOT attisdropped)",
             literal(s),
             literal(&self.sequence_q),
             literal(&self.table_q),
@@ -792,6 +799,11 @@ impl Schema {
                     "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS ended bigint[] NOT NULL DEFAULT '{{}}',
                        ADD COLUMN IF NOT EXISTS ended_from bigint"
                 ),
+            ),
+            // Retired lease ids (`ops::retire_sql`; added after the record of ended leases).
+            (
+                Some(9),
+                format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS retired text[] NOT NULL DEFAULT '{{}}'"),
             ),
             (
                 Some(3),
