@@ -13,9 +13,9 @@
 //! So an acquirer of a name covered only for handoffs, while it waits, reads the lock document
 //! every [`PROBE_EVERY`] (give or take a quarter, so that many processes spread their reads):
 //! one `find` by `_id` on the primary, with server-computed fields and nothing written (no
-//! oplog entry, so no change stream is woken by it). It is a hint, so it reads with the
-//! server's default read concern (not `majority`, which a 4.4 set with majority reads disabled
-//! refuses): a write not yet majority-committed costs at most one early attempt.
+//! oplog entry, so no change stream is woken by it). It is a hint, so it reads with read
+//! concern `local` (not `majority`, which a 4.4 set with majority reads disabled refuses): a
+//! write not yet majority-committed costs at most one early attempt.
 //!
 //! * `free` — the name may be taken now by this backend (`acquire.rs` `free_for`: no lease or
 //!   the lease expired by `$$NOW`, not reserved for another process), and `freeMs`, how long
@@ -36,7 +36,7 @@
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::options::{ReadPreference, SelectionCriteria};
+use mongodb::options::{ReadConcern, ReadPreference, SelectionCriteria};
 use mongodb::Collection;
 
 use super::{acquire, queue};
@@ -97,6 +97,8 @@ async fn probe(
         .find_one(doc! { "_id": name })
         .projection(projection(mark))
         .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+        // The watcher's collection reads with majority read concern by default.
+        .read_concern(ReadConcern::local())
         .await?;
     Ok(judge(d.as_ref()))
 }
