@@ -116,16 +116,19 @@ async fn release(
 ) -> Result<bool> {
     let field = inner.field.as_str();
     let (mut filter, pipeline) = release_update(&format!("{field}."), lease_id.as_str(), None);
-    if let Some(id) = id {
-        filter.insert("_id", id.clone());
-    }
-    let r = inner
-        .coll
-        .update_one(filter, pipeline)
-        .upsert(false)
-        .await
-        .map_err(|e| classify(e, "release document lock (update)", field))?;
-    if r.matched_count == 1 {
+    let r = match id {
+        Some(id) => {
+            filter.insert("_id", id.clone());
+            inner
+                .coll
+                .update_one(filter, pipeline)
+                .upsert(false)
+                .await
+                .map_err(|e| classify(e, "release document lock (update)", field))?
+        }
+        None => release_anywhere(inner, filter, pipeline).await?,
+    };
+    if r.matched_count >= 1 {
         // A document of this collection is free again: wake this process's waiting claims
         // and locks (others find it at their next poll).
         inner.freed.notify_waiters();
@@ -150,6 +153,39 @@ async fn release(
         .await
         .map_err(|e| classify(e, "release document lock (find)", field))?;
     Ok(found.is_some())
+}
+
+/// The release of a claim's lease id wherever it holds a lock (`filter` names only the lease
+/// id): a multi-document `update` (`multi: true`). On a sharded collection mongos refuses an
+/// `update_one` whose filter has neither `_id` nor the shard key before MongoDB 7.1
+/// (ShardKeyNotFound 61, or InvalidOptions 72 on later lines); a multi-update needs neither.
+/// Lease ids are unique, so at most one document matches. The driver does not retry a
+/// multi-update (it is no retryable write), so transient errors are retried here, with a
+/// backoff: the release is idempotent (once applied, the filter matches nothing), and its
+/// only caller ([`abandon`]) bounds it by the release timeout.
+async fn release_anywhere(
+    inner: &Inner,
+    filter: Document,
+    pipeline: Vec<Document>,
+) -> Result<mongodb::results::UpdateResult> {
+    let field = inner.field.as_str();
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let sent = inner
+            .coll
+            .update_many(filter.clone(), pipeline.clone())
+            .upsert(false)
+            .await
+            .map_err(|e| classify(e, "release document lock (update, multi)", field));
+        match sent {
+            Err(e) if e.is_transient() => {
+                tracing::debug!(error = %e, "retrying the release of an abandoned claim");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Releases, in the background and within the release timeout, the lease id of a lock or

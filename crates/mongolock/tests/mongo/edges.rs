@@ -539,6 +539,86 @@ async fn a_process_paused_past_its_lease_reads_lost_when_it_resumes() {
     eprintln!("paused child: {verdict}");
 }
 
+/// The release of an abandoned claim (a claim whose grant reply was lost: its lease id may
+/// hold any matching document) is a multi-document `update` (`multi: true`) whose filter names
+/// only the lease id: on a sharded collection, mongos before MongoDB 7.1 refuses an
+/// `update_one` whose filter has neither `_id` nor the shard key (ShardKeyNotFound 61,
+/// InvalidOptions 72), and the lease would linger until it expired. mongo-testserver cannot
+/// emulate mongos yet, so this checks the shape of the command sent, and that the release
+/// frees the document, not mongos's refusal.
+#[tokio::test]
+async fn an_abandoned_claim_is_released_with_a_multi_update() {
+    let t = test_database().await;
+    if mongo::skip_without_fail_points(&t) {
+        return;
+    }
+    let app = unique("claim-release");
+    let updates: Arc<Mutex<Vec<Document>>> = Arc::default();
+    let mut options = ClientOptions::parse(&t.uri).await.unwrap();
+    options.app_name = Some(app.clone());
+    let sink = updates.clone();
+    options.command_event_handler = Some(EventHandler::callback(move |e: CommandEvent| {
+        if let CommandEvent::Started(started) = e {
+            if started.command_name == "update" {
+                sink.lock().unwrap().push(started.command);
+            }
+        }
+    }));
+    let client = mongodb::Client::with_options(options).unwrap();
+    let coll_name = unique("jobs");
+    let coll = client
+        .database(t.db.name())
+        .collection::<Document>(&coll_name);
+    let plain = t.db.collection::<Document>(&coll_name);
+    plain.insert_one(doc! { "_id": 7, "n": 7 }).await.unwrap();
+    let locks = docs_with(&coll, |b| b.expiry(Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let observer = docs_with(&plain, |b| b).build().unwrap();
+
+    lose_replies(&t, &app, &["findAndModify"]).await;
+    let err = locks
+        .try_claim(doc! { "n": 7 }, None)
+        .await
+        .map(|d| d.map(|d| d.guard.fencing_token()))
+        .unwrap_err();
+    t.fail_point_off().await;
+    assert!(err.is_transient(), "{err}");
+    let freed = mongolock::testing::eventually(Duration::from_secs(20), || async {
+        !observer.inspect(7).await.unwrap().unwrap().held
+    })
+    .await;
+    assert!(
+        freed,
+        "document 7 still locked by the abandoned claim: {:?}",
+        observer.inspect(7).await
+    );
+    let sent = updates.lock().unwrap().clone();
+    let releases: Vec<&Document> = sent
+        .iter()
+        .flat_map(|c| c.get_array("updates").into_iter().flatten())
+        .filter_map(Bson::as_document)
+        .filter(|u| {
+            u.get_document("q")
+                .is_ok_and(|q| q.keys().any(|k| k.ends_with(".leaseId")))
+        })
+        .collect();
+    assert!(!releases.is_empty(), "no release was sent: {sent:?}");
+    for u in releases {
+        let q = u.get_document("q").unwrap();
+        assert!(
+            !q.contains_key("_id"),
+            "the claim's release names a document: {u}"
+        );
+        assert_eq!(
+            u.get_bool("multi"),
+            Ok(true),
+            "the claim's release must be a multi-update (mongos before 7.1 refuses a \
+             single-document update without _id or the shard key): {u}"
+        );
+    }
+}
+
 /// Document locks share the acquire loop and the release scheme: a lost grant reply on a lock
 /// by id or on a claim leaves nothing locked, and a release retried after a lost reply succeeds.
 #[tokio::test]
