@@ -198,6 +198,7 @@ pub struct Builder {
     port: u16,
     set_name: String,
     pipeline_updates_as_replace: bool,
+    majority_read_concern: bool,
 }
 
 impl Default for Builder {
@@ -209,6 +210,7 @@ impl Default for Builder {
             port: 0,
             set_name: DEFAULT_SET_NAME.to_owned(),
             pipeline_updates_as_replace: false,
+            majority_read_concern: true,
         }
     }
 }
@@ -255,6 +257,18 @@ impl Builder {
         self
     }
 
+    /// Serve read concern `majority` (default true), or refuse it as MongoDB 4.4 does when
+    /// started with `--enableMajorityReadConcern=false` (the usual setting of a
+    /// primary-secondary-arbiter set): every command that asks for it fails with
+    /// `ReadConcernMajorityNotEnabled` (148), except a change stream (`aggregate` whose first
+    /// stage is `$changeStream`) and a `find` with `allowSpeculativeMajorityRead: true`
+    /// (mongod's jstest `speculative_majority_supported_commands.js`). Change streams go on
+    /// working.
+    pub fn majority_read_concern(mut self, enabled: bool) -> Self {
+        self.majority_read_concern = enabled;
+        self
+    }
+
     /// Binds the socket and starts serving. Must be called inside a Tokio runtime.
     pub async fn start(self) -> std::io::Result<TestServer> {
         let listener = TcpListener::bind(SocketAddr::new(self.bind, self.port)).await?;
@@ -270,6 +284,7 @@ impl Builder {
                 set_name: self.set_name,
                 pipeline_updates_as_replace: self.pipeline_updates_as_replace,
                 host,
+                majority_read_concern: self.majority_read_concern,
             },
             self.ttl_interval,
         ));

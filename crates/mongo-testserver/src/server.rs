@@ -28,6 +28,9 @@ pub struct Config {
     pub pipeline_updates_as_replace: bool,
     /// `host:port` reported in `hello` (`me`, `primary`, `hosts`).
     pub host: String,
+    /// Whether read concern `majority` is served (false: as MongoDB 4.4 started with
+    /// `--enableMajorityReadConcern=false`, which refuses it except on change streams).
+    pub majority_read_concern: bool,
 }
 
 /// State shared by every task of one server.

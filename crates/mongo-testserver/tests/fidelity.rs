@@ -302,3 +302,80 @@ async fn delete_with_limit_null_deletes_every_match() {
     assert_eq!(r.get_i32("n").ok(), Some(2), "{r}");
     server.shutdown().await;
 }
+
+/// MongoDB 4.4 started with `--enableMajorityReadConcern=false` (the usual setting of a PSA
+/// set) refuses read concern `majority` with ReadConcernMajorityNotEnabled (148), except on
+/// change streams and on `find` with `allowSpeculativeMajorityRead` (mongod's jstest
+/// `replsets/speculative_majority_supported_commands.js`; messages from `pipeline.cpp` and
+/// `read_concern_mongod.cpp`); `local` reads and change streams go on working.
+#[tokio::test]
+async fn majority_read_concern_disabled_refuses_majority_reads_but_change_streams() {
+    use futures_util::StreamExt;
+    let server = TestServer::builder()
+        .majority_read_concern(false)
+        .start()
+        .await
+        .unwrap();
+    let db = client(&server).await.database("db");
+    db.run_command(doc! {"insert": "c", "documents": [{"_id": 1}]})
+        .await
+        .unwrap();
+    let majority = doc! {"level": "majority"};
+    for cmd in [
+        doc! {"find": "c", "readConcern": majority.clone()},
+        doc! {"find": "c", "readConcern": majority.clone(), "allowSpeculativeMajorityRead": false},
+        doc! {"aggregate": "c", "pipeline": [{"$project": {"_id": 1}}], "cursor": {}, "readConcern": majority.clone()},
+        doc! {"count": "c", "readConcern": majority.clone()},
+    ] {
+        let e = db.run_command(cmd.clone()).await.unwrap_err();
+        assert_eq!(code(&e), Some(148), "{cmd}: {e}");
+    }
+    let e = db
+        .run_command(
+            doc! {"aggregate": "c", "pipeline": [], "cursor": {}, "readConcern": majority.clone()},
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("Only change stream aggregation queries support 'majority' read concern"),
+        "{e}"
+    );
+    db.run_command(doc! {"find": "c", "readConcern": {"level": "local"}})
+        .await
+        .unwrap();
+    db.run_command(
+        doc! {"find": "c", "readConcern": majority.clone(), "allowSpeculativeMajorityRead": true},
+    )
+    .await
+    .unwrap();
+    // A change stream (the driver sends majority read concern with it only if asked; ask).
+    let coll = db.collection::<Document>("c");
+    let mut stream = coll
+        .watch()
+        .read_concern(mongodb::options::ReadConcern::majority())
+        .await
+        .unwrap();
+    coll.insert_one(doc! {"_id": 2}).await.unwrap();
+    let event = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+        .await
+        .expect("a change event")
+        .expect("stream open")
+        .unwrap();
+    assert_eq!(
+        event.operation_type,
+        mongodb::change_stream::event::OperationType::Insert
+    );
+    server.shutdown().await;
+}
+
+/// By default majority reads are served.
+#[tokio::test]
+async fn majority_reads_are_served_by_default() {
+    let server = TestServer::start().await.unwrap();
+    let db = client(&server).await.database("db");
+    db.run_command(doc! {"find": "c", "readConcern": {"level": "majority"}})
+        .await
+        .unwrap();
+    server.shutdown().await;
+}

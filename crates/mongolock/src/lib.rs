@@ -374,7 +374,9 @@
 //!   lease released sooner learns of loss by extension and its local deadline, as every lease does.
 //! * **Fallback.** Where notifications are unavailable (a standalone MongoDB answers code 40573,
 //!   old versions, missing privileges, PgBouncer in transaction mode) or turned off, waiters poll
-//!   with the wait strategy (logged once). After a network error the stream resumes from its
+//!   with the wait strategy (logged once); MongoDB's stream is tried again every minute. Other
+//!   refusals of the stream (transient or unknown errors) are retried with backoff while waiters
+//!   poll. After a network error the stream resumes from its
 //!   resume token (the `LISTEN` connection reconnects); if that fails it is rebuilt and every
 //!   waiter and holder re-checks, so no wake-up is lost.
 //!

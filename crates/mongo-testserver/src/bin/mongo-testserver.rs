@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! mongo-testserver --port PORT [--bind ADDR] [--standalone] [--ttl-monitor-secs N]
-//!                  [--pipeline-updates-as-replace]
+//!                  [--pipeline-updates-as-replace] [--disable-majority-read-concern]
 //! ```
 //! Prints `listening on HOST:PORT` once connections are accepted; exits on SIGINT/SIGTERM.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line program
@@ -36,6 +36,10 @@ struct Args {
     /// document, as MongoDB 4.4 does.
     #[arg(long)]
     pipeline_updates_as_replace: bool,
+    /// Refuse read concern "majority" except on change streams (error 148), as MongoDB 4.4
+    /// started with --enableMajorityReadConcern=false does (usual on PSA sets).
+    #[arg(long)]
+    disable_majority_read_concern: bool,
 }
 
 #[tokio::main]
@@ -55,6 +59,7 @@ async fn main() -> std::process::ExitCode {
         .ttl_monitor_interval(Duration::from_secs(args.ttl_monitor_secs.max(1)))
         .set_name(args.set_name)
         .pipeline_updates_as_replace(args.pipeline_updates_as_replace)
+        .majority_read_concern(!args.disable_majority_read_concern)
         .start()
         .await
     {

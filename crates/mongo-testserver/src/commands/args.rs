@@ -302,6 +302,36 @@ fn takes_write_concern(name: &str) -> bool {
         )
 }
 
+/// Whether a command may read with `majority` although majority read concern is disabled:
+/// MongoDB 4.4 then serves it "speculatively" only for change streams and for `find` with
+/// `allowSpeculativeMajorityRead: true` (mongod's jstest
+/// `replsets/speculative_majority_supported_commands.js`).
+fn speculative_majority_allowed(name: &str, cmd: &Document) -> bool {
+    match name {
+        "aggregate" => cmd
+            .get_array("pipeline")
+            .ok()
+            .and_then(|p| p.first())
+            .and_then(Bson::as_document)
+            .is_some_and(|stage| stage.contains_key("$changeStream")),
+        "find" => cmd
+            .get_bool("allowSpeculativeMajorityRead")
+            .unwrap_or(false),
+        _ => false,
+    }
+}
+
+/// mongod 4.4's refusal of read concern `majority` with `enableMajorityReadConcern=false`: the
+/// aggregation's message is `pipeline.cpp`'s; other commands get `read_concern_mongod.cpp`'s.
+fn majority_read_concern_disabled(name: &str) -> CommandError {
+    let message = if name == "aggregate" {
+        "Only change stream aggregation queries support 'majority' read concern when enableMajorityReadConcern=false"
+    } else {
+        "Majority read concern requested, but server was not started with --enableMajorityReadConcern."
+    };
+    CommandError::new(148, "ReadConcernMajorityNotEnabled", message)
+}
+
 /// Validates the generic fields: transactions refused, `readConcern` and `writeConcern`
 /// understood.
 pub fn check_generic(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult<()> {
@@ -350,6 +380,11 @@ pub fn check_generic(ctx: &Ctx<'_>, name: &str, cmd: &Document) -> CommandResult
         for (k, v) in rc {
             match k.as_str() {
                 "level" => match v.as_str() {
+                    Some("majority") if !ctx.shared.config.majority_read_concern => {
+                        if !speculative_majority_allowed(name, cmd) {
+                            return Err(majority_read_concern_disabled(name));
+                        }
+                    }
                     Some("local" | "majority" | "linearizable" | "available" | "snapshot") => {}
                     _ => {
                         return Err(CommandError::failed_to_parse(format!(

@@ -107,9 +107,15 @@ pub fn find(ctx: &Ctx<'_>, cmd: &Document) -> CommandResult<Document> {
             "max",
             "readOnce",
             "term",
+            "allowSpeculativeMajorityRead",
         ],
     )?;
-    for flag in ["allowDiskUse", "allowPartialResults", "readOnce"] {
+    for flag in [
+        "allowDiskUse",
+        "allowPartialResults",
+        "readOnce",
+        "allowSpeculativeMajorityRead",
+    ] {
         args::get_optional_bool(cmd, flag)?;
     }
     for unsupported in ["returnKey", "showRecordId", "tailable", "awaitData"] {

@@ -87,7 +87,7 @@ impl LeaseControl for DocumentLease {
 
     /// Completes when the collection's change stream shows `<field>.leaseId` changed away from
     /// ours (at or after our grant, judged by the fencing token) or the document deleted;
-    /// pending forever when change streams are unavailable (loss is then detected by
+    /// pending while change streams are unavailable (loss is then detected by
     /// extension and the local deadline).
     async fn gone(&self) {
         self.inner

@@ -633,6 +633,53 @@ async fn transient_errors_are_retried_within_the_budget() {
     t.fail_point_off().await;
 }
 
+/// 134 (ReadConcernMajorityNotAvailableYet: a majority read before the node has a
+/// majority-committed snapshot, just after a restart or an election) is transient: the core
+/// retries it, as the driver does once.
+#[tokio::test]
+async fn reads_refused_with_134_are_retried() {
+    let t = test_database().await;
+    if mongo::skip_without_fail_points(&t) {
+        return;
+    }
+    let app = unique("majority-not-yet");
+    let db = t.database_as(&app).await;
+    let backend = MongoBackend::builder(&db)
+        .collection(unique("locks"))
+        .build()
+        .unwrap();
+    let provider = LockProvider::builder(backend).build().unwrap();
+    let lock = provider.lock("snapshot").unwrap();
+    let fault = doc! { "failCommands": ["find"], "errorCode": 134, "appName": app.as_str() };
+    // The first acquisition reads the collection (majority) before writing. The driver retries
+    // a read once, so 4 failures outlast it and reach the core.
+    t.fail_point(doc! { "times": 4 }.into(), fault.clone())
+        .await;
+    let acquired = lock.acquire_timeout(Duration::from_secs(20)).await;
+    t.fail_point_off().await;
+    let g = acquired
+        .unwrap_or_else(|e| panic!("a read refused with 134 was not retried: {e:?}"))
+        .expect("acquired once the errors stopped");
+    g.release().await.unwrap();
+    let fresh = LockProvider::builder(
+        MongoBackend::builder(&db)
+            .collection(unique("locks"))
+            .build()
+            .unwrap(),
+    )
+    .build()
+    .unwrap();
+    t.fail_point(doc! { "times": 2 }.into(), fault).await;
+    let err = fresh
+        .lock("snapshot")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    t.fail_point_off().await;
+    assert!(err.is_transient(), "{err:?}");
+}
+
 /// Permanent errors (here: Unauthorized) are returned at once, with a hint.
 #[tokio::test]
 async fn permanent_errors_are_returned_at_once() {

@@ -919,6 +919,150 @@ async fn no_release_is_missed_while_the_stream_reconnects() {
     );
 }
 
+/// A change stream whose first open is refused with an error that is transient (134,
+/// ReadConcernMajorityNotAvailableYet) or not known to be permanent (1, InternalError) is
+/// retried with backoff: once the fault is gone it becomes live, and a release wakes a waiter
+/// long before its polling delay. (Before, one such refusal turned wake-ups off for the life of
+/// the backend.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_first_open_does_not_turn_wake_ups_off() {
+    let t = test_database().await;
+    if mongo::skip_without_fail_points(&t) {
+        return;
+    }
+    for code in [134, 1] {
+        let app = unique("refused-open");
+        let (client, sent) = counting_client(&t.uri, Some(&app)).await;
+        let coll = unique("locks");
+        let waiting_backend = MongoBackend::builder(&client.database(t.db.name()))
+            .collection(coll.clone())
+            .build()
+            .unwrap();
+        let waiters = LockProvider::builder(waiting_backend.clone())
+            // Polling alone would take at least 20 s.
+            .wait_strategy(WaitStrategy::random_sleep(
+                Duration::from_secs(20),
+                Duration::from_secs(30),
+            ))
+            .build()
+            .unwrap();
+        let holders = LockProvider::builder(
+            MongoBackend::builder(&t.db)
+                .collection(coll)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+        t.fail_point(
+            "alwaysOn".into(),
+            doc! { "failCommands": ["aggregate"], "errorCode": code, "appName": app.as_str() },
+        )
+        .await;
+        // Starts the stream: its opens are refused.
+        assert!(!waiting_backend.live_notifications());
+        let refused = eventually(Duration::from_secs(20), || async {
+            sent.stream_failures.load(Ordering::SeqCst) >= 1
+        })
+        .await;
+        assert!(refused, "{code}: the fault never hit the stream's open");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!waiting_backend.live_notifications());
+        t.fail_point_off().await;
+        let live = eventually(Duration::from_secs(20), || async {
+            waiting_backend.live_notifications()
+        })
+        .await;
+        assert!(
+            live,
+            "{code}: change notifications did not become live after the fault was gone \
+             ({} refused opens)",
+            sent.stream_failures.load(Ordering::SeqCst)
+        );
+        let name = unique("refused");
+        let held = holders.lock(name.clone()).unwrap().acquire().await.unwrap();
+        let waiter = {
+            let lock = waiters.lock(name.clone()).unwrap();
+            tokio::spawn(async move { lock.acquire().await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let g = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("{code}: the waiter was not woken by the release"))
+            .unwrap();
+        let took = released.elapsed();
+        eprintln!("{code}: waiter held {took:?} after the release");
+        g.release().await.unwrap();
+    }
+}
+
+/// A first open refused with an error that means change streams cannot work here (40573: a
+/// standalone server; 13: a missing privilege) still falls back to polling: no waiter
+/// registrations, waiters poll their way to the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_refusal_falls_back_to_polling() {
+    let t = test_database().await;
+    if mongo::skip_without_fail_points(&t) {
+        return;
+    }
+    for code in [40573, 13] {
+        let app = unique("unavailable");
+        let (client, sent) = counting_client(&t.uri, Some(&app)).await;
+        let backend = MongoBackend::builder(&client.database(t.db.name()))
+            .collection(unique("locks"))
+            .build()
+            .unwrap();
+        let provider = LockProvider::builder(backend.clone())
+            .wait_strategy(WaitStrategy::random_sleep(
+                Duration::from_millis(10),
+                Duration::from_millis(50),
+            ))
+            .build()
+            .unwrap();
+        t.fail_point(
+            "alwaysOn".into(),
+            doc! { "failCommands": ["aggregate"], "errorCode": code, "appName": app.as_str() },
+        )
+        .await;
+        let name = unique("polled");
+        let unavailable = eventually(Duration::from_secs(20), || async {
+            !backend.live_notifications() && backend.change_waiter(&name).is_none()
+        })
+        .await;
+        assert!(
+            unavailable,
+            "{code}: notifications did not turn unavailable"
+        );
+        let opens = sent.stream_opens.load(Ordering::SeqCst);
+        let held = provider
+            .lock(name.clone())
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
+        let waiter = {
+            let lock = provider.lock(name.clone()).unwrap();
+            tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release().await.unwrap();
+        let g = waiter
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the waiter polls its way to the lock");
+        g.release().await.unwrap();
+        t.fail_point_off().await;
+        // Not retried with backoff (the next try is a minute away).
+        assert!(
+            sent.stream_opens.load(Ordering::SeqCst) <= opens + 1,
+            "{code}: a permanent refusal is not retried with backoff"
+        );
+    }
+}
+
 /// A log sink for tracing events of this thread.
 #[derive(Clone, Default)]
 struct Logs(Arc<Mutex<Vec<u8>>>);

@@ -17,6 +17,7 @@ mod backend;
 mod changestream;
 mod collections;
 mod contract;
+mod deployments;
 mod documents;
 mod edges;
 mod election;

@@ -8,10 +8,13 @@ use crate::error::Error;
 /// Server error codes that mean "try again later": host unreachable/not found, network timeout,
 /// shutdown in progress, primary stepped down, exceeded time limit, socket exception, not
 /// writable primary, interrupted at shutdown / due to a replica-set state change, not primary,
-/// write-concern timeouts, and write conflicts (112: the write was not applied; MongoDB itself
-/// retries single-document writes that conflict).
+/// write-concern timeouts, write conflicts (112: the write was not applied; MongoDB itself
+/// retries single-document writes that conflict), and 134 `ReadConcernMajorityNotAvailableYet`
+/// (a majority read before the node has a majority-committed snapshot, e.g. just after a
+/// restart or an election; in the retryable-reads specification's list, so the driver retries
+/// it once too).
 const TRANSIENT_CODES: &[i32] = &[
-    6, 7, 64, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+    6, 7, 64, 89, 91, 112, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
 ];
 
 /// Duplicate key: a concurrent upsert created the same document first.

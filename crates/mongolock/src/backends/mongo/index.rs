@@ -85,9 +85,21 @@ impl Checks {
     ///
     /// # Errors
     /// [`Error::ForeignCollection`] when a document is not ours; the `find`'s errors.
-    pub(super) async fn ensure_ours(&self, reads: &Collection<Document>) -> Result<()> {
+    ///
+    /// It is the first read of every operation, so it also finds a deployment that refuses
+    /// majority reads (148): `reads` then switches to local reads and it checks again
+    /// ([`Reads`](super::Reads)).
+    pub(super) async fn ensure_ours(&self, reads: &super::Reads) -> Result<()> {
         self.ours
-            .get_or_try_init(|| check_ours(reads))
+            .get_or_try_init(|| async {
+                match check_ours(reads.get()).await {
+                    Err(e) if reads.refused_majority(&e) => {
+                        tracing::info!(error = %e, "the deployment refuses majority reads (MongoDB 4.4 with enableMajorityReadConcern=false): reading with local read concern on the primary");
+                        check_ours(reads.get()).await
+                    }
+                    other => other,
+                }
+            })
             .await
             .map(|_| ())
     }

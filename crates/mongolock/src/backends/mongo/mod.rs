@@ -204,6 +204,11 @@
 //! change stream, and the check a holder makes when an event may concern its lease — goes to
 //! the primary with majority read concern, whatever read preference and read concern the
 //! database handle carries: a secondary can lag and show a lease already released or taken.
+//! A deployment that refuses majority reads (MongoDB 4.4 started with
+//! `enableMajorityReadConcern=false`, usual on primary-secondary-arbiter sets: error 148) is
+//! read with local read concern on the primary instead, from the first refusal on; what that
+//! gives up, and why no guarantee depends on it, is on `Reads`. (Document locks do not fall
+//! back yet: on such a deployment their reads fail with that error.)
 //!
 //! # Release is idempotent for the holder
 //! A release whose reply was lost (and whose driver retry failed too) is retried by the core.
@@ -288,8 +293,9 @@ pub struct MongoBackend {
     /// Lock writes: carries the configured write concern.
     coll: Collection<Document>,
     /// Reads that decide something (inspection, the change stream, loss checks): from the
-    /// primary with majority read concern, whatever the database handle's read preference.
-    reads: Collection<Document>,
+    /// primary with majority read concern, whatever the database handle's read preference
+    /// (local read concern where majority reads are refused: [`Reads`]).
+    reads: Reads,
     cleanup_after: Duration,
     create_ttl_index: bool,
     /// Releases reserve the lock for the first queued process (`queue.rs`).
@@ -392,13 +398,11 @@ impl MongoBackendBuilder {
         let options = CollectionOptions::builder()
             .write_concern(self.write_concern)
             .build();
-        let reads = self
-            .db
-            .collection_with_options(&self.collection, decision_reads());
+        let reads = Reads::new(&self.db, &self.collection);
         Ok(MongoBackend {
             coll: self.db.collection_with_options(&self.collection, options),
             watch: Arc::new(watch::Watcher::new(
-                reads.clone(),
+                reads.get().clone(),
                 self.change_streams,
                 watch::Target::Names,
             )),
@@ -411,6 +415,67 @@ impl MongoBackendBuilder {
             cheap: Arc::default(),
             tainted: Arc::default(),
         })
+    }
+}
+
+/// The collection handle of the reads that decide something ([`decision_reads`]): majority
+/// read concern on the primary — or, on a deployment that refuses majority reads (MongoDB 4.4
+/// started with `enableMajorityReadConcern=false`, the usual setting of a
+/// primary-secondary-arbiter set: error 148 on every read but a change stream), local read
+/// concern on the primary, from the first refusal on (found by the collection check that
+/// precedes every operation, `index.rs` `Checks::ensure_ours`; shared by the backend's clones).
+///
+/// What local reads on the primary give up there: a read may show a write that is not yet
+/// majority-committed, which a failover could roll back — `inspect`, `list` and `leader()`
+/// could show such a lease, and a release that found nothing could take an earlier try of
+/// its own for done. No grant depends on a read: grants are decided by the atomic
+/// `findAndModify`, whose `w: "majority"` still guards durability, so exclusion and fencing
+/// are unaffected. Change streams keep majority (MongoDB serves them), and a holder's check of
+/// its lease after an event (`watch.rs`) keeps majority too: there it fails, which counts as
+/// "still held", so such a holder learns of a takeover by its next extension instead.
+#[derive(Clone, Debug)]
+pub(crate) struct Reads {
+    majority: Collection<Document>,
+    local: Collection<Document>,
+    refused: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Reads {
+    fn new(db: &Database, collection: &str) -> Reads {
+        let local = CollectionOptions::builder()
+            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+            .read_concern(ReadConcern::local())
+            .build();
+        Reads {
+            majority: db.collection_with_options(collection, decision_reads()),
+            local: db.collection_with_options(collection, local),
+            refused: Arc::default(),
+        }
+    }
+
+    /// The handle to read with now.
+    pub(crate) fn get(&self) -> &Collection<Document> {
+        if self.refused.load(std::sync::atomic::Ordering::Relaxed) {
+            &self.local
+        } else {
+            &self.majority
+        }
+    }
+
+    /// After a read failed with `error`: switches to local reads for good and returns true when
+    /// it was the refusal of majority reads (148) by the majority handle.
+    pub(crate) fn refused_majority(&self, error: &Error) -> bool {
+        let refused = matches!(
+            error,
+            Error::Backend {
+                code: Some(148),
+                ..
+            }
+        );
+        refused
+            && !self
+                .refused
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -559,7 +624,7 @@ impl MongoBackend {
     /// stream leaves out this backend's own writes).
     async fn release_slot(&self, name: &str, lease_id: &LeaseId) -> Result<bool> {
         let token = self.token(lease_id);
-        let released = slots::release(&self.coll, &self.reads, name, lease_id, token).await;
+        let released = slots::release(&self.coll, self.reads.get(), name, lease_id, token).await;
         self.leases.released(lease_id);
         self.watch.released_name(name, &queue::Handoff::Unknown);
         released
@@ -588,7 +653,7 @@ impl MongoBackend {
             // the stamp path). Verified before the attempt (cached: `index.rs`).
             let cleanup_after = match self
                 .checks
-                .creation_window(&self.reads, self.cleanup_after)
+                .creation_window(self.reads.get(), self.cleanup_after)
                 .await
             {
                 Some(_) => self.cleanup_after,
@@ -628,7 +693,7 @@ impl MongoBackend {
                 );
                 let attempt = acquire::try_acquire(
                     &self.coll,
-                    &self.reads,
+                    self.reads.get(),
                     &self.checks,
                     req,
                     self.cleanup_after,
@@ -683,7 +748,7 @@ impl MongoBackend {
         let granted = self.leases.get(lease_id);
         let released = ops::release(
             &self.coll,
-            &self.reads,
+            self.reads.get(),
             name,
             lease_id,
             granted.map(|g| g.token),
@@ -761,7 +826,7 @@ impl LockBackend for MongoBackend {
         let token = self.token(lease_id);
         let ended = ops::release_after(
             &self.coll,
-            &self.reads,
+            self.reads.get(),
             name,
             lease_id,
             token,
@@ -791,17 +856,17 @@ impl LockBackend for MongoBackend {
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         self.checks.ensure_ours(&self.reads).await?;
-        ops::inspect(&self.reads, name).await
+        ops::inspect(self.reads.get(), name).await
     }
 
     async fn list(&self) -> Result<Vec<LockInfo>> {
         self.checks.ensure_ours(&self.reads).await?;
-        ops::list(&self.reads).await
+        ops::list(self.reads.get()).await
     }
 
     async fn holders(&self, name: &str) -> Result<Vec<crate::backend::LeaseHolder>> {
         self.checks.ensure_ours(&self.reads).await?;
-        ops::holders(&self.reads, name).await
+        ops::holders(self.reads.get(), name).await
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
@@ -816,17 +881,17 @@ impl LockBackend for MongoBackend {
 
     async fn waiters(&self, name: &str) -> Result<Vec<crate::QueuedWaiter>> {
         self.checks.ensure_ours(&self.reads).await?;
-        operator::waiters(&self.reads, name).await
+        operator::waiters(self.reads.get(), name).await
     }
 
     async fn slot_limit(&self, name: &str) -> Result<Option<u32>> {
         self.checks.ensure_ours(&self.reads).await?;
-        operator::slot_limit(&self.reads, name).await
+        operator::slot_limit(self.reads.get(), name).await
     }
 
     async fn list_matching(&self, filter: &crate::ListFilter) -> Result<Vec<LockInfo>> {
         self.checks.ensure_ours(&self.reads).await?;
-        operator::list_matching(&self.reads, filter).await
+        operator::list_matching(self.reads.get(), filter).await
     }
 
     fn notifications(&self) -> Option<&dyn ChangeNotifications> {
@@ -861,7 +926,7 @@ impl ChangeNotifications for MongoBackend {
         // A slot: the stream's events tell nothing about one holder of many, so each change of
         // the name (and at least every minute) is checked with one read.
         loop {
-            if !slots::still_holds(&self.reads, name, lease_id).await {
+            if !slots::still_holds(self.reads.get(), name, lease_id).await {
                 return;
             }
             self.watch

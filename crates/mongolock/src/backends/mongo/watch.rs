@@ -208,11 +208,18 @@
 //!
 //! # Fallback and resume
 //! How the stream maps onto the core's rules (`backends/notify/feed.rs`):
-//! * Opening the stream fails with a non-resumable error (a standalone server answers 40573, a
-//!   missing `changeStream`/`find` privilege 13, old versions 40324/115, ...):
-//!   [`OpenFailed::Unavailable`]. The backend polls with the configured wait strategy from then
-//!   on, logs it once (`tracing`), and `lease_gone` stays pending (loss is detected by extension
-//!   and the local deadline).
+//! * Opening the stream fails with an error that means change streams cannot work with this
+//!   deployment as it is ([`is_permanent`]: a standalone server answers 40573, a missing
+//!   `changeStream`/`find` privilege 13, a namespace change streams refuse 73, a view 166, a
+//!   server without `$changeStream` 40324): [`OpenFailed::Unavailable`]. The backend polls with
+//!   the configured wait strategy, logs it once (`tracing`), and `lease_gone` stays pending
+//!   (loss is detected by extension and the local deadline); the stream is tried again every
+//!   minute (`backends/notify/feed.rs`, `REPROBE_EVERY`), and once it opens, wake-ups are
+//!   live again.
+//! * Opening fails with any other error, transient or not known to be permanent (a failover,
+//!   134 while a majority snapshot is not available yet, a refusal mongolock does not know):
+//!   [`OpenFailed::Failed`], retried with backoff (at most 5 s apart) while waiters poll. One
+//!   such error when the stream first opens no longer turns wake-ups off.
 //! * A resumable error (network, failover, `ResumableChangeStreamError`) or a `getMore` that
 //!   stalls for [`STALL_LIMIT`]: the driver resumes once by itself; beyond that the stream
 //!   breaks [`Broke::Resumable`] and the task reopens it from its resume token (after a short
@@ -342,6 +349,7 @@ impl Watcher {
                 stream: None,
                 opened_at: Instant::now(),
                 events: events.clone(),
+                unavailable_logged: false,
             }
         };
         let notifier = Notifier::with_feed(enabled, feed);
@@ -479,7 +487,7 @@ impl Watcher {
     }
 
     /// Completes when the lease `lease_id` of the document with `_id` `id` (registry key `name`)
-    /// is gone; pending forever when notifications are unavailable.
+    /// is gone; pending while notifications are unavailable.
     pub(crate) async fn lease_gone_at(&self, name: &str, id: &Bson, lease_id: &LeaseId) {
         self.notifier
             .lease_gone(name, lease_id, || self.still_holds(name, id, lease_id))
@@ -843,6 +851,8 @@ pub(crate) struct ChangeFeed {
     opened_at: Instant,
     /// Events read from the stream, ever (shared with the [`Watcher`]).
     events: Arc<AtomicU64>,
+    /// Whether this run of the task logged that change streams are unavailable.
+    unavailable_logged: bool,
 }
 
 impl ChangeFeed {
@@ -943,14 +953,20 @@ impl Feed for ChangeFeed {
                     Opened::Fresh
                 })
             }
-            Err(e) if !is_resumable(&e) => {
-                if self.resume.take().is_some() {
-                    tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream cannot resume from its resume token; reopening it from now and waking every waiter to re-check");
-                    return Err(OpenFailed::ResumeLost);
+            Err(e) if !is_resumable(&e) && self.resume.take().is_some() => {
+                tracing::warn!(namespace = %ns, error = %errors::describe(&e), "the lock change stream cannot resume from its resume token; reopening it from now and waking every waiter to re-check");
+                Err(OpenFailed::ResumeLost)
+            }
+            Err(e) if is_permanent(&e) => {
+                if self.unavailable_logged {
+                    tracing::debug!(namespace = %ns, error = %errors::describe(&e), "change streams are still unavailable");
+                } else {
+                    self.unavailable_logged = true;
+                    log_unavailable(ns, &e);
                 }
-                log_unavailable(ns, &e);
                 Err(OpenFailed::Unavailable)
             }
+            // Transient, or not known to be permanent: retried with backoff.
             Err(e) => Err(OpenFailed::Failed(errors::describe(&e))),
         }
     }
@@ -1029,14 +1045,54 @@ impl Feed for ChangeFeed {
     }
 }
 
-/// Logs, once per backend (the task ends after it), why notifications are unavailable.
+/// A standalone server: "The $changeStream stage is only supported on replica sets".
+const NOT_A_REPLICA_SET: i32 = 40573;
+
+/// Server errors that mean change streams cannot work with this deployment as it is, so the
+/// backend polls (and tries again every minute) instead of retrying with backoff:
+///
+/// * 40573 (no code name): a standalone server. Manual, "Change Streams": "Change streams are
+///   available for replica sets and sharded clusters".
+/// * 13 `Unauthorized`: the user lacks the `changeStream` or `find` privilege on the collection
+///   (manual, "Change Streams" › "Access Control"; the built-in `read` role has both).
+/// * 73 `InvalidNamespace`: a namespace change streams refuse — the `admin`, `local` and
+///   `config` databases and `system.*` collections ("$changeStream may not be opened on the
+///   internal ... database"; SERVER-34040).
+/// * 166 `CommandNotSupportedOnView`: the collection is a view, which has no change events
+///   (SERVER-31476).
+/// * 40324 (`Location40324`, "Unrecognized pipeline stage name"): a server without
+///   `$changeStream` (older than 3.6, or a look-alike that lacks it).
+///
+/// Everything else — the transient codes and labels of [`errors::is_transient`] (134
+/// `ReadConcernMajorityNotAvailableYet` among them: the driver's retryable-reads list has it),
+/// and any error not listed here — is retried with backoff: a refusal that is not known to be
+/// permanent must not turn wake-ups off for the life of the process.
+fn is_permanent(e: &mongodb::error::Error) -> bool {
+    const UNAUTHORIZED: i32 = 13;
+    const INVALID_NAMESPACE: i32 = 73;
+    const NOT_SUPPORTED_ON_VIEW: i32 = 166;
+    const UNRECOGNIZED_STAGE: i32 = 40324;
+    !errors::is_transient(e)
+        && matches!(
+            errors::code(e),
+            Some(
+                NOT_A_REPLICA_SET
+                    | UNAUTHORIZED
+                    | INVALID_NAMESPACE
+                    | NOT_SUPPORTED_ON_VIEW
+                    | UNRECOGNIZED_STAGE
+            )
+        )
+}
+
+/// Logs, once per run of the stream's task (later refusals are logged at debug level), why
+/// notifications are unavailable.
 fn log_unavailable(ns: &str, e: &mongodb::error::Error) {
-    const NOT_A_REPLICA_SET: i32 = 40573;
     let error = errors::describe(e);
     if errors::code(e) == Some(NOT_A_REPLICA_SET) {
-        tracing::info!(namespace = %ns, %error, "change streams need a replica set; lock waiters poll with the configured wait strategy and loss is detected by extension");
+        tracing::info!(namespace = %ns, %error, "change streams need a replica set; lock waiters poll with the configured wait strategy and loss is detected by extension (tried again every minute)");
     } else {
-        tracing::warn!(namespace = %ns, %error, "cannot open a change stream on the lock collection (it needs a replica set, MongoDB 4.4+ and the changeStream and find privileges); lock waiters poll with the configured wait strategy and loss is detected by extension");
+        tracing::warn!(namespace = %ns, %error, "cannot open a change stream on the lock collection (it needs a replica set, MongoDB 4.4+ and the changeStream and find privileges); lock waiters poll with the configured wait strategy and loss is detected by extension (tried again every minute)");
     }
 }
 

@@ -5,9 +5,9 @@
 //! # The rules
 //! * The task starts on first need ([`Notifier::ensure_started`](super::Notifier)) and ends
 //!   when its notifier is dropped (with the last clone of the backend) or its runtime shuts
-//!   down. Either way the hub goes back to idle (unless notifications are unavailable for good)
-//!   and every waiter is woken, so nobody waits for changes that will not come; the next use
-//!   starts a new task. A stopped feed is handed to [`Feed::retire`] (MongoDB drops its cursor a
+//!   down. Either way the hub goes back to idle and every waiter is woken, so nobody waits for
+//!   changes that will not come; the next use starts a new task (which probes the server again,
+//!   also after notifications were unavailable). A stopped feed is handed to [`Feed::retire`] (MongoDB drops its cursor a
 //!   little later); a feed cancelled with its runtime is dropped without it.
 //! * **Not live while down.** While the subscription is being opened the hub is `Opening`:
 //!   [`is_live`](Hub::is_live) is false, so acquirers poll with the wait strategy instead of
@@ -19,13 +19,20 @@
 //!   may have ended its lease). A feed that can resume where it broke ([`Broke::Resumable`],
 //!   then [`Opened::Resumed`]: the MongoDB resume token) replays what happened meanwhile, so the
 //!   hub stays live (`Resuming`) and nobody re-checks.
-//! * **Unavailable for good.** A feed that cannot work with this server at all
-//!   ([`OpenFailed::Unavailable`]: a standalone MongoDB, missing privileges) makes the hub
-//!   `Unavailable`: waiters poll and holders rely on extension and their local deadline.
-//! * **Backoff.** Failed opens are retried with exponential backoff (50 ms to 5 s, the first
-//!   failure logged as a warning, the return to health as info); a subscription that broke
-//!   sooner than [`HEALTHY_AFTER`] after opening is reopened after the next backoff step, one
-//!   that lived longer at once (and the backoff starts over).
+//! * **Unavailable, re-probed.** A feed that the server refuses for a reason that will not
+//!   go away by itself ([`OpenFailed::Unavailable`]: a standalone MongoDB, missing privileges;
+//!   the feed decides, and logs it once) makes the hub `Unavailable`: waiters do not register
+//!   and poll, holders rely on extension and their local deadline. The task stays and tries
+//!   to open the feed again every [`REPROBE_EVERY`] (a set initiated, a privilege granted,
+//!   a refusal that was not so permanent after all): once it opens, the hub is live again,
+//!   every waiter re-checks and every holder reads its lock once (it was not told of changes
+//!   meanwhile).
+//! * **Backoff.** Other failed opens ([`OpenFailed::Failed`]: errors known to be transient
+//!   and errors not known to be permanent alike) are retried with exponential backoff (50 ms to
+//!   5 s, the first failure logged as a warning, the return to health as info), polling
+//!   meanwhile; a subscription that broke sooner than [`HEALTHY_AFTER`] after opening is
+//!   reopened after the next backoff step, one that lived longer at once (and the backoff
+//!   starts over).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,6 +47,13 @@ use crate::wait::WaitStrategy;
 /// A subscription that broke sooner than this after opening is reopened after a backoff.
 pub(crate) const HEALTHY_AFTER: Duration = Duration::from_secs(1);
 
+/// How often a feed that was [`OpenFailed::Unavailable`] is tried again.
+#[cfg(not(test))]
+pub(crate) const REPROBE_EVERY: Duration = Duration::from_secs(60);
+/// Short in unit tests, so that they see the re-probe.
+#[cfg(test)]
+pub(crate) const REPROBE_EVERY: Duration = Duration::from_millis(100);
+
 /// How a subscription was opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Opened {
@@ -53,8 +67,8 @@ pub(crate) enum Opened {
 /// Why a subscription could not be opened.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum OpenFailed {
-    /// Notifications cannot work with this server (the feed logged why): poll from now on
-    /// (a standalone MongoDB, missing privileges).
+    /// Notifications cannot work with this server as it is (the feed logged why): poll, and
+    /// try again after [`REPROBE_EVERY`] (a standalone MongoDB, missing privileges).
     #[cfg(feature = "mongodb")]
     Unavailable,
     /// The feed cannot resume where it broke and will open from now, at once (the feed logged
@@ -115,9 +129,8 @@ struct Running(Arc<Hub>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if self.0.status() != Status::Unavailable {
-            self.0.set_status(Status::Idle);
-        }
+        // Also after `Unavailable`: the next task probes again.
+        self.0.set_status(Status::Idle);
         self.0.wake_all(false);
     }
 }
@@ -140,13 +153,15 @@ fn retry_backoff() -> crate::wait::Backoff {
     .start()
 }
 
-/// The task; see the [module docs](self). Ends when `stopped` fires (or its sender is dropped)
-/// or notifications turn out to be unavailable.
+/// The task; see the [module docs](self). Ends when `stopped` fires (or its sender is
+/// dropped).
 pub(crate) async fn run<F: Feed>(hub: Arc<Hub>, mut feed: F, mut stopped: oneshot::Receiver<()>) {
     let _running = Running(hub.clone());
     let mut retry = retry_backoff();
     let mut warned = false;
     let mut subscribed_before = false;
+    // Set while notifications were unavailable since the last open: holders were not told.
+    let mut unavailable = false;
     loop {
         let opened = tokio::select! {
             _ = &mut stopped => return,
@@ -156,9 +171,17 @@ pub(crate) async fn run<F: Feed>(hub: Arc<Hub>, mut feed: F, mut stopped: onesho
             Ok(opened) => opened,
             #[cfg(feature = "mongodb")]
             Err(OpenFailed::Unavailable) => {
-                hub.set_status(Status::Unavailable);
-                hub.wake_all(false);
-                return;
+                unavailable = true;
+                if hub.status() != Status::Unavailable {
+                    hub.set_status(Status::Unavailable);
+                    // Waiters switch to polling without registrations.
+                    hub.wake_all(false);
+                }
+                if !pause(REPROBE_EVERY, &mut stopped).await {
+                    return;
+                }
+                retry = retry_backoff();
+                continue;
             }
             #[cfg(feature = "mongodb")]
             Err(OpenFailed::ResumeLost) => {
@@ -187,7 +210,7 @@ pub(crate) async fn run<F: Feed>(hub: Arc<Hub>, mut feed: F, mut stopped: onesho
         };
         let opened_at = Instant::now();
         hub.set_status(Status::Live);
-        if warned {
+        if warned || unavailable {
             tracing::info!("the {} is back", feed.label());
             warned = false;
         }
@@ -195,13 +218,15 @@ pub(crate) async fn run<F: Feed>(hub: Arc<Hub>, mut feed: F, mut stopped: onesho
             Opened::Fresh => {
                 tracing::debug!("the {} is open", feed.label());
                 // Whatever happened before is unknown: every waiter re-checks once, and after a
-                // lost subscription every holder reads its lock once.
-                hub.wake_all(subscribed_before);
+                // lost subscription (or while notifications were unavailable) every holder
+                // reads its lock once.
+                hub.wake_all(subscribed_before || unavailable);
             }
             #[cfg(feature = "mongodb")]
             Opened::Resumed => tracing::debug!("the {} resumed", feed.label()),
         }
         subscribed_before = true;
+        unavailable = false;
         let broke = tokio::select! {
             _ = &mut stopped => None,
             broke = feed.deliver(&hub) => Some(broke),
@@ -356,15 +381,34 @@ mod tests {
 
     #[cfg(feature = "mongodb")]
     #[tokio::test]
-    async fn unavailable_ends_the_task_for_good() {
+    async fn unavailable_is_probed_again_and_holders_read_once_it_is_back() {
         let hub = Hub::new(Status::Opening);
         let waiter = hub.change_waiter("x");
-        let (feed, _) = scripted(vec![Step::Open(Err(OpenFailed::Unavailable))]);
-        let (_stop, stopped) = oneshot::channel();
-        run(hub.clone(), feed, stopped).await;
-        assert_eq!(hub.status(), Status::Unavailable);
+        let holder = hub.name("x");
+        let mut changes = holder.state().subscribe();
+        let (feed, _) = scripted(vec![
+            Step::Open(Err(OpenFailed::Unavailable)),
+            Step::Open(Err(OpenFailed::Unavailable)),
+            Step::Open(Ok(Opened::Fresh)),
+            Step::Hang,
+        ]);
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(run(hub.clone(), feed, stopped));
         // The waiter was woken to poll.
-        assert!(waiter.wait(Duration::from_millis(1)).await);
+        assert!(waiter.wait(Duration::from_secs(5)).await);
+        assert_eq!(hub.status(), Status::Unavailable);
+        assert!(!task.is_finished(), "the task stays to probe again");
+        // Probed again after REPROBE_EVERY, twice: live, and every holder reads its lock.
+        tokio::time::timeout(Duration::from_secs(10), changes.changed())
+            .await
+            .expect("holders are told once the feed is back")
+            .unwrap();
+        assert_eq!(changes.borrow_and_update().1, Change::Unknown);
+        assert_eq!(hub.status(), Status::Live);
+        drop(stop);
+        task.await.unwrap();
+        // Idle again: the next use starts a new task.
+        assert_eq!(hub.status(), Status::Idle);
     }
 
     #[tokio::test]

@@ -79,7 +79,8 @@ pub(crate) enum Status {
     /// The stream broke and is being resumed from its resume token: changes meanwhile are
     /// delivered once it resumes.
     Resuming = 3,
-    /// Notifications are not available (standalone server, permissions, old version): poll.
+    /// Notifications are not available (standalone server, permissions, old version): poll;
+    /// the feed's task tries again every minute.
     Unavailable = 4,
 }
 

@@ -39,8 +39,10 @@
 //! See [`feed`]: while the subscription is down, nothing is live and every waiter polls with
 //! the wait strategy; holders rely on extension and their local deadline. When it is back and
 //! changes may have been missed, every waiter re-checks and every holder reads its lock once.
-//! Where notifications cannot work at all, the notifier is unavailable for good: waiters poll
-//! and [`lease_gone`](Notifier::lease_gone) stays pending.
+//! Where the server refuses notifications for a reason that will not go away by itself, the
+//! notifier is unavailable: waiters poll and [`lease_gone`](Notifier::lease_gone) stays
+//! pending, until a re-probe of the feed succeeds (every minute; then every holder reads its
+//! lock once).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -227,9 +229,10 @@ impl<F: Feed> Notifier<F> {
         drop(removed);
     }
 
-    /// Completes when the lease `lease_id` of `name` (the registry key) is gone; pending
-    /// forever when notifications are unavailable. `still_holds` reads the lock once (a failed
-    /// read should say "held": the next extension decides).
+    /// Completes when the lease `lease_id` of `name` (the registry key) is gone; pending while
+    /// notifications are unavailable (when they come back, the feed tells every holder to read
+    /// its lock). `still_holds` reads the lock once (a failed read should say "held": the next
+    /// extension decides).
     pub(crate) async fn lease_gone<H, Fut>(&self, name: &str, lease_id: &LeaseId, still_holds: H)
     where
         H: Fn() -> Fut,
@@ -250,8 +253,14 @@ impl<F: Feed> Notifier<F> {
         };
         loop {
             if self.hub.status() == Status::Unavailable {
-                // No notifications will come: loss is detected by extension.
-                return std::future::pending().await;
+                // No notifications now: loss is detected by extension. Changes dispatched
+                // meanwhile are not judged; once a re-probe opens the feed it tells every holder
+                // (a `Change::Unknown`), which is judged below.
+                if changes.changed().await.is_err() {
+                    // The sender lives in the entry we hold; never busy-loop.
+                    return std::future::pending().await;
+                }
+                continue;
             }
             let (seq, change) = changes.borrow_and_update().clone();
             if seq > seen {
