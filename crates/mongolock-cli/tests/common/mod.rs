@@ -1073,7 +1073,7 @@ pub async fn waiters_that_left_do_not_stall_a_live_one(
     })
     .await;
     let quitters: Vec<Child> = (0..gave_up)
-        .map(|_| env.spawn(&["exec", "-q", "--wait", "8s", name, "--", "true"]))
+        .map(|_| env.spawn(&["exec", "-q", "--wait", "20s", name, "--", "true"]))
         .collect();
     let doomed: Vec<Child> = (0..killed)
         .map(|_| env.spawn(&["exec", "-q", "--wait", "100s", name, "--", "true"]))
@@ -1086,7 +1086,7 @@ pub async fn waiters_that_left_do_not_stall_a_live_one(
             .collect()
     };
     let (quitter_pids, doomed_pids) = (pids(&quitters), pids(&doomed));
-    let deadline = Instant::now() + Duration::from_secs(7);
+    let deadline = Instant::now() + Duration::from_secs(18);
     loop {
         let q = queued_pids(env, name).await;
         if quitter_pids
@@ -1100,7 +1100,7 @@ pub async fn waiters_that_left_do_not_stall_a_live_one(
             Instant::now() < deadline,
             "not all queued: {q:?}; gave up {quitter_pids:?}, killed {doomed_pids:?}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for c in &doomed {
         send_signal(c, libc::SIGKILL);
@@ -1115,12 +1115,12 @@ pub async fn waiters_that_left_do_not_stall_a_live_one(
     let live = env.spawn(&["exec", "--json", "--wait", "100s", name, "--", "true"]);
     let live_pid = u64::from(live.id().expect("the live waiter's pid"));
     let mut q = Vec::new();
-    for _ in 0..400 {
+    for _ in 0..150 {
         q = queued_pids(env, name).await;
         if q.contains(&live_pid) {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(
         q.contains(&live_pid),
