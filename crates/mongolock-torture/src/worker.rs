@@ -1105,7 +1105,7 @@ async fn exit_on_request(env: Arc<Env>, stop: Arc<watch::Sender<bool>>) {
 /// `mongolock-torture worker`: one worker process. Reads its configuration from the
 /// environment; on stdin, `stop` ends the loops (it then answers `drained` on stdout, keeping
 /// its runtime alive so that a leaked lease would still be extended) and `exit` (or EOF) ends
-/// the process; SIGUSR1 makes it exit at once ([`exit_on_request`]).
+/// the process; SIGUSR1 makes it exit at once (`exit_on_request`).
 pub async fn worker_main() -> Result<(), String> {
     let raw =
         std::env::var(WORKER_CONFIG_ENV).map_err(|_| format!("{WORKER_CONFIG_ENV} is not set"))?;
