@@ -873,6 +873,43 @@ mod tests {
         assert_eq!(c.total(), 0, "{:?}", c.first());
     }
 
+    /// A liveness name released at 1 s and granted again at 5 s while a live waiter waited
+    /// all along (the stall of issue 32): a `liveness` violation, with its evidence; the
+    /// grants of other names are not measured.
+    #[test]
+    fn detects_a_planted_slow_handoff_of_a_liveness_name() {
+        use crate::liveness::{Bounds, WaitEnd, Waiter};
+        let mut c = Checker::new();
+        c.grant(grant("live-0", "l1", 1, 0, 1_000_000));
+        c.grant(grant("live-0", "l2", 2, 5_000_000, 5_100_000));
+        c.grant(grant("hot-0", "l3", 1, 0, 10));
+        let waiter = |start, end| Waiter {
+            name: "live-0".into(),
+            who: "w1.0".into(),
+            via: "acquire".into(),
+            start_us: start,
+            end_us: end,
+            end: WaitEnd::Got,
+            paused: Vec::new(),
+            abandoned: false,
+        };
+        let bounds = Bounds::new(5_000_000, 1_000_000);
+        // Granted to the waiter 5 ms after the release: fine.
+        let mut fast = Checker::new();
+        fast.grant(grant("live-0", "l1", 1, 0, 1_000_000));
+        fast.grant(grant("live-0", "l2", 2, 1_005_000, 1_100_000));
+        let r = fast.check_liveness(&[waiter(500_000, 1_006_000)], &bounds);
+        assert_eq!((fast.total(), r.stretches["release"].count), (0, 1));
+        let r = c.check_liveness(&[waiter(500_000, 5_000_500)], &bounds);
+        assert_eq!(r.slow, 1);
+        assert_eq!(c.counts().get(&ViolationKind::Liveness), Some(&1));
+        let text = c.first()[0].to_string();
+        assert!(
+            text.starts_with("liveness: name \"live-0\"") && text.contains("4000000 µs"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn detects_an_unlogged_write() {
         let mut c = Checker::new();

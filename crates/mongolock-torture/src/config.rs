@@ -88,12 +88,24 @@ pub struct WorkerConfig {
     /// Lease of the liveness names in ms.
     #[serde(default)]
     pub live_lease_ms: u64,
+    /// Period of the liveness rounds in ms.
+    #[serde(default = "live_round_default")]
+    pub live_round_ms: u64,
     /// The worker's log file.
     pub log: PathBuf,
 }
 
 /// Loops of each worker that wait for the liveness names (besides `tasks`).
 pub const LIVE_LOOPS: usize = 2;
+
+/// How often the liveness loops of every worker start a round (`worker.rs`, `live_loop`) by
+/// default (`--live-round`), in wall-clock time, which all the workers share (the fault
+/// injector aims some signals at the first part of a round, when they wait).
+pub const LIVE_ROUND_MS: u64 = 4000;
+
+fn live_round_default() -> u64 {
+    LIVE_ROUND_MS
+}
 
 /// A lock name of the mix.
 pub fn hot_name(i: usize) -> String {
@@ -113,11 +125,6 @@ pub fn pick_hot(rng: &mut impl Rng, cfg: &WorkerConfig) -> String {
 /// A liveness name.
 pub fn live_name(i: usize) -> String {
     format!("{LIVE_PREFIX}{i}")
-}
-
-/// Picks a liveness name.
-pub fn pick_live(rng: &mut impl Rng, cfg: &WorkerConfig) -> String {
-    live_name(rng.random_range(0..cfg.live_names.max(1)))
 }
 
 /// Picks a cold name.

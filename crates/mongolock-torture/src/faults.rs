@@ -277,6 +277,11 @@ pub struct FaultPlan {
     pub lease: Duration,
     /// The library's TTL delay (`ttl_index_zero` restores an index with it).
     pub cleanup_after_secs: u64,
+    /// The period of the liveness rounds (`--live-round`).
+    pub live_round: Duration,
+    /// The run directory, where workers mark themselves while they wait for a liveness name
+    /// (`worker::waiting_mark`).
+    pub dir: std::path::PathBuf,
     /// Seed.
     pub seed: u64,
 }
@@ -476,6 +481,91 @@ fn count_fired(counts: &Mutex<FaultCounts>, kind: FaultKind) {
     *c.fired.entry(kind).or_default() += 1;
 }
 
+/// A running worker (the `pick`-th of them) that marks itself as waiting for a liveness name
+/// (`worker::waiting_mark`), as soon as there is one, for up to `patience`.
+async fn waiting_worker(
+    dir: &std::path::Path,
+    supervisor: &Supervisor,
+    pick: u64,
+    patience: Duration,
+) -> Option<u32> {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let waiting: Vec<u32> = supervisor
+            .pids()
+            .into_iter()
+            .filter(|&pid| crate::worker::waiting_mark(dir, pid).exists())
+            .collect();
+        if !waiting.is_empty() {
+            return Some(waiting[(pick % waiting.len() as u64) as usize]);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sends `kind`'s signal to worker `pid`, or the `pick`-th of those running: SIGKILL,
+/// SIGUSR1 (`waiter_exit`), or SIGSTOP and SIGCONT after `pause`; counts it and records it in
+/// the timeline.
+async fn signal(
+    kind: FaultKind,
+    supervisor: &Supervisor,
+    counts: &Mutex<FaultCounts>,
+    pid: Option<u32>,
+    pick: u64,
+    pause: Duration,
+) {
+    let pids = supervisor.pids();
+    if pids.is_empty() {
+        return;
+    }
+    let pid = pid.unwrap_or(pids[(pick % pids.len() as u64) as usize]) as i32;
+    let at = move |hit, start_us, end_us| Disruption {
+        hit,
+        pid: Some(pid as u32),
+        slot: None,
+        start_us,
+        end_us,
+    };
+    // Taken before the signal is sent (a process is stopped or dead no earlier).
+    let start_us = now_us();
+    match kind {
+        FaultKind::Sigkill => {
+            // SAFETY: kill(2) on a pid of a child we started; no memory is involved.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                count_fired(counts, kind);
+                lock(counts)
+                    .timeline
+                    .push(at(Hit::Kill, start_us, start_us));
+            }
+        }
+        FaultKind::WaiterExit => {
+            // Taken effect when the worker had a wait in progress (from its log).
+            // SAFETY: as above.
+            if unsafe { libc::kill(pid, libc::SIGUSR1) } == 0 {
+                let mut c = lock(counts);
+                *c.injected.entry(kind).or_default() += 1;
+                c.timeline.push(at(Hit::Exit, start_us, start_us));
+            }
+        }
+        _ => {
+            // SAFETY: as above.
+            if unsafe { libc::kill(pid, libc::SIGSTOP) } == 0 {
+                count_fired(counts, kind);
+                tokio::time::sleep(pause).await;
+                // SAFETY: as above (a dead pid is harmless: ESRCH).
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                // Taken after SIGCONT was sent: the process ran again no earlier.
+                lock(counts)
+                    .timeline
+                    .push(at(Hit::Stop, start_us, now_us()));
+            }
+        }
+    }
+}
+
 /// Injects faults until `stop` becomes true; waits for running pauses to end (every paused
 /// worker is continued) and turns the fail point off (MongoDB) before returning.
 pub async fn inject(
@@ -575,55 +665,25 @@ pub async fn inject(
                 }
             }
             FaultKind::Sigkill | FaultKind::Sigstop | FaultKind::WaiterExit => {
-                let pids = supervisor.pids();
-                if pids.is_empty() {
-                    continue;
-                }
-                let pid = pids[rng.random_range(0..pids.len())] as i32;
-                let at = move |hit, start_us, end_us| Disruption {
-                    hit,
-                    pid: Some(pid as u32),
-                    slot: None,
-                    start_us,
-                    end_us,
-                };
-                // Taken before the signal is sent (a process is stopped or dead no earlier).
-                let start_us = now_us();
-                if kind == FaultKind::Sigkill {
-                    // SAFETY: kill(2) on a pid of a child we started; no memory is involved.
-                    if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
-                        count_fired(&counts, kind);
-                        lock(&counts)
-                            .timeline
-                            .push(at(Hit::Kill, start_us, start_us));
-                    }
-                    continue;
-                }
-                if kind == FaultKind::WaiterExit {
-                    // Taken effect when the worker had a wait in progress (from its log).
-                    // SAFETY: as above.
-                    if unsafe { libc::kill(pid, libc::SIGUSR1) } == 0 {
-                        let mut c = lock(&counts);
-                        *c.injected.entry(kind).or_default() += 1;
-                        c.timeline.push(at(Hit::Exit, start_us, start_us));
-                    }
-                    continue;
-                }
+                // Half of them (and every `waiter_exit`) at a worker that waits for a liveness
+                // name (if one does within two rounds), the others at any worker.
+                let at_waiter = kind == FaultKind::WaiterExit || rng.random_bool(0.5);
                 let pause = plan.lease.mul_f64(rng.random_range(1.2..2.2));
-                // SAFETY: as above.
-                if unsafe { libc::kill(pid, libc::SIGSTOP) } == 0 {
-                    count_fired(&counts, kind);
-                    let counts = counts.clone();
-                    pauses.push(tokio::spawn(async move {
-                        tokio::time::sleep(pause).await;
-                        // SAFETY: as above (a dead pid is harmless: ESRCH).
-                        unsafe { libc::kill(pid, libc::SIGCONT) };
-                        // Taken after SIGCONT was sent: the process ran again no earlier.
-                        lock(&counts)
-                            .timeline
-                            .push(at(Hit::Stop, start_us, now_us()));
-                    }));
-                }
+                let pick = rng.random::<u64>();
+                let (supervisor, counts) = (supervisor.clone(), counts.clone());
+                let mut stop = stop.clone();
+                let (dir, patience) = (plan.dir.clone(), plan.live_round * 2);
+                pauses.push(tokio::spawn(async move {
+                    let pid = if at_waiter {
+                        tokio::select! {
+                            pid = waiting_worker(&dir, &supervisor, pick, patience) => pid,
+                            _ = stop.wait_for(|s| *s) => return,
+                        }
+                    } else {
+                        None
+                    };
+                    signal(kind, &supervisor, &counts, pid, pick, pause).await;
+                }));
             }
             _ => {
                 if let Some(fp) = fail_points.as_mut() {

@@ -14,8 +14,10 @@
 //! degradation adds `tc qdisc ... netem loss 100%` or a delay beyond the lease to it. Both last
 //! longer than the lease and are healed before the run drains its workers. Either counts as
 //! taking effect when the worker's namespace retransmitted TCP segments during it (its
-//! `/proc/net/snmp` `RetransSegs` grew): the worker was talking to the server and its packets
-//! or the replies were lost.
+//! `/proc/net/snmp` `RetransSegs` grew) or a retransmission timer fired (`/proc/net/netstat`
+//! `TCPTimeouts` grew: with the link down, the worker's end has no carrier and the resend
+//! fails before it counts as a retransmitted segment): the worker was talking to the server and
+//! its packets or the replies were lost.
 //!
 //! Names carry the orchestrator's pid (`mlt<pid>`), so parallel runs never collide; the
 //! namespaces are deleted when the [`Net`] is dropped, from the panic hook and on Ctrl-C
@@ -321,6 +323,22 @@ impl Net {
         values.split_whitespace().nth(col)?.parse().ok()
     }
 
+    /// TCP retransmission timeouts so far in worker slot `i`'s namespace (`TcpExt`
+    /// `TCPTimeouts`): counted when a retransmission timer fires, whether or not the segment
+    /// could be sent.
+    pub fn timeouts(&self, i: usize) -> Option<u64> {
+        let ns = self.worker_ns(i)?;
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "cat", "/proc/net/netstat"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut ext = text.lines().filter(|l| l.starts_with("TcpExt:"));
+        let (head, values) = (ext.next()?, ext.next()?);
+        let col = head.split_whitespace().position(|h| h == "TCPTimeouts")?;
+        values.split_whitespace().nth(col)?.parse().ok()
+    }
+
     /// Hurts worker slot `i`'s link.
     pub fn cut(&self, i: usize, how: Cut) -> Result<(), String> {
         let w = format!("w{i}");
@@ -375,7 +393,8 @@ impl Net {
     }
 
     /// Hurts slot `i`'s link for `hold`, then heals it; returns whether it took effect (the
-    /// worker's namespace retransmitted during the cut), or an error when `ip`/`tc` failed.
+    /// worker's namespace retransmitted, or a retransmission timer fired, during the cut), or
+    /// an error when `ip`/`tc` failed.
     pub async fn cut_for(
         self: &std::sync::Arc<Self>,
         i: usize,
@@ -383,8 +402,11 @@ impl Net {
         hold: Duration,
     ) -> Result<bool, String> {
         let net = self.clone();
+        // Taken effect: the namespace retransmitted, or a retransmission timer fired (a link
+        // set down makes the send fail before the segment counts as retransmitted).
+        let counters = move |net: &Net| (net.retransmits(i), net.timeouts(i));
         let before = tokio::task::spawn_blocking(move || {
-            let before = net.retransmits(i);
+            let before = counters(&net);
             net.cut(i, how).map(|()| before)
         })
         .await
@@ -392,9 +414,11 @@ impl Net {
         tokio::time::sleep(hold).await;
         let net = self.clone();
         tokio::task::spawn_blocking(move || {
-            let after = net.retransmits(i);
+            let after = counters(&net);
             net.heal(i, how)?;
-            Ok(matches!((before, after), (Some(b), Some(a)) if a > b))
+            let grew =
+                |b: Option<u64>, a: Option<u64>| matches!((b, a), (Some(b), Some(a)) if a > b);
+            Ok(grew(before.0, after.0) || grew(before.1, after.1))
         })
         .await
         .map_err(|e| e.to_string())?

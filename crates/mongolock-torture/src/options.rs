@@ -105,6 +105,10 @@ pub struct RunArgs {
     /// expiry shows (it would wait up to this long).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub live_lease: Duration,
+    /// Period of the liveness rounds: at the start of each, the liveness loops of every worker
+    /// queue up on one name (those that will give up first), then no newcomer comes.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "4s")]
+    pub live_round: Duration,
     /// Slack added to the library's delays in the liveness bounds: a free liveness name must
     /// reach a live waiter within 500 ms (the handoff fallback) + this after a release, and
     /// 5 ms + this after an expiry.

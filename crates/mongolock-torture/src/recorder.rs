@@ -1,5 +1,6 @@
 //! The recorder: follows the change streams of the lock collection, the jobs collection
-//! (document locks) and the resource collection from before the first worker starts until an
+//! (document locks), the resource collection and the CLI check's liveness collection
+//! (`cli_live`) from before the first worker starts until an
 //! end marker, rebuilds their histories ([`crate::history`]) and hands every closed grant and
 //! accepted write to the checker. It uses its own client (its own `appName`), so fail points
 //! never hit it. It resumes from the last resume token after any error.

@@ -72,6 +72,7 @@ fn run_dir(args: &RunArgs, seed: u64) -> Result<PathBuf, AnyError> {
         let name = entry.file_name().to_string_lossy().into_owned();
         if (name.starts_with("worker-") && (name.ends_with(".jsonl") || name.ends_with(".stderr")))
             || name.starts_with("cli-overlaps.log")
+            || name.starts_with("waiting-")
             || name.starts_with("cli-mutex")
         {
             let _ = std::fs::remove_file(entry.path())
@@ -267,6 +268,7 @@ async fn run_processes(
         short_extensions: has(FaultKind::ShortExtension),
         live_names: args.live_names,
         live_lease_ms: args.live_lease.as_millis() as u64,
+        live_round_ms: args.live_round.as_millis() as u64,
         log: PathBuf::new(),
     };
     let cleanup_every = (args.ttl_monitor.as_millis() as u64).max(1);
@@ -310,6 +312,8 @@ async fn run_processes(
             interval: args.fault_interval,
             lease: args.lease,
             cleanup_after_secs: args.cleanup_after_secs,
+            live_round: args.live_round,
+            dir: dir.clone(),
             seed: seed ^ 0xfa17,
         },
         store.fault_target().await?,
@@ -537,6 +541,7 @@ async fn run_memory(args: RunArgs, seed: u64) -> Result<i32, AnyError> {
             short_extensions: false,
             live_names: 0,
             live_lease_ms: 0,
+            live_round_ms: 0,
             log: dir.join(format!("worker-{id}-0.jsonl")),
         };
         let auto = LockProvider::builder(backend.clone())

@@ -4,7 +4,7 @@
 //! (`mongolock-torture worker`, MongoDB and PostgreSQL) or as tasks of the orchestrator (memory
 //! backend).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,9 +20,9 @@ use tokio::sync::watch;
 
 use crate::checker::Grant;
 use crate::config::{
-    pick_cold, pick_hot, pick_live, pick_sem, WorkerConfig, ELECTION_ROLE, EXT_APP_NAME,
-    JOBS_COLLECTION, JOBS_LOCK_FIELD, LIVE_APP_NAME, LIVE_LOOPS, LOCK_COLLECTION, SEM_LIMIT,
-    WORKER_APP_NAME, WORKER_CONFIG_ENV,
+    pick_cold, pick_hot, pick_sem, WorkerConfig, ELECTION_ROLE, EXT_APP_NAME, JOBS_COLLECTION,
+    JOBS_LOCK_FIELD, LIVE_APP_NAME, LIVE_LOOPS, LOCK_COLLECTION, SEM_LIMIT, WORKER_APP_NAME,
+    WORKER_CONFIG_ENV,
 };
 use crate::liveness::WaitEnd;
 use crate::options::Backend;
@@ -75,11 +75,24 @@ pub struct Env {
     /// Set when the worker shuts down on request (`waiter_exit`): waits the stop ends have
     /// [`WaitEnd::Shutdown`].
     exiting: AtomicBool,
+    /// Waits of liveness names in progress; while there are any, the file
+    /// [`waiting_mark`] of this process exists (the injector aims signals at such workers).
+    waiting: AtomicUsize,
+}
+
+/// The file that marks a worker process `pid` as waiting for a liveness name, in the run
+/// directory `dir` (the fault injector aims some of its signals at such processes).
+pub fn waiting_mark(dir: &std::path::Path, pid: u32) -> std::path::PathBuf {
+    dir.join(format!("waiting-{pid}"))
 }
 
 /// The providers of the liveness names (`live-*`, [`crate::liveness`]): leased for
 /// `live_lease_ms`, extended automatically or not; on MongoDB over a client of their own
-/// ([`LIVE_APP_NAME`]) that no fail point is aimed at.
+/// ([`LIVE_APP_NAME`]) that no fail point is aimed at. Their backend follows the change
+/// stream (listens, on PostgreSQL) in every worker, the polling ones included: a polling
+/// waiter retries every 10–800 ms whatever the queue holds, so it needs no check, and it would
+/// take a free name before a stalled waiter showed (the check measures the time to the next
+/// grant, to anyone).
 pub struct Live {
     auto: LockProvider,
     manual: LockProvider,
@@ -138,6 +151,7 @@ impl Env {
             live: None,
             waits: AtomicU64::new(0),
             exiting: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -665,6 +679,16 @@ async fn live_wait(env: &Env, lock: &Lock, how: LiveWait) -> Option<LockGuard> {
         via,
         t: now_us(),
     });
+    let mark = env
+        .cfg
+        .log
+        .parent()
+        .map(|dir| waiting_mark(dir, std::process::id()));
+    if env.waiting.fetch_add(1, Ordering::Relaxed) == 0 {
+        if let Some(m) = &mark {
+            let _ = std::fs::write(m, b"");
+        }
+    }
     let mut stop = env.stop.clone();
     let outcome = |r: mongolock::Result<Option<LockGuard>>| match r {
         Ok(Some(g)) => (Some(g), WaitEnd::Got),
@@ -701,71 +725,115 @@ async fn live_wait(env: &Env, lock: &Lock, how: LiveWait) -> Option<LockGuard> {
         how: end,
         t: now_us(),
     });
+    if env.waiting.fetch_sub(1, Ordering::Relaxed) == 1 {
+        if let Some(m) = &mark {
+            let _ = std::fs::remove_file(m);
+        }
+    }
     got
 }
 
-/// One operation on a liveness name: a wait that gets it or gives up (timeout, dropped
-/// future), now and then a single attempt; a hold that is short, or long enough that queues
-/// form and waits run out while it lasts; then the usual end (release, dropped release,
-/// dropped guard, or 1 % left to run out).
-async fn live_op(env: &Env, live: &Live, rng: &mut StdRng) {
-    let name = pick_live(rng, &env.cfg);
+/// What one operation on a liveness name does.
+#[derive(Clone, Copy)]
+enum LiveOp {
+    /// A single attempt (`try_acquire`).
+    Try,
+    /// A wait (see [`LiveWait`]).
+    Wait(LiveWait),
+}
+
+impl LiveOp {
+    /// 30 % wait until granted, 25 % `acquire_timeout` of 20–800 ms, 35 % `acquire` dropped
+    /// after as long (a timeout without dropped futures), 10 % a single attempt.
+    fn pick(rng: &mut StdRng, drop_futures: bool) -> LiveOp {
+        let roll: f64 = rng.random();
+        let short = Duration::from_millis(rng.random_range(20..800));
+        if roll < 0.1 {
+            LiveOp::Try
+        } else if roll < 0.4 {
+            LiveOp::Wait(LiveWait::Forever)
+        } else if roll < 0.65 || !drop_futures {
+            LiveOp::Wait(LiveWait::Timeout(short))
+        } else {
+            LiveOp::Wait(LiveWait::DropAfter(short))
+        }
+    }
+}
+
+/// One operation on a liveness name (see [`LiveOp::pick`]); a hold that is short, or (40 %)
+/// 0.1–1 s, long enough that waits run out in the queue; then the usual end (release, dropped
+/// release, dropped guard, or 1 % left to run out).
+async fn live_op(env: &Env, live: &Live, rng: &mut StdRng, name: String, op: LiveOp) {
     let run_out = rng.random_bool(0.01);
     let provider = if run_out { &live.manual } else { &live.auto };
     let Ok(lock) = provider.lock(name) else {
         return;
     };
-    let roll: f64 = rng.random();
-    let short = |rng: &mut StdRng| Duration::from_millis(rng.random_range(20..1500));
-    let (got, via) = if roll < 0.05 {
-        let mut stop = env.stop.clone();
-        let got = tokio::select! {
-            r = lock.try_acquire() => r.unwrap_or_else(|e| {
-                env.error("acquire", e);
-                None
-            }),
-            _ = stop.wait_for(|s| *s) => None,
-        };
-        (got, "live try_acquire")
-    } else if roll < 0.4 {
-        (
-            live_wait(env, &lock, LiveWait::Forever).await,
-            "live acquire",
-        )
-    } else if roll < 0.75 || !env.cfg.drop_futures {
-        let d = short(rng);
-        (
-            live_wait(env, &lock, LiveWait::Timeout(d)).await,
-            "live acquire_timeout",
-        )
-    } else {
-        let d = short(rng);
-        (
-            live_wait(env, &lock, LiveWait::DropAfter(d)).await,
-            "live acquire (dropped)",
-        )
+    let (got, via) = match op {
+        LiveOp::Try => {
+            let mut stop = env.stop.clone();
+            let got = tokio::select! {
+                r = lock.try_acquire() => r.unwrap_or_else(|e| {
+                    env.error("acquire", e);
+                    None
+                }),
+                _ = stop.wait_for(|s| *s) => None,
+            };
+            (got, "live try_acquire")
+        }
+        LiveOp::Wait(how) => {
+            let via = match how {
+                LiveWait::Forever => "live acquire",
+                LiveWait::Timeout(_) => "live acquire_timeout",
+                LiveWait::DropAfter(_) => "live acquire (dropped)",
+            };
+            (live_wait(env, &lock, how).await, via)
+        }
     };
     let Some(guard) = got else { return };
-    if !run_out && rng.random_bool(0.25) {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(50..600))).await;
+    if !run_out && rng.random_bool(0.4) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..1000))).await;
     }
     hold_and_end_leased(env, rng, guard, via, run_out, live.lease).await;
 }
 
-/// A loop waiting for the liveness names until the worker stops, with pauses between
-/// operations (so that a name is sometimes free with nobody waiting, and waiters come while it
-/// is).
-async fn live_loop(env: Arc<Env>, seed: u64) {
+/// A loop waiting for the liveness names until the worker stops, in rounds, the scenario of
+/// issue 32: at the start of each round of the wall clock (`live_round_ms`, 4 s by default)
+/// every free loop of every
+/// worker takes, with a probability of 70 %, one operation ([`LiveOp`]) on its name of the
+/// round (`live-<(round + loop) % live_names>`). Single attempts and waits that give up come
+/// first (0–150 ms into the round), waits until granted after them (150–400 ms), so that those
+/// that will give up stand at the front of the queue. Then the queue gets no newcomers: a name
+/// freed later in the round reaches a waiter only through the handoff (designation, backup,
+/// probe, expiry), not because somebody new happens to try. (A loop still waiting at the next
+/// round carries on; the new round's newcomers of its worker go to the other name.)
+async fn live_loop(env: Arc<Env>, seed: u64, index: usize) {
     let Some(live) = &env.live else { return };
     let mut rng = StdRng::seed_from_u64(seed);
     let mut stop = env.stop.clone();
+    let round_us = (env.cfg.live_round_ms.max(100) * 1000) as i64;
     while !env.stopped() {
-        live_op(&env, live, &mut rng).await;
-        let pause = Duration::from_millis(rng.random_range(0..200));
+        let op = LiveOp::pick(&mut rng, env.cfg.drop_futures);
+        let offset = match op {
+            LiveOp::Wait(LiveWait::Forever) => rng.random_range(150..400),
+            LiveOp::Try | LiveOp::Wait(_) => rng.random_range(0..150),
+        };
+        let round = now_us() / round_us + 1;
+        let start = Duration::from_micros((round * round_us - now_us()).max(0) as u64)
+            + Duration::from_millis(offset);
         tokio::select! {
-            () = tokio::time::sleep(pause) => {}
-            _ = stop.wait_for(|s| *s) => {}
+            () = tokio::time::sleep(start) => {}
+            _ = stop.wait_for(|s| *s) => break,
         }
+        // Not every loop joins every round; the loops of one worker take different names, so
+        // that a process's only waiter of a name is often gone when the name is released (a
+        // second one of the same process, woken by its own process's release, would hide the
+        // rest of the queue).
+        if !rng.random_bool(0.7) {
+            continue;
+        }
+        let name = crate::config::live_name((round as usize + index) % env.cfg.live_names.max(1));
+        live_op(&env, live, &mut rng, name, op).await;
     }
 }
 
@@ -791,7 +859,7 @@ pub async fn run_loops(env: Arc<Env>) {
     if env.live.is_some() {
         for i in 0..LIVE_LOOPS {
             let seed = env.cfg.seed.wrapping_add(3_000_000 + i as u64);
-            tasks.push(tokio::spawn(live_loop(env.clone(), seed)));
+            tasks.push(tokio::spawn(live_loop(env.clone(), seed, i)));
         }
     }
     for t in tasks {
@@ -1003,7 +1071,8 @@ async fn mongo_env(cfg: &WorkerConfig) -> Result<Parts, String> {
         None
     };
     let live = if cfg.live_names > 0 {
-        live_providers(backend_as(LIVE_APP_NAME, !cfg.polling)?, cfg)?
+        // Always with the change stream (see `Live`).
+        live_providers(backend_as(LIVE_APP_NAME, true)?, cfg)?
     } else {
         None
     };
@@ -1038,7 +1107,23 @@ fn postgres_env(cfg: &WorkerConfig) -> Result<Parts, String> {
         .cleanup_every(cfg.cleanup_every_ms.map(Duration::from_millis))
         .build()
         .map_err(|e| e.to_string())?;
-    let live = live_providers(backend.clone(), cfg)?;
+    // The liveness names always listen (see `Live`): a backend of their own where this
+    // worker polls.
+    let live = if cfg.polling && cfg.live_names > 0 {
+        let config =
+            crate::postgres::config(&cfg.uri, &format!("{WORKER_APP_NAME} {} live", cfg.worker))
+                .map_err(|e| e.to_string())?;
+        let listening = PostgresBackend::builder_with_config(config)
+            .schema(cfg.db.clone())
+            .table(LOCK_COLLECTION)
+            .cleanup_after(Duration::from_secs(cfg.cleanup_after_secs))
+            .cleanup_every(None)
+            .build()
+            .map_err(|e| e.to_string())?;
+        live_providers(listening, cfg)?
+    } else {
+        live_providers(backend.clone(), cfg)?
+    };
     let (auto, manual) = providers(backend, cfg)?;
     let resource_config =
         crate::postgres::config(&cfg.uri, &format!("torture-resource {}", cfg.worker))

@@ -12,7 +12,8 @@
 //! waiters that gave up, were dropped, killed, stopped or exited), with a bound loose enough for
 //! a loaded 2-core machine (`--liveness-slack 3s`: 3.5 s after a release, where the run's own
 //! default is 1.5 s) and liveness leases of 8 s, so that a waiter left to sleep until the
-//! holder's expiry (issue 32) would still stand out. Its detection is tested by the liveness
+//! holder's expiry (issue 32) would still stand out; rounds of 1 s on one name (4 s on two in
+//! the run's default) give a 20-second run of three workers enough waits in one queue. Its detection is tested by the liveness
 //! checker's unit tests (`src/liveness.rs`: a planted stall behind dead waiters, a waiter that
 //! gave up on a free name).
 
@@ -92,6 +93,10 @@ fn short_process_run(backend: &str, fault_interval: &str, extra: &[&str], kinds:
         "8s",
         "--liveness-slack",
         "3s",
+        "--live-round",
+        "1s",
+        "--live-names",
+        "1",
         "--backend",
         backend,
         "--workers",
