@@ -360,11 +360,23 @@ async fn live_run(
     if let Some(w) = wait {
         command.arg("--wait").arg(format!("{}ms", w.as_millis()));
     }
+    // The runs' events go to `cli-live.jsonl` in the run directory (with the run's pid), and
+    // with TORTURE_CLI_LOG their diagnostics (`MONGOLOCK_LOG`) to `cli-live.<pid>.stderr`
+    // (named once the pid is known).
+    let log_to = std::env::var("TORTURE_CLI_LOG").ok().map(|filter| {
+        command.env("MONGOLOCK_LOG", filter);
+        plan.dir
+            .join(format!("cli-live.{}.stderr", rng.random::<u64>()))
+    });
+    let stderr = log_to
+        .as_ref()
+        .and_then(|p| std::fs::File::create(p).ok())
+        .map_or_else(Stdio::null, Stdio::from);
     let child = command
         .args([CLI_LIVE_NAME, "--", "sleep", &hold])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn();
     let mut child = match child {
@@ -377,15 +389,29 @@ async fn live_run(
     };
     lock(live).runs += 1;
     let pid = child.id().unwrap_or(0);
+    if let Some(p) = &log_to {
+        let _ = std::fs::rename(p, plan.dir.join(format!("cli-live.{pid}.stderr")));
+    }
     let events: Events = Arc::default();
+    let journal = plan.dir.join("cli-live.jsonl");
     let reader = child.stdout.take().map(|out| {
         let events = events.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(out).lines();
+            let mut kept = String::new();
             while let Ok(Some(l)) = lines.next_line().await {
                 if let Some(e) = event_of(&l) {
                     lock(&events).push(e);
+                    kept.push_str(&format!("{{\"pid\":{pid},\"line\":{l}}}\n"));
                 }
+            }
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&journal)
+            {
+                use std::io::Write;
+                let _ = f.write_all(kept.as_bytes());
             }
         })
     });

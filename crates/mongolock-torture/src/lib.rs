@@ -46,28 +46,33 @@
 //! Liveness (contract item 13, "a free name reaches a live waiter fast"; MongoDB and
 //! PostgreSQL): two loops of each worker wait for the liveness names `live-0..` (`--live-names`,
 //! leased for `--live-lease`, 5 s: long, so that a waiter left to sleep until the holder's
-//! expiry shows; on MongoDB over a client of their own that no fail point reaches) with
-//! `acquire`, `acquire_timeout` that runs out and `acquire` futures dropped while waiting, hold
-//! them briefly or for up to 0.6 s (so that queues form and waits run out while they are held),
-//! and log each wait (`Wait` before the call, `WaitEnd` after it: got it, timed out, dropped,
-//! failed, stopped by the run's end, shut down). With the CLI check, three loops run `mongolock
-//! exec --json-fd 1` on `live-cli` (a collection of its own on MongoDB, followed by the
-//! recorder; the workers' table on PostgreSQL), some with `--wait`, and `exec_sigint` sends
-//! SIGINT (or SIGKILL) to one that waits. `waiter_exit` (SIGUSR1) makes a worker exit with its
-//! waits in progress, at once or after ending them and flushing their withdrawals; SIGKILL,
-//! SIGSTOP and the partitions hit waiting workers too, and the injector records each of these
-//! with its times. [`liveness`] measures, for every stretch of server time in which a liveness
-//! name was free while a live waiter waited (its process neither stopped, cut off, killed nor
-//! gone, its wait not over), how long it stayed free; the summary's `liveness[...]` gives
-//! p50/p99/max per cause (`release`, split by dead or stopped and by gave-up waiters that may
-//! have been queued ahead; `expiry`; `unheld`), and a stretch above the bound — the library's
-//! 500 ms handoff fallback plus `--liveness-slack` (1 s) after a release, its 5 ms expiry margin
-//! plus the slack after an expiry, plus 2 ms of clock tolerance — is a `liveness` violation.
-//! The waits are timed with the workers' clock and the stretches with the server's: the run's
-//! servers are on the same host (same clock); against `--uri` / `--postgres-url` the figures
-//! are reported but not enforced. `faults[...]` / `fired[...]` count the waiters' nemeses:
-//! `waiter_timeout` and `waiter_dropped` (taken effect: while the name was held, so the waiter
-//! left a queue), `waiter_sigkill` and `waiter_sigstop` (of a process that was waiting),
+//! expiry shows; always with wake-ups on; on MongoDB over a client of their own that no fail
+//! point reaches) in rounds (`--live-round`, 4 s of the wall clock, which every worker shares):
+//! at a round's start the loops queue up on one name — those that will give up first
+//! (`acquire_timeout` running out, `acquire` futures dropped while waiting), the waits until
+//! granted after them — hold it briefly or for up to a second, and then no newcomer comes, so
+//! that a name freed later in the round reaches a waiter only through the handoff (designation,
+//! backup, probe, expiry). Each wait is logged (`Wait` before the call, `WaitEnd` after it: got
+//! it, timed out, dropped, failed, stopped by the run's end, shut down). With the CLI check,
+//! three loops run `mongolock exec --json-fd 1` on `live-cli` (a collection of its own on
+//! MongoDB, followed by the recorder; the workers' table on PostgreSQL), some with `--wait`, and
+//! `exec_sigint` sends SIGINT (or SIGKILL) to one that waits. `waiter_exit` (SIGUSR1) makes a
+//! worker exit with its waits in progress, at once or after ending them and flushing their
+//! withdrawals; half the SIGKILLs and SIGSTOPs, and every `waiter_exit`, go to a worker that
+//! waits (it marks itself with a file `waiting-<pid>` in the run directory); partitions hit
+//! waiting workers too, and the injector records every signal and cut with its times
+//! (`timeline.jsonl`). [`liveness`] measures, for every stretch of server time in which a
+//! liveness name was free while a live waiter waited (its process neither stopped, cut off,
+//! killed nor gone, its wait not over), how long it stayed free; the summary's `liveness[...]`
+//! gives p50/p99/max per cause (`release`, split by dead or stopped and by gave-up waiters that
+//! may have been queued ahead; `expiry`; `unheld`), and a stretch above the bound — the
+//! library's 500 ms handoff fallback plus `--liveness-slack` (1 s) after a release, its 5 ms
+//! expiry margin plus the slack after an expiry, plus 2 ms of clock tolerance — is a `liveness`
+//! violation. The waits are timed with the workers' clock and the stretches with the server's:
+//! the run's servers are on the same host (same clock); against `--uri` / `--postgres-url` the
+//! figures are reported but not enforced. `faults[...]` / `fired[...]` count the waiters'
+//! nemeses: `waiter_timeout` and `waiter_dropped` (taken effect: while the name was held, so the
+//! waiter left a queue), `waiter_sigkill` and `waiter_sigstop` (of a process that was waiting),
 //! `waiter_exit` (with a wait in progress), `exec_sigint` (mongolock reported the wait
 //! interrupted).
 //!

@@ -73,6 +73,8 @@ fn run_dir(args: &RunArgs, seed: u64) -> Result<PathBuf, AnyError> {
         if (name.starts_with("worker-") && (name.ends_with(".jsonl") || name.ends_with(".stderr")))
             || name.starts_with("cli-overlaps.log")
             || name.starts_with("waiting-")
+            || name.starts_with("cli-live.")
+            || name == "timeline.jsonl"
             || name.starts_with("cli-mutex")
         {
             let _ = std::fs::remove_file(entry.path())
@@ -107,6 +109,26 @@ fn read_logs(
     }
     checker.check_writes_logged();
     Ok((totals, processes))
+}
+
+/// Writes the injector's timeline (signals and cuts, with their times) to `timeline.jsonl` in
+/// the run directory, beside the workers' logs, for diagnosing a liveness figure.
+fn write_timeline(dir: &std::path::Path, timeline: &[liveness::Disruption]) {
+    let mut text = String::new();
+    for d in timeline {
+        let line = serde_json::json!({
+            "hit": format!("{:?}", d.hit),
+            "pid": d.pid,
+            "slot": d.slot,
+            "start_us": d.start_us,
+            "end_us": d.end_us,
+        });
+        text.push_str(&line.to_string());
+        text.push('\n');
+    }
+    if let Err(e) = std::fs::write(dir.join("timeline.jsonl"), text) {
+        eprintln!("torture: cannot write the fault timeline: {e}");
+    }
 }
 
 /// Prints the summary and the first violations; returns the exit status.
@@ -423,6 +445,7 @@ async fn run_processes(
     }
     let (totals, processes) = read_logs(&dir, &mut c)?;
     let mut faults = lock(&counts).clone();
+    write_timeline(&dir, &faults.timeline);
     // The liveness check: the workers' waits, resolved against the injector's timeline, and
     // the CLI check's.
     let (mut waiters, hits) = liveness::waiters_of(&processes, &faults.timeline);

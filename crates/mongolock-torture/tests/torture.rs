@@ -10,9 +10,10 @@
 //!
 //! The liveness check runs in them too (zero `liveness` violations, stretches measured, and
 //! waiters that gave up, were dropped, killed, stopped or exited), with a bound loose enough for
-//! a loaded 2-core machine (`--liveness-slack 3s`: 3.5 s after a release, where the run's own
-//! default is 1.5 s) and liveness leases of 8 s, so that a waiter left to sleep until the
-//! holder's expiry (issue 32) would still stand out; rounds of 1 s on one name (4 s on two in
+//! a loaded 2-core machine and for PostgreSQL's table-lock stalls behind the idle-row cleanup
+//! (up to about 2 s, see docs/reliability.md, 2026-11-29) (`--liveness-slack 4s`: 4.5 s after a
+//! release, where the run's own default is 1.5 s) and liveness leases of 8 s, so that a waiter
+//! left to sleep until the holder's expiry (issue 32) would still stand out; rounds of 1 s on one name (4 s on two in
 //! the run's default) give a 20-second run of three workers enough waits in one queue. Its detection is tested by the liveness
 //! checker's unit tests (`src/liveness.rs`: a planted stall behind dead waiters, a waiter that
 //! gave up on a free name).
@@ -92,7 +93,7 @@ fn short_process_run(backend: &str, fault_interval: &str, extra: &[&str], kinds:
         "--live-lease",
         "8s",
         "--liveness-slack",
-        "3s",
+        "4s",
         "--live-round",
         "1s",
         "--live-names",
