@@ -14,6 +14,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::backend::{LeaseId, RELEASED_KEPT_FOR};
+use crate::error::Result;
 
 /// What a backend remembers of one lease it granted.
 #[derive(Clone, Copy, Debug)]
@@ -197,8 +198,19 @@ impl Tainted {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Passes an attempt's result of `id` through, remembering `id` when the attempt failed
+    /// with a transient error: its outcome is unknown, so its command may still be applied
+    /// later (`mongo/retired.rs`). A permanent error is the server's refusal, or was found
+    /// before anything was sent.
+    pub(crate) fn note<T>(&self, id: &LeaseId, result: Result<T>) -> Result<T> {
+        if result.as_ref().is_err_and(crate::Error::is_transient) {
+            self.taint(id);
+        }
+        result
+    }
+
     /// Remembers that an attempt of `id` failed.
-    pub(crate) fn taint(&self, id: &LeaseId) {
+    fn taint(&self, id: &LeaseId) {
         let mut set = self.set();
         if set.len() >= MAX_TAINTED {
             set.clear();

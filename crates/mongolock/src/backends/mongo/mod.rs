@@ -783,13 +783,7 @@ impl MongoBackend {
 #[async_trait]
 impl LockBackend for MongoBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let attempt = self.attempt(req).await;
-        if attempt.as_ref().is_err_and(crate::Error::is_transient) {
-            // Its outcome is unknown: the command may still be applied later (`retired.rs`).
-            // (A permanent error is the server's refusal, or found before anything was sent.)
-            self.tainted.taint(&req.lease_id);
-        }
-        attempt
+        self.tainted.note(&req.lease_id, self.attempt(req).await)
     }
 
     async fn extend(

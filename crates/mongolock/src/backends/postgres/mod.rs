@@ -1117,13 +1117,10 @@ impl PostgresBackend {
 #[async_trait]
 impl LockBackend for PostgresBackend {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let attempt = self.attempt(req).await;
-        if attempt.as_ref().is_err_and(crate::Error::is_transient) {
-            // Its outcome is unknown: the statement may still be applied later (retired
-            // before its release: `ops::retire_sql`).
-            self.inner.tainted.taint(&req.lease_id);
-        }
-        attempt
+        // A failed attempt's id is retired before its release (`ops::retire_sql`).
+        self.inner
+            .tainted
+            .note(&req.lease_id, self.attempt(req).await)
     }
 
     async fn extend(
